@@ -1,0 +1,21 @@
+"""vispos: spatial positional embeddings for vision models.
+
+Padded 2D/3D batches (:class:`NestedTensor`), one N-D sinusoidal core behind every sine
+encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join them.
+"""
+
+__version__ = "0.1.0"
+
+from .config import build_from_config, register
+from .encodings import PositionEmbeddingSine
+from .nested_tensor import NestedTensor, interpolate_mask, nested_tensor_from_tensor_list
+
+__all__ = [
+    "__version__",
+    "NestedTensor",
+    "nested_tensor_from_tensor_list",
+    "interpolate_mask",
+    "PositionEmbeddingSine",
+    "build_from_config",
+    "register",
+]

@@ -1,0 +1,250 @@
+"""The N-D sinusoidal core: every sine encoding in vispos is computed here.
+
+Pure functions, no ``nn.Module``. For one axis with ``F`` channels and temperature ``T`` the
+``F / 2`` frequencies are ``w_k = 1 / T^(2k / F)`` (``k = 0 .. F/2 - 1``, the "standard" ladder of
+Vaswani et al. and DETR) or ``w_j = exp(-ln(T) * j / (F/2 - 1))`` (the tensor2tensor / fairseq2
+ladder). A position ``p`` becomes ``sin(p w_k)`` and ``cos(p w_k)``, laid out either
+
+* ``"interleaved"``: ``sin w0, cos w0, sin w1, cos w1, ...`` (DETR, positional-encodings), or
+* ``"split"``: ``sin w0 .. sin w_{F/2-1}, cos w0 .. cos w_{F/2-1}`` (tensor2tensor, timm, MAE,
+  MONAI, fairseq2).
+
+Several axes are concatenated along the channel dim in the order given (tensor axis order).
+
+Angles are always computed in float32 (or float64 when asked), whatever the output dtype, then
+cast once when written: half-precision positions are a known source of wrong embeddings.
+
+Positions are passed per axis as tensors *broadcastable* to the output's non-channel shape. A
+grid axis passed as ``arange`` shaped ``(1, .., S_i, .., 1)`` costs ``S_i * F`` sin/cos
+evaluations, not ``prod(S) * F``: the table is broadcast into the output as it is written.
+
+References:
+    Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5);
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (2D extension);
+    tensor2tensor ``get_timing_signal_1d`` (split layout, log-spaced ladder).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["frequency_divisors", "sincos_embed", "check_num_feats"]
+
+Layout = Literal["interleaved", "split"]
+Ladder = Literal["standard", "t2t"]
+
+_LAYOUTS = ("interleaved", "split")
+_LADDERS = ("standard", "t2t")
+_COMPUTE_DTYPES = (torch.float32, torch.float64)
+
+
+def check_num_feats(num_feats: object, name: str = "num_pos_feats") -> int:
+    """Validates a per-axis channel count: a positive even int. Returns it.
+
+    Raises:
+        TypeError: not an int. ValueError: not positive, or odd.
+    """
+    if isinstance(num_feats, bool) or not isinstance(num_feats, int):
+        raise TypeError(f"{name} must be a positive even int, got {num_feats!r} ({type(num_feats).__name__})")
+    if num_feats <= 0 or num_feats % 2:
+        raise ValueError(
+            f"{name} must be a positive even int (each frequency has a sin and a cos channel), "
+            f"got {num_feats}"
+        )
+    return num_feats
+
+
+def check_temperature(temperature: object, name: str = "temperature") -> float:
+    """Validates a temperature: a finite number > 0. Returns it unchanged."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"{name} must be a positive number, got {temperature!r} ({type(temperature).__name__})")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {temperature}")
+    return temperature
+
+
+def frequency_divisors(
+    num_feats: int,
+    temperature: float = 10000.0,
+    *,
+    ladder: Ladder = "standard",
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """The ``F / 2`` divisors ``d_k = 1 / w_k`` of one axis' frequencies.
+
+    Args:
+        num_feats (int): channels of the axis, ``F`` (positive, even).
+        temperature (float): ``T``, the longest wavelength's scale.
+        ladder (str): ``"standard"``: ``d_k = T^(2k/F)`` (Vaswani et al., DETR; computed exactly
+            as DETR does, ``T ** (arange(0, F, 2) / F)`` in float32); ``"t2t"``:
+            ``d_j = exp(ln(T) * j / (F/2 - 1))`` (tensor2tensor, fairseq2; ``F >= 4``).
+        device: where to build the table.
+        dtype (torch.dtype): float32 (default) or float64.
+
+    Returns:
+        Tensor[F // 2]: the divisors, in ``dtype``.
+
+    Raises:
+        ValueError: bad ``num_feats``, ``temperature``, ``ladder`` or ``dtype``.
+    """
+    check_num_feats(num_feats, "num_feats")
+    check_temperature(temperature)
+    if dtype not in _COMPUTE_DTYPES:
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    if ladder == "standard":
+        exponent = torch.arange(0, num_feats, 2, device=device, dtype=dtype) / num_feats
+        return temperature**exponent
+    if ladder == "t2t":
+        half = num_feats // 2
+        if half < 2:
+            raise ValueError(f"the 't2t' ladder needs num_feats >= 4, got {num_feats}")
+        steps = torch.arange(half, device=device, dtype=dtype)
+        return torch.exp(steps * (math.log(temperature) / (half - 1)))
+    raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
+
+
+def _write(dst: Tensor, fn, angles: Tensor) -> None:
+    """``dst[...] = fn(angles)``, broadcasting, casting once, without a temporary when possible."""
+    if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad:
+        fn(angles, out=dst)
+    else:
+        dst.copy_(fn(angles))
+
+
+def sincos_embed(
+    positions: Sequence[Tensor],
+    num_feats: int | Sequence[int],
+    *,
+    shape: Sequence[int] | None = None,
+    temperature: float = 10000.0,
+    layout: Layout = "interleaved",
+    ladder: Ladder = "standard",
+    reciprocal: bool = False,
+    channel_dim: int = 1,
+    dtype: torch.dtype = torch.float32,
+    compute_dtype: torch.dtype = torch.float32,
+    divisors: Sequence[Tensor] | None = None,
+) -> Tensor:
+    """Sinusoidal embedding of positions along several axes, concatenated along channels.
+
+    Args:
+        positions (sequence of Tensor): one tensor per axis, each broadcastable to ``shape``;
+            values are positions in any unit (DETR: 1-based cell counts or normalised
+            ``[0, 2*pi]``; others: 0-based indices). Any real dtype; converted to
+            ``compute_dtype`` before use.
+        num_feats (int or sequence of int): channels per axis ``F_i`` (positive, even), one int for
+            every axis or one per axis.
+        shape (sequence of int, optional): the output's non-channel shape, e.g. ``(B, *S)``.
+            Default: the broadcast shape of ``positions``.
+        temperature (float): ``T`` of the frequency ladder.
+        layout (str): ``"interleaved"`` (DETR) or ``"split"`` (sines first), see the module doc.
+        ladder (str): ``"standard"`` or ``"t2t"``, see :func:`frequency_divisors`.
+        reciprocal (bool): compute angles as ``p * (1 / d_k)`` rather than ``p / d_k``. The two
+            round differently in float32; DETR and transformers divide, positional-encodings,
+            timm and MONAI multiply by an inverse-frequency table. Set it to reproduce the peer.
+        channel_dim (int): ``1`` for channels-first output ``(B, C, *S)``, ``-1`` for
+            channel-last ``(..., C)``.
+        dtype (torch.dtype): the output dtype (any float dtype).
+        compute_dtype (torch.dtype): float32 (default) or float64, the dtype of the angles.
+        divisors (sequence of Tensor, optional): precomputed :func:`frequency_divisors`
+            (or inverse frequencies when ``reciprocal``), one per axis, in ``compute_dtype`` on
+            the positions' device; skips rebuilding them.
+
+    Returns:
+        Tensor: ``shape`` with ``sum(F_i)`` channels inserted at ``channel_dim``, in ``dtype``,
+        on the positions' device. Axis blocks are in the order of ``positions``.
+
+    Raises:
+        ValueError: no positions; bad ``num_feats``, ``layout``, ``channel_dim``, dtypes; a
+            position tensor not broadcastable to ``shape`` or with another rank.
+        TypeError: a position is not a real-valued tensor.
+
+    References:
+        Vaswani et al. 2017 (sec. 3.5); Carion et al. 2020 (DETR, ``PositionEmbeddingSine``).
+    """
+    if len(positions) == 0:
+        raise ValueError("positions must hold at least one tensor (one per axis)")
+    for i, p in enumerate(positions):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"positions[{i}] must be a Tensor, got {type(p).__name__}")
+        if p.is_complex() or p.dtype == torch.bool:
+            raise TypeError(f"positions[{i}] must be real-valued, got {p.dtype}")
+    feats = [num_feats] * len(positions) if isinstance(num_feats, int) else list(num_feats)
+    if len(feats) != len(positions):
+        raise ValueError(f"num_feats has {len(feats)} entries but {len(positions)} position tensors were given")
+    for f in feats:
+        check_num_feats(f, "num_feats")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    if channel_dim not in (1, -1):
+        raise ValueError(f"channel_dim must be 1 (channels-first) or -1 (channel-last), got {channel_dim}")
+    if compute_dtype not in _COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+
+    rank = positions[0].dim()
+    if any(p.dim() != rank for p in positions):
+        raise ValueError(
+            "positions must all have the same rank, got shapes "
+            f"{[tuple(p.shape) for p in positions]}"
+        )
+    if shape is None:
+        shape = torch.broadcast_shapes(*(p.shape for p in positions))
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != rank:
+        raise ValueError(f"shape {shape} must have the positions' rank {rank}")
+    if channel_dim == 1 and rank < 1:
+        raise ValueError("channels-first output needs positions with a leading batch dim")
+    for i, p in enumerate(positions):
+        try:
+            if torch.broadcast_shapes(p.shape, shape) != torch.Size(shape):
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(
+                f"positions[{i}] of shape {tuple(p.shape)} does not broadcast to shape {shape}"
+            ) from None
+
+    device = positions[0].device
+    total = sum(feats)
+    if channel_dim == 1:
+        out = torch.empty((shape[0], total, *shape[1:]), dtype=dtype, device=device)
+    else:
+        out = torch.empty((*shape, total), dtype=dtype, device=device)
+
+    start = 0
+    for axis, (pos, f) in enumerate(zip(positions, feats)):
+        half = f // 2
+        if divisors is not None:
+            div = divisors[axis]
+        else:
+            div = frequency_divisors(f, temperature, ladder=ladder, device=device, dtype=compute_dtype)
+            if reciprocal:
+                div = 1.0 / div
+        pos = pos.to(compute_dtype)
+        if channel_dim == 1:
+            pos = pos.unsqueeze(1)
+            div = div.view(half, *([1] * (rank - 1)))
+            block = out.narrow(1, start, f)
+            if layout == "interleaved":
+                sin_dst, cos_dst = block[:, 0::2], block[:, 1::2]
+            else:
+                sin_dst, cos_dst = block.narrow(1, 0, half), block.narrow(1, half, half)
+        else:
+            pos = pos.unsqueeze(-1)
+            block = out.narrow(-1, start, f)
+            if layout == "interleaved":
+                sin_dst, cos_dst = block[..., 0::2], block[..., 1::2]
+            else:
+                sin_dst, cos_dst = block.narrow(-1, 0, half), block.narrow(-1, half, half)
+        angles = pos * div if reciprocal else pos / div
+        _write(sin_dst, torch.sin, angles)
+        _write(cos_dst, torch.cos, angles)
+        start += f
+    return out

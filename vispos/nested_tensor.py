@@ -1,0 +1,321 @@
+"""Padded batches of images and volumes with a padding mask (DETR's ``NestedTensor``).
+
+A batch of items of different spatial sizes is padded to a common size, items placed at the
+origin of every axis (top-left for images), and a boolean mask marks the padding: **True =
+padding**, as in DETR. Shapes, for ``n`` spatial axes (1 to 3):
+
+* ``tensors``: ``Tensor[B, C, *S]`` (``S = (L,)``, ``(H, W)`` or ``(D, H, W)``)
+* ``mask``: ``Tensor[B, *S]``, ``torch.bool``
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``);
+    detectron2's ``ImageList`` for ``size_divisibility``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask"]
+
+_MAX_SPATIAL = 3
+
+
+def _check_mask(mask: Any, name: str = "mask") -> Tensor:
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must have dtype torch.bool with True marking padding, got {mask.dtype}. "
+            f"Convert with `{name}.bool()` if nonzero marks padding, or `~pixel_mask.bool()` for a "
+            "transformers-style pixel_mask where 1 marks valid pixels."
+        )
+    return mask
+
+
+class NestedTensor:
+    """A padded batch: ``tensors`` ``(B, C, *S)`` and a bool ``mask`` ``(B, *S)``, True = padding.
+
+    Args:
+        tensors (Tensor[B, C, *S]): the padded batch, 1 to 3 spatial axes, any dtype.
+        mask (Tensor[B, *S], bool, optional): True marks padding. ``None`` means no padding.
+        image_sizes (sequence of tuples, optional): each item's unpadded spatial size. When not
+            given it is read from ``mask`` on first use (the extent of each item's valid cells,
+            one host synchronisation).
+
+    Attributes:
+        tensors (Tensor[B, C, *S]), mask (Tensor[B, *S] or None).
+
+    Raises:
+        TypeError: ``tensors`` is not a tensor; ``mask`` is not a bool tensor.
+        ValueError: ``tensors`` has fewer than 3 or more than 5 dims; ``mask``'s shape is not
+            ``(B, *S)``; ``image_sizes`` has the wrong length or rank.
+
+    Indexing returns the unpadded item ``Tensor[C, *size]``; ``len()`` is ``B``. ``to()`` returns a
+    new object (the mask keeps dtype ``bool``).
+
+    References:
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
+    """
+
+    __slots__ = ("tensors", "mask", "_image_sizes")
+
+    def __init__(
+        self,
+        tensors: Tensor,
+        mask: Tensor | None,
+        image_sizes: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        if not isinstance(tensors, Tensor):
+            raise TypeError(f"tensors must be a torch.Tensor (B, C, *S), got {type(tensors).__name__}")
+        if not 3 <= tensors.dim() <= 2 + _MAX_SPATIAL:
+            raise ValueError(
+                "tensors must have shape (B, C, *S) with 1 to 3 spatial axes, "
+                f"got shape {tuple(tensors.shape)}"
+            )
+        if mask is not None:
+            _check_mask(mask)
+            expected = (tensors.shape[0], *tensors.shape[2:])
+            if tuple(mask.shape) != expected:
+                raise ValueError(
+                    f"mask must have shape (B, *S) = {expected} to match tensors "
+                    f"{tuple(tensors.shape)}, got {tuple(mask.shape)}"
+                )
+            if mask.device != tensors.device:
+                raise ValueError(
+                    f"mask is on {mask.device} but tensors are on {tensors.device}; "
+                    "move both to one device"
+                )
+        sizes = None
+        if image_sizes is not None:
+            sizes = [tuple(int(s) for s in size) for size in image_sizes]
+            if len(sizes) != tensors.shape[0]:
+                raise ValueError(
+                    f"image_sizes must have one entry per batch item ({tensors.shape[0]}), "
+                    f"got {len(sizes)}"
+                )
+            for i, size in enumerate(sizes):
+                if len(size) != tensors.dim() - 2 or any(
+                    not 0 <= s <= m for s, m in zip(size, tensors.shape[2:])
+                ):
+                    raise ValueError(
+                        f"image_sizes[{i}] = {size} must have {tensors.dim() - 2} entries, each "
+                        f"within the padded size {tuple(tensors.shape[2:])}"
+                    )
+        self.tensors = tensors
+        self.mask = mask
+        self._image_sizes = sizes
+
+    # ----------------------------------------------------------------------------- accessors
+    def decompose(self) -> tuple[Tensor, Tensor | None]:
+        """Returns ``(tensors, mask)`` as DETR's ``NestedTensor.decompose`` does."""
+        return self.tensors, self.mask
+
+    @property
+    def n_spatial(self) -> int:
+        """Number of spatial axes (1 to 3)."""
+        return self.tensors.dim() - 2
+
+    @property
+    def image_sizes(self) -> list[tuple[int, ...]]:
+        """Each item's unpadded spatial size, a list of ``B`` tuples of ``n_spatial`` ints.
+
+        Read from the mask (bounding extent of the valid cells) when the batch was not built by
+        :func:`nested_tensor_from_tensor_list`; this reads tensor values on the host.
+        """
+        if self._image_sizes is None:
+            spatial = tuple(self.tensors.shape[2:])
+            if self.mask is None:
+                self._image_sizes = [spatial] * self.tensors.shape[0]
+            else:
+                valid = ~self.mask
+                sizes = []
+                for axis in range(self.n_spatial):
+                    other = [d for d in range(1, valid.dim()) if d != axis + 1]
+                    along = valid.any(dim=other) if other else valid  # (B, S_axis)
+                    idx = torch.arange(1, along.shape[1] + 1, device=along.device)
+                    sizes.append((along * idx).amax(dim=1))
+                self._image_sizes = [tuple(int(v) for v in row) for row in torch.stack(sizes, 1).tolist()]
+        return list(self._image_sizes)
+
+    def __len__(self) -> int:
+        return self.tensors.shape[0]
+
+    def __getitem__(self, index: int) -> Tensor:
+        """The unpadded item ``index``: ``Tensor[C, *image_sizes[index]]`` (a view)."""
+        if not isinstance(index, int):
+            raise TypeError(f"index must be an int, got {type(index).__name__}")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a batch of {n} items")
+        index %= n
+        size = self.image_sizes[index]
+        return self.tensors[(index, slice(None), *(slice(0, s) for s in size))]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def to(self, *args: Any, **kwargs: Any) -> "NestedTensor":
+        """Returns a new ``NestedTensor`` with ``tensors.to(*args, **kwargs)``.
+
+        The mask follows to the new device and stays ``torch.bool``; the original is untouched.
+        """
+        tensors = self.tensors.to(*args, **kwargs)
+        mask = None
+        if self.mask is not None:
+            non_blocking = kwargs.get("non_blocking", False)
+            mask = self.mask.to(device=tensors.device, non_blocking=non_blocking)
+        return NestedTensor(tensors, mask, self._image_sizes)
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensors.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.tensors.shape
+
+    def __repr__(self) -> str:
+        mask = "None" if self.mask is None else f"bool{list(self.mask.shape)}"
+        return (
+            f"NestedTensor(tensors={self.tensors.dtype}{list(self.tensors.shape)}, mask={mask}, "
+            f"device={self.tensors.device})"
+        )
+
+
+def _check_size_divisibility(size_divisibility: Any) -> int:
+    if isinstance(size_divisibility, bool) or not isinstance(size_divisibility, int):
+        raise TypeError(
+            f"size_divisibility must be a non-negative int, got {size_divisibility!r} "
+            f"({type(size_divisibility).__name__})"
+        )
+    if size_divisibility < 0:
+        raise ValueError(f"size_divisibility must be >= 0, got {size_divisibility}")
+    return size_divisibility
+
+
+def nested_tensor_from_tensor_list(
+    tensors: Sequence[Tensor],
+    size_divisibility: int = 0,
+    pad_value: float = 0.0,
+) -> NestedTensor:
+    """Pads a list of images ``(C, H, W)`` or volumes ``(C, D, H, W)`` into a :class:`NestedTensor`.
+
+    Every item is placed at the origin of each spatial axis; the padded size is the largest
+    size along each axis, rounded up to a multiple of ``size_divisibility`` when it is > 0.
+    Items with one spatial axis ``(C, L)`` are accepted too. The inputs are not modified.
+
+    Args:
+        tensors (sequence of Tensor[C, *S_i]): same rank, channel count, dtype and device.
+        size_divisibility (int): pad every spatial axis to a multiple of this (0: no rounding).
+        pad_value (float): value written into the padding of ``tensors``.
+
+    Returns:
+        NestedTensor: ``tensors`` ``(B, C, *S_max)`` in the items' dtype, ``mask`` ``(B, *S_max)``
+        bool with True = padding, ``image_sizes`` the items' own sizes.
+
+    Raises:
+        TypeError: ``tensors`` is not a list/tuple, an item is not a tensor, or
+            ``size_divisibility`` is not an int.
+        ValueError: empty list; an item with another rank, channel count, dtype or device than
+            item 0; a zero-size axis; negative ``size_divisibility``.
+
+    References:
+        DETR ``util/misc.py`` (``nested_tensor_from_tensor_list``); detectron2 ``ImageList``.
+    """
+    if isinstance(tensors, Tensor) or not isinstance(tensors, Sequence):
+        raise TypeError(
+            "tensors must be a list or tuple of tensors shaped (C, *S), "
+            f"got {type(tensors).__name__}"
+        )
+    if len(tensors) == 0:
+        raise ValueError("tensors must hold at least one tensor, got an empty sequence")
+    divisor = _check_size_divisibility(size_divisibility)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"tensors[{i}] must be a torch.Tensor shaped (C, *S), got {type(t).__name__}")
+    first = tensors[0]
+    if not 2 <= first.dim() <= 1 + _MAX_SPATIAL:
+        raise ValueError(
+            "tensors[0] must have shape (C, H, W), (C, D, H, W) or (C, L), "
+            f"got shape {tuple(first.shape)}"
+        )
+    for i, t in enumerate(tensors):
+        if t.dim() != first.dim():
+            raise ValueError(
+                f"tensors[{i}] has shape {tuple(t.shape)} ({t.dim()} dims) but tensors[0] has "
+                f"shape {tuple(first.shape)} ({first.dim()} dims); all items need the same rank"
+            )
+        if t.shape[0] != first.shape[0]:
+            raise ValueError(
+                f"tensors[{i}] has {t.shape[0]} channels (shape {tuple(t.shape)}) but tensors[0] "
+                f"has {first.shape[0]} (shape {tuple(first.shape)})"
+            )
+        if t.dtype != first.dtype:
+            raise ValueError(f"tensors[{i}] has dtype {t.dtype} but tensors[0] has {first.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"tensors[{i}] is on {t.device} but tensors[0] is on {first.device}")
+        if any(s == 0 for s in t.shape[1:]):
+            raise ValueError(f"tensors[{i}] has a zero-size spatial axis: shape {tuple(t.shape)}")
+
+    sizes = [tuple(t.shape[1:]) for t in tensors]
+    padded = [max(axis) for axis in zip(*sizes)]
+    if divisor > 1:
+        padded = [int(math.ceil(s / divisor) * divisor) for s in padded]
+    batch = first.new_full((len(tensors), first.shape[0], *padded), pad_value)
+    mask = torch.ones((len(tensors), *padded), dtype=torch.bool, device=first.device)
+    for i, (t, size) in enumerate(zip(tensors, sizes)):
+        region = tuple(slice(0, s) for s in size)
+        batch[(i, slice(None), *region)].copy_(t)
+        mask[(i, *region)] = False
+    return NestedTensor(batch, mask, sizes)
+
+
+def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:
+    """Resizes a padding mask to a feature map's spatial size (nearest neighbour, as DETR does).
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding; 1 to 3 spatial axes.
+        size (int or sequence of int): the target spatial size ``S'`` (one int per spatial axis,
+            or one int for all).
+
+    Returns:
+        Tensor[B, *S'], bool: the resized mask (a new tensor).
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor; ``size`` holds non-integers.
+        ValueError: ``mask`` has no or more than 3 spatial axes; ``size`` has the wrong length or
+            a non-positive entry.
+
+    References:
+        DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
+    """
+    _check_mask(mask)
+    n = mask.dim() - 1
+    if not 1 <= n <= _MAX_SPATIAL:
+        raise ValueError(f"mask must have shape (B, *S) with 1 to 3 spatial axes, got {tuple(mask.shape)}")
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = (size,) * n
+    if isinstance(size, torch.Size):
+        size = tuple(size)
+    if not isinstance(size, Sequence) or any(
+        isinstance(s, bool) or not isinstance(s, int) for s in size
+    ):
+        raise TypeError(f"size must be an int or a sequence of {n} ints, got {size!r}")
+    if len(size) != n or any(s <= 0 for s in size):
+        raise ValueError(
+            f"size must hold {n} positive ints for a mask of shape {tuple(mask.shape)}, got {tuple(size)}"
+        )
+    if tuple(size) == tuple(mask.shape[1:]):
+        return mask.clone()
+    return F.interpolate(mask[None].float(), size=tuple(size), mode="nearest")[0].to(torch.bool)
