@@ -75,6 +75,7 @@ def frequency_divisors(
     ladder: Ladder = "standard",
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    repeat: int = 1,
 ) -> Tensor:
     """The ``F / 2`` divisors ``d_k = 1 / w_k`` of one axis' frequencies.
 
@@ -86,6 +87,12 @@ def frequency_divisors(
             ``d_j = exp(ln(T) * j / (F/2 - 1))`` (tensor2tensor, fairseq2; ``F >= 4``).
         device: where to build the table.
         dtype (torch.dtype): float32 (default) or float64.
+        repeat (int): evaluate the "standard" power on a table holding every exponent
+            ``repeat`` times, then keep one of each. The values are the same up to float32
+            rounding, and that rounding depends on the table's length (torch's pow kernel takes
+            a vectorised path for long tables): DETR and transformers evaluate a table of length
+            ``F`` (``repeat=2``), positional-encodings / timm / MONAI one of length ``F / 2``
+            (``repeat=1``). Used to reproduce a peer to the last bit.
 
     Returns:
         Tensor[F // 2]: the divisors, in ``dtype``.
@@ -98,8 +105,13 @@ def frequency_divisors(
     if dtype not in _COMPUTE_DTYPES:
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     if ladder == "standard":
-        exponent = torch.arange(0, num_feats, 2, device=device, dtype=dtype) / num_feats
-        return temperature**exponent
+        if repeat < 1:
+            raise ValueError(f"repeat must be >= 1, got {repeat}")
+        k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
+        if repeat > 1:
+            k2 = k2.repeat_interleave(repeat)
+        divisors = temperature ** (k2 / num_feats)
+        return divisors[::repeat] if repeat > 1 else divisors
     if ladder == "t2t":
         half = num_feats // 2
         if half < 2:
@@ -115,6 +127,17 @@ def _write(dst: Tensor, fn, angles: Tensor) -> None:
         fn(angles, out=dst)
     else:
         dst.copy_(fn(angles))
+
+
+def _block(out: Tensor, channel_dim: int, start: int, f: int, layout: str, part: str) -> Tensor:
+    """The channels of ``out`` that receive the sines (or cosines) of one axis block."""
+    half = f // 2
+    if layout == "interleaved":
+        first = start if part == "sin" else start + 1
+        index = slice(first, start + f, 2)
+        return out[:, index] if channel_dim == 1 else out[..., index]
+    first = start if part == "sin" else start + half
+    return out.narrow(channel_dim, first, half)
 
 
 def sincos_embed(
@@ -231,20 +254,11 @@ def sincos_embed(
         if channel_dim == 1:
             pos = pos.unsqueeze(1)
             div = div.view(half, *([1] * (rank - 1)))
-            block = out.narrow(1, start, f)
-            if layout == "interleaved":
-                sin_dst, cos_dst = block[:, 0::2], block[:, 1::2]
-            else:
-                sin_dst, cos_dst = block.narrow(1, 0, half), block.narrow(1, half, half)
         else:
             pos = pos.unsqueeze(-1)
-            block = out.narrow(-1, start, f)
-            if layout == "interleaved":
-                sin_dst, cos_dst = block[..., 0::2], block[..., 1::2]
-            else:
-                sin_dst, cos_dst = block.narrow(-1, 0, half), block.narrow(-1, half, half)
         angles = pos * div if reciprocal else pos / div
-        _write(sin_dst, torch.sin, angles)
-        _write(cos_dst, torch.cos, angles)
+        # views are taken right before each write so autograd sees fresh views of ``out``
+        _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
+        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
         start += f
     return out

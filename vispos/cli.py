@@ -196,9 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             names = [os.path.basename(p) for p in args.images]
             images = load_images(args.images, max_size=args.max_size)
         _execute(args, names, images)
-    except (CLIError, ValueError, TypeError, FileNotFoundError, KeyError, ImportError, OSError) as exc:
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"vispos: error: {message}", file=sys.stderr)
+    except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
+        print(f"vispos: error: {exc}", file=sys.stderr)
         return 2
     return 0
 

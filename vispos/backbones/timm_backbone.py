@@ -99,7 +99,7 @@ class TimmBackbone(nn.Module):
         ValueError: an unknown model name; ``out_indices`` not supported by the model; input
             channels other than ``in_chans``.
         FileNotFoundError: ``checkpoint_path`` does not exist.
-        KeyError: the checkpoint lacks weights the backbone needs.
+        ValueError: the checkpoint lacks weights the backbone needs.
 
     References:
         timm ``features_only`` / ``FeatureInfo``; DETR ``models/backbone.py``.
@@ -153,7 +153,7 @@ class TimmBackbone(nn.Module):
 
         Raises:
             FileNotFoundError: no such file.
-            KeyError: weights the backbone needs are missing from the file.
+            ValueError: weights the backbone needs are missing from the file.
         """
         state = load_checkpoint_state(path)
         own = set(self.body.state_dict().keys())
@@ -161,8 +161,8 @@ class TimmBackbone(nn.Module):
         missing = sorted(own - state.keys())
         unexpected = sorted(state.keys() - own)
         if missing:
-            raise KeyError(
-                f"checkpoint {os.fspath(path)!r} lacks {len(missing)} backbone weights, e.g. "
+            raise ValueError(
+                f"checkpoint_path: checkpoint {os.fspath(path)!r} lacks {len(missing)} backbone weights, e.g. "
                 f"{missing[:5]}; it holds keys such as {sorted(state)[:5]}"
             )
         self.body.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)

@@ -119,6 +119,12 @@ class PositionEmbeddingSine(nn.Module):
           any case and cast once). For an unmasked feature map the result is a broadcast
           (expanded, read-only) view over the batch; call ``.contiguous()`` for a writable copy.
 
+    Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
+    A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
+    ``offset / eps * scale`` (about -3e6 for Deformable-DETR), a finite but huge angle whose
+    sin/cos depend on float32 rounding. Those cells are reproduced bit for bit from the peers
+    and are meant to be masked, as DETR-family attention does.
+
     Raises:
         TypeError: a non-int ``num_pos_feats``; a non-bool mask (with a hint on how to convert);
             an input of another type.
@@ -163,7 +169,7 @@ class PositionEmbeddingSine(nn.Module):
         self.offset = float(offset)
         self.eps = float(eps)
         self.register_buffer(
-            "dim_t", frequency_divisors(num_pos_feats, temperature), persistent=False
+            "dim_t", frequency_divisors(num_pos_feats, temperature, repeat=2), persistent=False
         )
 
     # ------------------------------------------------------------------------------------ api
@@ -205,7 +211,7 @@ class PositionEmbeddingSine(nn.Module):
     def _divisors(self, device: torch.device) -> list[Tensor]:
         dim_t = self.dim_t
         if dim_t.device != device or dim_t.dtype != torch.float32:
-            dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device)
+            dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
         return [dim_t] * _MAX_SPATIAL
 
     @staticmethod

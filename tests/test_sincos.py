@@ -1,0 +1,89 @@
+import math
+
+import pytest
+import torch
+
+from vispos._sincos import frequency_divisors, sincos_embed
+
+
+def _slow(positions, feats, temperature, layout, channel_last=False):
+    """Formula reference, float64, cell by cell: w_k = T^(-2k/F)."""
+    shape = torch.broadcast_shapes(*(p.shape for p in positions))
+    blocks = []
+    for p, f in zip(positions, feats):
+        p = p.expand(shape).double()
+        block = torch.empty(*shape, f, dtype=torch.float64)
+        for idx in torch.cartesian_prod(*[torch.arange(s) for s in shape]).reshape(-1, len(shape)).tolist():
+            v = float(p[tuple(idx)])
+            for k in range(f // 2):
+                a = v / temperature ** (2 * k / f)
+                if layout == "interleaved":
+                    block[(*idx, 2 * k)] = math.sin(a)
+                    block[(*idx, 2 * k + 1)] = math.cos(a)
+                else:
+                    block[(*idx, k)] = math.sin(a)
+                    block[(*idx, f // 2 + k)] = math.cos(a)
+        blocks.append(block)
+    out = torch.cat(blocks, -1)
+    return out if channel_last else out.movedim(-1, 1)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split"])
+@pytest.mark.parametrize("channel_dim", [1, -1])
+@pytest.mark.parametrize("feats", [4, (2, 6)])
+def test_matches_formula(layout, channel_dim, feats):
+    torch.manual_seed(0)
+    positions = [torch.rand(2, 3, 1) * 10, torch.rand(1, 1, 4) * 10]
+    f = feats if isinstance(feats, tuple) else (feats, feats)
+    out = sincos_embed(positions, feats, temperature=100.0, layout=layout, channel_dim=channel_dim)
+    ref = _slow(positions, f, 100.0, layout, channel_last=channel_dim == -1)
+    torch.testing.assert_close(out, ref.float(), rtol=0, atol=2e-6)
+
+
+def test_broadcast_table_equals_full_positions():
+    grid = torch.arange(5.0).view(1, 5, 1), torch.arange(7.0).view(1, 1, 7)
+    full = [g.expand(3, 5, 7).contiguous() for g in grid]
+    a = sincos_embed(list(grid), 8, shape=(3, 5, 7))
+    b = sincos_embed(full, 8)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_output_dtype_computed_in_float32():
+    pos = [torch.arange(0, 100000, 997, dtype=torch.float32).view(1, -1)]
+    out = sincos_embed(pos, 16, dtype=torch.bfloat16)
+    ref = sincos_embed(pos, 16).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
+def test_t2t_ladder():
+    div = frequency_divisors(8, 10000.0, ladder="t2t", dtype=torch.float64)
+    ref = torch.tensor([math.exp(math.log(10000.0) * j / 3) for j in range(4)], dtype=torch.float64)
+    torch.testing.assert_close(div, ref)
+
+
+def test_gradients_flow():
+    p = torch.rand(2, 3, requires_grad=True)
+    sincos_embed([p], 4, channel_dim=-1).sum().backward()
+    assert p.grad is not None and torch.isfinite(p.grad).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(positions=[], num_feats=4), ValueError, "at least one"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=3), ValueError, "positive even int"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, layout="mixed"), ValueError, "layout"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, channel_dim=2), ValueError, "channel_dim"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=[4, 4]), ValueError, "num_feats has 2 entries"),
+        (dict(positions=[torch.zeros(1, 2), torch.zeros(2)], num_feats=4), ValueError, "same rank"),
+        (dict(positions=[torch.zeros(1, 3)], num_feats=4, shape=(1, 2)), ValueError, "does not broadcast"),
+        (dict(positions=[torch.zeros(1, 2, dtype=torch.bool)], num_feats=4), TypeError, "real-valued"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, dtype=torch.int32), ValueError, "floating"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, temperature=0), ValueError, "temperature"),
+    ],
+)
+def test_errors(kwargs, exc, match):
+    positions = kwargs.pop("positions")
+    with pytest.raises(exc, match=match):
+        sincos_embed(positions, **kwargs)

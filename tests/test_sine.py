@@ -1,0 +1,236 @@
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers.models.deformable_detr.modeling_deformable_detr import DeformableDetrSinePositionEmbedding
+from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
+
+from vispos import NestedTensor, PositionEmbeddingSine, nested_tensor_from_tensor_list
+
+
+def assert_matches_reference(ours, ref):
+    """Whole-tensor comparison; cells the reference marks NaN (see slow_reference) must be finite."""
+    assert torch.isfinite(ours).all()
+    ours = torch.where(torch.isnan(ref), torch.full_like(ours, float("nan")), ours)
+    torch.testing.assert_close(ours, ref.float(), rtol=0, atol=2e-6, equal_nan=True)
+
+
+def _rect_mask(sizes, padded):
+    mask = torch.ones(len(sizes), *padded, dtype=torch.bool)
+    for i, s in enumerate(sizes):
+        mask[(i, *(slice(0, v) for v in s))] = False
+    return mask
+
+
+def _peer(cls, feats, temperature, normalize, mask):
+    shape = (mask.shape[0], 1, *mask.shape[1:])
+    return cls(feats, temperature, normalize)(shape, mask.device, torch.float32, (~mask).long())
+
+
+def slow_reference(mask, num_pos_feats, temperature, normalize, scale=2 * math.pi, offset=0.0, eps=1e-6):
+    """DETR's formula written cell by cell in float64 for any number of spatial axes."""
+    b, *spatial = mask.shape
+    n = len(spatial)
+    out = torch.empty(b, n * num_pos_feats, *spatial, dtype=torch.float64)
+    valid = (~mask).long()
+    for axis in range(n):
+        count = valid.cumsum(axis + 1).double()
+        last = count.narrow(axis + 1, spatial[axis] - 1, 1).expand_as(count)
+        for idx in torch.cartesian_prod(*[torch.arange(s) for s in (b, *spatial)]).reshape(-1, 1 + n).tolist():
+            p = float(count[tuple(idx)])
+            if normalize and offset and float(last[tuple(idx)]) == 0:
+                # a line without valid cells: (offset / eps) * scale is ~1e6 rad, where float32
+                # rounding decides the value; DETR-family models mask these cells. Not compared.
+                c = axis * num_pos_feats
+                out[(idx[0], slice(c, c + num_pos_feats), *idx[1:])] = float("nan")
+                continue
+            if normalize:
+                p = (p + offset) / (float(last[tuple(idx)]) + eps) * scale
+            else:
+                p = p + offset
+            for k in range(num_pos_feats // 2):
+                angle = p / temperature ** (2 * k / num_pos_feats)
+                c = axis * num_pos_feats + 2 * k
+                out[(idx[0], c, *idx[1:])] = math.sin(angle)
+                out[(idx[0], c + 1, *idx[1:])] = math.cos(angle)
+    return out
+
+
+MASKS = {
+    "rectangular": lambda: _rect_mask([(20, 31), (13, 37), (23, 9)], (23, 37)),
+    "arbitrary": lambda: torch.rand(3, 23, 37, generator=torch.Generator().manual_seed(1)) > 0.55,
+    "none": lambda: torch.zeros(2, 17, 29, dtype=torch.bool),
+    "fully_padded_item": lambda: _rect_mask([(0, 0), (5, 7)], (6, 8)),
+}
+
+
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("feats, temperature", [(64, 10000), (128, 10000), (16, 20), (6, 1000)])
+def test_detr_parity(mask_kind, normalize, feats, temperature):
+    mask = MASKS[mask_kind]()
+    ours = PositionEmbeddingSine(feats, temperature, normalize)(mask)
+    ref = _peer(DetrSinePositionEmbedding, feats, temperature, normalize, mask)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("mask_kind", list(MASKS))
+@pytest.mark.parametrize("feats, temperature", [(64, 10000), (128, 10000), (32, 20)])
+def test_deformable_detr_parity(mask_kind, feats, temperature):
+    mask = MASKS[mask_kind]()
+    ours = PositionEmbeddingSine(feats, temperature, normalize=True, offset=-0.5)(mask)
+    ref = _peer(DeformableDetrSinePositionEmbedding, feats, temperature, True, mask)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_unmasked_feature_map_matches_detr(normalize):
+    x = torch.randn(3, 5, 11, 14)
+    ours = PositionEmbeddingSine(64, normalize=normalize)(x)
+    ref = DetrSinePositionEmbedding(64, 10000, normalize)(x.shape, x.device, torch.float32, None)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+    with_mask = PositionEmbeddingSine(64, normalize=normalize)(torch.zeros(3, 11, 14, dtype=torch.bool))
+    torch.testing.assert_close(ours, with_mask, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        _rect_mask([(7,), (4,), (1,)], (7,)),
+        torch.tensor([[False, True, False, False, True, False]]),
+        _rect_mask([(3, 4, 2), (2, 1, 5)], (3, 4, 5)),
+        torch.rand(2, 3, 4, 3, generator=torch.Generator().manual_seed(2)) > 0.5,
+    ],
+    ids=["1d-rect", "1d-arbitrary", "3d-rect", "3d-arbitrary"],
+)
+@pytest.mark.parametrize("normalize, offset", [(False, 0.0), (True, 0.0), (True, -0.5), (False, -1.0)])
+def test_1d_3d_against_formula(mask, normalize, offset):
+    feats, temperature = 8, 50
+    ours = PositionEmbeddingSine(feats, temperature, normalize, offset=offset)(mask)
+    ref = slow_reference(mask, feats, temperature, normalize, offset=offset)
+    assert ours.shape == (mask.shape[0], (mask.dim() - 1) * feats, *mask.shape[1:])
+    assert_matches_reference(ours, ref)
+
+
+def test_2d_against_formula_arbitrary_mask():
+    mask = torch.rand(2, 5, 6, generator=torch.Generator().manual_seed(3)) > 0.4
+    ours = PositionEmbeddingSine(8, 100, normalize=True, scale=3.0)(mask)
+    torch.testing.assert_close(ours, slow_reference(mask, 8, 100, True, scale=3.0).float(), rtol=0, atol=2e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_property_equals_formula(data):
+    n = data.draw(st.integers(1, 3))
+    shape = [data.draw(st.integers(1, 2))] + [data.draw(st.integers(1, 4)) for _ in range(n)]
+    flat = data.draw(st.lists(st.booleans(), min_size=math.prod(shape), max_size=math.prod(shape)))
+    mask = torch.tensor(flat, dtype=torch.bool).view(shape)
+    normalize = data.draw(st.booleans())
+    offset = data.draw(st.sampled_from([0.0, -0.5])) if normalize else 0.0
+    feats = data.draw(st.sampled_from([2, 4, 6]))
+    temperature = data.draw(st.sampled_from([20, 10000]))
+    ours = PositionEmbeddingSine(feats, temperature, normalize, offset=offset)(mask)
+    ref = slow_reference(mask, feats, temperature, normalize, offset=offset)
+    assert_matches_reference(ours, ref)
+
+
+def test_nested_tensor_input_and_dtype(device):
+    items = [torch.randn(3, 9, 12, device=device), torch.randn(3, 12, 7, device=device)]
+    nt = nested_tensor_from_tensor_list(items)
+    pe = PositionEmbeddingSine(32, normalize=True).to(device)
+    a = pe(nt)
+    b = pe(nt.mask)
+    assert a.device.type == device.type and a.dtype == torch.float32
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    half = pe(nt, dtype=torch.float16)
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half, a.half(), rtol=0, atol=0)
+
+
+def test_half_input_computes_angles_in_float32():
+    x = torch.zeros(1, 1, 3000, dtype=torch.bfloat16)
+    ours = PositionEmbeddingSine(64)(x, dtype=torch.bfloat16)
+    exact = PositionEmbeddingSine(64)(x.float()).to(torch.bfloat16)
+    torch.testing.assert_close(ours, exact, rtol=0, atol=0)
+    # what a bf16 computation would give: positions themselves are rounded
+    naive = torch.arange(1, 3001, dtype=torch.bfloat16)
+    assert (naive.float() - torch.arange(1, 3001).float()).abs().max() >= 8
+
+
+def test_unmasked_output_is_broadcast_view():
+    pe = PositionEmbeddingSine(16)
+    out = pe(torch.randn(4, 3, 5, 6))
+    assert out.shape == (4, 32, 5, 6) and out.stride(0) == 0
+    with pytest.raises(RuntimeError):
+        out.add_(1)
+    assert out.contiguous().add_(1).shape == out.shape
+
+
+def test_does_not_modify_inputs():
+    mask = torch.rand(2, 5, 5) > 0.5
+    before = mask.clone()
+    PositionEmbeddingSine(8, normalize=True)(mask)
+    assert torch.equal(mask, before)
+
+
+def test_repr_state_dict_pickle_deepcopy():
+    pe = PositionEmbeddingSine(32, 20, normalize=True, offset=-0.5)
+    assert repr(pe) == (
+        "PositionEmbeddingSine(num_pos_feats=32, temperature=20, normalize=True, "
+        f"scale={2 * math.pi}, offset=-0.5, eps=1e-06)"
+    )
+    assert pe.state_dict() == {}
+    mask = torch.rand(2, 4, 5) > 0.3
+    for clone in (copy.deepcopy(pe), pickle.loads(pickle.dumps(pe))):
+        torch.testing.assert_close(clone(mask), pe(mask), rtol=0, atol=0)
+    assert pe.to(torch.float64)(mask).dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(num_pos_feats=63), ValueError, "num_pos_feats must be a positive even int.*got 63"),
+        (dict(num_pos_feats=0), ValueError, "num_pos_feats"),
+        (dict(num_pos_feats=64.0), TypeError, "num_pos_feats"),
+        (dict(scale=1.0), ValueError, "normalize should be True if scale is passed"),
+        (dict(normalize=True, scale=-1.0), ValueError, "scale must be > 0"),
+        (dict(temperature=-5), ValueError, "temperature must be a finite number > 0"),
+        (dict(temperature="1e4"), TypeError, "temperature"),
+        (dict(eps=-1.0), ValueError, "eps must be >= 0"),
+        (dict(normalize=1), TypeError, "normalize must be a bool"),
+        (dict(offset=float("nan")), TypeError, "offset must be a finite number"),
+    ],
+)
+def test_constructor_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        PositionEmbeddingSine(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "x, exc, match",
+    [
+        (torch.zeros(2, 5, 5, dtype=torch.long), TypeError, "dtype torch.bool"),
+        (torch.zeros(2, 5, 5, dtype=torch.uint8), TypeError, "pixel_mask"),
+        (torch.zeros(2, 2, 2, 2, 2, dtype=torch.bool), ValueError, "1 to 3 spatial axes"),
+        (torch.zeros(5, dtype=torch.bool), ValueError, "1 to 3 spatial axes"),
+        (torch.zeros(2, 5), ValueError, r"feature map must have shape \(B, C, \*S\)"),
+        (torch.zeros(1, 2, 3, 4, 5, 6), ValueError, "feature map"),
+        ([[True]], TypeError, "NestedTensor, a bool mask"),
+    ],
+)
+def test_forward_errors(x, exc, match):
+    with pytest.raises(exc, match=match):
+        PositionEmbeddingSine(8)(x)
+
+
+def test_3d_nested_tensor_volume():
+    vols = [torch.randn(1, 4, 6, 5), torch.randn(1, 3, 6, 2)]
+    nt = nested_tensor_from_tensor_list(vols)
+    out = PositionEmbeddingSine(8, normalize=True)(nt)
+    assert out.shape == (2, 24, 4, 6, 5)
+    torch.testing.assert_close(out, slow_reference(nt.mask, 8, 10000, True).float(), rtol=0, atol=2e-6)
+    assert isinstance(nt, NestedTensor)

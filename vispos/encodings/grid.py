@@ -1,0 +1,446 @@
+"""Drop-in replacements for the ``positional-encodings`` package's 1D/2D/3D sinusoidal encodings.
+
+``PositionalEncoding{1,2,3}D`` take channel-last tensors ``(B, *S, C)``, their ``Permute`` twins
+channels-first ``(B, C, *S)``; both return the encoding in the input's layout and shape, with
+the same numbers as ``positional_encodings.torch_encodings`` 6.x (0-based positions, interleaved
+``sin, cos`` per frequency, one block of channels per axis in tensor axis order, frequencies
+``w_k = 10000^(-2k / F)`` multiplied in as an inverse-frequency table, angles in float32, the
+result cast once to the output dtype). Switching is one import::
+
+    # from positional_encodings.torch_encodings import PositionalEncoding2D, Summer
+    from vispos import PositionalEncoding2D, Summer
+
+What differs from the package, on purpose:
+
+* The encoding is cached by default per (spatial shape, device, dtype) and handed out as a
+  broadcast (expanded) view over the batch: no per-batch copy, and PyTorch refuses in-place
+  writes into it. Batch size 1 gets a fresh copy, and a cached table written through any other
+  view (``out[0].add_(1)``) is detected and rebuilt, so the cache can never be corrupted.
+  Call ``.clone()`` on the result for a writable tensor.
+* An input whose channel count differs from ``channels`` raises ``ValueError`` (the package
+  silently returned fewer channels); the cache is keyed on dtype and device too (the package
+  returned a tensor of the wrong dtype or device); the inverse-frequency table is a
+  non-persistent buffer, kept out of ``state_dict`` (a checkpoint holding the package's
+  ``inv_freq`` still loads); ``module.half()`` cannot lower the angles' precision.
+* Wrong ranks raise ``ValueError`` (the package: ``RuntimeError``); a non-float input needs
+  ``dtype_override`` (``TypeError``; the package returned an integer-truncated encoding).
+
+References:
+    Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5);
+    P. Tatkowski, ``positional-encodings`` (github.com/tatp22/multidim-positional-encoding),
+    the 2D/3D extension and the channel layout reproduced here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._sincos import frequency_divisors, sincos_embed
+
+__all__ = [
+    "PositionalEncoding1D",
+    "PositionalEncoding2D",
+    "PositionalEncoding3D",
+    "PositionalEncodingPermute1D",
+    "PositionalEncodingPermute2D",
+    "PositionalEncodingPermute3D",
+    "Summer",
+    "FixEncoding",
+]
+
+_TEMPERATURE = 10000.0
+_CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
+
+
+class _TableCache:
+    """A small LRU of read-only tables that notices writes made through any view of a table.
+
+    Entries remember the tensor's version counter (shared by all its views); an entry whose
+    counter moved was written in place and is rebuilt rather than handed out again.
+    ``maxsize=0`` disables caching. Not pickled: a copy of a module starts empty.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._entries: OrderedDict[Hashable, tuple[Tensor, int]] = OrderedDict()
+
+    def get(self, key: Hashable, build: Callable[[], Tensor]) -> Tensor:
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]._version == entry[1]:
+            self._entries.move_to_end(key)
+            return entry[0]
+        table = build()
+        if self.maxsize > 0:
+            self._entries[key] = (table, table._version)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+        return table
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"maxsize": self.maxsize}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.maxsize = state["maxsize"]
+        self._entries = OrderedDict()
+
+
+def _expand_batch(table: Tensor, batch: int) -> Tensor:
+    """``table`` (1, ...) broadcast to ``batch`` items without a copy; a copy when ``batch == 1``.
+
+    A view expanded over ``batch > 1`` items has stride 0 on the batch axis, so in-place writes
+    into it raise; with one item there is no overlap to refuse the write, hence the copy.
+    """
+    if batch == 1:
+        return table.clone()
+    return table.expand(batch, *table.shape[1:])
+
+
+def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
+    if dtype_override is None:
+        return None
+    if not isinstance(dtype_override, torch.dtype):
+        raise TypeError(
+            "dtype_override must be None or a floating torch.dtype (e.g. torch.float16), got "
+            f"{dtype_override!r} ({type(dtype_override).__name__})"
+        )
+    if not dtype_override.is_floating_point:
+        raise ValueError(
+            f"dtype_override must be a floating torch.dtype, got {dtype_override}; a sinusoid "
+            "stored in an integer dtype is truncated to 0, 1 and -1"
+        )
+    return dtype_override
+
+
+class _GridEncoding(nn.Module):
+    """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
+
+    Subclasses set only ``_n_axes`` (1, 2 or 3) and ``_channels_first``.
+    """
+
+    _n_axes: int = 0
+    _channels_first: bool = False
+
+    def __init__(
+        self, channels: int, dtype_override: torch.dtype | None = None, *, cache: bool = True
+    ) -> None:
+        super().__init__()
+        if isinstance(channels, bool) or not isinstance(channels, int):
+            raise TypeError(f"channels must be a positive int, got {channels!r} ({type(channels).__name__})")
+        if channels <= 0:
+            raise ValueError(f"channels must be a positive int, got {channels}")
+        if not isinstance(cache, bool):
+            raise TypeError(f"cache must be a bool, got {cache!r}")
+        self.org_channels = channels
+        # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
+        # the concatenation is truncated back to ``channels``.
+        per_axis = -(-channels // (2 * self._n_axes)) * 2
+        self.channels_per_axis = per_axis
+        self.channels = per_axis  # the package's name for the per-axis count
+        self.dtype_override = _check_dtype_override(dtype_override)
+        self.cache = cache
+        self.register_buffer("inv_freq", self._inverse_frequencies(None), persistent=False)
+        self._tables = _TableCache(_CACHE_SIZE if cache else 0)
+
+    # ------------------------------------------------------------------------------------ api
+    def forward(self, tensor: Tensor) -> Tensor:
+        """The encoding of ``tensor``'s positions, in its layout; see the class docstring.
+
+        Args:
+            tensor (Tensor): ``(B, *S, C)`` (channel-last classes) or ``(B, C, *S)`` (Permute).
+        """
+        spatial, batch, out_dtype = self._parse(tensor)
+        table = self._cached_table(spatial, tensor.device, out_dtype)
+        return _expand_batch(table, batch)
+
+    def clear_cache(self) -> None:
+        """Drops every cached table (they are rebuilt on demand)."""
+        self._tables.clear()
+
+    def extra_repr(self) -> str:
+        text = f"channels={self.org_channels}, dtype_override={self.dtype_override}"
+        return text if self.cache else text + ", cache=False"
+
+    # -------------------------------------------------------------------------------- helpers
+    def _layout(self) -> str:
+        s = ("L",) if self._n_axes == 1 else ("X", "Y", "Z")[: self._n_axes]
+        dims = ", ".join(s)
+        return f"(B, C, {dims})" if self._channels_first else f"(B, {dims}, C)"
+
+    def _inverse_frequencies(self, device: torch.device | None) -> Tensor:
+        return 1.0 / frequency_divisors(self.channels_per_axis, _TEMPERATURE, device=device)
+
+    def _parse(self, tensor: Tensor) -> tuple[tuple[int, ...], int, torch.dtype]:
+        name = type(self).__name__
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{name} expects a torch.Tensor {self._layout()}, got {type(tensor).__name__}")
+        if tensor.dim() != self._n_axes + 2:
+            raise ValueError(
+                f"{name} expects a {self._n_axes + 2}-D tensor {self._layout()}, got shape "
+                f"{tuple(tensor.shape)}"
+            )
+        ch_dim = 1 if self._channels_first else -1
+        if tensor.shape[ch_dim] != self.org_channels:
+            raise ValueError(
+                f"{name}(channels={self.org_channels}) got an input with {tensor.shape[ch_dim]} "
+                f"channels (shape {tuple(tensor.shape)}, layout {self._layout()}); build it "
+                f"with channels={tensor.shape[ch_dim]} or pass a matching input"
+            )
+        spatial = tuple(tensor.shape[2:]) if self._channels_first else tuple(tensor.shape[1:-1])
+        out_dtype = self.dtype_override
+        if out_dtype is None:
+            if not tensor.dtype.is_floating_point:
+                raise TypeError(
+                    f"{name} got an input of dtype {tensor.dtype}; the encoding takes the input's "
+                    "dtype, which must be floating. Pass dtype_override (e.g. torch.float32)."
+                )
+            out_dtype = tensor.dtype
+        return spatial, tensor.shape[0], out_dtype
+
+    def _cached_table(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+        """``Tensor[1, *S, C]`` (or ``[1, C, *S]`` for Permute), cached; never write into it."""
+        return self._tables.get((spatial, device, dtype), lambda: self._table(spatial, device, dtype))
+
+    def _table(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Builds the encoding ``Tensor[1, *S, C]`` (or ``[1, C, *S]``) through the N-D core."""
+        inv_freq = self.inv_freq
+        if inv_freq.device != device or inv_freq.dtype != torch.float32:
+            # another device, or a module cast by .half() / .double(): rebuild in float32
+            inv_freq = self._inverse_frequencies(device)
+        n = len(spatial)
+        positions = []
+        for axis, size in enumerate(spatial):
+            view = [1] * (n + 1)
+            view[axis + 1] = size
+            positions.append(torch.arange(size, device=device, dtype=torch.float32).view(view))
+        table = sincos_embed(
+            positions, self.channels_per_axis, shape=(1, *spatial), reciprocal=True,
+            channel_dim=-1, dtype=dtype, divisors=[inv_freq] * n,
+        )
+        if table.shape[-1] != self.org_channels:
+            table = table.narrow(-1, 0, self.org_channels).contiguous()
+        if self._channels_first:
+            table = table.movedim(-1, 1)
+        return table
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
+        # positional-encodings saved its inverse frequencies (as "inv_freq", or "penc.inv_freq"
+        # in the Permute classes); they are derived here, so such checkpoints load and drop them.
+        for key in (prefix + "inv_freq", prefix + "penc.inv_freq"):
+            state_dict.pop(key, None)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+_CLASS_DOC = """Sinusoidal {n}D position encoding of a {layout_word} tensor, as ``positional-encodings``.
+
+    The ``channels`` are split into {n} block(s) of ``2 * ceil(channels / {two_n})`` channels,
+    one per spatial axis in tensor axis order{axes_note}; block ``i`` holds
+    ``sin(p_i w_k), cos(p_i w_k)`` interleaved, for the 0-based position ``p_i`` along axis ``i``
+    and ``w_k = 10000^(-2k / F)``. The concatenation is truncated to ``channels`` (so odd and
+    non-divisible counts work). Equal, in float32, to ``positional_encodings.torch_encodings.{name}``.
+
+    Args:
+        channels (int): the input's channel count ``C`` (positive).
+        dtype_override (torch.dtype, optional): output dtype (floating); default: the input's
+            dtype, which must then be floating.
+        cache (bool, keyword-only): keep the last {cache_size} tables, keyed on (spatial shape,
+            device, dtype). Default True.
+
+    Shape:
+        - input: ``Tensor{shape}``; only its shape, dtype and device are read.
+        - output: ``Tensor{shape}``, the same shape, in ``dtype_override`` or the input's dtype
+          (angles are computed in float32 either way and cast once). For ``B > 1`` this is a
+          broadcast view over the batch of a cached table: in-place writes into it raise;
+          ``.clone()`` it for a writable copy. For ``B == 1`` it is a fresh copy.
+
+    Raises:
+        TypeError: ``channels`` is not an int; ``dtype_override`` is not a torch.dtype; the input
+            is not a tensor, or is not floating and ``dtype_override`` is not given.
+        ValueError: ``channels`` <= 0; ``dtype_override`` is not floating; the input does not
+            have {rank} dims or has another channel count than ``channels``.
+
+    References:
+        Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5); P. Tatkowski,
+        ``positional-encodings`` 6.x (github.com/tatp22/multidim-positional-encoding).
+    """
+
+
+def _doc(name: str, n: int, channels_first: bool) -> str:
+    axes = ("L",) if n == 1 else ("X", "Y", "Z")[:n]
+    shape = f"[B, C, {', '.join(axes)}]" if channels_first else f"[B, {', '.join(axes)}, C]"
+    return _CLASS_DOC.format(
+        n=n,
+        layout_word="channels-first" if channels_first else "channel-last",
+        two_n=2 * n,
+        axes_note="" if n == 1 else f" ({', '.join(axes)})",
+        name=name,
+        cache_size=_CACHE_SIZE,
+        shape=shape,
+        rank=n + 2,
+    )
+
+
+class PositionalEncoding1D(_GridEncoding):
+    __doc__ = _doc("PositionalEncoding1D", 1, False)
+    _n_axes = 1
+
+
+class PositionalEncoding2D(_GridEncoding):
+    __doc__ = _doc("PositionalEncoding2D", 2, False)
+    _n_axes = 2
+
+
+class PositionalEncoding3D(_GridEncoding):
+    __doc__ = _doc("PositionalEncoding3D", 3, False)
+    _n_axes = 3
+
+
+class PositionalEncodingPermute1D(_GridEncoding):
+    __doc__ = _doc("PositionalEncodingPermute1D", 1, True)
+    _n_axes = 1
+    _channels_first = True
+
+
+class PositionalEncodingPermute2D(_GridEncoding):
+    __doc__ = _doc("PositionalEncodingPermute2D", 2, True)
+    _n_axes = 2
+    _channels_first = True
+
+
+class PositionalEncodingPermute3D(_GridEncoding):
+    __doc__ = _doc("PositionalEncodingPermute3D", 3, True)
+    _n_axes = 3
+    _channels_first = True
+
+
+class Summer(nn.Module):
+    """Adds a position encoding to its input: ``tensor + encoding(tensor)``.
+
+    Args:
+        encoding (nn.Module): any module returning a tensor of its input's shape, typically a
+            ``PositionalEncoding{1,2,3}D``, a Permute twin, or a :class:`FixEncoding`. Stored as
+            ``self.penc`` (the package's name, so its checkpoints' keys match).
+
+    Shape:
+        - input: ``Tensor[B, *S, C]`` or ``Tensor[B, C, *S]``, as ``encoding`` expects.
+        - output: the same shape, a new tensor, in the promoted dtype of the input and the
+          encoding (e.g. int64 input + ``dtype_override=torch.float32`` -> float32).
+
+    Raises:
+        TypeError: ``encoding`` is not an ``nn.Module``.
+        ValueError: the encoding's shape differs from the input's (the package: ``assert``).
+
+    References:
+        P. Tatkowski, ``positional-encodings`` 6.x (``Summer``).
+    """
+
+    def __init__(self, encoding: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(encoding, nn.Module):
+            raise TypeError(f"encoding must be an nn.Module, got {type(encoding).__name__}")
+        self.penc = encoding
+
+    def forward(self, tensor: Tensor) -> Tensor:
+        penc = self.penc(tensor)
+        if penc.shape != tensor.shape:
+            raise ValueError(
+                f"the encoding has shape {tuple(penc.shape)} but the input has shape "
+                f"{tuple(tensor.shape)}; they must match to be summed"
+            )
+        return tensor + penc
+
+
+class FixEncoding(nn.Module):
+    """A grid encoding computed once for a fixed spatial shape, as ``positional-encodings``.
+
+    The table is built at construction (on the CPU, in ``encoding.dtype_override`` or float32 —
+    the package's behaviour: it does not follow the input's dtype) and rebuilt once per other
+    device it meets. ``forward`` only checks the input and broadcasts the table over the batch.
+
+    Args:
+        encoding (PositionalEncoding{1,2,3}D or PositionalEncodingPermute{1,2,3}D): the
+            encoding to fix. Stored as ``self.pos_encoder`` (the package's name).
+        shape (sequence of int): the spatial shape ``S`` (batch and channel dims excluded), one
+            positive int per axis of ``encoding``.
+
+    Shape:
+        - input: ``Tensor[B, *S, C]`` (or ``[B, C, *S]`` for a Permute encoding) with exactly
+          this ``S`` and ``C = encoding.org_channels``; any dtype.
+        - output: ``Tensor`` of the input's shape, in ``encoding.dtype_override`` or float32. A
+          read-only broadcast view for ``B > 1``, a fresh copy for ``B == 1``.
+
+    Raises:
+        TypeError: ``encoding`` is not one of the grid encodings above; ``shape`` is not a
+            sequence of ints; the input is not a tensor.
+        ValueError: ``shape`` has the wrong length or a non-positive entry; the input's rank,
+            spatial shape or channel count differs from the fixed ones.
+
+    References:
+        P. Tatkowski, ``positional-encodings`` 6.x (``FixEncoding``).
+    """
+
+    def __init__(self, encoding: nn.Module, shape: Sequence[int]) -> None:
+        super().__init__()
+        if not isinstance(encoding, _GridEncoding):
+            raise TypeError(
+                "encoding must be a PositionalEncoding{1,2,3}D or PositionalEncodingPermute{1,2,3}D, "
+                f"got {type(encoding).__name__}"
+            )
+        if isinstance(shape, torch.Size):
+            shape = tuple(shape)
+        if not isinstance(shape, Sequence) or any(
+            isinstance(s, bool) or not isinstance(s, int) for s in shape
+        ):
+            raise TypeError(f"shape must be a sequence of ints (the spatial shape), got {shape!r}")
+        n = encoding._n_axes
+        if len(shape) != n or any(s <= 0 for s in shape):
+            raise ValueError(
+                f"shape must hold {n} positive ints (the spatial shape of {type(encoding).__name__}, "
+                f"batch and channels excluded), got {tuple(shape)}"
+            )
+        self.pos_encoder = encoding
+        self.shape = tuple(shape)
+        self.dim = n
+        self._dtype = encoding.dtype_override or torch.float32
+        self._tables = _TableCache(4)
+        self._tables.get(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
+
+    def _build(self, device: torch.device) -> Tensor:
+        return self.pos_encoder._table(self.shape, device, self._dtype)
+
+    def forward(self, tensor: Tensor) -> Tensor:
+        enc = self.pos_encoder
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"FixEncoding expects a torch.Tensor {enc._layout()}, got {type(tensor).__name__}")
+        if enc._channels_first:
+            expected = (self.pos_encoder.org_channels, *self.shape)
+            got = tuple(tensor.shape[1:])
+        else:
+            expected = (*self.shape, self.pos_encoder.org_channels)
+            got = tuple(tensor.shape[1:])
+        if tensor.dim() != self.dim + 2 or got != expected:
+            raise ValueError(
+                f"FixEncoding was built for inputs (B, {', '.join(map(str, expected))}) "
+                f"(layout {enc._layout()}), got shape {tuple(tensor.shape)}"
+            )
+        device = tensor.device
+        table = self._tables.get(device, lambda: self._build(device))
+        return _expand_batch(table, tensor.shape[0])
+
+    def extra_repr(self) -> str:
+        return f"shape={self.shape}"

@@ -1,0 +1,396 @@
+"""1D sinusoidal encodings for sequence Transformers: fixed, scaled, and learnable-sinusoidal.
+
+Both modules add an encoding to token embeddings ``(B, L, D)`` (or ``(L, B, D)`` with
+``batch_first=False``, the layout of PyTorch's Transformer tutorial). The sinusoids come from the
+N-D core :func:`vispos._sincos.sincos_embed`; these modules only choose the positions, manage the
+cached table and combine it with the input.
+
+References:
+    Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5, "interleaved");
+    tensor2tensor ``get_timing_signal_1d`` and fairseq2 ``SinusoidalPositionEncoder`` ("split",
+    ``ladder="t2t"``); Li et al., Neural Speech Synthesis with Transformer Network, AAAI 2019
+    (the learnable scale ``alpha``); Wang et al., A Simple yet Effective Learnable Positional
+    Encoding Method for Improving Document Transformer Model, Findings of AACL 2022.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
+
+__all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _check_dropout(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"dropout must be a float in [0, 1), got {value!r} ({type(value).__name__})")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout must be a float in [0, 1), got {value}")
+    return float(value)
+
+
+def _check_positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+class _SequenceSinusoid(nn.Module):
+    """Shared state of the 1D encoders: the validated options and the cached ``(max_len, D)`` table.
+
+    Not public. Subclasses implement ``forward`` on top of :meth:`_encoding`.
+    """
+
+    pe: Tensor
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        dropout: float,
+        max_len: int,
+        layout: str,
+        batch_first: bool,
+        ladder: str,
+        temperature: float,
+    ) -> None:
+        super().__init__()
+        check_num_feats(d_model, "d_model")
+        _check_dropout(dropout)
+        _check_positive_int(max_len, "max_len")
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+        if ladder not in _LADDERS:
+            raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
+        if ladder == "t2t" and d_model < 4:
+            raise ValueError(f"ladder='t2t' needs d_model >= 4 (two frequencies at least), got {d_model}")
+        _check_bool(batch_first, "batch_first")
+        check_temperature(temperature)
+        self.d_model = d_model
+        self.max_len = max_len
+        self.layout = layout
+        self.batch_first = batch_first
+        self.ladder = ladder
+        self.temperature = temperature
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", self._embed(torch.arange(max_len, dtype=torch.float32)), persistent=False)
+
+    # -------------------------------------------------------------------------------- helpers
+    def _embed(self, positions: Tensor) -> Tensor:
+        """``Tensor[*P, D]`` float32: the sinusoids of ``positions`` (any shape), via the core."""
+        return sincos_embed(
+            [positions],
+            self.d_model,
+            temperature=self.temperature,
+            layout=self.layout,  # type: ignore[arg-type]
+            ladder=self.ladder,  # type: ignore[arg-type]
+            channel_dim=-1,
+        )
+
+    def _table(self, length: int, device: torch.device) -> Tensor:
+        """The first ``length`` rows of the cached table, extending the cache when needed."""
+        if length > self.pe.shape[0]:
+            # Longer than any sequence seen so far: rebuild (not grow in place) so views handed
+            # out earlier stay valid. Stays a non-persistent buffer.
+            self.pe = self._embed(torch.arange(length, dtype=torch.float32, device=self.pe.device))
+        table = self.pe[:length]
+        return table if table.device == device else table.to(device)
+
+    def _check_input(self, x: object) -> tuple[int, int]:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must be a floating tensor of token embeddings, got {x.dtype}")
+        layout = "(B, L, D)" if self.batch_first else "(L, B, D)"
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x must have shape {layout} with D = d_model = {self.d_model} "
+                f"(batch_first={self.batch_first}), got {tuple(x.shape)}"
+            )
+        if self.batch_first:
+            return x.shape[0], x.shape[1]
+        return x.shape[1], x.shape[0]
+
+    def _encoding(
+        self,
+        batch: int,
+        length: int,
+        device: torch.device,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The raw sinusoid, ``Tensor[B or 1, L, D]`` float32, and the checked mask (or None)."""
+        if key_padding_mask is not None:
+            key_padding_mask = self._check_mask(key_padding_mask, batch, length, device)
+        if positions is not None:
+            positions = self._check_positions(positions, batch, length, device)
+            enc = self._embed(positions)
+            return (enc if enc.dim() == 3 else enc.unsqueeze(0)), key_padding_mask
+        if key_padding_mask is not None:
+            # Count valid steps only: the first valid step is position 0 whatever the padding
+            # before it (left padding), padded steps are zeroed by the caller.
+            counted = (~key_padding_mask).cumsum(1, dtype=torch.int64) - 1
+            return self._embed(counted.clamp_min(0).to(torch.float32)), key_padding_mask
+        return self._table(length, device).unsqueeze(0), None
+
+    def _check_positions(self, positions: object, batch: int, length: int, device: torch.device) -> Tensor:
+        if not isinstance(positions, Tensor):
+            raise TypeError(f"positions must be a Tensor of shape (B, L) or (L,), got {type(positions).__name__}")
+        if positions.dtype == torch.bool or positions.is_complex():
+            raise TypeError(f"positions must be a real-valued tensor, got {positions.dtype}")
+        if tuple(positions.shape) not in ((batch, length), (length,)):
+            raise ValueError(
+                f"positions must have shape (B, L) = {(batch, length)} or (L,) = {(length,)}, "
+                f"got {tuple(positions.shape)}"
+            )
+        if positions.device != device:
+            raise ValueError(f"positions is on {positions.device} but x is on {device}")
+        return positions
+
+    @staticmethod
+    def _check_mask(mask: object, batch: int, length: int, device: torch.device) -> Tensor:
+        if not isinstance(mask, Tensor):
+            raise TypeError(f"key_padding_mask must be a bool Tensor (B, L), got {type(mask).__name__}")
+        if mask.dtype != torch.bool:
+            raise TypeError(
+                f"key_padding_mask must have dtype torch.bool with True marking padding, got {mask.dtype}; "
+                "convert with `mask.bool()` if nonzero marks padding, or `~attention_mask.bool()` for a "
+                "transformers-style attention_mask where 1 marks valid tokens"
+            )
+        if tuple(mask.shape) != (batch, length):
+            raise ValueError(f"key_padding_mask must have shape (B, L) = {(batch, length)}, got {tuple(mask.shape)}")
+        if mask.device != device:
+            raise ValueError(f"key_padding_mask is on {mask.device} but x is on {device}")
+        return mask
+
+    def _to_input_layout(self, enc: Tensor) -> Tensor:
+        return enc if self.batch_first else enc.transpose(0, 1)
+
+    def _common_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, dropout={self.dropout.p}, max_len={self.max_len}, "
+            f"layout={self.layout!r}, batch_first={self.batch_first}"
+        )
+
+    def _ladder_repr(self) -> str:
+        return f"ladder={self.ladder!r}, temperature={self.temperature}"
+
+
+class SinusoidalPositionalEncoding(_SequenceSinusoid):
+    """Adds a fixed sinusoidal encoding to a sequence of token embeddings.
+
+    ``out = dropout(norm(x * s) + alpha * PE(p))`` where ``s = sqrt(d_model)`` when ``emb_scale``
+    (else 1), ``norm`` is a LayerNorm when ``emb_layernorm`` (else identity), ``alpha`` is a trained
+    scalar when ``learnable_scale`` (else 1) and ``PE(p)`` embeds position ``p`` with ``D / 2``
+    frequencies ``w_k = temperature^(-2k / D)`` (``ladder="standard"``, Vaswani et al.) or
+    ``w_j = exp(-ln(temperature) * j / (D/2 - 1))`` (``ladder="t2t"``, tensor2tensor / fairseq2),
+    laid out ``"interleaved"`` (``sin w0, cos w0, sin w1, ...``: sin at even channels, cos at odd)
+    or ``"split"`` (all sines, then all cosines: tensor2tensor, fairseq2, Speech-Transformer).
+    ``layout="split", ladder="t2t"`` reproduces fairseq2's ``SinusoidalPositionEncoder``.
+
+    Positions are ``0 .. L-1`` by default. ``positions`` gives any others (offsets for
+    incremental decoding, left padding, fractional positions). With ``key_padding_mask`` the
+    positions count valid steps only (the first valid step is 0) unless ``positions`` is given,
+    and padded steps get no encoding (``PE = 0``, so they hold ``norm(x * s)``).
+
+    The default table of ``max_len`` rows is a non-persistent buffer; a longer input rebuilds it
+    for the new length (no error, nothing in ``state_dict``). The input is never modified in
+    place.
+
+    Args:
+        d_model (int): embedding size ``D`` (positive, even; ``>= 4`` with ``ladder="t2t"``).
+        dropout (float): dropout probability on the sum, in ``[0, 1)``. Default 0.
+        max_len (int): rows of the table built at construction. Default 5000.
+        layout (str): ``"interleaved"`` (default) or ``"split"``.
+        batch_first (bool): input is ``(B, L, D)`` (default) rather than ``(L, B, D)``.
+        emb_scale (bool): multiply the input by ``sqrt(d_model)`` first (Vaswani et al. 3.4).
+        emb_layernorm (bool): LayerNorm the (scaled) input before adding the encoding.
+        learnable_scale (bool): multiply the encoding by a trained scalar ``alpha``
+            (Transformer-TTS).
+        init_alpha (float): initial ``alpha``; only with ``learnable_scale=True``. Default 1.
+        ladder (str): ``"standard"`` (default) or ``"t2t"``.
+        temperature (float): ``T`` of the ladder. Default 10000.
+
+    Shape:
+        - x: ``Tensor[B, L, D]`` (``batch_first=True``) or ``Tensor[L, B, D]``, any float dtype.
+        - positions (optional): ``Tensor[B, L]`` or ``Tensor[L]``, any real dtype, on x's device.
+          Always batch-first, whatever ``batch_first`` says (like ``key_padding_mask``).
+        - key_padding_mask (optional): ``Tensor[B, L]``, bool, True marks padding.
+        - output: same shape and dtype as ``x`` (the encoding is computed in float32 and cast).
+
+    Raises:
+        TypeError: a non-int ``d_model`` / ``max_len``, a non-bool flag, a non-number
+            ``dropout`` / ``init_alpha`` / ``temperature``; at ``forward``: a non-float ``x``, a
+            non-bool mask (with a hint on how to convert), non-real positions.
+        ValueError: odd or non-positive ``d_model``; ``dropout`` outside ``[0, 1)``; non-positive
+            ``max_len`` or ``temperature``; unknown ``layout`` / ``ladder``; ``init_alpha != 1``
+            without ``learnable_scale``; at ``forward``: wrong shapes or devices.
+
+    References:
+        Vaswani et al., Attention Is All You Need, NeurIPS 2017; tensor2tensor
+        ``get_timing_signal_1d``; fairseq2 ``SinusoidalPositionEncoder``; Dong et al.,
+        Speech-Transformer, ICASSP 2018; Li et al., Neural Speech Synthesis with Transformer
+        Network, AAAI 2019 (``learnable_scale``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        dropout: float = 0.0,
+        max_len: int = 5000,
+        layout: str = "interleaved",
+        batch_first: bool = True,
+        emb_scale: bool = False,
+        emb_layernorm: bool = False,
+        learnable_scale: bool = False,
+        init_alpha: float = 1.0,
+        ladder: str = "standard",
+        temperature: float = 10000.0,
+    ) -> None:
+        super().__init__(
+            d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
+            ladder=ladder, temperature=temperature,
+        )
+        _check_bool(emb_scale, "emb_scale")
+        _check_bool(emb_layernorm, "emb_layernorm")
+        _check_bool(learnable_scale, "learnable_scale")
+        if isinstance(init_alpha, bool) or not isinstance(init_alpha, (int, float)) or not math.isfinite(init_alpha):
+            raise TypeError(f"init_alpha must be a finite number, got {init_alpha!r}")
+        if not learnable_scale and init_alpha != 1.0:
+            raise ValueError(
+                f"init_alpha={init_alpha} has no effect without learnable_scale=True; "
+                "pass learnable_scale=True or leave init_alpha at 1.0"
+            )
+        self.emb_scale = emb_scale
+        self.init_alpha = float(init_alpha)
+        self.layernorm = nn.LayerNorm(d_model) if emb_layernorm else None
+        self.alpha = nn.Parameter(torch.tensor(float(init_alpha))) if learnable_scale else None
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Adds the encoding to ``x``; see the class docstring for shapes and options.
+
+        Args:
+            x (Tensor[B, L, D] or Tensor[L, B, D]): token embeddings.
+            positions (Tensor[B, L] or Tensor[L], optional): positions of the steps.
+            key_padding_mask (Tensor[B, L], bool, optional): True marks padding.
+
+        Returns:
+            Tensor: like ``x``.
+        """
+        batch, length = self._check_input(x)
+        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
+        if self.alpha is not None:
+            enc = self.alpha * enc
+        if mask is not None:
+            enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
+        out = x * math.sqrt(self.d_model) if self.emb_scale else x
+        if self.layernorm is not None:
+            out = self.layernorm(out)
+        return self.dropout(out + self._to_input_layout(enc).to(out.dtype))
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self._common_repr()}, emb_scale={self.emb_scale}, "
+            f"emb_layernorm={self.layernorm is not None}, learnable_scale={self.alpha is not None}, "
+            f"init_alpha={self.init_alpha}, {self._ladder_repr()}"
+        )
+
+
+class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
+    """Sinusoidal encoding passed through a trained position-wise feed-forward, then added.
+
+    ``out = dropout(x + FFN(PE(p)))`` with ``FFN = Linear(D, H), Sigmoid, Dropout, Linear(H, D)``
+    (the learnable sinusoidal positional encoding, LSPE) and ``PE`` as in
+    :class:`SinusoidalPositionalEncoding` (same ``positions`` / ``key_padding_mask`` semantics:
+    padded steps get no encoding, after the FFN). The FFN's layers are ``self.ffn[0]`` and
+    ``self.ffn[3]``.
+
+    Args:
+        d_model (int): embedding size ``D`` (positive, even).
+        hidden_dim (int, optional): ``H``, the FFN's hidden size; ``d_model`` when not given.
+        dropout (float): dropout probability, used inside the FFN and on the sum. Default 0.
+        max_len (int): rows of the sinusoid table built at construction; longer inputs extend it.
+        layout (str): ``"interleaved"`` (default) or ``"split"``.
+        batch_first (bool): input is ``(B, L, D)`` (default) rather than ``(L, B, D)``.
+        ladder (str): ``"standard"`` (default) or ``"t2t"``.
+        temperature (float): ``T`` of the ladder. Default 10000.
+
+    Shape:
+        - x: ``Tensor[B, L, D]`` (``batch_first=True``) or ``Tensor[L, B, D]``, any float dtype.
+        - positions (optional): ``Tensor[B, L]`` or ``Tensor[L]``, any real dtype.
+        - key_padding_mask (optional): ``Tensor[B, L]``, bool, True marks padding.
+        - output: same shape and dtype as ``x``. The FFN runs in its parameters' dtype.
+
+    Raises:
+        TypeError, ValueError: as :class:`SinusoidalPositionalEncoding`, and a non-positive or
+            non-int ``hidden_dim``.
+
+    References:
+        Wang et al., A Simple yet Effective Learnable Positional Encoding Method for Improving
+        Document Transformer Model, Findings of AACL-IJCNLP 2022.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden_dim: int | None = None,
+        dropout: float = 0.0,
+        max_len: int = 5000,
+        layout: str = "interleaved",
+        batch_first: bool = True,
+        ladder: str = "standard",
+        temperature: float = 10000.0,
+    ) -> None:
+        super().__init__(
+            d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
+            ladder=ladder, temperature=temperature,
+        )
+        hidden = d_model if hidden_dim is None else _check_positive_int(hidden_dim, "hidden_dim")
+        self.hidden_dim = hidden
+        self.ffn = nn.Sequential(
+            nn.Linear(d_model, hidden), nn.Sigmoid(), nn.Dropout(dropout), nn.Linear(hidden, d_model)
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Adds the learned encoding to ``x``; see the class docstring for shapes.
+
+        Args:
+            x (Tensor[B, L, D] or Tensor[L, B, D]): token embeddings.
+            positions (Tensor[B, L] or Tensor[L], optional): positions of the steps.
+            key_padding_mask (Tensor[B, L], bool, optional): True marks padding.
+
+        Returns:
+            Tensor: like ``x``.
+        """
+        batch, length = self._check_input(x)
+        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
+        weight = self.ffn[0].weight
+        enc = self.ffn(enc.to(weight.dtype))
+        if mask is not None:
+            enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
+        return self.dropout(x + self._to_input_layout(enc).to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"{self._common_repr()}, hidden_dim={self.hidden_dim}, {self._ladder_repr()}"
