@@ -1,0 +1,84 @@
+import os
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vispos.cli import main
+
+TINY = """
+type: Joiner
+backbone: {type: TimmBackbone, model_name: resnet18, out_indices: [3, 4]}
+position_embedding: {type: PositionEmbeddingSine, num_pos_feats: 16, normalize: true}
+"""
+
+
+def _write_images(folder, sizes):
+    paths = []
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate(sizes):
+        p = folder / f"img{i}.png"
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def test_demo_on_sample_photos(tmp_path, capsys):
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), "--samples", "astronaut", "chelsea", "--max-size", "96", "--repeats", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "backbone weights: random" in text
+    assert "level" in text and "valid frac" in text and "pos time (ms)" in text
+    assert "astronaut: 96x96" in text and "chelsea: 64x96" in text
+    saved = torch.load(out / "embeddings.pt", weights_only=False)
+    assert saved["names"] == ["astronaut", "chelsea"]
+    (level,) = saved["levels"]
+    assert level["stride"] == 32 and level["pos"].shape == (2, 256, 3, 3)
+    assert (out / "figure.png").stat().st_size > 10_000
+    assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
+
+
+def test_run_on_user_images_with_config(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    paths = _write_images(tmp_path, [(40, 60), (64, 32), (50, 50)])
+    rc = main(["run", "--config", str(cfg), "--images", *paths, "--out", str(tmp_path / "o"), "--repeats", "1", "--queries", "2"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    rows = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 2
+    assert "(3, 256, 4, 4)" in rows[0] and " 16 " in rows[0]
+    saved = torch.load(tmp_path / "o" / "embeddings.pt", weights_only=False)
+    assert [lv["pos"].shape[1] for lv in saved["levels"]] == [32, 32]
+    mask = saved["levels"][1]["mask"]
+    assert mask.shape == (3, 2, 2) and mask.dtype == torch.bool
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["run", "--images", "missing.png"], "does not exist"),
+        (["run", "--images", "{notimage}"], "could not be read as an image"),
+        (["run", "--images", "{img}", "--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+        (["run", "--images", "{img}", "--config", "{badcfg}"], "unknown keys"),
+        (["demo", "--samples", "not_a_sample"], "unknown scikit-image sample"),
+        (["run", "--images", "{img}", "--checkpoint", "nope.pt"], "does not exist"),
+        (["run", "--images", "{img}", "--queries", "0"], "--queries must be >= 1"),
+    ],
+)
+def test_errors_are_one_line_and_write_nothing(tmp_path, capsys, argv, match):
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    notimage = tmp_path / "notimage.png"
+    notimage.write_text("hello")
+    badcfg = tmp_path / "bad.yaml"
+    badcfg.write_text("type: PositionEmbeddingSine\nnum_feats: 3\n")
+    argv = [a.format(img=img, notimage=notimage, badcfg=badcfg) for a in argv]
+    out = tmp_path / "out"
+    rc = main([*argv, "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("vispos: error:") and match in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists() or os.listdir(out) == []

@@ -1,0 +1,214 @@
+"""Sine embeddings of arbitrary points and boxes (query positions, reference points, proposals).
+
+A point or box ``(..., n)`` with coordinates in ``[0, 1]`` is scaled to ``[0, scale]`` and every
+coordinate is embedded with DETR's interleaved sine (``num_pos_feats`` channels each) through the
+N-D core :func:`vispos._sincos.sincos_embed`. The coordinate blocks are concatenated in input
+order, except that DAB-DETR / DINO put ``y`` before ``x`` (``swap_xy=True``, the default).
+
+References:
+    Liu et al., DAB-DETR: Dynamic Anchor Boxes are Better Queries for DETR, ICLR 2022
+    (``gen_sineembed_for_position`` and ``ref_point_head``); Zhang et al., DINO, ICLR 2023;
+    Zhu et al., Deformable DETR, ICLR 2021 (``get_proposal_pos_embed``, two-stage).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .._sincos import check_num_feats, check_temperature, sincos_embed
+
+__all__ = ["sine_embed_coords", "CoordSineEmbedding"]
+
+
+def _check_scale(scale: object) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a positive number, got {scale!r} ({type(scale).__name__})")
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    return float(scale)
+
+
+def _check_coords(coords: object, num_coords: int | None = None) -> Tensor:
+    if not isinstance(coords, Tensor):
+        raise TypeError(f"coords must be a floating Tensor (..., n), got {type(coords).__name__}")
+    if not coords.is_floating_point():
+        raise TypeError(
+            f"coords must be a floating tensor of normalised coordinates in [0, 1], got {coords.dtype}"
+        )
+    if coords.dim() < 1 or coords.shape[-1] < 1:
+        raise ValueError(f"coords must have shape (..., n) with n >= 1 coordinates, got {tuple(coords.shape)}")
+    if num_coords is not None and coords.shape[-1] != num_coords:
+        raise ValueError(
+            f"coords must have shape (..., {num_coords}) (num_coords={num_coords}), got {tuple(coords.shape)}"
+        )
+    return coords
+
+
+def sine_embed_coords(
+    coords: Tensor,
+    num_pos_feats: int = 128,
+    temperature: float = 10000,
+    scale: float = 2 * math.pi,
+    *,
+    swap_xy: bool = True,
+) -> Tensor:
+    """Sine embedding of points ``(x, y)``, boxes ``(cx, cy, w, h)`` or any ``n`` coordinates.
+
+    Coordinate ``c`` becomes ``p = c * scale`` and then ``sin(p / d_0), cos(p / d_0), sin(p / d_1),
+    ...`` with ``d_k = temperature^(2k / num_pos_feats)`` (DETR's interleaved layout). With
+    ``swap_xy`` the blocks of the first two coordinates are swapped, giving DAB-DETR / DINO's
+    ``(y, x, w, h)`` order of ``gen_sineembed_for_position`` (for ``n = 2`` and ``n = 4``);
+    ``swap_xy=False`` keeps the input order, as Deformable-DETR's two-stage
+    ``get_proposal_pos_embed`` does (pass ``proposals.sigmoid()``: that function takes logits).
+
+    Differentiable with respect to ``coords`` (DAB-DETR learns its anchor boxes). Angles are
+    computed in float32 (float64 for float64 coords) and cast once to ``coords.dtype``.
+
+    Args:
+        coords (Tensor[..., n], float): normalised coordinates, usually in ``[0, 1]`` (not
+            checked: no host synchronisation).
+        num_pos_feats (int): channels per coordinate (positive, even). Default 128 (DINO, with
+            ``d_model = 256``).
+        temperature (float): ``T`` of the frequency ladder. Default 10000.
+        scale (float): multiplier of the coordinates. Default ``2 * pi``.
+        swap_xy (bool): emit the first two coordinates as ``(y, x)``. Default True (DINO).
+
+    Returns:
+        Tensor[..., n * num_pos_feats]: in ``coords.dtype`` on ``coords``' device.
+
+    Raises:
+        TypeError: ``coords`` is not a floating tensor; a non-int ``num_pos_feats``; a non-number
+            ``temperature`` / ``scale``; a non-bool ``swap_xy``.
+        ValueError: ``coords`` has no coordinate axis; odd or non-positive ``num_pos_feats``;
+            non-positive ``temperature`` or ``scale``.
+
+    References:
+        Liu et al., DAB-DETR, ICLR 2022; Zhang et al., DINO, ICLR 2023
+        (``gen_sineembed_for_position``); Zhu et al., Deformable DETR, ICLR 2021.
+    """
+    _check_coords(coords)
+    check_num_feats(num_pos_feats)
+    check_temperature(temperature)
+    scale = _check_scale(scale)
+    if not isinstance(swap_xy, bool):
+        raise TypeError(f"swap_xy must be a bool, got {swap_xy!r}")
+    compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
+    # scale in float32 first, exactly as the peers do, then divide (sincos_embed's default).
+    scaled = coords.to(compute) * scale
+    order = list(range(coords.shape[-1]))
+    if swap_xy and len(order) >= 2:
+        order[0], order[1] = 1, 0
+    positions = [scaled[..., i] for i in order]
+    return sincos_embed(
+        positions,
+        num_pos_feats,
+        temperature=temperature,
+        layout="interleaved",
+        channel_dim=-1,
+        dtype=coords.dtype,
+        compute_dtype=compute,
+    )
+
+
+class CoordSineEmbedding(nn.Module):
+    """Sine embedding of points or boxes followed by an MLP: DAB-DETR's ``ref_point_head``.
+
+    ``out = MLP(sine_embed_coords(coords))`` with ``num_layers`` Linear layers and ReLU between
+    them (none after the last): ``n * num_pos_feats -> hidden_dim -> ... -> d_model``. The layers
+    live in ``self.layers`` (a ``ModuleList``), so the ``state_dict`` keys are DAB-DETR / DINO's
+    ``ref_point_head.layers.{i}.{weight,bias}``.
+
+    Args:
+        num_coords (int): ``n``: 2 for points, 4 for boxes. Default 4.
+        d_model (int): output size. Default 256.
+        num_pos_feats (int, optional): channels per coordinate; ``d_model // 2`` when not given
+            (DAB-DETR: ``query_dim // 2 * d_model`` inputs for 4 coordinates).
+        hidden_dim (int, optional): hidden size of the MLP; ``d_model`` when not given.
+        num_layers (int): Linear layers (``>= 1``). Default 2.
+        temperature (float): as :func:`sine_embed_coords`. Default 10000.
+        scale (float): as :func:`sine_embed_coords`. Default ``2 * pi``.
+        swap_xy (bool): as :func:`sine_embed_coords`. Default True.
+
+    Shape:
+        - coords: ``Tensor[..., num_coords]``, float, normalised to ``[0, 1]``.
+        - output: ``Tensor[..., d_model]`` in the MLP's dtype.
+
+    Raises:
+        TypeError: non-int sizes; non-number ``temperature`` / ``scale``; at ``forward``,
+            ``coords`` not a floating tensor.
+        ValueError: non-positive sizes; odd ``num_pos_feats``; at ``forward``, the last dim of
+            ``coords`` is not ``num_coords``.
+
+    References:
+        Liu et al., DAB-DETR, ICLR 2022 (``ref_point_head = MLP(2 * d_model, d_model, d_model, 2)``);
+        Zhang et al., DINO, ICLR 2023.
+    """
+
+    def __init__(
+        self,
+        num_coords: int = 4,
+        d_model: int = 256,
+        num_pos_feats: int | None = None,
+        hidden_dim: int | None = None,
+        num_layers: int = 2,
+        temperature: float = 10000,
+        scale: float = 2 * math.pi,
+        swap_xy: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("num_coords", num_coords), ("d_model", d_model), ("num_layers", num_layers)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+            if value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value}")
+        if num_pos_feats is None:
+            if d_model % 4:
+                raise ValueError(
+                    f"num_pos_feats defaults to d_model // 2, which must be even; got d_model={d_model}. "
+                    "Pass num_pos_feats explicitly"
+                )
+            num_pos_feats = d_model // 2
+        check_num_feats(num_pos_feats)
+        if hidden_dim is None:
+            hidden_dim = d_model
+        if isinstance(hidden_dim, bool) or not isinstance(hidden_dim, int):
+            raise TypeError(f"hidden_dim must be a positive int, got {hidden_dim!r} ({type(hidden_dim).__name__})")
+        if hidden_dim <= 0:
+            raise ValueError(f"hidden_dim must be a positive int, got {hidden_dim}")
+        check_temperature(temperature)
+        scale = _check_scale(scale)
+        if not isinstance(swap_xy, bool):
+            raise TypeError(f"swap_xy must be a bool, got {swap_xy!r}")
+        self.num_coords = num_coords
+        self.d_model = d_model
+        self.num_pos_feats = num_pos_feats
+        self.hidden_dim = hidden_dim
+        self.num_layers = num_layers
+        self.temperature = temperature
+        self.scale = scale
+        self.swap_xy = swap_xy
+        sizes = [num_coords * num_pos_feats] + [hidden_dim] * (num_layers - 1) + [d_model]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def forward(self, coords: Tensor) -> Tensor:
+        """Embeds ``coords`` (``Tensor[..., num_coords]``) into ``Tensor[..., d_model]``."""
+        _check_coords(coords, self.num_coords)
+        weight = self.layers[0].weight
+        out = sine_embed_coords(
+            coords, self.num_pos_feats, self.temperature, self.scale, swap_xy=self.swap_xy
+        ).to(weight.dtype)
+        for i, layer in enumerate(self.layers):
+            out = layer(out)
+            if i < len(self.layers) - 1:
+                out = torch.relu(out)
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_coords={self.num_coords}, d_model={self.d_model}, num_pos_feats={self.num_pos_feats}, "
+            f"hidden_dim={self.hidden_dim}, num_layers={self.num_layers}, temperature={self.temperature}, "
+            f"scale={self.scale}, swap_xy={self.swap_xy}"
+        )

@@ -1,0 +1,332 @@
+"""Learned absolute position embeddings: DETR's per-axis tables (N-D, resizable) and ViT resampling.
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
+    (``models/position_encoding.py``, ``PositionEmbeddingLearned``);
+    Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021 (interpolating the position
+    embeddings of a pre-trained ViT at another resolution); timm ``layers/pos_embed.py``
+    (``resample_abs_pos_embed``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nested_tensor import NestedTensor
+from .sine import PositionEmbeddingSine
+
+__all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
+
+# Table names of the last three tensor axes (D, H, W); DETR's 2D checkpoints use the last two.
+_TABLE_NAMES = ("depth_embed", "row_embed", "col_embed")
+# transformers' DetrLearnedPositionEmbedding names, accepted when loading a state dict.
+_HF_NAMES = {"row_embeddings": "row_embed", "column_embeddings": "col_embed"}
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+class PositionEmbeddingLearned(nn.Module):
+    """DETR's learned position embedding: one table per spatial axis, for 1, 2 or 3 axes.
+
+    Axis ``i`` (of ``n`` spatial axes) has a table of ``num_embeddings[i]`` rows of
+    ``num_pos_feats`` channels, initialised ``U(0, 1)`` as DETR does. The cell at index ``p_i``
+    along every axis gets the rows ``table_i[p_i]``, concatenated along channels in **reverse**
+    tensor axis order: ``W, H, D`` (x, y, z). In 2D this is DETR's ``col_embed`` (x) block then
+    ``row_embed`` (y) block, and the module equals DETR's ``PositionEmbeddingLearned`` and
+    transformers' ``DetrLearnedPositionEmbedding``. The tables are ``nn.Embedding`` modules named
+    ``col_embed`` (last axis), ``row_embed`` and ``depth_embed`` (first of three), so a DETR
+    checkpoint's ``row_embed.weight`` / ``col_embed.weight`` load as they are; transformers'
+    ``row_embeddings`` / ``column_embeddings`` keys are renamed on load.
+
+    Like DETR, the padding mask is ignored: positions are cell indices. An axis shorter than its
+    table uses the table's first rows. An axis longer than its table raises ``ValueError``, or
+    with ``interpolate=True`` the whole table is resized to the axis' length (linear
+    interpolation, ``align_corners=False``, in float32 — float64 for a float64 table —,
+    differentiable), so a model trained at one resolution runs at a larger one.
+
+    Args:
+        num_pos_feats (int): channels per axis (positive). Default 256 (DETR).
+        num_embeddings (int or sequence of int): rows per table, one int for every axis or one
+            per axis in tensor axis order (``D, H, W``). Default 50 (DETR).
+        interpolate (bool): resize tables that are too short instead of raising. Default False.
+        spatial_dims (int, optional): number of spatial axes, 1 to 3. Default: the length of
+            ``num_embeddings`` when it is a sequence, else 2.
+
+    Shape:
+        - input: a :class:`NestedTensor` ``(B, C, *S)``; a bool mask ``Tensor[B, *S]``; or a
+          feature map ``Tensor[B, C, *S]``, with ``len(S) == spatial_dims``. Only its shape and
+          device are read.
+        - output: ``Tensor[B, spatial_dims * num_pos_feats, *S]``, channels-first, in the
+          tables' dtype unless ``forward(..., dtype=...)`` says otherwise; a broadcast view over
+          the batch (DETR copies it ``B`` times): ``.clone()`` it before writing in place.
+
+    Raises:
+        TypeError: a non-int ``num_pos_feats`` / ``num_embeddings`` / ``spatial_dims``; a non-bool
+            ``interpolate``; an input of another type, or a non-bool integer mask.
+        ValueError: non-positive sizes; ``spatial_dims`` outside 1..3 or disagreeing with
+            ``num_embeddings``; an input with another number of spatial axes, on another device
+            than the tables, or (without ``interpolate``) longer than a table along some axis.
+
+    References:
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
+    """
+
+    def __init__(
+        self,
+        num_pos_feats: int = 256,
+        num_embeddings: int | Sequence[int] = 50,
+        interpolate: bool = False,
+        spatial_dims: int | None = None,
+    ) -> None:
+        super().__init__()
+        _positive_int(num_pos_feats, "num_pos_feats")
+        if not isinstance(interpolate, bool):
+            raise TypeError(f"interpolate must be a bool, got {interpolate!r}")
+        if spatial_dims is not None:
+            if isinstance(spatial_dims, bool) or not isinstance(spatial_dims, int):
+                raise TypeError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims!r}")
+            if spatial_dims not in (1, 2, 3):
+                raise ValueError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims}")
+        if isinstance(num_embeddings, int) and not isinstance(num_embeddings, bool):
+            _positive_int(num_embeddings, "num_embeddings")
+            n = 2 if spatial_dims is None else spatial_dims
+            sizes = (num_embeddings,) * n
+        elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
+            sizes = tuple(
+                _positive_int(v, f"num_embeddings[{i}]") for i, v in enumerate(num_embeddings)
+            )
+            if not 1 <= len(sizes) <= 3:
+                raise ValueError(
+                    f"num_embeddings must hold one int per spatial axis (1 to 3), got {tuple(sizes)}"
+                )
+            if spatial_dims is not None and spatial_dims != len(sizes):
+                raise ValueError(
+                    f"num_embeddings has {len(sizes)} entries {sizes} but spatial_dims={spatial_dims}"
+                )
+        else:
+            raise TypeError(
+                "num_embeddings must be a positive int or a sequence of one positive int per axis, "
+                f"got {num_embeddings!r} ({type(num_embeddings).__name__})"
+            )
+        self.num_pos_feats = num_pos_feats
+        self.num_embeddings = sizes
+        self.interpolate = interpolate
+        self.spatial_dims = len(sizes)
+        self._names = _TABLE_NAMES[3 - self.spatial_dims:]
+        for name, rows in zip(self._names, sizes):
+            self.add_module(name, nn.Embedding(rows, num_pos_feats))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-draws every table from ``U(0, 1)`` (DETR's ``nn.init.uniform_``)."""
+        for table in self._tables():
+            nn.init.uniform_(table.weight)
+
+    # ------------------------------------------------------------------------------------ api
+    def forward(self, x: NestedTensor | Tensor, dtype: torch.dtype | None = None) -> Tensor:
+        """Embeds the cell indices of ``x``; see the class docstring for shapes.
+
+        Args:
+            x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S]): what to embed.
+            dtype (torch.dtype, optional): output dtype; the tables' dtype when not given.
+        """
+        _, spatial, batch, device = PositionEmbeddingSine._parse(x)
+        n = self.spatial_dims
+        if len(spatial) != n:
+            raise ValueError(
+                f"{type(self).__name__}(spatial_dims={n}) got an input with {len(spatial)} spatial "
+                f"axes {spatial}; build it with spatial_dims={len(spatial)} (or num_embeddings "
+                "with one entry per axis)"
+            )
+        tables = self._tables()
+        if tables[0].weight.device != device:
+            raise ValueError(
+                f"the input is on {device} but the embedding tables are on "
+                f"{tables[0].weight.device}; move the module with .to({str(device)!r})"
+            )
+        blocks = []
+        for axis in reversed(range(n)):  # x (last axis) first, as DETR
+            rows = self._rows(axis, spatial[axis])  # (S_i, F)
+            view = [self.num_pos_feats] + [1] * n
+            view[1 + axis] = spatial[axis]
+            blocks.append(rows.t().reshape(view).expand(self.num_pos_feats, *spatial))
+        pos = torch.cat(blocks, dim=0)
+        if dtype is not None:
+            pos = pos.to(dtype)
+        return pos.unsqueeze(0).expand(batch, *pos.shape)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_pos_feats={self.num_pos_feats}, num_embeddings={self.num_embeddings}, "
+            f"interpolate={self.interpolate}, spatial_dims={self.spatial_dims}"
+        )
+
+    # -------------------------------------------------------------------------------- helpers
+    def _tables(self) -> list[nn.Embedding]:
+        return [getattr(self, name) for name in self._names]
+
+    def _rows(self, axis: int, size: int) -> Tensor:
+        """The first ``size`` rows of axis ``axis``'s table, or the table resized to ``size``."""
+        weight = self._tables()[axis].weight
+        rows = weight.shape[0]
+        if size <= rows:
+            return weight[:size]
+        if not self.interpolate:
+            raise ValueError(
+                f"the feature map has {size} cells along spatial axis {axis} but the "
+                f"{self._names[axis]} table has num_embeddings={rows} rows; use a larger "
+                "num_embeddings, a smaller input, or interpolate=True to resize the table"
+            )
+        compute = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        resized = F.interpolate(
+            weight.t().unsqueeze(0).to(compute), size=size, mode="linear", align_corners=False
+        )
+        return resized[0].t().to(weight.dtype)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
+        # transformers' DetrLearnedPositionEmbedding calls the tables row_/column_embeddings
+        for hf_name, name in _HF_NAMES.items():
+            key = prefix + hf_name + ".weight"
+            if name in self._names and key in state_dict and prefix + name + ".weight" not in state_dict:
+                state_dict[prefix + name + ".weight"] = state_dict.pop(key)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+
+_MODES = {
+    2: ("nearest", "nearest-exact", "bilinear", "bicubic", "area"),
+    3: ("nearest", "nearest-exact", "trilinear", "area"),
+}
+
+
+def _grid_size(value: object, name: str, rank: int | None) -> tuple[int, ...]:
+    if isinstance(value, (Sequence, torch.Size)) and not isinstance(value, str):
+        sizes = tuple(value)
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
+            if rank is None and len(sizes) not in (2, 3):
+                raise ValueError(f"{name} must hold 2 (H, W) or 3 (D, H, W) ints, got {sizes}")
+            if rank is not None and len(sizes) != rank:
+                raise ValueError(f"{name} must hold {rank} ints like new_size, got {sizes}")
+            if any(v <= 0 for v in sizes):
+                raise ValueError(f"{name} must hold positive ints, got {sizes}")
+            return sizes
+    raise TypeError(f"{name} must be a sequence of 2 or 3 ints (the grid size), got {value!r}")
+
+
+def _infer_grid(num_tokens: int, rank: int) -> tuple[int, ...] | None:
+    side = round(num_tokens ** (1.0 / rank))
+    for s in (side - 1, side, side + 1):
+        if s > 0 and s**rank == num_tokens:
+            return (s,) * rank
+    return None
+
+
+def resample_abs_pos_embed(
+    posemb: Tensor,
+    new_size: Sequence[int],
+    old_size: Sequence[int] | None = None,
+    num_prefix_tokens: int = 1,
+    mode: str = "bicubic",
+    antialias: bool = True,
+) -> Tensor:
+    """Resizes a ViT-style absolute position embedding to another 2D or 3D grid.
+
+    The embedding holds ``num_prefix_tokens`` tokens (class / register tokens, kept as they are)
+    followed by a grid of ``prod(old_size)`` tokens in row-major (``H, W`` or ``D, H, W``) order.
+    The grid is reshaped to ``(B, C, *old_size)``, resized with ``F.interpolate`` to ``new_size``
+    (in float32; float64 for a float64 input) and flattened back. For 2D grids in float32 it
+    equals timm's ``resample_abs_pos_embed``; unlike it, non-square old grids are never guessed.
+
+    Args:
+        posemb (Tensor[B, N, C], floating): the embedding, usually ``B = 1``, with
+            ``N = num_prefix_tokens + prod(old_size)``. Not modified.
+        new_size (sequence of int): the target grid, ``(H', W')`` or ``(D', H', W')``.
+        old_size (sequence of int, optional): the current grid, same length as ``new_size``.
+            When not given it is inferred only if the grid token count is a perfect square
+            (cube), as a square (cube) grid; pass it for any other grid.
+        num_prefix_tokens (int): leading tokens that are not on the grid. Default 1.
+        mode (str): ``F.interpolate`` mode: ``nearest``, ``nearest-exact``, ``bilinear``,
+            ``bicubic`` or ``area`` for 2D grids; ``nearest``, ``nearest-exact``, ``trilinear``
+            or ``area`` for 3D grids. Default ``bicubic`` (timm).
+        antialias (bool): anti-aliasing when down-sampling with ``bilinear`` / ``bicubic`` (the
+            modes torch supports it for); ignored otherwise. Default True (timm).
+
+    Returns:
+        Tensor[B, num_prefix_tokens + prod(new_size), C]: a new tensor in ``posemb``'s dtype and
+        device; ``posemb`` itself when ``old_size == new_size``.
+
+    Raises:
+        TypeError: ``posemb`` is not a floating tensor; sizes are not sequences of ints;
+            ``num_prefix_tokens`` is not an int; ``antialias`` is not a bool.
+        ValueError: ``posemb`` is not 3-D; sizes of the wrong length or non-positive;
+            ``num_prefix_tokens`` negative or larger than ``N``; ``old_size`` not given and not
+            inferable, or not matching ``N``; ``mode`` not available for the grid's rank.
+
+    References:
+        Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021 (sec. 3.2, "Fine-tuning and
+        higher resolution"); timm ``timm/layers/pos_embed.py``.
+    """
+    if not isinstance(posemb, Tensor):
+        raise TypeError(f"posemb must be a Tensor (B, N, C), got {type(posemb).__name__}")
+    if not posemb.dtype.is_floating_point:
+        raise TypeError(f"posemb must be a floating tensor, got {posemb.dtype}")
+    if posemb.dim() != 3:
+        raise ValueError(f"posemb must have shape (B, N, C), got {tuple(posemb.shape)}")
+    new = _grid_size(new_size, "new_size", None)
+    rank = len(new)
+    if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int):
+        raise TypeError(f"num_prefix_tokens must be an int >= 0, got {num_prefix_tokens!r}")
+    num_tokens = posemb.shape[1]
+    if not 0 <= num_prefix_tokens <= num_tokens:
+        raise ValueError(
+            f"num_prefix_tokens must be in [0, N={num_tokens}] for posemb of shape "
+            f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
+        )
+    if not isinstance(antialias, bool):
+        raise TypeError(f"antialias must be a bool, got {antialias!r}")
+    if mode not in _MODES[rank]:
+        hint = "; use 'trilinear' for 3D grids" if mode in ("bilinear", "bicubic") and rank == 3 else ""
+        raise ValueError(f"mode for a {rank}D grid must be one of {_MODES[rank]}, got {mode!r}{hint}")
+    grid_tokens = num_tokens - num_prefix_tokens
+    if old_size is None:
+        old = _infer_grid(grid_tokens, rank)
+        if old is None:
+            kind = "square" if rank == 2 else "cube"
+            raise ValueError(
+                f"cannot infer old_size: posemb has {grid_tokens} grid tokens ({num_tokens} minus "
+                f"{num_prefix_tokens} prefix tokens), which is not a perfect {kind}; pass old_size"
+            )
+    else:
+        old = _grid_size(old_size, "old_size", rank)
+        if math.prod(old) != grid_tokens:
+            raise ValueError(
+                f"old_size {old} holds {math.prod(old)} tokens but posemb of shape "
+                f"{tuple(posemb.shape)} has {grid_tokens} grid tokens after {num_prefix_tokens} "
+                "prefix tokens"
+            )
+    if old == new:
+        return posemb
+
+    batch, _, channels = posemb.shape
+    prefix = posemb[:, :num_prefix_tokens]
+    compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
+    grid = posemb[:, num_prefix_tokens:].to(compute).reshape(batch, *old, channels).movedim(-1, 1)
+    grid = F.interpolate(
+        grid, size=new, mode=mode, antialias=antialias and mode in ("bilinear", "bicubic")
+    )
+    grid = grid.movedim(1, -1).reshape(batch, -1, channels).to(posemb.dtype)
+    return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid
