@@ -10,6 +10,7 @@ from transformers.models.deformable_detr.modeling_deformable_detr import Deforma
 from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
 
 from vispos import NestedTensor, PositionEmbeddingSine, nested_tensor_from_tensor_list
+from vispos._sincos import frequency_divisors
 
 
 def assert_matches_reference(ours, ref):
@@ -181,7 +182,7 @@ def test_repr_state_dict_pickle_deepcopy():
     pe = PositionEmbeddingSine(32, 20, normalize=True, offset=-0.5)
     assert repr(pe) == (
         "PositionEmbeddingSine(num_pos_feats=32, temperature=20, normalize=True, "
-        f"scale={2 * math.pi}, offset=-0.5, eps=1e-06)"
+        f"scale={2 * math.pi}, offset=-0.5, eps=1e-06, cache_size=8)"
     )
     assert pe.state_dict() == {}
     mask = torch.rand(2, 4, 5) > 0.3
@@ -234,3 +235,101 @@ def test_3d_nested_tensor_volume():
     assert out.shape == (2, 24, 4, 6, 5)
     torch.testing.assert_close(out, slow_reference(nt.mask, 8, 10000, True).float(), rtol=0, atol=2e-6)
     assert isinstance(nt, NestedTensor)
+
+
+# ---------------------------------------------------------------- fast path and caching
+
+
+def _general(pe, mask, dtype=torch.float32):
+    return pe._masked(mask, dtype, check=False)
+
+
+@pytest.mark.parametrize(
+    "sizes, padded",
+    [
+        ([(20, 31), (13, 37), (23, 9), (0, 0)], (23, 37)),
+        ([(7,), (3,), (1,)], (9,)),
+        ([(3, 4, 2), (2, 1, 5), (1, 1, 1)], (3, 4, 5)),
+    ],
+)
+@pytest.mark.parametrize("normalize, offset", [(False, 0.0), (True, 0.0), (True, -0.5), (False, -1.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fast_path_equals_general_path(sizes, padded, normalize, offset, dtype, device):
+    pe = PositionEmbeddingSine(16, 20, normalize, offset=offset, cache_size=0).to(device)
+    mask = _rect_mask(sizes, padded).to(device)
+    fast = pe._rectangular(mask, dtype)
+    general = _general(pe, mask, dtype)
+    torch.testing.assert_close(fast, general, rtol=0, atol=0)
+
+
+def test_nested_tensor_takes_fast_path_without_reading_mask(monkeypatch):
+    import vispos.encodings.sine as sine
+
+    nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])
+    assert nt.rectangular
+    pe = PositionEmbeddingSine(32, normalize=True, cache_size=0)
+    monkeypatch.setattr(sine, "is_rectangular", lambda m: pytest.fail("the mask was inspected"))
+    torch.testing.assert_close(pe(nt), _general(pe, nt.mask), rtol=0, atol=0)
+
+
+def test_arbitrary_cpu_mask_takes_general_path():
+    mask = MASKS["arbitrary"]()
+    pe = PositionEmbeddingSine(16, normalize=True, cache_size=0)
+    from vispos.encodings.sine import is_rectangular
+
+    assert not is_rectangular(mask) and is_rectangular(MASKS["rectangular"]())
+    torch.testing.assert_close(pe(mask), _general(pe, mask), rtol=0, atol=0)
+
+
+def test_with_features_keeps_rectangular_sizes():
+    nt = nested_tensor_from_tensor_list([torch.randn(3, 37, 61), torch.randn(3, 50, 23), torch.randn(3, 1, 1)])
+    for size in [(5, 8), (13, 16), (50, 61), (2, 2)]:
+        level = nt.with_features(torch.randn(3, 4, *size))
+        assert level.rectangular
+        ref = _rect_mask(level.image_sizes, size)
+        assert torch.equal(level.mask, ref), size
+
+
+def test_cache_hits_and_invalidation():
+    pe = PositionEmbeddingSine(16, normalize=True)
+    mask = MASKS["arbitrary"]()
+    a = pe(mask)
+    assert pe(mask) is a  # same content: served from the cache
+    other = mask.clone()
+    other[0, 0, 0] = ~other[0, 0, 0]
+    b = pe(other)
+    assert b is not a
+    torch.testing.assert_close(b, _general(pe, other), rtol=0, atol=0)
+    a.add_(1)  # the caller modifies a cached result: the entry is dropped, not served
+    c = pe(mask)
+    assert c is not a
+    torch.testing.assert_close(c, _general(pe, mask), rtol=0, atol=0)
+    assert pe(mask, dtype=torch.float16).dtype == torch.float16  # dtype is part of the key
+    pe.temperature = 20  # a changed parameter is part of the key too
+    pe.dim_t = frequency_divisors(16, 20, repeat=2)
+    torch.testing.assert_close(pe(mask), PositionEmbeddingSine(16, 20, normalize=True)(mask), rtol=0, atol=0)
+    pe.clear_cache()
+    assert len(pe._cache) == 0
+
+
+def test_cache_for_grids_and_nested_tensors():
+    pe = PositionEmbeddingSine(16, normalize=True, cache_size=2)
+    x = torch.randn(1, 3, 5, 6)
+    a = pe(x)
+    a.mul_(0)  # batch of one: a writable view of the cached table; the change is detected
+    torch.testing.assert_close(pe(x), PositionEmbeddingSine(16, normalize=True, cache_size=0)(x), rtol=0, atol=0)
+    nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])
+    assert pe(nt) is pe(nt)
+    pe(torch.randn(1, 3, 7, 7))
+    pe(torch.randn(1, 3, 8, 8))
+    assert len(pe._cache) == 2  # LRU bound
+
+
+def test_cache_under_inference_mode_serves_autograd_later():
+    pe = PositionEmbeddingSine(8)
+    mask = MASKS["rectangular"]()
+    with torch.inference_mode():
+        first = pe(mask)
+    w = torch.ones(1, requires_grad=True)
+    (pe(mask) * w).sum().backward()
+    assert w.grad is not None and not first.is_inference()

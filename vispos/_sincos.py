@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["frequency_divisors", "sincos_embed", "check_num_feats"]
+__all__ = ["frequency_divisors", "sincos_embed", "sincos_embed_lines", "check_num_feats"]
 
 Layout = Literal["interleaved", "split"]
 Ladder = Literal["standard", "t2t"]
@@ -256,9 +256,106 @@ def sincos_embed(
             div = div.view(half, *([1] * (rank - 1)))
         else:
             pos = pos.unsqueeze(-1)
-        angles = pos * div if reciprocal else pos / div
-        # views are taken right before each write so autograd sees fresh views of ``out``
-        _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
-        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
+        sin_dst = _block(out, channel_dim, start, f, layout, "sin")
+        angle_shape = torch.broadcast_shapes(pos.shape, div.shape)
+        if angle_shape == sin_dst.shape and dtype == compute_dtype and not pos.requires_grad:
+            # full-size angles: compute them in the sine slots of the output itself, take the
+            # cosines from there, then the sines in place -- no temporary of the output's size
+            torch.mul(pos, div, out=sin_dst) if reciprocal else torch.div(pos, div, out=sin_dst)
+            torch.cos(sin_dst, out=_block(out, channel_dim, start, f, layout, "cos"))
+            sin_dst.sin_()
+        else:
+            angles = pos * div if reciprocal else pos / div
+            # views are taken right before each write so autograd sees fresh views of ``out``
+            _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
+            _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
+        start += f
+    return out
+
+
+def sincos_embed_lines(
+    line_positions: Sequence[Tensor],
+    line_valid: Sequence[Tensor | None],
+    pad_positions: Sequence[Tensor | float],
+    num_feats: int | Sequence[int],
+    *,
+    temperature: float = 10000.0,
+    layout: Layout = "interleaved",
+    dtype: torch.dtype = torch.float32,
+    divisors: Sequence[Tensor] | None = None,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Channels-first embedding of a separable padded grid, written to the output once.
+
+    The fast path for rectangular padding: along axis ``i`` every line that crosses an item's
+    valid region holds the same positions (``line_positions[i][b]``), and every line outside it
+    (a line of padding only) holds one value (``pad_positions[i]``). So sin/cos are evaluated on
+    tables of ``B * S_i`` positions, and each output cell is written once by selecting between
+    the broadcast table and the padding vector. Same float32 operations, hence the same
+    numbers, as :func:`sincos_embed` on the full position tensors.
+
+    Args:
+        line_positions (sequence of Tensor[B or 1, S_i]): positions along each axis.
+        line_valid (sequence of Tensor or None): for axis ``i``, a bool tensor broadcastable to
+            ``(B, 1, *S)`` with size 1 on channels and on axis ``i``: True where the line crosses
+            the valid region. ``None``: every line does.
+        pad_positions (sequence of float or 0-d Tensor): the position of padding-only lines.
+        num_feats (int or sequence of int): channels per axis (positive, even).
+        temperature (float), layout (str): as in :func:`sincos_embed`.
+        dtype (torch.dtype): output dtype; angles are float32.
+        divisors (sequence of Tensor, optional): float32 :func:`frequency_divisors` per axis.
+        out (Tensor[B, sum F_i, *S], optional): where to write.
+
+    Returns:
+        Tensor[B, sum F_i, *S] in ``dtype``, axis blocks in the given order.
+
+    Raises:
+        ValueError: inconsistent lengths or shapes.
+
+    References:
+        Carion et al., DETR (ECCV 2020): the cumulative-count positions are separable when the
+        padding is rectangular.
+    """
+    n = len(line_positions)
+    if not (len(line_valid) == len(pad_positions) == n):
+        raise ValueError("line_positions, line_valid and pad_positions need one entry per axis")
+    feats = [num_feats] * n if isinstance(num_feats, int) else list(num_feats)
+    if len(feats) != n:
+        raise ValueError(f"num_feats has {len(feats)} entries for {n} axes")
+    for f in feats:
+        check_num_feats(f, "num_feats")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
+    device = line_positions[0].device
+    batch = max(p.shape[0] for p in line_positions)
+    spatial = [p.shape[1] for p in line_positions]
+    total = sum(feats)
+    if out is None:
+        out = torch.empty((batch, total, *spatial), dtype=dtype, device=device)
+    start = 0
+    for axis, (pos, valid, pad, f) in enumerate(zip(line_positions, line_valid, pad_positions, feats)):
+        half = f // 2
+        if divisors is not None:
+            div = divisors[axis]
+        else:
+            div = frequency_divisors(f, temperature, device=device)
+        pos = pos.float()
+        if valid is not None:
+            pad_t = torch.as_tensor(pad, dtype=torch.float32, device=device).reshape(1, 1)
+            pos = torch.cat([pos, pad_t.expand(pos.shape[0], 1)], dim=1)  # last column: padding
+        angles = pos.unsqueeze(1) / div.view(1, half, 1)  # (B, F/2, S_i [+1])
+        table = torch.empty(pos.shape[0], f, pos.shape[1], dtype=torch.float32, device=device)
+        _write(_block(table, 1, 0, f, layout, "sin"), torch.sin, angles)
+        _write(_block(table, 1, 0, f, layout, "cos"), torch.cos, angles)
+        table = table.to(dtype)
+        view = [table.shape[0], f] + [1] * n
+        view[2 + axis] = spatial[axis]
+        block = out.narrow(1, start, f)
+        if valid is None:
+            block.copy_(table.view(view))
+        else:
+            inside = table[:, :, : spatial[axis]].reshape(view)
+            outside = table[:, :, spatial[axis]].reshape(table.shape[0], f, *([1] * n))
+            torch.where(valid, inside, outside, out=block)
         start += f
     return out

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask"]
+__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask", "resize_image_sizes"]
 
 _MAX_SPATIAL = 3
 
@@ -48,6 +48,10 @@ class NestedTensor:
         image_sizes (sequence of tuples, optional): each item's unpadded spatial size. When not
             given it is read from ``mask`` on first use (the extent of each item's valid cells,
             one host synchronisation).
+        rectangular (bool): a promise that ``mask`` is exactly "item ``b`` is valid on
+            ``[0, image_sizes[b])`` along every axis" (what :func:`nested_tensor_from_tensor_list`
+            and :meth:`with_features` produce). Needs ``image_sizes``. Lets position embeddings
+            take their fast path and cache on the host-known sizes without reading the mask.
 
     Attributes:
         tensors (Tensor[B, C, *S]), mask (Tensor[B, *S] or None).
@@ -64,13 +68,14 @@ class NestedTensor:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
     """
 
-    __slots__ = ("tensors", "mask", "_image_sizes")
+    __slots__ = ("tensors", "mask", "_image_sizes", "rectangular")
 
     def __init__(
         self,
         tensors: Tensor,
         mask: Tensor | None,
         image_sizes: Sequence[Sequence[int]] | None = None,
+        rectangular: bool = False,
     ) -> None:
         if not isinstance(tensors, Tensor):
             raise TypeError(f"tensors must be a torch.Tensor (B, C, *S), got {type(tensors).__name__}")
@@ -108,9 +113,12 @@ class NestedTensor:
                         f"image_sizes[{i}] = {size} must have {tensors.dim() - 2} entries, each "
                         f"within the padded size {tuple(tensors.shape[2:])}"
                     )
+        if rectangular and (sizes is None or mask is None):
+            raise ValueError("rectangular=True needs both a mask and image_sizes")
         self.tensors = tensors
         self.mask = mask
         self._image_sizes = sizes
+        self.rectangular = bool(rectangular)
 
     # ----------------------------------------------------------------------------- accessors
     def decompose(self) -> tuple[Tensor, Tensor | None]:
@@ -171,7 +179,37 @@ class NestedTensor:
         if self.mask is not None:
             non_blocking = kwargs.get("non_blocking", False)
             mask = self.mask.to(device=tensors.device, non_blocking=non_blocking)
-        return NestedTensor(tensors, mask, self._image_sizes)
+        return NestedTensor(tensors, mask, self._image_sizes, self.rectangular)
+
+    def with_features(self, tensors: Tensor) -> "NestedTensor":
+        """Pairs a feature map of this batch with this batch's mask resized to it.
+
+        The mask is resized as DETR does (:func:`interpolate_mask`, nearest). When this batch is
+        ``rectangular`` the level's image sizes are computed on the host from the same nearest
+        rule, so the result is rectangular too and nothing is read back from the device.
+
+        Args:
+            tensors (Tensor[B, C', *S']): features with the same batch size and spatial rank.
+
+        Returns:
+            NestedTensor: ``tensors`` with mask ``(B, *S')``.
+
+        Raises:
+            ValueError: another batch size or spatial rank.
+        """
+        if not isinstance(tensors, Tensor) or tensors.dim() != self.tensors.dim() or tensors.shape[0] != len(self):
+            shape = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
+            raise ValueError(
+                f"tensors must have shape (B={len(self)}, C, *S) with {self.n_spatial} spatial axes, got {shape}"
+            )
+        if self.mask is None:
+            return NestedTensor(tensors, None)
+        size = tuple(tensors.shape[2:])
+        mask = interpolate_mask(self.mask, size)
+        if not self.rectangular:
+            return NestedTensor(tensors, mask)
+        sizes = resize_image_sizes(self.image_sizes, tuple(self.tensors.shape[2:]), size)
+        return NestedTensor(tensors, mask, sizes, rectangular=True)
 
     @property
     def device(self) -> torch.device:
@@ -278,7 +316,27 @@ def nested_tensor_from_tensor_list(
         region = tuple(slice(0, s) for s in size)
         batch[(i, slice(None), *region)].copy_(t)
         mask[(i, *region)] = False
-    return NestedTensor(batch, mask, sizes)
+    return NestedTensor(batch, mask, sizes, rectangular=True)
+
+
+def resize_image_sizes(
+    image_sizes: Sequence[Sequence[int]], old: Sequence[int], new: Sequence[int]
+) -> list[tuple[int, ...]]:
+    """Valid sizes after a nearest resize of an origin-anchored padding mask from ``old`` to ``new``.
+
+    Nearest interpolation is separable, so each axis is resized as a 1-D mask on the host with
+    the same :func:`torch.nn.functional.interpolate` rule :func:`interpolate_mask` uses; the
+    count of valid cells is the new size. No device tensor is read.
+    """
+    out = [[0] * len(old) for _ in image_sizes]
+    for axis, (s_old, s_new) in enumerate(zip(old, new)):
+        lines = torch.ones(len(image_sizes), s_old, dtype=torch.bool)
+        for b, size in enumerate(image_sizes):
+            lines[b, : size[axis]] = False
+        resized = F.interpolate(lines[None].float(), size=(s_new,), mode="nearest")[0]
+        for b, count in enumerate((resized == 0).sum(1).tolist()):
+            out[b][axis] = int(count)
+    return [tuple(s) for s in out]
 
 
 def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:

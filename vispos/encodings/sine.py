@@ -9,19 +9,32 @@ References:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Union
 
 import torch
 from torch import Tensor, nn
 
-from .._sincos import check_num_feats, check_temperature, frequency_divisors, sincos_embed
+from .._sincos import (
+    check_num_feats,
+    check_temperature,
+    frequency_divisors,
+    sincos_embed,
+    sincos_embed_lines,
+)
 from ..nested_tensor import NestedTensor, _check_mask
 
-__all__ = ["PositionEmbeddingSine", "cumulative_positions"]
+__all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
 _MAX_SPATIAL = 3
 
 SineInput = Union[NestedTensor, Tensor]
+
+
+def _tracing() -> bool:
+    return bool(
+        torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
+    )
 
 
 def cumulative_positions(
@@ -52,14 +65,23 @@ def cumulative_positions(
     not_mask = ~mask
     out = []
     for axis in range(1, mask.dim()):
-        pos = not_mask.cumsum(axis, dtype=torch.float32)
-        if normalize:
-            last = pos.narrow(axis, pos.shape[axis] - 1, 1)
-            pos = (pos + offset) / (last + eps) * scale
-        elif offset:
-            pos = pos + offset
-        out.append(pos)
+        count = not_mask.cumsum(axis, dtype=torch.float32)
+        last = count.narrow(axis, count.shape[axis] - 1, 1)
+        out.append(_detr_position(count, last, normalize, scale, offset, eps))
     return out
+
+
+def _detr_position(
+    count: Tensor, last: Tensor, normalize: bool, scale: float, offset: float, eps: float
+) -> Tensor:
+    """DETR's position from a 1-based valid count and the line's final count (float32 ops).
+
+    Every path (masked, rectangular fast path, unmasked grid) goes through this one function so
+    that all give bit-identical float32 values.
+    """
+    if normalize:
+        return (count + offset) / (last + eps) * scale
+    return count + offset if offset else count
 
 
 def _grid_positions(
@@ -73,21 +95,64 @@ def _grid_positions(
 ) -> list[Tensor]:
     """The unmasked case of :func:`cumulative_positions` as broadcastable 1-D tables.
 
-    Axis ``i`` gets ``arange(1, S_i + 1)`` shaped ``(1, .., S_i, .., 1)`` (rank ``1 + n``), with
-    the same arithmetic as the masked path so both give identical float32 values.
+    Axis ``i`` gets ``arange(1, S_i + 1)`` shaped ``(1, .., S_i, .., 1)`` (rank ``1 + n``).
     """
     n = len(spatial)
     out = []
     for i, size in enumerate(spatial):
-        pos = torch.arange(1, size + 1, device=device, dtype=torch.float32)
-        if normalize:
-            pos = (pos + offset) / (pos[-1:] + eps) * scale
-        elif offset:
-            pos = pos + offset
+        count = torch.arange(1, size + 1, device=device, dtype=torch.float32)
+        pos = _detr_position(count, count[-1:], normalize, scale, offset, eps)
         view = [1] * (n + 1)
         view[i + 1] = size
         out.append(pos.view(view))
     return out
+
+
+def rectangular_sizes(mask: Tensor) -> Tensor:
+    """Per-item valid sizes of an origin-anchored rectangular padding mask, on its device.
+
+    Reads the line through the origin along every axis (no host synchronisation).
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding.
+
+    Returns:
+        Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item).
+    """
+    valid = ~mask
+    sizes = []
+    for axis in range(1, mask.dim()):
+        line = valid
+        for other in range(mask.dim() - 1, 0, -1):
+            if other != axis:
+                line = line.select(other, 0)
+        sizes.append(line.sum(1))
+    return torch.stack(sizes, 1)
+
+
+def _rectangular_valid(sizes: Tensor, spatial: tuple[int, ...]) -> list[Tensor]:
+    """Per axis, ``(c < size)`` as a bool ``(B, S_i)`` table."""
+    return [
+        torch.arange(s, device=sizes.device) < sizes[:, i : i + 1] for i, s in enumerate(spatial)
+    ]
+
+
+def is_rectangular(mask: Tensor) -> bool:
+    """True when ``mask`` is origin-anchored rectangular padding (reads the mask on the host).
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding.
+    """
+    spatial = tuple(mask.shape[1:])
+    along = _rectangular_valid(rectangular_sizes(mask), spatial)
+    n = len(spatial)
+    valid = None
+    for i, a in enumerate(along):
+        view = [a.shape[0]] + [1] * n
+        view[1 + i] = spatial[i]
+        a = a.view(view)
+        valid = a if valid is None else valid & a
+    return bool(torch.equal(~mask, valid.expand_as(mask)))
 
 
 class PositionEmbeddingSine(nn.Module):
@@ -145,6 +210,7 @@ class PositionEmbeddingSine(nn.Module):
         scale: float | None = None,
         offset: float = 0.0,
         eps: float = 1e-6,
+        cache_size: int = 8,
     ) -> None:
         super().__init__()
         check_num_feats(num_pos_feats)
@@ -162,6 +228,10 @@ class PositionEmbeddingSine(nn.Module):
             raise ValueError(f"scale must be > 0, got {scale}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
+        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple, tuple[Tensor, int, Tensor | None]] = OrderedDict()
         self.num_pos_feats = num_pos_feats
         self.temperature = temperature
         self.normalize = normalize
@@ -182,37 +252,118 @@ class PositionEmbeddingSine(nn.Module):
         """
         mask, spatial, batch, device = self._parse(x)
         out_dtype = torch.float32 if dtype is None else dtype
-        divisors = self._divisors(device)
         if mask is None:
-            positions = _grid_positions(
-                spatial, device, normalize=self.normalize, scale=self.scale,
-                offset=self.offset, eps=self.eps,
-            )
-            pos = sincos_embed(
-                positions, self.num_pos_feats, shape=(1, *spatial), dtype=out_dtype,
-                divisors=divisors,
-            )
-            return pos.expand(batch, *pos.shape[1:])
-        positions = cumulative_positions(
-            mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
-        )
-        return sincos_embed(
-            positions, self.num_pos_feats, shape=tuple(mask.shape), dtype=out_dtype,
-            divisors=divisors,
-        )
+            key = ("grid", spatial, device, out_dtype) + self._params()
+            table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
+            return table.expand(batch, *table.shape[1:])
+        rectangular = isinstance(x, NestedTensor) and x.rectangular
+        if rectangular:
+            sizes_key = tuple(x.image_sizes)
+            key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
+            return self._cached(key, None, lambda: self._rectangular(mask, out_dtype))
+        key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
+        if mask.device.type == "cpu":
+            # on the host the check is one pass over the mask, and no synchronisation
+            return self._cached(key, mask, lambda: self._masked(mask, out_dtype, check=True))
+        return self._masked(mask, out_dtype, check=False)
+
+    def clear_cache(self) -> None:
+        """Drops every cached embedding."""
+        self._cache.clear()
 
     def extra_repr(self) -> str:
         return (
             f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
-            f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}"
+            f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}, "
+            f"cache_size={self.cache_size}"
         )
 
     # -------------------------------------------------------------------------------- helpers
+    def _params(self) -> tuple:
+        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps)
+
+    def _position(self, count: Tensor, last: Tensor) -> Tensor:
+        return _detr_position(count, last, self.normalize, self.scale, self.offset, self.eps)
+
     def _divisors(self, device: torch.device) -> list[Tensor]:
         dim_t = self.dim_t
-        if dim_t.device != device or dim_t.dtype != torch.float32:
+        if dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
             dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
         return [dim_t] * _MAX_SPATIAL
+
+    def _grid(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+        positions = _grid_positions(
+            spatial, device, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
+        )
+        return sincos_embed(
+            positions, self.num_pos_feats, shape=(1, *spatial), dtype=dtype,
+            divisors=self._divisors(device),
+        )
+
+    def _rectangular(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`."""
+        spatial = tuple(mask.shape[1:])
+        n = len(spatial)
+        device = mask.device
+        sizes = rectangular_sizes(mask)
+        valid_along = _rectangular_valid(sizes, spatial)
+        lines, inside, pads = [], [], []
+        zero = torch.zeros(1, device=device, dtype=torch.float32)
+        for i, size in enumerate(spatial):
+            count = torch.arange(1, size + 1, device=device, dtype=torch.float32)
+            last = sizes[:, i : i + 1].to(torch.float32)
+            lines.append(self._position(torch.minimum(count, last), last))
+            pads.append(self._position(zero, zero))
+            cond = None
+            for j in range(n):
+                if j == i:
+                    continue
+                view = [mask.shape[0], 1] + [1] * n
+                view[2 + j] = spatial[j]
+                c = valid_along[j].view(view)
+                cond = c if cond is None else cond & c
+            inside.append(cond)
+        return sincos_embed_lines(
+            lines, inside, pads, self.num_pos_feats, dtype=dtype, divisors=self._divisors(device)
+        )
+
+    def _masked(self, mask: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
+        if check and is_rectangular(mask):
+            return self._rectangular(mask, dtype)
+        positions = cumulative_positions(
+            mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
+        )
+        return sincos_embed(
+            positions, self.num_pos_feats, shape=tuple(mask.shape), dtype=dtype,
+            divisors=self._divisors(mask.device),
+        )
+
+    def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
+        """Returns the cached result for ``key`` (and ``mask``'s content) or computes it.
+
+        Cached tensors are shared between calls. They are normal (non-inference) tensors built
+        outside autograd; an in-place change to one (or to a view of it) bumps its version
+        counter, which invalidates the entry, so the cache never serves a modified tensor.
+        Bypassed while compiling or tracing.
+        """
+        if self.cache_size == 0 or _tracing():
+            return compute()
+        entry = self._cache.get(key)
+        if entry is not None:
+            tensor, version, saved_mask = entry
+            if tensor._version == version and (
+                saved_mask is None or (mask is not None and torch.equal(saved_mask, mask))
+            ):
+                self._cache.move_to_end(key)
+                return tensor
+            del self._cache[key]
+        with torch.inference_mode(False), torch.no_grad():
+            tensor = compute()
+            saved = None if mask is None else mask.clone()
+        self._cache[key] = (tensor, tensor._version, saved)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return tensor
 
     @staticmethod
     def _parse(x: SineInput) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
