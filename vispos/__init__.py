@@ -7,7 +7,19 @@ encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join
 __version__ = "0.1.0"
 
 from .config import build_from_config, register
-from .encodings import PositionEmbeddingSine
+from .encodings import (
+    FixEncoding,
+    PositionalEncoding1D,
+    PositionalEncoding2D,
+    PositionalEncoding3D,
+    PositionalEncodingPermute1D,
+    PositionalEncodingPermute2D,
+    PositionalEncodingPermute3D,
+    PositionEmbeddingLearned,
+    PositionEmbeddingSine,
+    Summer,
+    resample_abs_pos_embed,
+)
 from .nested_tensor import NestedTensor, interpolate_mask, nested_tensor_from_tensor_list
 
 __all__ = [
@@ -16,6 +28,16 @@ __all__ = [
     "nested_tensor_from_tensor_list",
     "interpolate_mask",
     "PositionEmbeddingSine",
+    "PositionEmbeddingLearned",
+    "PositionalEncoding1D",
+    "PositionalEncoding2D",
+    "PositionalEncoding3D",
+    "PositionalEncodingPermute1D",
+    "PositionalEncodingPermute2D",
+    "PositionalEncodingPermute3D",
+    "Summer",
+    "FixEncoding",
+    "resample_abs_pos_embed",
     "build_from_config",
     "register",
 ]

@@ -70,11 +70,15 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
 def _register_builtins() -> None:
     if _REGISTRY.get("_builtins_done"):
         return
+    from . import encodings
     from .backbones import Joiner, TimmBackbone
-    from .encodings import PositionEmbeddingSine
 
-    for cls in (PositionEmbeddingSine, TimmBackbone, Joiner):
+    for cls in (TimmBackbone, Joiner):
         register(cls)
+    for name in encodings.__all__:
+        obj = getattr(encodings, name)
+        if isinstance(obj, type):
+            register(obj)
     _REGISTRY["_builtins_done"] = True  # type: ignore[assignment]
 
 
@@ -106,7 +110,19 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     if required:
         raise ValueError(f"{where} ({kind}): missing required keys {required}; allowed keys are {names}")
     built = {k: _build(v, f"{where}.{k}") for k, v in kwargs.items()}
+    for k, v in built.items():
+        if "dtype" in k and isinstance(v, str):
+            built[k] = _dtype(v, f"{where}.{k}")
     return target(**built)
+
+
+def _dtype(name: str, where: str):
+    import torch
+
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"{where}: {name!r} is not a torch dtype (e.g. 'float16', 'bfloat16', 'float32')")
+    return value
 
 
 def build_from_config(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Any:

@@ -137,7 +137,9 @@ class _GridEncoding(nn.Module):
     ) -> None:
         super().__init__()
         if isinstance(channels, bool) or not isinstance(channels, int):
-            raise TypeError(f"channels must be a positive int, got {channels!r} ({type(channels).__name__})")
+            raise TypeError(
+                f"channels must be a positive int, got {channels!r} ({type(channels).__name__})"
+            )
         if channels <= 0:
             raise ValueError(f"channels must be a positive int, got {channels}")
         if not isinstance(cache, bool):
@@ -184,7 +186,9 @@ class _GridEncoding(nn.Module):
     def _parse(self, tensor: Tensor) -> tuple[tuple[int, ...], int, torch.dtype]:
         name = type(self).__name__
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"{name} expects a torch.Tensor {self._layout()}, got {type(tensor).__name__}")
+            raise TypeError(
+                f"{name} expects a torch.Tensor {self._layout()}, got {type(tensor).__name__}"
+            )
         if tensor.dim() != self._n_axes + 2:
             raise ValueError(
                 f"{name} expects a {self._n_axes + 2}-D tensor {self._layout()}, got shape "
@@ -208,9 +212,12 @@ class _GridEncoding(nn.Module):
             out_dtype = tensor.dtype
         return spatial, tensor.shape[0], out_dtype
 
-    def _cached_table(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    def _cached_table(
+        self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
         """``Tensor[1, *S, C]`` (or ``[1, C, *S]`` for Permute), cached; never write into it."""
-        return self._tables.get((spatial, device, dtype), lambda: self._table(spatial, device, dtype))
+        key = (spatial, device, dtype)
+        return self._tables.get(key, lambda: self._table(spatial, device, dtype))
 
     def _table(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
         """Builds the encoding ``Tensor[1, *S, C]`` (or ``[1, C, *S]``) through the N-D core."""
@@ -246,13 +253,14 @@ class _GridEncoding(nn.Module):
         )
 
 
-_CLASS_DOC = """Sinusoidal {n}D position encoding of a {layout_word} tensor, as ``positional-encodings``.
+_CLASS_DOC = """Sinusoidal {n}D encoding of a {layout_word} tensor, as ``positional-encodings``.
 
     The ``channels`` are split into {n} block(s) of ``2 * ceil(channels / {two_n})`` channels,
     one per spatial axis in tensor axis order{axes_note}; block ``i`` holds
     ``sin(p_i w_k), cos(p_i w_k)`` interleaved, for the 0-based position ``p_i`` along axis ``i``
     and ``w_k = 10000^(-2k / F)``. The concatenation is truncated to ``channels`` (so odd and
-    non-divisible counts work). Equal, in float32, to ``positional_encodings.torch_encodings.{name}``.
+    non-divisible counts work). Equal, in float32, to
+    ``positional_encodings.torch_encodings.{name}``.
 
     Args:
         channels (int): the input's channel count ``C`` (positive).
@@ -398,8 +406,8 @@ class FixEncoding(nn.Module):
         super().__init__()
         if not isinstance(encoding, _GridEncoding):
             raise TypeError(
-                "encoding must be a PositionalEncoding{1,2,3}D or PositionalEncodingPermute{1,2,3}D, "
-                f"got {type(encoding).__name__}"
+                "encoding must be a PositionalEncoding{1,2,3}D or "
+                f"PositionalEncodingPermute{{1,2,3}}D, got {type(encoding).__name__}"
             )
         if isinstance(shape, torch.Size):
             shape = tuple(shape)
@@ -410,8 +418,8 @@ class FixEncoding(nn.Module):
         n = encoding._n_axes
         if len(shape) != n or any(s <= 0 for s in shape):
             raise ValueError(
-                f"shape must hold {n} positive ints (the spatial shape of {type(encoding).__name__}, "
-                f"batch and channels excluded), got {tuple(shape)}"
+                f"shape must hold {n} positive ints (the spatial shape of "
+                f"{type(encoding).__name__}, batch and channels excluded), got {tuple(shape)}"
             )
         self.pos_encoder = encoding
         self.shape = tuple(shape)
@@ -426,7 +434,9 @@ class FixEncoding(nn.Module):
     def forward(self, tensor: Tensor) -> Tensor:
         enc = self.pos_encoder
         if not isinstance(tensor, Tensor):
-            raise TypeError(f"FixEncoding expects a torch.Tensor {enc._layout()}, got {type(tensor).__name__}")
+            raise TypeError(
+                f"FixEncoding expects a torch.Tensor {enc._layout()}, got {type(tensor).__name__}"
+            )
         if enc._channels_first:
             expected = (self.pos_encoder.org_channels, *self.shape)
             got = tuple(tensor.shape[1:])

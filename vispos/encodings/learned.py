@@ -108,11 +108,13 @@ class PositionEmbeddingLearned(nn.Module):
             )
             if not 1 <= len(sizes) <= 3:
                 raise ValueError(
-                    f"num_embeddings must hold one int per spatial axis (1 to 3), got {tuple(sizes)}"
+                    "num_embeddings must hold one int per spatial axis (1 to 3), "
+                    f"got {tuple(sizes)}"
                 )
             if spatial_dims is not None and spatial_dims != len(sizes):
                 raise ValueError(
-                    f"num_embeddings has {len(sizes)} entries {sizes} but spatial_dims={spatial_dims}"
+                    f"num_embeddings has {len(sizes)} entries {sizes} but "
+                    f"spatial_dims={spatial_dims}"
                 )
         else:
             raise TypeError(
@@ -199,9 +201,9 @@ class PositionEmbeddingLearned(nn.Module):
     ) -> None:
         # transformers' DetrLearnedPositionEmbedding calls the tables row_/column_embeddings
         for hf_name, name in _HF_NAMES.items():
-            key = prefix + hf_name + ".weight"
-            if name in self._names and key in state_dict and prefix + name + ".weight" not in state_dict:
-                state_dict[prefix + name + ".weight"] = state_dict.pop(key)
+            old, new = prefix + hf_name + ".weight", prefix + name + ".weight"
+            if name in self._names and old in state_dict and new not in state_dict:
+                state_dict[new] = state_dict.pop(old)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -299,8 +301,12 @@ def resample_abs_pos_embed(
     if not isinstance(antialias, bool):
         raise TypeError(f"antialias must be a bool, got {antialias!r}")
     if mode not in _MODES[rank]:
-        hint = "; use 'trilinear' for 3D grids" if mode in ("bilinear", "bicubic") and rank == 3 else ""
-        raise ValueError(f"mode for a {rank}D grid must be one of {_MODES[rank]}, got {mode!r}{hint}")
+        hint = ""
+        if rank == 3 and mode in ("bilinear", "bicubic"):
+            hint = "; use 'trilinear' for 3D grids"
+        raise ValueError(
+            f"mode for a {rank}D grid must be one of {_MODES[rank]}, got {mode!r}{hint}"
+        )
     grid_tokens = num_tokens - num_prefix_tokens
     if old_size is None:
         old = _infer_grid(grid_tokens, rank)
