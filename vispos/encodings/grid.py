@@ -33,13 +33,13 @@ References:
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from .._cache import TensorCache
 from .._sincos import frequency_divisors, sincos_embed
 
 __all__ = [
@@ -55,45 +55,6 @@ __all__ = [
 
 _TEMPERATURE = 10000.0
 _CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
-
-
-class _TableCache:
-    """A small LRU of read-only tables that notices writes made through any view of a table.
-
-    Entries remember the tensor's version counter (shared by all its views); an entry whose
-    counter moved was written in place and is rebuilt rather than handed out again.
-    ``maxsize=0`` disables caching. Not pickled: a copy of a module starts empty.
-    """
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._entries: OrderedDict[Hashable, tuple[Tensor, int]] = OrderedDict()
-
-    def get(self, key: Hashable, build: Callable[[], Tensor]) -> Tensor:
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]._version == entry[1]:
-            self._entries.move_to_end(key)
-            return entry[0]
-        table = build()
-        if self.maxsize > 0:
-            self._entries[key] = (table, table._version)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.maxsize:
-                self._entries.popitem(last=False)
-        return table
-
-    def clear(self) -> None:
-        self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"maxsize": self.maxsize}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.maxsize = state["maxsize"]
-        self._entries = OrderedDict()
 
 
 def _expand_batch(table: Tensor, batch: int) -> Tensor:
@@ -153,7 +114,7 @@ class _GridEncoding(nn.Module):
         self.dtype_override = _check_dtype_override(dtype_override)
         self.cache = cache
         self.register_buffer("inv_freq", self._inverse_frequencies(None), persistent=False)
-        self._tables = _TableCache(_CACHE_SIZE if cache else 0)
+        self._tables = TensorCache(_CACHE_SIZE if cache else 0)
 
     # ------------------------------------------------------------------------------------ api
     def forward(self, tensor: Tensor) -> Tensor:
@@ -425,7 +386,7 @@ class FixEncoding(nn.Module):
         self.shape = tuple(shape)
         self.dim = n
         self._dtype = encoding.dtype_override or torch.float32
-        self._tables = _TableCache(4)
+        self._tables = TensorCache(4)
         self._tables.get(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
 
     def _build(self, device: torch.device) -> Tensor:

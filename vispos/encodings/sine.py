@@ -9,7 +9,6 @@ References:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Union
 
 import torch
@@ -22,6 +21,7 @@ from .._sincos import (
     sincos_embed,
     sincos_embed_lines,
 )
+from .._cache import TensorCache
 from ..nested_tensor import NestedTensor, _check_mask
 
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
@@ -29,12 +29,6 @@ __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "r
 _MAX_SPATIAL = 3
 
 SineInput = Union[NestedTensor, Tensor]
-
-
-def _tracing() -> bool:
-    return bool(
-        torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting()
-    )
 
 
 def cumulative_positions(
@@ -231,7 +225,7 @@ class PositionEmbeddingSine(nn.Module):
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple, tuple[Tensor, int, Tensor | None]] = OrderedDict()
+        self._cache = TensorCache(cache_size)
         self.num_pos_feats = num_pos_feats
         self.temperature = temperature
         self.normalize = normalize
@@ -339,31 +333,7 @@ class PositionEmbeddingSine(nn.Module):
         )
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
-        """Returns the cached result for ``key`` (and ``mask``'s content) or computes it.
-
-        Cached tensors are shared between calls. They are normal (non-inference) tensors built
-        outside autograd; an in-place change to one (or to a view of it) bumps its version
-        counter, which invalidates the entry, so the cache never serves a modified tensor.
-        Bypassed while compiling or tracing.
-        """
-        if self.cache_size == 0 or _tracing():
-            return compute()
-        entry = self._cache.get(key)
-        if entry is not None:
-            tensor, version, saved_mask = entry
-            if tensor._version == version and (
-                saved_mask is None or (mask is not None and torch.equal(saved_mask, mask))
-            ):
-                self._cache.move_to_end(key)
-                return tensor
-            del self._cache[key]
-        with torch.inference_mode(False), torch.no_grad():
-            tensor = compute()
-            saved = None if mask is None else mask.clone()
-        self._cache[key] = (tensor, tensor._version, saved)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return tensor
+        return self._cache.get(key, compute, content=mask)
 
     @staticmethod
     def _parse(x: SineInput) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
