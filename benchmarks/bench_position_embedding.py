@@ -257,8 +257,9 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
         from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
         if device.type == "cpu":
+            grid3 = list(nt.tensors.shape[2:])
             wl.impls["MONAI sincos (no mask, 1 grid)"] = lambda: build_sincos_position_embedding(
-                list(nt.tensors.shape[2:]), 96, 3, 10000.0
+                grid3, 96, 3, 10000.0
             )
     except ImportError:  # pragma: no cover
         pass

@@ -33,6 +33,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from ._cache import tracing
+
 __all__ = ["frequency_divisors", "sincos_embed", "sincos_embed_lines", "check_num_feats"]
 
 Layout = Literal["interleaved", "split"]
@@ -123,7 +125,7 @@ def frequency_divisors(
 
 def _write(dst: Tensor, fn, angles: Tensor) -> None:
     """``dst[...] = fn(angles)``, broadcasting, casting once, without a temporary when possible."""
-    if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad:
+    if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad and not tracing():
         fn(angles, out=dst)
     else:
         dst.copy_(fn(angles))
@@ -138,6 +140,45 @@ def _block(out: Tensor, channel_dim: int, start: int, f: int, layout: str, part:
         return out[:, index] if channel_dim == 1 else out[..., index]
     first = start if part == "sin" else start + half
     return out.narrow(channel_dim, first, half)
+
+
+def _embed_axis(
+    out: Tensor,
+    channel_dim: int,
+    start: int,
+    f: int,
+    layout: str,
+    pos: Tensor,
+    div: Tensor,
+    reciprocal: bool = False,
+) -> None:
+    """Writes one axis block: ``sin``/``cos`` of ``pos / div`` (or ``pos * div``) into ``out``.
+
+    ``pos`` has the output's non-channel rank and broadcasts to it; ``div`` holds the ``F / 2``
+    divisors. When the angles have the block's full size they are computed in the sine slots
+    of ``out`` itself, the cosines are taken from there, then the sines in place: no temporary
+    of the output's size.
+    """
+    half = f // 2
+    rank = pos.dim()
+    if channel_dim == 1:
+        pos = pos.unsqueeze(1)
+        div = div.view(half, *([1] * (rank - 1)))
+    else:
+        pos = pos.unsqueeze(-1)
+    sin_dst = _block(out, channel_dim, start, f, layout, "sin")
+    angle_shape = torch.broadcast_shapes(pos.shape, div.shape)
+    in_place = angle_shape == sin_dst.shape and out.dtype == pos.dtype and not pos.requires_grad
+    # compilers refuse ``out=`` on strided views: they fuse the plain form into one kernel anyway
+    if in_place and not tracing():
+        torch.mul(pos, div, out=sin_dst) if reciprocal else torch.div(pos, div, out=sin_dst)
+        torch.cos(sin_dst, out=_block(out, channel_dim, start, f, layout, "cos"))
+        sin_dst.sin_()
+    else:
+        angles = pos * div if reciprocal else pos / div
+        # views are taken right before each write so autograd sees fresh views of ``out``
+        _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
+        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
 
 
 def sincos_embed(
@@ -243,32 +284,13 @@ def sincos_embed(
 
     start = 0
     for axis, (pos, f) in enumerate(zip(positions, feats)):
-        half = f // 2
         if divisors is not None:
             div = divisors[axis]
         else:
             div = frequency_divisors(f, temperature, ladder=ladder, device=device, dtype=compute_dtype)
             if reciprocal:
                 div = 1.0 / div
-        pos = pos.to(compute_dtype)
-        if channel_dim == 1:
-            pos = pos.unsqueeze(1)
-            div = div.view(half, *([1] * (rank - 1)))
-        else:
-            pos = pos.unsqueeze(-1)
-        sin_dst = _block(out, channel_dim, start, f, layout, "sin")
-        angle_shape = torch.broadcast_shapes(pos.shape, div.shape)
-        if angle_shape == sin_dst.shape and dtype == compute_dtype and not pos.requires_grad:
-            # full-size angles: compute them in the sine slots of the output itself, take the
-            # cosines from there, then the sines in place -- no temporary of the output's size
-            torch.mul(pos, div, out=sin_dst) if reciprocal else torch.div(pos, div, out=sin_dst)
-            torch.cos(sin_dst, out=_block(out, channel_dim, start, f, layout, "cos"))
-            sin_dst.sin_()
-        else:
-            angles = pos * div if reciprocal else pos / div
-            # views are taken right before each write so autograd sees fresh views of ``out``
-            _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
-            _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
+        _embed_axis(out, channel_dim, start, f, layout, pos.to(compute_dtype), div, reciprocal)
         start += f
     return out
 
@@ -334,28 +356,25 @@ def sincos_embed_lines(
         out = torch.empty((batch, total, *spatial), dtype=dtype, device=device)
     start = 0
     for axis, (pos, valid, pad, f) in enumerate(zip(line_positions, line_valid, pad_positions, feats)):
-        half = f // 2
-        if divisors is not None:
-            div = divisors[axis]
-        else:
-            div = frequency_divisors(f, temperature, device=device)
+        div = divisors[axis] if divisors is not None else frequency_divisors(f, temperature, device=device)
+        view = [pos.shape[0]] + [1] * n
+        view[1 + axis] = spatial[axis]
         pos = pos.float()
-        if valid is not None:
-            pad_t = torch.as_tensor(pad, dtype=torch.float32, device=device).reshape(1, 1)
-            pos = torch.cat([pos, pad_t.expand(pos.shape[0], 1)], dim=1)  # last column: padding
-        angles = pos.unsqueeze(1) / div.view(1, half, 1)  # (B, F/2, S_i [+1])
+        if valid is None:  # every line crosses the valid region: a broadcast write
+            _embed_axis(out, 1, start, f, layout, pos.view(view), div)
+            start += f
+            continue
+        # the table's last column is the padding-only line
+        pad_t = torch.as_tensor(pad, dtype=torch.float32, device=device).reshape(1, 1)
+        pos = torch.cat([pos, pad_t.expand(pos.shape[0], 1)], dim=1)
         table = torch.empty(pos.shape[0], f, pos.shape[1], dtype=torch.float32, device=device)
-        _write(_block(table, 1, 0, f, layout, "sin"), torch.sin, angles)
-        _write(_block(table, 1, 0, f, layout, "cos"), torch.cos, angles)
+        _embed_axis(table, 1, 0, f, layout, pos, div)
         table = table.to(dtype)
-        view = [table.shape[0], f] + [1] * n
-        view[2 + axis] = spatial[axis]
-        block = out.narrow(1, start, f)
-        if valid is None:
-            block.copy_(table.view(view))
+        inside = table[:, :, : spatial[axis]].reshape(view[:1] + [f] + view[1:])
+        outside = table[:, :, spatial[axis]].reshape(table.shape[0], f, *([1] * n))
+        if tracing():  # compilers take no ``out=`` views; they fuse where + copy into one kernel
+            out.narrow(1, start, f).copy_(torch.where(valid, inside, outside))
         else:
-            inside = table[:, :, : spatial[axis]].reshape(view)
-            outside = table[:, :, spatial[axis]].reshape(table.shape[0], f, *([1] * n))
-            torch.where(valid, inside, outside, out=block)
+            torch.where(valid, inside, outside, out=out.narrow(1, start, f))
         start += f
     return out

@@ -10,7 +10,11 @@ from .grid import (
     PositionalEncodingPermute3D,
     Summer,
 )
+from .coords import CoordSineEmbedding, sine_embed_coords
 from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
+from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
+from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary
+from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
 from .sine import PositionEmbeddingSine, cumulative_positions
 
 __all__ = [
@@ -26,4 +30,16 @@ __all__ = [
     "FixEncoding",
     "PositionEmbeddingLearned",
     "resample_abs_pos_embed",
+    "SinusoidalPositionalEncoding",
+    "LearnableSinusoidalPositionalEncoding",
+    "sine_embed_coords",
+    "CoordSineEmbedding",
+    "RotaryEmbedding",
+    "AxialRotaryEmbedding",
+    "apply_rotary",
+    "timm_sincos_2d",
+    "mae_sincos_2d",
+    "monai_sincos",
+    "dino_sine",
+    "PositionEmbeddingSineDepthAdded",
 ]

@@ -103,8 +103,12 @@ class _SequenceSinusoid(nn.Module):
         """The first ``length`` rows of the cached table, extending the cache when needed."""
         if length > self.pe.shape[0]:
             # Longer than any sequence seen so far: rebuild (not grow in place) so views handed
-            # out earlier stay valid. Stays a non-persistent buffer.
-            self.pe = self._embed(torch.arange(length, dtype=torch.float32, device=self.pe.device))
+            # out earlier stay valid. Stays a non-persistent buffer. Built outside inference mode
+            # and autograd, so a table first extended under torch.inference_mode() can still
+            # serve a training step.
+            with torch.inference_mode(False), torch.no_grad():
+                positions = torch.arange(length, dtype=torch.float32, device=self.pe.device)
+                self.pe = self._embed(positions)
         table = self.pe[:length]
         return table if table.device == device else table.to(device)
 
@@ -228,7 +232,8 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         - positions (optional): ``Tensor[B, L]`` or ``Tensor[L]``, any real dtype, on x's device.
           Always batch-first, whatever ``batch_first`` says (like ``key_padding_mask``).
         - key_padding_mask (optional): ``Tensor[B, L]``, bool, True marks padding.
-        - output: same shape and dtype as ``x`` (the encoding is computed in float32 and cast).
+        - output: same shape and dtype as ``x`` (the encoding is computed in float32; half and
+          bfloat16 inputs are added to it in float32 and the sum cast back once).
 
     Raises:
         TypeError: a non-int ``d_model`` / ``max_len``, a non-bool flag, a non-number
@@ -303,7 +308,8 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         out = x * math.sqrt(self.d_model) if self.emb_scale else x
         if self.layernorm is not None:
             out = self.layernorm(out)
-        return self.dropout(out + self._to_input_layout(enc).to(out.dtype))
+        # type promotion adds half / bf16 inputs in float32: one rounding, not two
+        return self.dropout((out + self._to_input_layout(enc)).to(out.dtype))
 
     def extra_repr(self) -> str:
         return (
@@ -390,7 +396,7 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
         enc = self.ffn(enc.to(weight.dtype))
         if mask is not None:
             enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
-        return self.dropout(x + self._to_input_layout(enc).to(x.dtype))
+        return self.dropout((x + self._to_input_layout(enc)).to(x.dtype))
 
     def extra_repr(self) -> str:
         return f"{self._common_repr()}, hidden_dim={self.hidden_dim}, {self._ladder_repr()}"

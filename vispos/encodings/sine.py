@@ -21,7 +21,7 @@ from .._sincos import (
     sincos_embed,
     sincos_embed_lines,
 )
-from .._cache import TensorCache
+from .._cache import TensorCache, tracing
 from ..nested_tensor import NestedTensor, _check_mask
 
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
@@ -256,7 +256,7 @@ class PositionEmbeddingSine(nn.Module):
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
             return self._cached(key, None, lambda: self._rectangular(mask, out_dtype))
         key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
-        if mask.device.type == "cpu":
+        if mask.device.type == "cpu" and not tracing():
             # on the host the check is one pass over the mask, and no synchronisation
             return self._cached(key, mask, lambda: self._masked(mask, out_dtype, check=True))
         return self._masked(mask, out_dtype, check=False)

@@ -1,0 +1,387 @@
+"""Presets: each peer's grid sine embedding, number for number, for porting checkpoints.
+
+Every preset is a call into the N-D core :func:`vispos._sincos.sincos_embed`; what differs from
+peer to peer is only the axis order, the sin/cos layout, the token order, the frequency rounding
+(``reciprocal=True``: multiply by an inverse-frequency table) and the compute dtype.
+
+* :func:`timm_sincos_2d`: timm ``build_sincos2d_pos_embed`` (``[sin y, sin x, cos y, cos x]``);
+* :func:`mae_sincos_2d`: MAE ``get_2d_sincos_pos_embed`` (``[sin x, cos x, sin y, cos y]``, float64,
+  optional zero class-token row);
+* :func:`monai_sincos`: MONAI ``build_sincos_position_embedding``, 2D and 3D (``w, h[, d]`` blocks,
+  split layout);
+* :func:`dino_sine`: DINO's backbone ``PositionEmbeddingSineHW`` (DETR layout, temperature 20);
+* :class:`PositionEmbeddingSineDepthAdded`: Mask2Former video ``PositionEmbeddingSine3D`` and mmdet
+  ``SinePositionalEncoding3D`` (``cat(y, x) + z``).
+
+References:
+    He et al., Masked Autoencoders Are Scalable Vision Learners, CVPR 2022 (MAE);
+    Chen et al., An Empirical Study of Training Self-Supervised Vision Transformers (MoCo v3,
+    the 2D sin-cos of timm); MONAI ``networks/blocks/pos_embed_utils.py``; Zhang et al., DINO,
+    ICLR 2023; Cheng et al., Mask2Former for Video Instance Segmentation, 2021.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Union
+
+import torch
+from torch import Tensor, nn
+
+from .._sincos import check_num_feats, check_temperature, sincos_embed
+from ..nested_tensor import NestedTensor, _check_mask
+from .sine import PositionEmbeddingSine, cumulative_positions
+
+__all__ = [
+    "timm_sincos_2d",
+    "mae_sincos_2d",
+    "monai_sincos",
+    "dino_sine",
+    "PositionEmbeddingSineDepthAdded",
+]
+
+
+# ------------------------------------------------------------------------------------ helpers
+def _grid_size(value: object, n: int, name: str) -> tuple[int, ...]:
+    """An int (repeated ``n`` times) or a sequence of ``n`` positive ints."""
+    sizes = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(sizes, Sequence) or isinstance(sizes, str) or len(sizes) != n:
+        raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"{name} must hold ints, got {value!r}")
+        if s <= 0:
+            raise ValueError(f"{name} must hold positive ints, got {value!r}")
+    return tuple(sizes)
+
+
+def _check_dim(value: object, multiple: int, name: str, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value <= 0 or value % multiple:
+        raise ValueError(f"{name} must be a positive multiple of {multiple} ({why}), got {value}")
+    return value
+
+
+def _grid_sincos(
+    sizes: tuple[int, ...],
+    order: Sequence[int],
+    feats: int,
+    temperature: float,
+    *,
+    compute_dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """``Tensor[prod(sizes), n * feats]``: split-layout blocks of the grid axes in ``order``.
+
+    Tokens are in row-major order over ``sizes``; positions are ``0 .. S_i - 1``; angles are
+    ``p * (1 / d_k)`` (``reciprocal``) as timm, MAE and MONAI compute them.
+    """
+    n = len(sizes)
+    grid = []
+    for i, size in enumerate(sizes):
+        view = [1] * n
+        view[i] = size
+        grid.append(torch.arange(size, device=device, dtype=compute_dtype).view(view))
+    table = sincos_embed(
+        [grid[a] for a in order], feats, shape=sizes, temperature=temperature, layout="split",
+        reciprocal=True, channel_dim=-1, dtype=compute_dtype, compute_dtype=compute_dtype,
+    )
+    return table.reshape(-1, n * feats)
+
+
+# ------------------------------------------------------------------------------------ presets
+def timm_sincos_2d(
+    feat_shape: Sequence[int],
+    dim: int = 64,
+    temperature: float = 10000.0,
+    reverse_coord: bool = False,
+    interleave_sin_cos: bool = False,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """timm's 2D sin-cos embedding of an ``H x W`` token grid, flattened.
+
+    Each axis gets ``dim / 4`` frequencies ``w_k = temperature^(-k / (dim/4))``; positions are
+    ``0 .. S - 1``. Channels are ``[sin y, sin x, cos y, cos x]`` (each ``dim / 4``), or
+    ``[sin y, cos y, sin x, cos x]`` with ``interleave_sin_cos``; ``reverse_coord`` stacks the
+    grid as ``(W, H)`` (``x`` first, and tokens in ``W``-major order), as timm does.
+
+    Args:
+        feat_shape (sequence of 2 ints): ``(H, W)``.
+        dim (int): channels, a positive multiple of 4. Default 64.
+        temperature (float): ``T``. Default 10000.
+        reverse_coord (bool): timm's flag, see above.
+        interleave_sin_cos (bool): timm's flag, see above.
+        device: where to build it. dtype (torch.dtype): output dtype (float32 math).
+
+    Returns:
+        Tensor[H * W, dim]: equal to ``timm.layers.build_sincos2d_pos_embed(feat_shape, dim,
+        temperature, reverse_coord, interleave_sin_cos)``.
+
+    Raises:
+        TypeError: non-int sizes / ``dim``; non-bool flags. ValueError: ``feat_shape`` not two
+        positive ints; ``dim`` not a positive multiple of 4; non-positive ``temperature``.
+
+    References:
+        timm ``layers/pos_embed_sincos.py``; Chen et al., MoCo v3, ICCV 2021.
+    """
+    sizes = _grid_size(feat_shape, 2, "feat_shape")
+    _check_dim(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
+    check_temperature(temperature)
+    for name, flag in (("reverse_coord", reverse_coord), ("interleave_sin_cos", interleave_sin_cos)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if reverse_coord:
+        sizes = sizes[::-1]
+    table = _grid_sincos(sizes, (0, 1), dim // 2, temperature, device=device)
+    if not interleave_sin_cos:
+        # per-axis [sin, cos] blocks -> [sin y, sin x, cos y, cos x]: a channel permutation only
+        table = table.unflatten(-1, (2, 2, dim // 4)).transpose(1, 2).flatten(1)
+    return table.to(dtype)
+
+
+def mae_sincos_2d(
+    embed_dim: int,
+    grid_size: int | Sequence[int],
+    cls_token: bool = False,
+    *,
+    temperature: float = 10000.0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """MAE's 2D sin-cos embedding (``get_2d_sincos_pos_embed``), computed in float64 as MAE does.
+
+    Channels are ``[sin x, cos x]`` then ``[sin y, cos y]`` (each half ``embed_dim / 2``; MAE's
+    ``emb_h`` is in fact the ``x`` coordinate), frequencies ``w_k = temperature^(-k / (D/4))``,
+    positions ``0 .. S - 1``, tokens row-major over ``(H, W)``. With ``cls_token`` a zero row is
+    prepended, as MAE's ``pos_embed`` holds for the class token.
+
+    Args:
+        embed_dim (int): ``D``, a positive multiple of 4.
+        grid_size (int or (H, W)): the patch grid; an int means square.
+        cls_token (bool): prepend a zero row. Default False.
+        temperature (float): ``T``. Default 10000 (MAE's constant).
+        device: where to build it. dtype (torch.dtype): output dtype. Default float32 (MAE copies
+            its float64 numpy table into a float32 parameter).
+
+    Returns:
+        Tensor[(1 +) H * W, embed_dim].
+
+    Raises:
+        TypeError: non-int sizes; non-bool ``cls_token``. ValueError: bad ``grid_size``;
+        ``embed_dim`` not a positive multiple of 4; non-positive ``temperature``.
+
+    References:
+        He et al., Masked Autoencoders Are Scalable Vision Learners, CVPR 2022
+        (``util/pos_embed.py``).
+    """
+    _check_dim(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
+    sizes = _grid_size(grid_size, 2, "grid_size")
+    check_temperature(temperature)
+    if not isinstance(cls_token, bool):
+        raise TypeError(f"cls_token must be a bool, got {cls_token!r}")
+    table = _grid_sincos(sizes, (1, 0), embed_dim // 2, temperature, compute_dtype=torch.float64, device=device)
+    if cls_token:
+        table = torch.cat((table.new_zeros(1, embed_dim), table), dim=0)
+    return table.to(dtype)
+
+
+def monai_sincos(
+    grid_size: int | Sequence[int],
+    embed_dim: int,
+    spatial_dims: int = 3,
+    temperature: float = 10000.0,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """MONAI's sin-cos embedding of a 2D or 3D patch grid (``build_sincos_position_embedding``).
+
+    Each axis gets ``embed_dim / spatial_dims`` channels in the split layout (sines first) with
+    frequencies ``w_k = temperature^(-k / F)``, ``F = embed_dim / (2 * spatial_dims)``; positions
+    are ``0 .. S - 1`` and tokens row-major over ``grid_size``. The axis blocks are in MONAI's
+    order: the second axis first, then the first, then the third (``w, h[, d]`` for a grid given
+    as ``(h, w[, d])``).
+
+    Args:
+        grid_size (int or sequence of ints): ``spatial_dims`` sizes; an int means isotropic.
+        embed_dim (int): a positive multiple of ``2 * spatial_dims``.
+        spatial_dims (int): 2 or 3. Default 3.
+        temperature (float): ``T``. Default 10000.
+        device: where to build it. dtype (torch.dtype): output dtype (float32 math).
+
+    Returns:
+        Tensor[1, prod(grid_size), embed_dim]: a plain tensor (MONAI wraps it in a frozen
+        ``nn.Parameter``; register it as a buffer instead to keep it out of checkpoints).
+
+    Raises:
+        TypeError: non-int sizes. ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``;
+        ``embed_dim`` not a positive multiple of ``2 * spatial_dims``; non-positive
+        ``temperature``.
+
+    References:
+        MONAI ``networks/blocks/pos_embed_utils.py``; SelfMedMAE ``lib/models/mae3d.py``.
+    """
+    if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
+        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}")
+    sizes = _grid_size(grid_size, spatial_dims, "grid_size")
+    _check_dim(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
+    check_temperature(temperature)
+    order = (1, 0, 2)[:spatial_dims]
+    table = _grid_sincos(sizes, order, embed_dim // spatial_dims, temperature, device=device)
+    return table.unsqueeze(0).to(dtype)
+
+
+def dino_sine(num_pos_feats: int = 128, temperature: float = 20) -> PositionEmbeddingSine:
+    """DINO's backbone position embedding: DETR's normalised sine at temperature 20.
+
+    DINO builds ``PositionEmbeddingSineHW(hidden_dim // 2, temperatureH=20, temperatureW=20,
+    normalize=True)``: cumulative positions normalised by ``(p) / (p_last + 1e-6) * 2 pi`` (no
+    ``-0.5`` offset), interleaved sin / cos, ``y`` block then ``x`` block.
+
+    Args:
+        num_pos_feats (int): channels per axis, ``hidden_dim // 2``. Default 128.
+        temperature (float): both of DINO's temperatures. Default 20.
+
+    Returns:
+        PositionEmbeddingSine: ``(B, 2 * num_pos_feats, H, W)`` from a mask or NestedTensor.
+
+    Raises:
+        TypeError, ValueError: as :class:`PositionEmbeddingSine`.
+
+    References:
+        Zhang et al., DINO: DETR with Improved DeNoising Anchor Boxes, ICLR 2023
+        (``models/dino/position_encoding.py``, ``pe_temperatureH = pe_temperatureW = 20``).
+    """
+    return PositionEmbeddingSine(num_pos_feats, temperature, normalize=True)
+
+
+SineInput = Union[NestedTensor, Tensor]
+
+
+class PositionEmbeddingSineDepthAdded(nn.Module):
+    """3D sine embedding where the depth / time term is *added* to the 2D one, not concatenated.
+
+    ``pos = cat(PE_y, PE_x) + PE_z``: ``PE_y`` and ``PE_x`` are DETR's interleaved sine with
+    ``num_pos_feats`` channels each, ``PE_z`` the same with ``2 * num_pos_feats`` channels (so
+    its frequencies are ``temperature^(-2k / (2 * num_pos_feats))``). Positions are counted over
+    valid cells as in :func:`~vispos.encodings.sine.cumulative_positions` (optionally normalised
+    with ``offset``). This is Mask2Former's video ``PositionEmbeddingSine3D`` and mmdet's
+    ``SinePositionalEncoding3D``; both return ``(B, T, C, H, W)``: take ``.transpose(1, 2)`` of
+    this module's output to get their layout.
+
+    Args:
+        num_pos_feats (int): channels of each of the ``y`` and ``x`` blocks (positive, even).
+            Default 64.
+        temperature (float): ``T``. Default 10000.
+        normalize (bool): map positions to ``[0, scale]``. Default False.
+        scale (float, optional): the normalised range, ``2 * pi`` when not given; only with
+            ``normalize``.
+        offset (float): added before normalising (mmdet's ``offset``). Default 0.
+        eps (float): added to the denominator when normalising. Default 1e-6.
+
+    Shape:
+        - input: a :class:`NestedTensor` ``(B, C, D, H, W)``; a bool mask ``Tensor[B, D, H, W]``
+          (True = padding); or a feature map ``Tensor[B, C, D, H, W]`` meaning "no padding".
+        - output: ``Tensor[B, 2 * num_pos_feats, D, H, W]``, channels-first, float32 unless
+          ``dtype`` is given. For an unmasked input it is an expanded (read-only) view over the
+          batch.
+
+    Raises:
+        TypeError: non-int ``num_pos_feats``; non-number options; a non-bool mask (with a hint);
+            an input of another type.
+        ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
+            non-positive ``temperature`` / ``scale``; negative ``eps``; an input that is not 3D.
+
+    References:
+        Cheng et al., Mask2Former for Video Instance Segmentation, 2021
+        (``video/modeling/transformer_decoder/position_encoding.py``); mmdet
+        ``SinePositionalEncoding3D``; Carion et al., DETR, ECCV 2020.
+    """
+
+    def __init__(
+        self,
+        num_pos_feats: int = 64,
+        temperature: float = 10000,
+        normalize: bool = False,
+        scale: float | None = None,
+        offset: float = 0.0,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        check_num_feats(num_pos_feats)
+        check_temperature(temperature)
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {normalize!r}")
+        if scale is not None and not normalize:
+            raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
+        scale = 2 * math.pi if scale is None else scale
+        for name, value in (("scale", scale), ("offset", offset), ("eps", eps)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"{name} must be a finite number, got {value!r}")
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        if eps < 0:
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        self.num_pos_feats = num_pos_feats
+        self.temperature = temperature
+        self.normalize = normalize
+        self.scale = float(scale)
+        self.offset = float(offset)
+        self.eps = float(eps)
+
+    def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
+        """Embeds the cells of ``x``; see the class docstring for shapes.
+
+        Args:
+            x (NestedTensor | Tensor[B, D, H, W] bool | Tensor[B, C, D, H, W] float): what to embed.
+            dtype (torch.dtype, optional): output dtype; float32 when not given.
+        """
+        mask, spatial, batch, device = self._parse(x)
+        out_dtype = torch.float32 if dtype is None else dtype
+        if mask is None:
+            mask_for_positions = torch.zeros((1, *spatial), dtype=torch.bool, device=device)
+        else:
+            mask_for_positions = mask
+        pos_z, pos_y, pos_x = cumulative_positions(
+            mask_for_positions, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
+        )
+        shape = tuple(mask_for_positions.shape)
+        plane = sincos_embed([pos_y, pos_x], self.num_pos_feats, shape=shape, temperature=self.temperature)
+        depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
+        pos = (plane + depth).to(out_dtype)
+        return pos if mask is not None else pos.expand(batch, *pos.shape[1:])
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
+            f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}"
+        )
+
+    @staticmethod
+    def _parse(x: SineInput) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
+        if isinstance(x, NestedTensor):
+            tensors, mask = x.decompose()
+            if tensors.dim() != 5:
+                raise ValueError(f"a NestedTensor must be (B, C, D, H, W), got tensors of shape {tuple(tensors.shape)}")
+            return mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                "x must be a NestedTensor, a bool mask (B, D, H, W) or a feature map (B, C, D, H, W), "
+                f"got {type(x).__name__}"
+            )
+        if x.dtype == torch.bool:
+            if x.dim() != 4:
+                raise ValueError(f"a mask must have shape (B, D, H, W), got {tuple(x.shape)}")
+            return x, tuple(x.shape[1:]), x.shape[0], x.device
+        if not x.is_floating_point():
+            _check_mask(x)  # integer mask: raises the conversion hint
+        if x.dim() != 5:
+            raise ValueError(
+                f"a feature map must have shape (B, C, D, H, W), got {tuple(x.shape)}; "
+                "pass a bool mask (B, D, H, W) to embed padded positions"
+            )
+        return None, tuple(x.shape[2:]), x.shape[0], x.device
