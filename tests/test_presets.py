@@ -200,10 +200,10 @@ def test_depth_added_inputs(device):
 def test_depth_added_repr_state_pickle():
     m = PositionEmbeddingSineDepthAdded(32, 20, normalize=True, scale=3.0, offset=-0.5, eps=1e-4)
     assert m.extra_repr() == (
-        "num_pos_feats=32, temperature=20, normalize=True, scale=3.0, offset=-0.5, eps=0.0001"
+        "num_pos_feats=32, temperature=20, normalize=True, scale=3.0, offset=-0.5, eps=0.0001, cache_size=8"
     )
     assert PositionEmbeddingSineDepthAdded().extra_repr() == (
-        f"num_pos_feats=64, temperature=10000, normalize=False, scale={2 * math.pi}, offset=0.0, eps=1e-06"
+        f"num_pos_feats=64, temperature=10000, normalize=False, scale={2 * math.pi}, offset=0.0, eps=1e-06, cache_size=8"
     )
     assert m.state_dict() == {}
     mask = _video_mask(torch.device("cpu"))
@@ -237,14 +237,14 @@ def test_depth_added_repr_state_pickle():
         (lambda: PositionEmbeddingSineDepthAdded(8, offset="a"), TypeError, r"offset must be a finite number, got 'a'"),
         (lambda: PositionEmbeddingSineDepthAdded(8, temperature=0), ValueError, r"temperature must be a finite number > 0, got 0"),
         (lambda: PositionEmbeddingSineDepthAdded(8)(torch.zeros(2, 5, 5, dtype=torch.bool)), ValueError,
-         r"a mask must have shape \(B, D, H, W\), got \(2, 5, 5\)"),
+         r"embeds volumes.*got spatial shape \(5, 5\)"),
         (lambda: PositionEmbeddingSineDepthAdded(8)(torch.zeros(2, 3, 5, 5)), ValueError,
-         r"a feature map must have shape \(B, C, D, H, W\), got \(2, 3, 5, 5\)"),
+         r"embeds volumes.*got spatial shape \(5, 5\)"),
         (lambda: PositionEmbeddingSineDepthAdded(8)(torch.zeros(2, 4, 5, 5, dtype=torch.uint8)), TypeError,
          r"mask must have dtype torch.bool with True marking padding, got torch.uint8"),
         (lambda: PositionEmbeddingSineDepthAdded(8)([1]), TypeError, r"x must be a NestedTensor, a bool mask .*got list"),
         (lambda: PositionEmbeddingSineDepthAdded(8)(NestedTensor(torch.zeros(2, 3, 5, 5), None)), ValueError,
-         r"a NestedTensor must be \(B, C, D, H, W\), got tensors of shape \(2, 3, 5, 5\)"),
+         r"embeds volumes.*got spatial shape \(5, 5\)"),
     ],
 )
 def test_errors(call, exc, match):

@@ -34,7 +34,6 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn

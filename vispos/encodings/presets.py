@@ -22,15 +22,14 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Union
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .._sincos import check_num_feats, check_temperature, sincos_embed
-from ..nested_tensor import NestedTensor, _check_mask
+from .._sincos import check_temperature, sincos_embed
+from ..nested_tensor import NestedTensor
 from .sine import PositionEmbeddingSine, cumulative_positions
 
 __all__ = [
@@ -262,7 +261,7 @@ def dino_sine(num_pos_feats: int = 128, temperature: float = 20) -> PositionEmbe
 SineInput = Union[NestedTensor, Tensor]
 
 
-class PositionEmbeddingSineDepthAdded(nn.Module):
+class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
     """3D sine embedding where the depth / time term is *added* to the 2D one, not concatenated.
 
     ``pos = cat(PE_y, PE_x) + PE_z``: ``PE_y`` and ``PE_x`` are DETR's interleaved sine with
@@ -282,6 +281,8 @@ class PositionEmbeddingSineDepthAdded(nn.Module):
             ``normalize``.
         offset (float): added before normalising (mmdet's ``offset``). Default 0.
         eps (float): added to the denominator when normalising. Default 1e-6.
+        cache_size (int): accepted for symmetry with :class:`PositionEmbeddingSine`; this module
+            does not cache.
 
     Shape:
         - input: a :class:`NestedTensor` ``(B, C, D, H, W)``; a bool mask ``Tensor[B, D, H, W]``
@@ -302,37 +303,6 @@ class PositionEmbeddingSineDepthAdded(nn.Module):
         ``SinePositionalEncoding3D``; Carion et al., DETR, ECCV 2020.
     """
 
-    def __init__(
-        self,
-        num_pos_feats: int = 64,
-        temperature: float = 10000,
-        normalize: bool = False,
-        scale: float | None = None,
-        offset: float = 0.0,
-        eps: float = 1e-6,
-    ) -> None:
-        super().__init__()
-        check_num_feats(num_pos_feats)
-        check_temperature(temperature)
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {normalize!r}")
-        if scale is not None and not normalize:
-            raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
-        scale = 2 * math.pi if scale is None else scale
-        for name, value in (("scale", scale), ("offset", offset), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"{name} must be a finite number, got {value!r}")
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
-        self.num_pos_feats = num_pos_feats
-        self.temperature = temperature
-        self.normalize = normalize
-        self.scale = float(scale)
-        self.offset = float(offset)
-        self.eps = float(eps)
-
     def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
         """Embeds the cells of ``x``; see the class docstring for shapes.
 
@@ -341,6 +311,11 @@ class PositionEmbeddingSineDepthAdded(nn.Module):
             dtype (torch.dtype, optional): output dtype; float32 when not given.
         """
         mask, spatial, batch, device = self._parse(x)
+        if len(spatial) != 3:
+            raise ValueError(
+                "PositionEmbeddingSineDepthAdded embeds volumes: a NestedTensor (B, C, D, H, W), a "
+                f"mask (B, D, H, W) or a feature map (B, C, D, H, W); got spatial shape {spatial}"
+            )
         out_dtype = torch.float32 if dtype is None else dtype
         if mask is None:
             mask_for_positions = torch.zeros((1, *spatial), dtype=torch.bool, device=device)
@@ -354,34 +329,3 @@ class PositionEmbeddingSineDepthAdded(nn.Module):
         depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
         pos = (plane + depth).to(out_dtype)
         return pos if mask is not None else pos.expand(batch, *pos.shape[1:])
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
-            f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}"
-        )
-
-    @staticmethod
-    def _parse(x: SineInput) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
-        if isinstance(x, NestedTensor):
-            tensors, mask = x.decompose()
-            if tensors.dim() != 5:
-                raise ValueError(f"a NestedTensor must be (B, C, D, H, W), got tensors of shape {tuple(tensors.shape)}")
-            return mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                "x must be a NestedTensor, a bool mask (B, D, H, W) or a feature map (B, C, D, H, W), "
-                f"got {type(x).__name__}"
-            )
-        if x.dtype == torch.bool:
-            if x.dim() != 4:
-                raise ValueError(f"a mask must have shape (B, D, H, W), got {tuple(x.shape)}")
-            return x, tuple(x.shape[1:]), x.shape[0], x.device
-        if not x.is_floating_point():
-            _check_mask(x)  # integer mask: raises the conversion hint
-        if x.dim() != 5:
-            raise ValueError(
-                f"a feature map must have shape (B, C, D, H, W), got {tuple(x.shape)}; "
-                "pass a bool mask (B, D, H, W) to embed padded positions"
-            )
-        return None, tuple(x.shape[2:]), x.shape[0], x.device
