@@ -111,3 +111,118 @@ def test_forward_errors(resnet18):
 def test_extra_repr():
     bb = TimmBackbone("resnet18", out_indices=(3, 4))
     assert "model_name='resnet18', out_indices=(3, 4), pretrained=False, checkpoint_path=None, in_chans=3" in repr(bb)
+
+
+# ------------------------------------------------------------------ multi-scale options (issue 4)
+def test_frozen_batch_norm_same_output_and_no_bn_left():
+    from torchvision.ops import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    plain = TimmBackbone("resnet18", out_indices=(2, 4)).eval()
+    for m in plain.modules():  # non-trivial statistics
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    path_state = {k: v.clone() for k, v in plain.body.state_dict().items()}
+    frozen = TimmBackbone("resnet18", out_indices=(2, 4), frozen_batch_norm=True).eval()
+    frozen.body.load_state_dict(path_state, strict=False)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in frozen.modules())
+    assert any(isinstance(m, FrozenBatchNorm2d) for m in frozen.modules())
+    batch = _batch()
+    with torch.no_grad():
+        for a, b in zip(plain(batch), frozen(batch)):
+            torch.testing.assert_close(b.tensors, a.tensors, rtol=1e-5, atol=1e-5)
+    frozen.train()  # frozen statistics do not move in training mode
+    before = frozen.body.bn1.running_mean.clone()
+    frozen(batch)
+    assert torch.equal(frozen.body.bn1.running_mean, before)
+
+
+def test_frozen_batch_norm_keeps_timm_fused_activation():
+    torch.manual_seed(0)
+    plain = TimmBackbone("efficientnet_b0", out_indices=(2,)).eval()
+    frozen = TimmBackbone("efficientnet_b0", out_indices=(2,), frozen_batch_norm=True).eval()
+    frozen.body.load_state_dict(plain.body.state_dict(), strict=False)
+    assert type(frozen.body.bn1).__name__ == "FrozenBatchNormAct2d"
+    batch = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(frozen(batch)[0].tensors, plain(batch)[0].tensors, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, frozen_prefixes, trainable_prefixes",
+    [
+        (dict(), (), ("conv1", "layer1", "layer4")),
+        (dict(frozen_stages=0), ("conv1", "bn1"), ("layer1", "layer4")),
+        (dict(frozen_stages=1), ("conv1", "bn1", "layer1."), ("layer2", "layer4")),
+        (dict(frozen_stages=3), ("conv1", "layer1.", "layer3."), ("layer4",)),
+        (dict(train_backbone=False), ("conv1", "layer1.", "layer4."), ()),
+    ],
+)
+def test_frozen_stages(kwargs, frozen_prefixes, trainable_prefixes):
+    bb = TimmBackbone("resnet18", out_indices=(4,), **kwargs)
+    grads = dict((n, p.requires_grad) for n, p in bb.body.named_parameters())
+    for name, req in grads.items():
+        if name.startswith(frozen_prefixes) and frozen_prefixes:
+            assert not req, name
+        if name.startswith(trainable_prefixes) and trainable_prefixes:
+            assert req, name
+
+
+def test_frozen_stages_convnext_uses_feature_info():
+    bb = TimmBackbone("convnext_atto", out_indices=(1, 2, 3), frozen_stages=1)
+    grads = {n: p.requires_grad for n, p in bb.body.named_parameters()}
+    assert not any(v for n, v in grads.items() if n.startswith(("stem", "stages_0", "stages_1")))
+    assert all(v for n, v in grads.items() if n.startswith(("stages_2", "stages_3")))
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(frozen_stages=-2), ValueError, "frozen_stages must be an int >= -1"),
+        (dict(frozen_stages=9), ValueError, r"frozen_stages=9 but 'resnet18' has feature indices 0..4"),
+        (dict(train_backbone="yes"), TypeError, "train_backbone must be a bool"),
+        (dict(frozen_batch_norm=1), TypeError, "frozen_batch_norm must be a bool"),
+    ],
+)
+def test_freeze_errors(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        TimmBackbone("resnet18", **kwargs)
+
+
+def test_load_report_and_shape_mismatch(tmp_path):
+    import timm
+
+    from vispos.backbones import format_load_report
+
+    full = timm.create_model("resnet18", pretrained=False)
+    state = {f"backbone.0.body.{k}": v for k, v in full.state_dict().items() if "num_batches" not in k}
+    path = tmp_path / "detr_style.pth"
+    torch.save({"model": state}, path)
+    bb = TimmBackbone("resnet18", out_indices=(4,), checkpoint_path=str(path), frozen_batch_norm=True)
+    report = bb.load_report
+    assert report["prefix_stripped"] == "backbone.0.body." and report["missing"] == []
+    assert report["unexpected"] == ["fc.bias", "fc.weight"]
+    assert len(report["loaded"]) == len([k for k in full.state_dict() if not k.startswith("fc") and "num_batches" not in k])
+    text = format_load_report(report)
+    assert "prefix 'backbone.0.body.' stripped" in text and "ignored 2 keys" in text
+    bad = dict(full.state_dict())
+    bad["conv1.weight"] = torch.zeros(64, 3, 3, 3)
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"wrong shape, e.g. \['conv1.weight: checkpoint \(64, 3, 3, 3\) vs backbone \(64, 3, 7, 7\)'\]"):
+        TimmBackbone("resnet18", out_indices=(4,), checkpoint_path=str(tmp_path / "bad.pt"))
+
+
+def test_extra_repr_new_options():
+    bb = TimmBackbone("resnet18", out_indices=(4,), frozen_stages=1, frozen_batch_norm=True)
+    assert "train_backbone=True, frozen_stages=1, frozen_batch_norm=True" in repr(bb)
+
+
+def test_levels_keep_rectangular_sizes(resnet18):
+    batch = _batch()
+    with torch.no_grad():
+        levels = resnet18(batch)
+    for level in levels:
+        assert level.rectangular
+        rebuilt = NestedTensor(level.tensors, level.mask).image_sizes  # read back from the mask
+        assert level.image_sizes == rebuilt

@@ -82,3 +82,69 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys, argv, match):
     assert err.startswith("vispos: error:") and match in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists() or os.listdir(out) == []
+
+
+# ------------------------------------------------------------------------------------ volumes
+TINY_VOLUME = """
+type: Joiner
+backbone: {type: VolumeBackbone, name_or_model: r3d_18, return_nodes: [layer3, layer4], in_chans: 1, stem_stride: 2}
+position_embedding: {type: PositionEmbeddingSine, num_pos_feats: 16, normalize: true}
+hidden_dim: 48
+num_feature_levels: 3
+num_groups: 8
+"""
+
+
+def test_demo_volume_on_mni152(tmp_path, capsys):
+    out = tmp_path / "vdemo"
+    rc = main(["demo", "--volume", "--out", str(out), "--max-size", "32", "--repeats", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "3 volumes -> batch (3, 1, 27, 32, 26)" in text
+    assert "mni152: 27x32x26" in text and "mni152_superior: 27x32x" in text
+    rows = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 4 and "(3, 192, 7, 8, 7)" in rows[0] and " 4 " in rows[0]
+    assert "flattened for the encoder: src (3, " in text
+    saved = torch.load(out / "embeddings.pt", weights_only=False)
+    assert saved["names"] == ["mni152", "mni152_coarse", "mni152_superior"]
+    assert saved["levels"][0]["mask"].shape == (3, 7, 8, 7)
+    assert saved["flat"]["valid_ratios"].shape == (3, 4, 3)
+    assert (out / "figure.png").stat().st_size > 10_000
+    assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
+
+
+def test_run_on_user_volumes(tmp_path, capsys):
+    import nibabel as nib
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, shape in enumerate([(20, 24, 16), (16, 16, 24)]):
+        p = tmp_path / f"vol{i}.nii.gz"
+        nib.save(nib.Nifti1Image(rng.random(shape).astype(np.float32), np.eye(4)), p)
+        paths.append(str(p))
+    cfg = tmp_path / "tiny3d.yaml"
+    cfg.write_text(TINY_VOLUME)
+    rc = main(["run", "--config", str(cfg), "--volumes", *paths, "--out", str(tmp_path / "o"), "--repeats", "1",
+               "--normalize", "zscore"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "vol0.nii.gz: 20x24x16" in text and "2 volumes -> batch (2, 1, 20, 24, 24)" in text
+    rows = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert "(2, 48, 3, 3, 3)" in rows[0] and " 8 " in rows[0]
+    assert len(rows) == 3
+    saved = torch.load(tmp_path / "o" / "embeddings.pt", weights_only=False)
+    assert [lv["pos"].shape[1] for lv in saved["levels"]] == [48, 48, 48]
+    assert (tmp_path / "o" / "figure.png").exists()
+
+
+def test_volume_errors(tmp_path, capsys):
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    rc = main(["demo", "--volume", "--config", str(cfg), "--max-size", "16", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "builds a 2D backbone but the inputs are volumes (3D)" in err
+    rc = main(["run", "--volumes", str(tmp_path / "missing.nii.gz"), "--out", str(tmp_path / "o")])
+    assert rc == 2 and "volume file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --images and --volumes are exclusive (argparse usage error)
+        main(["run", "--images", img, "--volumes", img])

@@ -1,8 +1,10 @@
 """The ``vispos`` command.
 
 ``vispos demo``: scikit-image's sample photos, batched with padding, through the default
-config's backbone and position embedding; ``vispos run``: the same on the user's images.
-Both print a table per feature level and write ``embeddings.pt`` and ``figure.png``.
+config's backbone and position embedding; ``vispos demo --volume``: the same on volumes cut from
+nilearn's MNI152 T1 template through a 3D ResNet; ``vispos run``: the same on the user's images
+(``--images``) or NIfTI volumes (``--volumes``). All print a table per feature level and write
+``embeddings.pt`` and ``figure.png``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,18 @@ from typing import Any
 import torch
 
 from .config import build_from_config, load_config
-from .data import SAMPLE_IMAGES, imagenet_normalize, load_images, sample_images
+from .data import (
+    SAMPLE_IMAGES,
+    VOLUME_NORMALIZATIONS,
+    imagenet_normalize,
+    load_images,
+    load_volumes,
+    sample_images,
+    sample_volumes,
+)
 from .nested_tensor import NestedTensor, nested_tensor_from_tensor_list
 
-__all__ = ["main", "DEFAULT_CONFIG"]
+__all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"]
 
 #: the embedded default, identical to ``configs/detr_resnet50.yaml`` (a test pins this)
 DEFAULT_CONFIG: dict[str, Any] = {
@@ -34,6 +44,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "out_indices": [4],
         "pretrained": False,
         "checkpoint_path": None,
+        "train_backbone": True,
+        "frozen_stages": 1,
+        "frozen_batch_norm": True,
     },
     "position_embedding": {
         "type": "PositionEmbeddingSine",
@@ -41,6 +54,30 @@ DEFAULT_CONFIG: dict[str, Any] = {
         "temperature": 10000,
         "normalize": True,
     },
+}
+
+#: the embedded volume default, identical to ``configs/volume_r3d18.yaml`` (a test pins this)
+DEFAULT_VOLUME_CONFIG: dict[str, Any] = {
+    "type": "Joiner",
+    "backbone": {
+        "type": "VolumeBackbone",
+        "name_or_model": "r3d_18",
+        "return_nodes": ["layer2", "layer3", "layer4"],
+        "in_chans": 1,
+        "stem_stride": 2,
+        "weights": None,
+        "checkpoint_path": None,
+        "frozen_batch_norm": True,
+    },
+    "position_embedding": {
+        "type": "PositionEmbeddingSine",
+        "num_pos_feats": 64,
+        "temperature": 10000,
+        "normalize": True,
+        "offset": -0.5,
+    },
+    "hidden_dim": 192,
+    "num_feature_levels": 4,
 }
 
 
@@ -56,26 +93,40 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, default_out: str) -> None:
-        p.add_argument("--config", help="YAML config (default: the embedded DETR ResNet-50 config)")
+        p.add_argument("--config", help="YAML config (default: the embedded DETR ResNet-50 config, "
+                       "or the 3D ResNet-18 volume config for volumes)")
         p.add_argument("--out", default=default_out, help=f"output folder (default: {default_out})")
         p.add_argument("--checkpoint", help="local backbone checkpoint (.pt/.safetensors); never downloaded")
-        p.add_argument("--max-size", type=int, default=None, help="shrink images so the longest side is at most this")
+        p.add_argument("--max-size", type=int, default=None,
+                       help="shrink images / volumes so the longest side is at most this")
+        p.add_argument("--normalize", default="percentile", choices=[str(m) for m in VOLUME_NORMALIZATIONS],
+                       help="volume intensity normalisation (default: percentile, so background and "
+                       "padding are both 0)")
         p.add_argument("--size-divisibility", type=int, default=0, help="pad to a multiple of this")
         p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         p.add_argument("--queries", type=int, default=3, help="query cells per level in the figure")
         p.add_argument("--repeats", type=int, default=5, help="timing repeats per level (median reported)")
 
-    demo = sub.add_parser("demo", help="run on scikit-image's shipped sample photos")
+    demo = sub.add_parser("demo", help="run on scikit-image's sample photos (or, with --volume, on MNI152)")
     common(demo, "vispos-demo")
     demo.add_argument("--samples", nargs="+", default=list(SAMPLE_IMAGES), help="scikit-image sample names")
-    run = sub.add_parser("run", help="run on your own images")
+    demo.add_argument("--volume", action="store_true",
+                      help="run on three volumes cut from nilearn's MNI152 T1 template (3D backbone)")
+    run = sub.add_parser("run", help="run on your own images or NIfTI volumes")
     common(run, "vispos-out")
-    run.add_argument("--images", nargs="+", required=True, help="image files")
+    inputs = run.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--images", nargs="+", help="image files")
+    inputs.add_argument("--volumes", nargs="+", help="NIfTI volumes (.nii / .nii.gz)")
     return parser
 
 
+def _is_volume(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "volume", False) or getattr(args, "volumes", None))
+
+
 def _config(args: argparse.Namespace) -> dict[str, Any]:
-    cfg = copy.deepcopy(DEFAULT_CONFIG) if args.config is None else load_config(args.config)
+    default = DEFAULT_VOLUME_CONFIG if _is_volume(args) else DEFAULT_CONFIG
+    cfg = copy.deepcopy(default) if args.config is None else load_config(args.config)
     if args.checkpoint is not None:
         backbone = cfg.get("backbone")
         if not isinstance(backbone, dict):
@@ -90,7 +141,17 @@ def _weights_note(cfg: dict[str, Any]) -> str:
         return f"backbone weights: loaded from {backbone['checkpoint_path']}"
     if backbone.get("pretrained"):
         return "backbone weights: timm pretrained (from timm's local cache)"
+    if backbone.get("weights"):
+        return f"backbone weights: torchvision {backbone['weights']} (from torchvision's local cache)"
     return "backbone weights: random (no checkpoint given; vispos never downloads)"
+
+
+def _uncached(position_embedding, level: NestedTensor):
+    """One embedding computed from scratch (the module's cache is emptied first)."""
+    clear = getattr(position_embedding, "clear_cache", None)
+    if clear is not None:
+        clear()
+    return position_embedding(level, dtype=level.tensors.dtype)
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -121,9 +182,14 @@ def _save_atomic(obj: Any, path: str) -> None:
             os.remove(tmp)
 
 
-def _execute(args: argparse.Namespace, names: list[str], images: list[torch.Tensor]) -> None:
-    from .viz import plot_position_similarity
+def _fmt_size(size) -> str:
+    return "x".join(str(s) for s in size)
 
+
+def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tensor]) -> None:
+    from .viz import plot_position_similarity, plot_volume_similarity
+
+    volume = _is_volume(args)
     for flag in ("queries", "repeats"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
@@ -135,9 +201,13 @@ def _execute(args: argparse.Namespace, names: list[str], images: list[torch.Tens
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda was asked for but no CUDA device is available")
     model = build_from_config(cfg).to(device).eval()
-    batch = nested_tensor_from_tensor_list(
-        [imagenet_normalize(im) for im in images], size_divisibility=args.size_divisibility
-    ).to(device)
+    want = 3 if volume else 2
+    got = getattr(getattr(model, "backbone", None), "n_spatial", 2)
+    if got != want:
+        kind = "volumes" if volume else "images"
+        raise CLIError(f"--config builds a {got}D backbone but the inputs are {kind} ({want}D)")
+    inputs = items if volume else [imagenet_normalize(im) for im in items]
+    batch = nested_tensor_from_tensor_list(inputs, size_divisibility=args.size_divisibility).to(device)
 
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -146,40 +216,58 @@ def _execute(args: argparse.Namespace, names: list[str], images: list[torch.Tens
         strides = list(getattr(model, "strides", [None] * len(features)))
         rows = []
         for lvl, (level, p) in enumerate(zip(features, pos)):
-            ms = _median_ms(lambda lv=level: model.position_embedding(lv, dtype=lv.tensors.dtype), args.repeats)
+            ms = _median_ms(lambda lv=level: _uncached(model.position_embedding, lv), args.repeats)
             valid = 1.0 if level.mask is None else float((~level.mask).float().mean())
             rows.append([
                 str(lvl), str(tuple(level.tensors.shape)), str(strides[lvl]), f"{valid:.3f}",
                 str(tuple(p.shape)), f"{ms:.2f}",
             ])
+        flat = None
+        if getattr(model, "hidden_dim", None) is not None and hasattr(model, "flatten"):
+            flat = model.flatten(features, pos)
 
     os.makedirs(args.out, exist_ok=True)
-    print(f"vispos {args.command}: {len(images)} images -> batch {tuple(batch.tensors.shape)}, "
+    kind = "volumes" if volume else "images"
+    print(f"vispos {args.command}: {len(items)} {kind} -> batch {tuple(batch.tensors.shape)}, "
           f"padding {float(batch.mask.float().mean()):.1%} of the cells")
     for name, size in zip(names, batch.image_sizes):
-        print(f"  {name}: {size[0]}x{size[1]}")
+        print(f"  {name}: {_fmt_size(size)}")
     print(_weights_note(cfg))
     print(_table(rows, ["level", "feature shape", "stride", "valid frac", "pos shape", "pos time (ms)"]))
     print(f"backbone + position embedding: {total_ms:.1f} ms on {device}")
+    if flat is not None:
+        print(f"flattened for the encoder: src {tuple(flat.src.shape)}, key_padding_mask "
+              f"{tuple(flat.key_padding_mask.shape)}, spatial_shapes {flat.spatial_shapes_list}, "
+              f"level_start_index {flat.level_start_index.tolist()}")
 
     emb_path = os.path.join(args.out, "embeddings.pt")
     fig_path = os.path.join(args.out, "figure.png")
-    _save_atomic(
-        {
-            "names": names,
-            "image_sizes": batch.image_sizes,
-            "config": cfg,
-            "levels": [
-                {"stride": s, "mask": lv.mask.cpu(), "pos": p.cpu(), "feature_shape": tuple(lv.tensors.shape)}
-                for s, lv, p in zip(strides, features, pos)
-            ],
-        },
-        emb_path,
-    )
-    plot_position_similarity(
-        batch.to("cpu"), [lv.to("cpu") for lv in features], [p.cpu() for p in pos], fig_path,
-        names=names, strides=strides, n_queries=args.queries,
-    )
+    saved: dict[str, Any] = {
+        "names": names,
+        "image_sizes": batch.image_sizes,
+        "config": cfg,
+        "levels": [
+            {"stride": s, "mask": lv.mask.cpu(), "pos": p.cpu(), "feature_shape": tuple(lv.tensors.shape)}
+            for s, lv, p in zip(strides, features, pos)
+        ],
+    }
+    if flat is not None:
+        saved["flat"] = {
+            "spatial_shapes": flat.spatial_shapes.cpu(),
+            "level_start_index": flat.level_start_index.cpu(),
+            "valid_ratios": flat.valid_ratios.cpu(),
+            "key_padding_mask": flat.key_padding_mask.cpu(),
+        }
+    _save_atomic(saved, emb_path)
+    cpu_levels = [lv.to("cpu") for lv in features]
+    cpu_pos = [p.cpu() for p in pos]
+    if volume:
+        plot_volume_similarity(batch.to("cpu"), cpu_levels, cpu_pos, fig_path, names=names, strides=strides)
+    else:
+        plot_position_similarity(
+            batch.to("cpu"), cpu_levels, cpu_pos, fig_path,
+            names=names, strides=strides, n_queries=args.queries,
+        )
     print(f"wrote {emb_path}")
     print(f"wrote {fig_path}")
 
@@ -188,14 +276,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vispos`` command. Returns the exit status (0 ok, 2 user error)."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
+        normalize = None if args.normalize == "None" else args.normalize
+        if args.command == "demo" and args.volume:
+            samples = sample_volumes(max_size=args.max_size or 64, normalize=normalize)
+        elif args.command == "demo":
             samples = sample_images(args.samples, max_size=args.max_size)
-            names = [n for n, _ in samples]
-            images = [im for _, im in samples]
+        elif args.volumes:
+            samples = [(os.path.basename(p), v) for p, v in zip(
+                args.volumes, load_volumes(args.volumes, normalize=normalize, max_size=args.max_size))]
         else:
-            names = [os.path.basename(p) for p in args.images]
-            images = load_images(args.images, max_size=args.max_size)
-        _execute(args, names, images)
+            samples = [(os.path.basename(p), im) for p, im in zip(
+                args.images, load_images(args.images, max_size=args.max_size))]
+        _execute(args, [n for n, _ in samples], [t for _, t in samples])
     except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
         print(f"vispos: error: {exc}", file=sys.stderr)
         return 2

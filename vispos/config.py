@@ -71,9 +71,9 @@ def _register_builtins() -> None:
     if _REGISTRY.get("_builtins_done"):
         return
     from . import encodings
-    from .backbones import Joiner, TimmBackbone
+    from .backbones import DetrEncoder, Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
 
-    for cls in (TimmBackbone, Joiner):
+    for cls in (TimmBackbone, TorchvisionBackbone, VolumeBackbone, Joiner, DetrEncoder):
         register(cls)
     for name in encodings.__all__:
         obj = getattr(encodings, name)

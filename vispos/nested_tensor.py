@@ -22,6 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+def _tracing() -> bool:
+    from ._cache import tracing
+
+    return tracing()
+
+
 __all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask", "resize_image_sizes"]
 
 _MAX_SPATIAL = 3
@@ -206,7 +212,7 @@ class NestedTensor:
             return NestedTensor(tensors, None)
         size = tuple(tensors.shape[2:])
         mask = interpolate_mask(self.mask, size)
-        if not self.rectangular:
+        if not self.rectangular or _tracing():  # sizes are host work; compilers get the mask alone
             return NestedTensor(tensors, mask)
         sizes = resize_image_sizes(self.image_sizes, tuple(self.tensors.shape[2:]), size)
         return NestedTensor(tensors, mask, sizes, rectangular=True)

@@ -1,7 +1,7 @@
 """Figures: padded batches and the similarity structure of position embeddings.
 
-Drawn with matplotlib's object API on an Agg canvas, so importing vispos never changes the
-global backend.
+Images, and volumes as orthogonal slices. Drawn with matplotlib's object API on an Agg canvas,
+so importing vispos never changes the global backend.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import Tensor
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .nested_tensor import NestedTensor
 
-__all__ = ["cosine_similarity_map", "query_cells", "plot_position_similarity"]
+__all__ = ["cosine_similarity_map", "query_cells", "plot_position_similarity", "plot_volume_similarity"]
 
 
 def cosine_similarity_map(pos: Tensor, query: Sequence[int]) -> Tensor:
@@ -169,5 +169,129 @@ def plot_position_similarity(
     if last_im is not None:
         fig.colorbar(last_im, ax=axes[:, 1:].ravel().tolist(), shrink=0.6, label="cosine similarity")
     fig.suptitle("Position embedding: cosine similarity to query cells (grey = padding)", fontsize=10)
+    _save_atomic(fig, path, dpi)
+    return os.fspath(path)
+
+
+def _plane_axes(axis: int) -> tuple[int, int]:
+    """The two in-plane axes (horizontal, vertical) of the slice that fixes ``axis``."""
+    i, j = [a for a in range(3) if a != axis]
+    return i, j
+
+
+def _slice(arr: np.ndarray, axis: int, index: int) -> np.ndarray:
+    """A 2-D slice of a 3-D array, transposed for ``imshow(origin='lower')``: the higher axis
+    runs up (superior / anterior up for RAS+ volumes)."""
+    return np.take(arr, index, axis=axis).T
+
+
+_PLANES = ("sagittal", "coronal", "axial")
+
+
+def plot_volume_similarity(
+    batch: NestedTensor,
+    levels: Sequence[NestedTensor],
+    pos: Sequence[Tensor],
+    path: str | os.PathLike,
+    *,
+    names: Sequence[str] | None = None,
+    strides: Sequence[object] | None = None,
+    dpi: int = 80,
+) -> str:
+    """Writes one PNG for a batch of volumes: orthogonal slices of each volume with its padding
+    shaded, then, for every level, the cosine similarity of the 3D position embedding at the
+    centre of the item's valid region to every other cell, shown on the three slices through
+    that query cell (padding hatched grey, the query a white star).
+
+    One row per volume, ``3 * (1 + len(levels))`` panels. Slices are drawn with the last two
+    axes of the plane running right and up (RAS+ volumes from :func:`vispos.data.load_volume`
+    appear in radiological planes: sagittal ``(A, S)``, coronal ``(R, S)``, axial ``(R, A)``).
+
+    Args:
+        batch (NestedTensor[B, C, D, H, W]): the input volumes (channel 0 is drawn).
+        levels (sequence of NestedTensor[B, C_l, D_l, H_l, W_l]): the levels (for their masks).
+        pos (sequence of Tensor[B, C_pos, D_l, H_l, W_l]): each level's position embedding.
+        path (str | PathLike): the PNG (written to a temporary file, then renamed).
+        names (sequence of str, optional): a title per volume.
+        strides (sequence, optional): a label per level (int or per-axis tuple).
+        dpi (int): resolution.
+
+    Returns:
+        str: ``path``.
+
+    Raises:
+        ValueError: ``levels`` and ``pos`` differ in length; the batch is not 3D.
+
+    References:
+        Carion et al., DETR (ECCV 2020), position-embedding similarity figure, here in 3D.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if len(levels) != len(pos):
+        raise ValueError(f"levels ({len(levels)}) and pos ({len(pos)}) must have the same length")
+    if batch.n_spatial != 3:
+        raise ValueError(f"plot_volume_similarity draws 3D batches, got {batch.n_spatial} spatial axes")
+    b = len(batch)
+    cols = 3 * (1 + len(levels))
+    fig = Figure(figsize=(1.9 * cols, 2.1 * b + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(b, cols, squeeze=False)
+    vols = batch.tensors.detach().float().cpu()[:, 0].numpy()
+    mask = None if batch.mask is None else batch.mask.cpu().numpy()
+    grey = np.array([0.5, 0.5, 0.5, 0.65])
+    sims = {}
+    for i in range(b):
+        for lvl, (level, p) in enumerate(zip(levels, pos)):
+            lmask = None if level.mask is None else level.mask[i].cpu()
+            q = tuple(s // 2 for s in _valid_size(lmask, p.shape[2:]))
+            sims[i, lvl] = (q, cosine_similarity_map(p[i].detach().cpu(), q).numpy(), lmask)
+    # one colour range for every panel, stretched to the valid cells' similarities
+    vmin = min([0.99] + [
+        float(sim[~lm.numpy()].min() if lm is not None else sim.min())
+        for _, sim, lm in sims.values() if lm is None or bool((~lm).any())
+    ])
+    last_im = None
+    for i in range(b):
+        size = batch.image_sizes[i]
+        valid = vols[i][tuple(slice(0, s) for s in size)]
+        lo, hi = (np.percentile(valid, [1, 99]) if valid.size else (0.0, 1.0))
+        centre = tuple(s // 2 for s in size)
+        for axis in range(3):
+            ax = axes[i, axis]
+            ax.imshow(_slice(vols[i], axis, centre[axis]), cmap="gray", vmin=lo, vmax=hi,
+                      origin="lower", interpolation="nearest")
+            if mask is not None:
+                m = _slice(mask[i], axis, centre[axis])
+                overlay = np.zeros((*m.shape, 4))
+                overlay[m] = grey
+                ax.imshow(overlay, origin="lower", interpolation="nearest")
+            title = (names[i] if names is not None else f"volume {i}") if axis == 0 else ""
+            ax.set_title(f"{title} {'x'.join(map(str, size))}\n{_PLANES[axis]}" if axis == 0 else _PLANES[axis],
+                         fontsize=7)
+            ax.set_axis_off()
+        for lvl in range(len(levels)):
+            q, sim, lmask = sims[i, lvl]
+            for axis in range(3):
+                ax = axes[i, 3 * (lvl + 1) + axis]
+                last_im = ax.imshow(_slice(sim, axis, q[axis]), cmap="viridis", vmin=vmin, vmax=1,
+                                    origin="lower", interpolation="nearest")
+                if lmask is not None:
+                    m = _slice(lmask.numpy(), axis, q[axis])
+                    if m.any():
+                        overlay = np.zeros((*m.shape, 4))
+                        overlay[m] = grey
+                        ax.imshow(overlay, origin="lower", interpolation="nearest")
+                        ax.contourf(m.astype(float), levels=[0.5, 1.5], colors="none", hatches=["////"],
+                                    origin="lower")
+                h, v = _plane_axes(axis)
+                ax.plot([q[h]], [q[v]], marker="*", color="white", markersize=8, markeredgecolor="black")
+                label = f"stride {strides[lvl]}" if strides is not None else f"level {lvl}"
+                ax.set_title(f"{label}, q={q}\n{_PLANES[axis]}" if axis == 0 else _PLANES[axis], fontsize=7)
+                ax.set_axis_off()
+    if last_im is not None:
+        fig.colorbar(last_im, ax=axes[:, 3:].ravel().tolist(), shrink=0.6, label="cosine similarity")
+    fig.suptitle("3D position embedding: cosine similarity to the centre cell, on slices through it "
+                 "(grey = padding)", fontsize=9)
     _save_atomic(fig, path, dpi)
     return os.fspath(path)

@@ -1,69 +1,387 @@
-"""Backbone + position embedding, as DETR's ``Joiner``.
+"""Backbone + position embedding, as DETR's ``Joiner``, grown to Deformable-DETR's multi-scale
+input: per-level input projections, extra stride-2 levels, a learned level embedding and the
+flattened sequence form the transformer encoder consumes. 2D and 3D levels.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
-    (``models/backbone.py``, ``Joiner``).
+    (``models/backbone.py``, ``Joiner``); Zhu et al., Deformable DETR, ICLR 2021
+    (``models/deformable_detr.py``: ``input_proj``, ``level_embed``; ``deformable_transformer.py``:
+    flattening, ``spatial_shapes``, ``level_start_index``, ``get_valid_ratio``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor
 
-__all__ = ["Joiner"]
+__all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels", "valid_ratios"]
+
+_CONV = {2: nn.Conv2d, 3: nn.Conv3d}
+
+
+class FlatLevels(NamedTuple):
+    """Feature levels flattened into one sequence, as Deformable-DETR's encoder takes them.
+
+    ``N = sum_l prod(S_l)``; cells of level ``l`` occupy ``[level_start_index[l],
+    level_start_index[l] + prod(S_l))`` in row-major order of ``S_l``.
+
+    Attributes:
+        src (Tensor[B, N, C]): features, batch-first.
+        pos (Tensor[B, N, C]): position embedding plus the level embedding (when there is one).
+        key_padding_mask (Tensor[B, N], bool): True = padding.
+        spatial_shapes (Tensor[L, n_axes], int64): each level's ``S_l`` in tensor axis order
+            (``H, W`` / ``D, H, W``).
+        level_start_index (Tensor[L], int64): offset of each level in ``N``.
+        valid_ratios (Tensor[B, L, n_axes]): each item's valid extent per level as a fraction of
+            the padded size, in Deformable-DETR's order: **last axis first** (``(w, h)`` in 2D,
+            ``(w, h, d)`` in 3D: the ``x, y, z`` order of ``grid_sample``). ``src``'s dtype.
+        spatial_shapes_list (list[tuple[int, ...]]): ``spatial_shapes`` as Python ints (no host
+            synchronisation needed to split the sequence).
+    """
+
+    src: Tensor
+    pos: Tensor
+    key_padding_mask: Tensor
+    spatial_shapes: Tensor
+    level_start_index: Tensor
+    valid_ratios: Tensor
+    spatial_shapes_list: list[tuple[int, ...]]
+
+
+def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Deformable-DETR's ``get_valid_ratio`` for 1 to 3 spatial axes.
+
+    Along axis ``i`` the valid length is the number of valid cells in the line through index 0 of
+    every other axis (items sit at the origin), divided by the padded size ``S_i``.
+
+    Args:
+        mask (Tensor[B, *S], bool): True = padding.
+        dtype (torch.dtype): of the result.
+
+    Returns:
+        Tensor[B, n_axes]: ratios in **reversed** axis order (``(w, h)`` in 2D), as Deformable-DETR.
+
+    References:
+        Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
+    """
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
+        raise TypeError(f"mask must be a bool Tensor[B, *S] (True = padding), got {mask!r:.80}")
+    n = mask.dim() - 1
+    ratios = []
+    for axis in range(n):
+        line = (~mask)[(slice(None), *(slice(None) if a == axis else 0 for a in range(n)))]
+        ratios.append(line.sum(1).to(dtype) / mask.shape[axis + 1])
+    return torch.stack(ratios[::-1], -1)
+
+
+def flatten_levels(
+    features: Sequence[NestedTensor | Tensor],
+    pos: Sequence[Tensor],
+    level_embed: Tensor | None = None,
+) -> FlatLevels:
+    """Flattens feature levels and their position embeddings into one sequence.
+
+    Exactly Deformable-DETR's preparation of the encoder input (``src_flatten``,
+    ``lvl_pos_embed_flatten``, ``mask_flatten``, ``spatial_shapes``, ``level_start_index``,
+    ``valid_ratios``), for 2D or 3D levels. Inputs are not modified.
+
+    Args:
+        features (sequence of NestedTensor[B, C, *S_l] or Tensor[B, C, *S_l]): the levels; a
+            plain tensor or a NestedTensor without mask means no padding.
+        pos (sequence of Tensor[B, C, *S_l]): each level's position embedding.
+        level_embed (Tensor[L, C], optional): added to level ``l``'s ``pos`` (Deformable-DETR).
+
+    Returns:
+        FlatLevels: see its attributes.
+
+    Raises:
+        TypeError: a level is neither a NestedTensor nor a Tensor.
+        ValueError: no levels; ``features`` and ``pos`` differ in length; levels differ in batch
+            size, channels (project them to one ``hidden_dim`` first) or rank; ``pos`` does not
+            match its level's shape; ``level_embed`` is not ``(L, C)``.
+
+    References:
+        Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.forward``).
+    """
+    if len(features) == 0:
+        raise ValueError("features must hold at least one level, got none")
+    if len(features) != len(pos):
+        raise ValueError(f"features ({len(features)} levels) and pos ({len(pos)}) must have the same length")
+    tensors, masks = [], []
+    for i, f in enumerate(features):
+        if isinstance(f, NestedTensor):
+            t, m = f.decompose()
+        elif isinstance(f, Tensor):
+            t, m = f, None
+        else:
+            raise TypeError(f"features[{i}] must be a NestedTensor or a Tensor, got {type(f).__name__}")
+        if m is None:
+            m = torch.zeros((t.shape[0], *t.shape[2:]), dtype=torch.bool, device=t.device)
+        tensors.append(t)
+        masks.append(m)
+    first = tensors[0]
+    for i, (t, p) in enumerate(zip(tensors, pos)):
+        if t.dim() != first.dim() or t.shape[:2] != first.shape[:2]:
+            raise ValueError(
+                f"features[{i}] has shape {tuple(t.shape)} but features[0] has {tuple(first.shape)}: "
+                "levels need the same batch size, channels and rank (give Joiner a hidden_dim to "
+                "project them)"
+            )
+        if not isinstance(p, Tensor) or tuple(p.shape) != tuple(t.shape):
+            got = tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__
+            raise ValueError(f"pos[{i}] must have its level's shape {tuple(t.shape)}, got {got}")
+    n_levels, channels = len(tensors), first.shape[1]
+    if level_embed is not None and tuple(level_embed.shape) != (n_levels, channels):
+        raise ValueError(
+            f"level_embed must have shape (L, C) = {(n_levels, channels)}, got {tuple(level_embed.shape)}"
+        )
+    shapes = [tuple(int(s) for s in t.shape[2:]) for t in tensors]
+    src = torch.cat([rearrange(t, "b c ... -> b (...) c") for t in tensors], 1)
+    pos_flat = []
+    for lvl, p in enumerate(pos):
+        p = rearrange(p, "b c ... -> b (...) c")
+        if level_embed is not None:
+            p = p + level_embed[lvl].to(p.dtype).view(1, 1, -1)
+        pos_flat.append(p)
+    key_padding_mask = torch.cat([m.flatten(1) for m in masks], 1)
+    spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=src.device)
+    level_start_index = torch.cat((spatial_shapes.new_zeros((1,)), spatial_shapes.prod(1).cumsum(0)[:-1]))
+    ratio_dtype = src.dtype if src.is_floating_point() else torch.float32
+    ratios = torch.stack([valid_ratios(m, ratio_dtype) for m in masks], 1)
+    return FlatLevels(
+        src, torch.cat(pos_flat, 1), key_padding_mask, spatial_shapes, level_start_index, ratios, shapes
+    )
+
+
+def unflatten_levels(seq: Tensor, spatial_shapes_list: Sequence[Sequence[int]]) -> list[Tensor]:
+    """Splits a flattened sequence back into channels-first levels (inverse of the flattening).
+
+    Args:
+        seq (Tensor[B, N, C]): e.g. the encoder's output.
+        spatial_shapes_list (sequence of tuples): each level's ``S_l``
+            (:attr:`FlatLevels.spatial_shapes_list`).
+
+    Returns:
+        list of Tensor[B, C, *S_l] (views where possible).
+
+    Raises:
+        ValueError: ``N`` differs from the sum of the levels' sizes.
+    """
+    sizes = [int(torch.Size(s).numel()) for s in spatial_shapes_list]
+    if seq.dim() != 3 or seq.shape[1] != sum(sizes):
+        raise ValueError(
+            f"seq must have shape (B, N, C) with N = {sum(sizes)} for levels {list(spatial_shapes_list)}, "
+            f"got {tuple(seq.shape)}"
+        )
+    out = []
+    for part, shape in zip(seq.split(sizes, dim=1), spatial_shapes_list):
+        out.append(part.transpose(1, 2).reshape(seq.shape[0], seq.shape[2], *shape))
+    return out
+
+
+def _scale_stride(stride: Any, factor: int) -> Any:
+    if isinstance(stride, tuple):
+        return tuple(s * factor for s in stride)
+    return None if stride is None else stride * factor
 
 
 class Joiner(nn.Module):
-    """Runs a backbone and embeds the positions of every level it returns.
+    """Runs a backbone and embeds the positions of every level it returns; optionally projects
+    the levels to ``hidden_dim``, adds stride-2 levels and keeps a learned level embedding
+    (Deformable-DETR), and flattens them for a transformer (:meth:`flatten`).
+
+    Without ``hidden_dim`` it is DETR's ``Joiner``: the backbone's levels as they are, each with
+    its position embedding. With ``hidden_dim`` every backbone level goes through a 1x1
+    convolution + ``GroupNorm(num_groups, hidden_dim)``, and ``num_feature_levels - n_backbone``
+    extra levels are made by 3x3 stride-2 convolution + GroupNorm (the first from the backbone's
+    last raw level, the next from the previous extra level), their masks resized from the input
+    mask, exactly as Deformable-DETR. Convolutions are 2D or 3D after the backbone's
+    ``n_spatial``.
 
     Args:
-        backbone (nn.Module): maps a :class:`NestedTensor` to a list of NestedTensor levels
-            (e.g. :class:`~vispos.backbones.TimmBackbone`).
+        backbone (nn.Module): maps a :class:`NestedTensor` to a list of NestedTensor levels and
+            has ``num_channels`` and ``strides`` (e.g. :class:`~vispos.backbones.TimmBackbone`,
+            :class:`~vispos.backbones.TorchvisionBackbone`, :class:`~vispos.backbones.VolumeBackbone`);
+            ``n_spatial`` (default 2) says whether its levels are 2D or 3D.
         position_embedding (nn.Module): maps a NestedTensor level to ``Tensor[B, C_pos, *S_l]``
-            (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's
-            dtype when it accepts it.
+            (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's dtype.
+        hidden_dim (int, optional): project every level to this many channels. Default None (no
+            projection, DETR). Must equal the embedding's channels (``n_spatial * num_pos_feats``).
+        num_feature_levels (int, optional): total levels with ``hidden_dim``; the ones beyond the
+            backbone's are extra stride-2 levels. Default: the backbone's count.
+        level_embed (bool, optional): keep a learned ``(num_feature_levels, hidden_dim)`` table
+            added to ``pos`` by :meth:`flatten`. Default: True when ``hidden_dim`` is given.
+        input_proj (bool): build the projections (default True). False keeps the backbone's
+            levels (then they must already have ``hidden_dim`` channels to be flattened) and allows
+            no extra levels.
+        num_groups (int): GroupNorm groups (Deformable-DETR: 32); must divide ``hidden_dim``.
+
+    Attributes:
+        num_channels (list[int]), strides (list): per output level (extra levels double the last
+            stride). ``input_proj`` (nn.ModuleList | None), ``level_embed`` (nn.Parameter | None).
 
     Shape:
-        - input: NestedTensor ``(B, C, *S)``.
-        - output: ``(features, pos)``: ``features`` a list of NestedTensor ``(B, C_l, *S_l)``,
-          ``pos`` a list of ``Tensor[B, C_pos, *S_l]`` in each level's dtype.
+        - input: NestedTensor ``(B, C, *S)``, ``S`` 2D or 3D as the backbone takes.
+        - output: ``(features, pos)``: ``features`` a list of NestedTensor ``(B, C_l, *S_l)``
+          (``C_l = hidden_dim`` when projecting), ``pos`` a list of ``Tensor[B, C_pos, *S_l]`` in
+          each level's dtype. The level embedding is **not** in ``pos``; :meth:`flatten` adds it.
 
     Raises:
-        TypeError: ``backbone`` or ``position_embedding`` is not an ``nn.Module``; the backbone
-            returns something other than NestedTensors.
+        TypeError: ``backbone`` or ``position_embedding`` is not an ``nn.Module``; non-int sizes;
+            the backbone returns something other than NestedTensors.
+        ValueError: ``num_feature_levels`` / ``level_embed`` without ``hidden_dim``; fewer levels
+            than the backbone gives; extra levels without ``input_proj``; ``hidden_dim`` not
+            divisible by ``num_groups`` or not equal to the embedding's channels.
+
+    Note:
+        GroupNorm takes its statistics over every cell, padding included, as in Deformable-DETR, so
+        a projected level of a padded item differs slightly from the same item alone; the
+        backbone's own convolutions do the same near the padding border.
 
     References:
-        DETR ``models/backbone.py``.
+        DETR ``models/backbone.py``; Zhu et al., Deformable DETR, ICLR 2021.
     """
 
-    def __init__(self, backbone: nn.Module, position_embedding: nn.Module) -> None:
+    def __init__(
+        self,
+        backbone: nn.Module,
+        position_embedding: nn.Module,
+        hidden_dim: int | None = None,
+        num_feature_levels: int | None = None,
+        level_embed: bool | None = None,
+        input_proj: bool = True,
+        num_groups: int = 32,
+    ) -> None:
         super().__init__()
         for name, mod in (("backbone", backbone), ("position_embedding", position_embedding)):
             if not isinstance(mod, nn.Module):
                 raise TypeError(f"{name} must be an nn.Module, got {type(mod).__name__}")
+        for name, value in (("hidden_dim", hidden_dim), ("num_feature_levels", num_feature_levels)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise TypeError(f"{name} must be a positive int or None, got {value!r}")
+        for name, value in (("level_embed", level_embed), ("input_proj", input_proj)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0:
+            raise TypeError(f"num_groups must be a positive int, got {num_groups!r}")
         self.backbone = backbone
         self.position_embedding = position_embedding
+        self.n_spatial = int(getattr(backbone, "n_spatial", 2))
+        back_channels = list(getattr(backbone, "num_channels", []))
+        n_back = len(back_channels)
+        if hidden_dim is None:
+            if num_feature_levels is not None and num_feature_levels != n_back:
+                raise ValueError(
+                    f"num_feature_levels={num_feature_levels} needs hidden_dim (extra levels are "
+                    f"projected); the backbone gives {n_back} levels"
+                )
+            if level_embed:
+                raise ValueError("level_embed=True needs hidden_dim (the level embedding's width)")
+        n_levels = n_back if num_feature_levels is None else num_feature_levels
+        if hidden_dim is not None:
+            if n_back == 0:
+                raise ValueError("hidden_dim needs a backbone with num_channels (one per level)")
+            if n_levels < n_back:
+                raise ValueError(
+                    f"num_feature_levels={n_levels} is fewer than the backbone's {n_back} levels; "
+                    "choose the backbone's levels with its out_indices / return_nodes instead"
+                )
+            if n_levels > n_back and not input_proj:
+                raise ValueError(
+                    f"num_feature_levels={n_levels} > {n_back} backbone levels needs input_proj=True"
+                )
+            if input_proj and hidden_dim % num_groups:
+                raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_groups={num_groups}")
+            feats = getattr(position_embedding, "num_pos_feats", None)
+            if isinstance(feats, int) and feats * self.n_spatial != hidden_dim:
+                raise ValueError(
+                    f"hidden_dim={hidden_dim} must equal the position embedding's channels "
+                    f"({self.n_spatial} axes x num_pos_feats={feats} = {feats * self.n_spatial})"
+                )
+        self.hidden_dim = hidden_dim
+        self.num_feature_levels = n_levels
+        self.num_groups = num_groups
+        self.use_input_proj = bool(hidden_dim is not None and input_proj)
+        self.input_proj: nn.ModuleList | None = None
+        if self.use_input_proj:
+            conv = _CONV.get(self.n_spatial)
+            if conv is None:
+                raise ValueError(f"input projections need 2D or 3D levels, backbone has n_spatial={self.n_spatial}")
+            projs = [
+                nn.Sequential(conv(c, hidden_dim, kernel_size=1), nn.GroupNorm(num_groups, hidden_dim))
+                for c in back_channels
+            ]
+            in_c = back_channels[-1]
+            for _ in range(n_levels - n_back):
+                projs.append(nn.Sequential(
+                    conv(in_c, hidden_dim, kernel_size=3, stride=2, padding=1),
+                    nn.GroupNorm(num_groups, hidden_dim),
+                ))
+                in_c = hidden_dim
+            self.input_proj = nn.ModuleList(projs)
+            for proj in self.input_proj:  # Deformable-DETR's initialisation
+                nn.init.xavier_uniform_(proj[0].weight, gain=1)
+                nn.init.constant_(proj[0].bias, 0)
+        want_embed = hidden_dim is not None if level_embed is None else level_embed
+        self.level_embed: nn.Parameter | None = None
+        if want_embed:
+            self.level_embed = nn.Parameter(torch.empty(n_levels, hidden_dim))
+            nn.init.normal_(self.level_embed)
 
     @property
     def num_channels(self) -> list[int]:
-        """Channels of each feature level (from the backbone)."""
+        """Channels of each output level."""
+        if self.use_input_proj:
+            return [self.hidden_dim] * self.num_feature_levels
         return list(self.backbone.num_channels)
 
     @property
-    def strides(self) -> list[int]:
-        """Stride of each feature level (from the backbone)."""
-        return list(self.backbone.strides)
+    def strides(self) -> list[Any]:
+        """Stride of each output level (extra levels double the backbone's last)."""
+        strides = list(self.backbone.strides)
+        for k in range(self.num_feature_levels - len(strides)):
+            strides.append(_scale_stride(self.backbone.strides[-1], 2 ** (k + 1)))
+        return strides
 
     def forward(self, x: NestedTensor) -> tuple[list[NestedTensor], list[Tensor]]:
         levels = self.backbone(x)
-        features: list[NestedTensor] = []
-        pos: list[Tensor] = []
         for i, level in enumerate(levels):
             if not isinstance(level, NestedTensor):
                 raise TypeError(
                     f"backbone must return NestedTensor levels, got {type(level).__name__} at level {i}"
                 )
-            features.append(level)
-            pos.append(self.position_embedding(level, dtype=level.tensors.dtype))
+        features: list[NestedTensor] = []
+        if self.input_proj is None:
+            features = list(levels)
+        else:
+            n_back = len(levels)
+            if n_back != len(self.backbone.num_channels):
+                raise ValueError(
+                    f"backbone returned {n_back} levels but reports {len(self.backbone.num_channels)} channels"
+                )
+            for proj, level in zip(self.input_proj, levels):
+                features.append(level.with_features(proj(level.tensors)))
+            source = levels[-1].tensors
+            for proj in list(self.input_proj)[n_back:]:
+                source = proj(source)
+                features.append(x.with_features(source))
+        pos = [self.position_embedding(f, dtype=f.tensors.dtype) for f in features]
         return features, pos
+
+    def flatten(self, features: Sequence[NestedTensor], pos: Sequence[Tensor]) -> FlatLevels:
+        """Flattens ``forward``'s output into Deformable-DETR's encoder input, adding the level
+        embedding (when there is one) to ``pos``. See :func:`flatten_levels`."""
+        return flatten_levels(features, pos, self.level_embed)
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_dim={self.hidden_dim}, num_feature_levels={self.num_feature_levels}, "
+            f"level_embed={self.level_embed is not None}, input_proj={self.use_input_proj}, "
+            f"num_groups={self.num_groups}"
+        )

@@ -2,108 +2,85 @@
 
 References:
     Wightman, PyTorch Image Models (timm), ``features_only=True`` and ``feature_info``;
-    Carion et al., DETR ``models/backbone.py`` (mask resized to each level).
+    Carion et al., DETR ``models/backbone.py`` (mask resized to each level, frozen batch norm,
+    ``train_backbone``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from ..nested_tensor import NestedTensor, interpolate_mask
+from ..nested_tensor import NestedTensor
+from ._common import (
+    _strip_prefixes,  # noqa: F401  (kept importable from here for older callers)
+    check_freeze_args,
+    freeze_batch_norm,
+    freeze_through,
+    load_checkpoint_state,
+    load_state_with_report,
+)
 
 __all__ = ["TimmBackbone", "load_checkpoint_state"]
-
-log = logging.getLogger(__name__)
-
-_PREFIXES = ("module.", "model.", "backbone.0.body.", "backbone.body.", "backbone.", "body.")
-
-
-def load_checkpoint_state(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Reads a state dict from a local ``.pt`` / ``.pth`` / ``.bin`` or ``.safetensors`` file.
-
-    A checkpoint that wraps the weights (``{"model": ...}``, ``{"state_dict": ...}``) is unwrapped.
-    Nothing is downloaded.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: the file holds no tensor mapping.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint_path {path!r} does not exist or is not a file")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        state = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    for key in ("state_dict", "model", "model_state_dict"):
-        if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
-            state = state[key]
-            break
-    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"checkpoint_path {path!r} does not hold a state dict of tensors")
-    return dict(state)
-
-
-def _strip_prefixes(state: Mapping[str, Tensor], own: set[str]) -> dict[str, Tensor]:
-    """Drops a wrapper prefix (``module.``, DETR's ``backbone.0.body.``, ...) when that makes the
-    keys match the model's own."""
-    best = dict(state)
-    best_hits = len(own & best.keys())
-    for prefix in _PREFIXES:
-        stripped = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
-        hits = len(own & stripped.keys())
-        if hits > best_hits:
-            best, best_hits = stripped, hits
-    return best
 
 
 class TimmBackbone(nn.Module):
     """A timm model with ``features_only=True``, returning one :class:`NestedTensor` per level.
 
-    Channels and strides are read from timm's ``feature_info``, never hard-coded; each level's
-    mask is the input mask resized (nearest) to that level's spatial size.
+    Channels and strides are read from timm's ``feature_info``, never hard-coded (a test checks
+    them against real outputs); each level's mask is the input mask resized (nearest) to that
+    level's spatial size.
 
     Args:
         model_name (str): a timm model name (``timm.list_models()``), e.g. ``"resnet50"``.
         out_indices (sequence of int): feature levels to return, timm's indices (for ResNets
-            ``1..4`` are strides 4..32). Default ``(4,)``: the last level, as DETR uses.
+            ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32). Default ``(4,)``: the
+            last level, as DETR uses.
         pretrained (bool): ask timm for its pretrained weights. Default False; vispos itself
             never downloads, so True needs timm's cache or network access.
         checkpoint_path (str, optional): a local ``.pt`` / ``.pth`` / ``.safetensors`` state dict
             to load (wrapper prefixes such as ``module.`` or DETR's ``backbone.0.body.`` are
-            stripped). Keys the backbone lacks (e.g. a classifier head) are reported at INFO
-            level; keys the backbone needs but the file lacks raise.
+            stripped). Keys the backbone lacks (e.g. a classifier head) are reported in
+            ``load_report`` and logged at INFO level; keys the backbone needs but the file lacks,
+            or tensors of another shape, raise.
         in_chans (int): input channels. Default 3.
+        train_backbone (bool): False stops the gradient of every backbone parameter (DETR's
+            ``lr_backbone = 0``). Default True.
+        frozen_stages (int): ``-1`` (default) trains every stage; ``k >= 0`` freezes every
+            parameter up to and including the module that produces timm feature index ``k``
+            (ResNets: ``0`` the stem, ``1`` the stem and ``layer1``, DETR's choice).
+        frozen_batch_norm (bool): replace every batch norm by torchvision's
+            ``FrozenBatchNorm2d`` (timm's ``BatchNormAct2d`` by its frozen twin), with the same
+            statistics: what DETR trains with. Default False.
 
     Attributes:
         num_channels (list[int]): channels of each returned level.
         strides (list[int]): reduction factor of each returned level.
-        load_report (dict | None): ``{"missing": [...], "unexpected": [...]}`` of the last
-            checkpoint load.
+        n_spatial (int): 2.
+        load_report (dict | None): ``{"source", "prefix_stripped", "loaded", "missing",
+            "unexpected"}`` of the last checkpoint load (see :func:`format_load_report`).
 
     Shape:
         - input: NestedTensor ``(B, in_chans, H, W)`` with mask ``(B, H, W)`` (or none).
-        - output: list of NestedTensor ``(B, num_channels[l], H_l, W_l)`` with masks
-          ``(B, H_l, W_l)``, bool, True = padding.
+        - output: list of NestedTensor ``(B, num_channels[l], H_l, W_l)`` in the input's dtype,
+          masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``out_indices`` is not a sequence of ints; ``forward`` is given anything but
-            a NestedTensor.
-        ValueError: an unknown model name; ``out_indices`` not supported by the model; input
-            channels other than ``in_chans``.
+        TypeError: ``out_indices`` is not a sequence of ints; a non-bool ``train_backbone`` /
+            ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
+        ValueError: an unknown model name; ``out_indices`` not supported by the model;
+            ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
+            ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
         FileNotFoundError: ``checkpoint_path`` does not exist.
-        ValueError: the checkpoint lacks weights the backbone needs.
 
     References:
         timm ``features_only`` / ``FeatureInfo``; DETR ``models/backbone.py``.
     """
+
+    n_spatial = 2
 
     def __init__(
         self,
@@ -112,6 +89,9 @@ class TimmBackbone(nn.Module):
         pretrained: bool = False,
         checkpoint_path: str | None = None,
         in_chans: int = 3,
+        train_backbone: bool = True,
+        frozen_stages: int = -1,
+        frozen_batch_norm: bool = False,
     ) -> None:
         super().__init__()
         import timm
@@ -122,6 +102,7 @@ class TimmBackbone(nn.Module):
             isinstance(i, bool) or not isinstance(i, int) for i in out_indices
         ) or len(out_indices) == 0:
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
@@ -142,33 +123,57 @@ class TimmBackbone(nn.Module):
         self.pretrained = pretrained
         self.checkpoint_path = checkpoint_path
         self.in_chans = in_chans
+        self.train_backbone = train_backbone
+        self.frozen_stages = frozen_stages
+        self.frozen_batch_norm = frozen_batch_norm
         self.num_channels = list(self.body.feature_info.channels())
         self.strides = list(self.body.feature_info.reduction())
-        self.load_report: dict[str, list[str]] | None = None
+        self.load_report: dict[str, Any] | None = None
         if checkpoint_path is not None:
             self.load_report = self.load_checkpoint(checkpoint_path)
+        if frozen_batch_norm:
+            freeze_batch_norm(self.body, n_spatial=2)
+        self._freeze()
 
-    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, list[str]]:
-        """Loads a local state dict into the backbone and returns ``{"missing", "unexpected"}``.
+    def _stage_module(self, index: int) -> str:
+        """The name, inside ``self.body``, of the module producing timm feature ``index``."""
+        info = self.body.feature_info.info
+        if index >= len(info):
+            raise ValueError(
+                f"frozen_stages={index} but {self.model_name!r} has feature indices 0..{len(info) - 1}"
+            )
+        name = info[index]["module"]
+        names = {n for n, _ in self.body.named_modules()}
+        for candidate in (name, name.replace(".", "_")):
+            if candidate in names:
+                return candidate
+        raise ValueError(
+            f"frozen_stages={index}: module {name!r} of {self.model_name!r} is not part of the "
+            f"feature model (out_indices {self.out_indices} stop before it)"
+        )
+
+    def _freeze(self) -> None:
+        if not self.train_backbone:
+            freeze_through(self.body, None)
+        elif self.frozen_stages >= 0:
+            freeze_through(self.body, self._stage_module(self.frozen_stages))
+
+    def load_checkpoint(self, path: str | os.PathLike) -> dict[str, Any]:
+        """Loads a local state dict into the backbone and returns its load report.
+
+        Args:
+            path (str | PathLike): ``.pt`` / ``.pth`` / ``.bin`` / ``.safetensors``.
+
+        Returns:
+            dict: ``{"source", "prefix_stripped", "loaded", "missing", "unexpected"}``.
 
         Raises:
             FileNotFoundError: no such file.
-            ValueError: weights the backbone needs are missing from the file.
+            ValueError: weights the backbone needs are missing from the file or have another
+                shape.
         """
         state = load_checkpoint_state(path)
-        own = set(self.body.state_dict().keys())
-        state = _strip_prefixes(state, own)
-        missing = sorted(own - state.keys())
-        unexpected = sorted(state.keys() - own)
-        if missing:
-            raise ValueError(
-                f"checkpoint_path: checkpoint {os.fspath(path)!r} lacks {len(missing)} backbone weights, e.g. "
-                f"{missing[:5]}; it holds keys such as {sorted(state)[:5]}"
-            )
-        self.body.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
-        if unexpected:
-            log.info("ignored %d checkpoint keys not in the backbone, e.g. %s", len(unexpected), unexpected[:5])
-        return {"missing": missing, "unexpected": unexpected}
+        return load_state_with_report(self.body, state, source=os.fspath(path))
 
     def forward(self, x: NestedTensor) -> list[NestedTensor]:
         if not isinstance(x, NestedTensor):
@@ -179,15 +184,13 @@ class TimmBackbone(nn.Module):
                 f"x.tensors must have shape (B, {self.in_chans}, H, W), got {tuple(tensors.shape)}"
             )
         feats = self.body(tensors)
-        out = []
-        for f in feats:
-            m = None if mask is None else interpolate_mask(mask, tuple(f.shape[-2:]))
-            out.append(NestedTensor(f, m))
-        return out
+        # with_features resizes the mask as DETR does and keeps the batch's rectangular sizes
+        return [x.with_features(f) for f in feats]
 
     def extra_repr(self) -> str:
         return (
             f"model_name={self.model_name!r}, out_indices={self.out_indices}, "
             f"pretrained={self.pretrained}, checkpoint_path={self.checkpoint_path!r}, "
-            f"in_chans={self.in_chans}"
+            f"in_chans={self.in_chans}, train_backbone={self.train_backbone}, "
+            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}"
         )

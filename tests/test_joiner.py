@@ -1,0 +1,178 @@
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from vispos import NestedTensor, PositionEmbeddingSine, interpolate_mask, nested_tensor_from_tensor_list
+from vispos.backbones import (
+    FlatLevels, Joiner, TorchvisionBackbone, VolumeBackbone, flatten_levels, unflatten_levels, valid_ratios,
+)
+
+
+# --------------------------------------------------------------- slow reference from the formulas
+def _ref_flatten(srcs, masks, poss, level_embed):
+    """Deformable-DETR's encoder input, cell by cell (deformable_transformer.py, N-D)."""
+    b = srcs[0].shape[0]
+    src_rows, pos_rows, mask_rows, shapes = [[] for _ in range(b)], [[] for _ in range(b)], [[] for _ in range(b)], []
+    ratios = torch.zeros(b, len(srcs), srcs[0].dim() - 2)
+    for lvl, (src, mask, pos) in enumerate(zip(srcs, masks, poss)):
+        spatial = tuple(src.shape[2:])
+        shapes.append(spatial)
+        for i in range(b):
+            for cell in itertools.product(*(range(s) for s in spatial)):  # row-major
+                src_rows[i].append(src[(i, slice(None), *cell)])
+                pos_rows[i].append(pos[(i, slice(None), *cell)] + level_embed[lvl])
+                mask_rows[i].append(mask[(i, *cell)])
+            n = len(spatial)
+            for axis in range(n):  # valid_H = sum(~mask[:, :, 0]) ... stacked (w, h[, d])
+                line = [not bool(mask[(i, *(k if a == axis else 0 for a in range(n)))]) for k in range(spatial[axis])]
+                ratios[i, lvl, n - 1 - axis] = sum(line) / spatial[axis]
+    src = torch.stack([torch.stack(r) for r in src_rows])
+    pos = torch.stack([torch.stack(r) for r in pos_rows])
+    mask = torch.tensor([[bool(m) for m in r] for r in mask_rows])
+    sizes = [int(torch.tensor(s).prod()) for s in shapes]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return src, pos, mask, torch.tensor(shapes), torch.tensor(starts), ratios
+
+
+def _levels(sizes_per_item, channels=8, n_levels=2, seed=0):
+    """Random padded levels: item i's level l has spatial size sizes_per_item[i] // 2**l."""
+    g = torch.Generator().manual_seed(seed)
+    feats, poss = [], []
+    pe = PositionEmbeddingSine(channels // len(sizes_per_item[0]), normalize=True, offset=-0.5)
+    for lvl in range(n_levels):
+        items = [torch.randn(channels, *[max(1, s // 2 ** lvl) for s in size], generator=g) for size in sizes_per_item]
+        nt = nested_tensor_from_tensor_list(items)
+        feats.append(nt)
+        poss.append(pe(nt))
+    return feats, poss
+
+
+@pytest.mark.parametrize("sizes", [[(6, 7), (4, 9), (5, 5)], [(4, 5, 6), (3, 6, 2)]], ids=["2d", "3d"])
+def test_flatten_matches_deformable_detr_formulas(sizes):
+    feats, poss = _levels(sizes, channels=12 if len(sizes[0]) == 3 else 8)
+    level_embed = torch.randn(2, feats[0].tensors.shape[1])
+    flat = flatten_levels(feats, poss, level_embed)
+    ref = _ref_flatten([f.tensors for f in feats], [f.mask for f in feats], poss, level_embed)
+    assert isinstance(flat, FlatLevels)
+    torch.testing.assert_close(flat.src, ref[0], rtol=0, atol=0)
+    torch.testing.assert_close(flat.pos, ref[1], rtol=0, atol=0)
+    assert torch.equal(flat.key_padding_mask, ref[2]) and flat.key_padding_mask.dtype == torch.bool
+    assert torch.equal(flat.spatial_shapes, ref[3]) and flat.spatial_shapes.dtype == torch.long
+    assert torch.equal(flat.level_start_index, ref[4]) and flat.level_start_index.dtype == torch.long
+    torch.testing.assert_close(flat.valid_ratios, ref[5])
+    assert flat.spatial_shapes_list == [tuple(s) for s in ref[3].tolist()]
+    back = unflatten_levels(flat.src, flat.spatial_shapes_list)
+    for f, b in zip(feats, back):
+        assert torch.equal(f.tensors, b)
+
+
+def test_valid_ratios_match_transformers():
+    from transformers.models.deformable_detr.modeling_deformable_detr import DeformableDetrModel
+
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 5, 9), torch.zeros(1, 7, 3), torch.zeros(1, 2, 2)])
+    # transformers' masks are pixel masks (True = valid)
+    ref = DeformableDetrModel.get_valid_ratio(None, ~nt.mask, dtype=torch.float32)
+    torch.testing.assert_close(valid_ratios(nt.mask), ref, rtol=0, atol=0)
+
+
+def test_no_mask_and_plain_tensors():
+    feats = [torch.randn(2, 4, 3, 3), NestedTensor(torch.randn(2, 4, 2, 2), None)]
+    pos = [torch.randn(2, 4, 3, 3), torch.randn(2, 4, 2, 2)]
+    flat = flatten_levels(feats, pos)
+    assert not flat.key_padding_mask.any() and torch.equal(flat.valid_ratios, torch.ones(2, 2, 2))
+    torch.testing.assert_close(flat.pos[:, :9], pos[0].flatten(2).transpose(1, 2))
+
+
+@pytest.mark.parametrize(
+    "feats, pos, embed, exc, match",
+    [
+        ([], [], None, ValueError, "at least one level"),
+        ([torch.zeros(1, 4, 2, 2)], [], None, ValueError, "same length"),
+        ([torch.zeros(1, 4, 2, 2), torch.zeros(1, 8, 2, 2)], [torch.zeros(1, 4, 2, 2), torch.zeros(1, 8, 2, 2)], None,
+         ValueError, "need the same batch size, channels and rank .*hidden_dim"),
+        ([torch.zeros(1, 4, 2, 2)], [torch.zeros(1, 4, 3, 2)], None, ValueError, r"pos\[0\] must have its level's shape"),
+        ([torch.zeros(1, 4, 2, 2)], [torch.zeros(1, 4, 2, 2)], torch.zeros(2, 4), ValueError, r"level_embed must have shape \(L, C\) = \(1, 4\)"),
+        (["x"], [torch.zeros(1)], None, TypeError, r"features\[0\] must be a NestedTensor or a Tensor"),
+    ],
+)
+def test_flatten_errors(feats, pos, embed, exc, match):
+    with pytest.raises(exc, match=match):
+        flatten_levels(feats, pos, embed)
+
+
+@pytest.fixture(scope="module")
+def r18_three_levels():
+    torch.manual_seed(0)
+    return TorchvisionBackbone("resnet18", return_nodes=["layer2", "layer3", "layer4"]).eval()
+
+
+def test_multiscale_joiner_is_deformable_detr(r18_three_levels):
+    torch.manual_seed(0)
+    pe = PositionEmbeddingSine(32, normalize=True, offset=-0.5)
+    joiner = Joiner(r18_three_levels, pe, hidden_dim=64, num_feature_levels=5).eval()
+    assert joiner.num_channels == [64] * 5 and joiner.strides == [8, 16, 32, 64, 128]
+    assert joiner.level_embed.shape == (5, 64)
+    assert [type(m).__name__ for m in joiner.input_proj[0]] == ["Conv2d", "GroupNorm"]
+    assert joiner.input_proj[0][1].num_groups == 32 and joiner.input_proj[3][0].stride == (2, 2)
+    batch = nested_tensor_from_tensor_list([torch.randn(3, 64, 96), torch.randn(3, 80, 48)])
+    with torch.no_grad():
+        features, pos = joiner(batch)
+        raw = r18_three_levels(batch)
+        # Deformable-DETR: projections of the backbone levels, then 3x3/2 convs on the last raw level
+        ref = [proj(r.tensors) for proj, r in zip(joiner.input_proj, raw)]
+        ref.append(joiner.input_proj[3](raw[-1].tensors))
+        ref.append(joiner.input_proj[4](ref[-1]))
+    for lvl, (f, r) in enumerate(zip(features, ref)):
+        torch.testing.assert_close(f.tensors, r)
+        want = raw[lvl].mask if lvl < 3 else interpolate_mask(batch.mask, tuple(r.shape[2:]))
+        assert torch.equal(f.mask, want)
+        torch.testing.assert_close(pos[lvl], pe(want), rtol=0, atol=0)
+    flat = joiner.flatten(features, pos)
+    assert flat.src.shape == (2, sum(f.tensors.shape[2:].numel() for f in features), 64)
+    torch.testing.assert_close(flat.pos[:, :1], (pos[0][:, :, 0, 0] + joiner.level_embed[0])[:, None])
+
+
+def test_joiner_3d_projections_and_flatten():
+    bb = VolumeBackbone("r3d_18", return_nodes=["layer3", "layer4"], stem_stride=2)
+    joiner = Joiner(bb, PositionEmbeddingSine(16, normalize=True), hidden_dim=48, num_feature_levels=3, num_groups=8).eval()
+    assert isinstance(joiner.input_proj[0][0], nn.Conv3d) and joiner.strides == [8, 16, 32]
+    batch = nested_tensor_from_tensor_list([torch.randn(1, 40, 32, 24), torch.randn(1, 24, 40, 32)])
+    with torch.no_grad():
+        features, pos = joiner(batch)
+        flat = joiner.flatten(features, pos)
+    assert [tuple(f.tensors.shape) for f in features] == [(2, 48, 5, 5, 4), (2, 48, 3, 3, 2), (2, 48, 2, 2, 1)]
+    assert flat.spatial_shapes.tolist() == [[5, 5, 4], [3, 3, 2], [2, 2, 1]]
+    assert flat.level_start_index.tolist() == [0, 100, 118]
+    assert flat.valid_ratios.shape == (2, 3, 3)
+
+
+def test_detr_mode_unchanged_and_state_dict(r18_three_levels):
+    joiner = Joiner(r18_three_levels, PositionEmbeddingSine(16))
+    assert joiner.input_proj is None and joiner.level_embed is None
+    assert joiner.num_channels == [128, 256, 512]
+    proj = Joiner(r18_three_levels, PositionEmbeddingSine(32), hidden_dim=64)
+    keys = [k for k in proj.state_dict() if not k.startswith("backbone.")]
+    assert "level_embed" in keys and "input_proj.0.0.weight" in keys and "input_proj.2.1.weight" in keys
+    assert "hidden_dim=64, num_feature_levels=3, level_embed=True, input_proj=True, num_groups=32" in repr(proj)
+    no_proj = Joiner(r18_three_levels, PositionEmbeddingSine(32), hidden_dim=64, input_proj=False)
+    assert no_proj.num_channels == [128, 256, 512] and no_proj.level_embed.shape == (3, 64)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(num_feature_levels=4), ValueError, "num_feature_levels=4 needs hidden_dim"),
+        (dict(level_embed=True), ValueError, "level_embed=True needs hidden_dim"),
+        (dict(hidden_dim=64, num_feature_levels=2), ValueError, "fewer than the backbone's 3 levels"),
+        (dict(hidden_dim=64, num_feature_levels=4, input_proj=False), ValueError, "needs input_proj=True"),
+        (dict(hidden_dim=48), ValueError, "hidden_dim=48 must be divisible by num_groups=32"),
+        (dict(hidden_dim=128), ValueError, r"must equal the position embedding's channels \(2 axes x num_pos_feats=32 = 64\)"),
+        (dict(hidden_dim=0), TypeError, "hidden_dim must be a positive int"),
+        (dict(hidden_dim=64, input_proj="no"), TypeError, "input_proj must be a bool"),
+    ],
+)
+def test_joiner_errors(r18_three_levels, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        Joiner(r18_three_levels, PositionEmbeddingSine(32), **kwargs)

@@ -1,0 +1,246 @@
+"""A small DETR transformer encoder over flattened feature levels, and a measure of how much a
+backbone's features depend on the padding around an item.
+
+The encoder adds ``pos`` to queries and keys (not values) in every layer and ignores padded keys
+through ``key_padding_mask``, as DETR does; so the output on an item's valid cells does not
+depend on how much padding the batch added (tests check it in 2D and 3D). The backbone is another
+matter: its convolutions see the padding near the border, which :func:`backbone_border_effect`
+measures.
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
+    (``models/transformer.py``: ``TransformerEncoderLayer.forward_post`` / ``forward_pre``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from .joiner import FlatLevels
+
+__all__ = ["DetrEncoderLayer", "DetrEncoder", "backbone_border_effect"]
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class DetrEncoderLayer(nn.Module):
+    """One DETR encoder layer: self-attention with ``pos`` added to queries and keys, then a
+    feed-forward block; post-norm by default, pre-norm with ``normalize_before``.
+
+    Args:
+        d_model (int): channels ``C``.
+        nhead (int): attention heads; must divide ``d_model``. Default 8.
+        dim_feedforward (int): hidden width of the feed-forward block. Default 2048.
+        dropout (float): in ``[0, 1)``. Default 0.1 (DETR); 0 for deterministic tests.
+        activation (str): ``"relu"`` (DETR) or ``"gelu"``.
+        normalize_before (bool): pre-norm. Default False (DETR's default).
+
+    Shape:
+        - ``src`` ``Tensor[B, N, C]`` (batch-first), ``pos`` ``Tensor[B, N, C]`` or None,
+          ``key_padding_mask`` ``Tensor[B, N]`` bool (True = padding) or None.
+        - output ``Tensor[B, N, C]``, ``src``'s dtype.
+
+    Raises:
+        ValueError: ``nhead`` does not divide ``d_model``; bad sizes, ``dropout`` or
+            ``activation``; at forward, mismatched shapes or a non-bool mask.
+
+    References:
+        DETR ``models/transformer.py`` (``TransformerEncoderLayer``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        nhead: int = 8,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        normalize_before: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
+            _check_positive_int(name, value)
+        if d_model % nhead:
+            raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        if not isinstance(normalize_before, bool):
+            raise TypeError(f"normalize_before must be a bool, got {normalize_before!r}")
+        self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward
+        self.dropout_p, self.activation_name, self.normalize_before = float(dropout), activation, normalize_before
+        self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.activation = _ACTIVATIONS[activation]
+
+    def _attend(self, x: Tensor, pos: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
+        q = k = x if pos is None else x + pos
+        return self.self_attn(q, k, value=x, key_padding_mask=key_padding_mask, need_weights=False)[0]
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+
+    def forward(
+        self, src: Tensor, pos: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
+        _check_inputs(src, pos, key_padding_mask, self.d_model)
+        if self.normalize_before:
+            src = src + self.dropout1(self._attend(self.norm1(src), pos, key_padding_mask))
+            return src + self.dropout2(self._ffn(self.norm2(src)))
+        src = self.norm1(src + self.dropout1(self._attend(src, pos, key_padding_mask)))
+        return self.norm2(src + self.dropout2(self._ffn(src)))
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, nhead={self.nhead}, dim_feedforward={self.dim_feedforward}, "
+            f"dropout={self.dropout_p}, activation={self.activation_name!r}, "
+            f"normalize_before={self.normalize_before}"
+        )
+
+
+def _check_inputs(src: Tensor, pos: Tensor | None, mask: Tensor | None, d_model: int) -> None:
+    if not isinstance(src, Tensor) or src.dim() != 3 or src.shape[-1] != d_model:
+        got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+        raise ValueError(f"src must be a Tensor[B, N, {d_model}] (batch-first), got {got}")
+    if pos is not None and (not isinstance(pos, Tensor) or pos.shape != src.shape):
+        got = tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__
+        raise ValueError(f"pos must have src's shape {tuple(src.shape)}, got {got}")
+    if mask is not None:
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+            raise TypeError(
+                "key_padding_mask must be a bool Tensor[B, N] with True marking padding, got "
+                f"{getattr(mask, 'dtype', type(mask).__name__)}"
+            )
+        if tuple(mask.shape) != tuple(src.shape[:2]):
+            raise ValueError(f"key_padding_mask must have shape {tuple(src.shape[:2])}, got {tuple(mask.shape)}")
+
+
+class DetrEncoder(nn.Module):
+    """A stack of :class:`DetrEncoderLayer` (DETR's ``TransformerEncoder``) over flattened levels.
+
+    Args:
+        d_model (int): channels ``C``. Default 256.
+        nhead, dim_feedforward, dropout, activation, normalize_before: as
+            :class:`DetrEncoderLayer` (defaults 8, 2048, 0.1, ``"relu"``, False).
+        num_layers (int): Default 6.
+
+    Shape:
+        ``forward(src, pos, key_padding_mask)``: ``Tensor[B, N, C]``, ``Tensor[B, N, C]`` or None,
+        ``Tensor[B, N]`` bool or None -> ``Tensor[B, N, C]``. Also accepts a
+        :class:`~vispos.backbones.FlatLevels` as ``src``.
+
+    Raises:
+        ValueError / TypeError: as :class:`DetrEncoderLayer`.
+
+    References:
+        DETR ``models/transformer.py`` (``TransformerEncoder``; final LayerNorm only with
+        ``normalize_before``).
+    """
+
+    def __init__(
+        self,
+        d_model: int = 256,
+        nhead: int = 8,
+        num_layers: int = 6,
+        dim_feedforward: int = 2048,
+        dropout: float = 0.1,
+        activation: str = "relu",
+        normalize_before: bool = False,
+    ) -> None:
+        super().__init__()
+        _check_positive_int("num_layers", num_layers)
+        layer = DetrEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
+        self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
+        for lyr in self.layers:  # DETR's xavier initialisation, independent per layer
+            for p in lyr.parameters():
+                if p.dim() > 1:
+                    nn.init.xavier_uniform_(p)
+        self.norm = nn.LayerNorm(d_model) if normalize_before else None
+        self.d_model, self.num_layers = d_model, num_layers
+
+    def forward(
+        self,
+        src: Tensor | FlatLevels,
+        pos: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        if isinstance(src, FlatLevels):
+            if pos is not None or key_padding_mask is not None:
+                raise ValueError("pass either FlatLevels or (src, pos, key_padding_mask), not both")
+            src, pos, key_padding_mask = src.src, src.pos, src.key_padding_mask
+        out = src
+        for layer in self.layers:
+            out = layer(out, pos, key_padding_mask)
+        return out if self.norm is None else self.norm(out)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_layers={self.num_layers}"
+
+
+@torch.no_grad()
+def backbone_border_effect(
+    backbone: nn.Module, item: Tensor, padded_size: Sequence[int], pad_value: float = 0.0
+) -> list[dict[str, float]]:
+    """How much a backbone's features on an item's valid cells change when the item is padded.
+
+    Runs the backbone (in its current mode; call ``eval()`` first for batch norm) on the item
+    alone and on the item padded to ``padded_size`` (placed at the origin, ``pad_value`` around
+    it, as :func:`~vispos.nested_tensor_from_tensor_list` does), and compares each level on the
+    cells the alone run produced.
+
+    Args:
+        backbone (nn.Module): maps a NestedTensor to NestedTensor levels.
+        item (Tensor[C, *S]): one image or volume.
+        padded_size (sequence of int): the padded spatial size, ``>= S`` on every axis.
+        pad_value (float): the padding value.
+
+    Returns:
+        list of dict per level: ``max_abs`` (largest absolute change), ``mean_abs``, ``scale``
+        (standard deviation of the alone features), ``rel_max`` (``max_abs / scale``) and
+        ``frac_cells`` (fraction of the item's cells whose largest channel change exceeds
+        ``1e-3 * scale``).
+
+    Raises:
+        ValueError: ``padded_size`` has the wrong length or is smaller than the item.
+    """
+    spatial = tuple(item.shape[1:])
+    padded = tuple(int(s) for s in padded_size)
+    if len(padded) != len(spatial) or any(p < s for p, s in zip(padded, spatial)):
+        raise ValueError(f"padded_size must have {len(spatial)} entries >= {spatial}, got {tuple(padded_size)}")
+    alone = NestedTensor(item[None], torch.zeros((1, *spatial), dtype=torch.bool, device=item.device))
+    filler = item.new_full((item.shape[0], *padded), pad_value)
+    batch = nested_tensor_from_tensor_list([item, filler], pad_value=pad_value)
+    out = []
+    for a, p in zip(backbone(alone), backbone(batch)):
+        region = (0, slice(None), *(slice(0, s) for s in a.tensors.shape[2:]))
+        ref, got = a.tensors[region].float(), p.tensors[region].float()
+        diff = (got - ref).abs()
+        scale = float(ref.std()) or 1.0
+        per_cell = diff.amax(0)
+        out.append({
+            "max_abs": float(diff.max()),
+            "mean_abs": float(diff.mean()),
+            "scale": scale,
+            "rel_max": float(diff.max()) / scale,
+            "frac_cells": float((per_cell > 1e-3 * scale).float().mean()),
+        })
+    return out

@@ -1,0 +1,153 @@
+"""3D CNNs for volumes (CT, MRI) as sources of padded 3D feature levels.
+
+References:
+    Tran et al., A Closer Look at Spatiotemporal Convolutions for Action Recognition, CVPR 2018
+    (R3D, MC3, R(2+1)D; torchvision ``models/video/resnet.py``); Carion et al., DETR
+    ``models/backbone.py`` (masks resized per level).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from ._common import check_freeze_args, first_conv
+from .torchvision_backbone import ReturnNodes, _check_return_nodes, _GraphBackbone
+
+__all__ = ["VolumeBackbone", "VOLUME_MODELS"]
+
+#: torchvision's 3D ResNets that :class:`VolumeBackbone` builds by name.
+VOLUME_MODELS = ("r3d_18", "mc3_18", "r2plus1d_18")
+
+
+def _check_stem_stride(value: Any) -> tuple[int, int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,) * 3
+    if (
+        isinstance(value, (str, Mapping)) or not isinstance(value, Sequence) or len(value) != 3
+        or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in value)
+    ):
+        raise TypeError(f"stem_stride must be a positive int or three positive ints, got {value!r}")
+    return (int(value[0]), int(value[1]), int(value[2]))
+
+
+class VolumeBackbone(_GraphBackbone):
+    """A torchvision 3D ResNet (``r3d_18``, ``mc3_18``, ``r2plus1d_18``) for ``(B, C, D, H, W)``
+    volumes, returning one 3D :class:`NestedTensor` per level.
+
+    The stem is adapted to ``in_chans`` (1 for CT / MRI): each new input channel gets the mean of
+    the RGB kernels scaled by ``3 / in_chans``, so a grey volume gives the same features as that
+    volume repeated on three channels would (timm's ``adapt_input_conv`` convention). Channels and
+    per-axis strides are **measured** by one forward pass on zeros ``(1, in_chans, 32, 32, 32)``
+    at construction. torchvision's stem keeps the first axis (video time) at full resolution,
+    so its strides are anisotropic (``layer4``: 8, 16, 16); ``stem_stride=2`` makes them
+    isotropic (16, 16, 16), usually what isotropic medical voxels want.
+
+    Args:
+        name_or_model (str | nn.Module): one of :data:`VOLUME_MODELS`, or a 3D model (deep-copied).
+        return_nodes (list[str] | dict[str, str]): nodes to return, in order. Default
+            ``("layer2", "layer3", "layer4")``.
+        in_chans (int): input channels. Default 1.
+        stem_stride (int | tuple[int, int, int], optional): stride of the stem's first
+            convolution (torchvision: ``(1, 2, 2)``). Default None: unchanged.
+        weights (str, optional): torchvision weights name (Kinetics-400); default None (random).
+            Anything else may download unless torchvision's cache holds it.
+        checkpoint_path (str, optional): a local state dict (3- or ``in_chans``-channel stem);
+            see ``load_report``.
+        train_backbone (bool), frozen_stages (int), frozen_batch_norm (bool): as in
+            :class:`~vispos.backbones.TorchvisionBackbone`; batch norms become
+            :class:`~vispos.backbones.FrozenBatchNorm3d`.
+
+    Attributes:
+        num_channels (list[int]); level_strides (list[tuple[int, int, int]]) per axis ``(D, H, W)``;
+        strides (list[int | tuple]): an int when the three axes agree; n_spatial (int): 3;
+        load_report (dict | None).
+
+    Shape:
+        - input: NestedTensor ``(B, in_chans, D, H, W)``, mask ``(B, D, H, W)`` bool (or none).
+        - output: list of NestedTensor ``(B, num_channels[l], D_l, H_l, W_l)``, masks
+          ``(B, D_l, H_l, W_l)`` (input mask resized, nearest), True = padding.
+
+    Raises:
+        TypeError: ``name_or_model`` neither a str nor an nn.Module; malformed ``return_nodes`` or
+            ``stem_stride``; non-bool flags; ``forward`` given anything but a NestedTensor.
+        ValueError: an unknown name (the message lists :data:`VOLUME_MODELS`); a model without a
+            ``Conv3d`` stem; unknown nodes; a bad ``frozen_stages``; wrong input shape; a
+            checkpoint missing weights.
+        FileNotFoundError: ``checkpoint_path`` does not exist.
+
+    References:
+        Tran et al., CVPR 2018; torchvision ``models/video/resnet.py``.
+    """
+
+    n_spatial = 3
+    _probe = (32, 32, 32)
+
+    def __init__(
+        self,
+        name_or_model: str | nn.Module = "r3d_18",
+        return_nodes: ReturnNodes = ("layer2", "layer3", "layer4"),
+        in_chans: int = 1,
+        stem_stride: int | Sequence[int] | None = None,
+        weights: str | None = None,
+        checkpoint_path: str | None = None,
+        train_backbone: bool = True,
+        frozen_stages: int = -1,
+        frozen_batch_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        import torchvision
+
+        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
+            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        if isinstance(name_or_model, str):
+            if name_or_model not in VOLUME_MODELS:
+                raise ValueError(
+                    f"name_or_model {name_or_model!r} is not a supported 3D model; expected one of "
+                    f"{VOLUME_MODELS} or an nn.Module"
+                )
+            model = torchvision.models.get_model(name_or_model, weights=weights)
+            self.model_name = name_or_model
+        elif isinstance(name_or_model, nn.Module):
+            if weights is not None:
+                raise ValueError("weights applies when building from a name; pass a built model without it")
+            model = copy.deepcopy(name_or_model)
+            self.model_name = type(name_or_model).__name__
+        else:
+            raise TypeError(
+                f"name_or_model must be one of {VOLUME_MODELS} or an nn.Module, got "
+                f"{type(name_or_model).__name__}"
+            )
+        _, stem = first_conv(model)
+        if not isinstance(stem, nn.Conv3d):
+            raise ValueError(
+                f"name_or_model must be a 3D network (first convolution Conv3d), got {type(stem).__name__}"
+            )
+        if stem_stride is not None:
+            stem_stride = _check_stem_stride(stem_stride)
+            stem.stride = stem_stride
+        nodes = _check_return_nodes(return_nodes)
+        self.stem_stride = stem_stride
+        self.weights = weights
+        self.checkpoint_path = checkpoint_path
+        self.train_backbone = train_backbone
+        self.frozen_stages = frozen_stages
+        self.frozen_batch_norm = frozen_batch_norm
+        self._setup(
+            model, nodes, in_chans=in_chans, checkpoint_path=checkpoint_path,
+            train_backbone=train_backbone, frozen_stages=frozen_stages,
+            frozen_batch_norm=frozen_batch_norm,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"name_or_model={self.model_name!r}, return_nodes={list(self.return_nodes)}, "
+            f"in_chans={self.in_chans}, stem_stride={self.stem_stride}, weights={self.weights!r}, "
+            f"checkpoint_path={self.checkpoint_path!r}, train_backbone={self.train_backbone}, "
+            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
+            f"num_channels={self.num_channels}, strides={self.strides}"
+        )
