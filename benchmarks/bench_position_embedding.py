@@ -126,6 +126,9 @@ def _arbitrary(mask: torch.Tensor, seed: int = 0) -> torch.Tensor:
 def _uncached_pe(module, x):
     """positional-encodings keeps the last result (``cached_penc``); drop it to time the work."""
     module.cached_penc = None
+    inner = getattr(module, "penc", None)  # the Permute classes wrap the channel-last encoder
+    if inner is not None:
+        inner.cached_penc = None
     return module(x)
 
 

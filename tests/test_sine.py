@@ -257,9 +257,10 @@ def _general(pe, mask, dtype=torch.float32):
 def test_fast_path_equals_general_path(sizes, padded, normalize, offset, dtype, device):
     pe = PositionEmbeddingSine(16, 20, normalize, offset=offset, cache_size=0).to(device)
     mask = _rect_mask(sizes, padded).to(device)
-    fast = pe._rectangular(mask, dtype)
     general = _general(pe, mask, dtype)
-    torch.testing.assert_close(fast, general, rtol=0, atol=0)
+    torch.testing.assert_close(pe._rectangular(mask, dtype), general, rtol=0, atol=0)  # select
+    host = tuple(tuple(s) for s in sizes)
+    torch.testing.assert_close(pe._rectangular(mask, dtype, host), general, rtol=0, atol=0)  # slices
 
 
 def test_nested_tensor_takes_fast_path_without_reading_mask(monkeypatch):

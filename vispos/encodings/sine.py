@@ -137,8 +137,12 @@ def is_rectangular(mask: Tensor) -> bool:
     Args:
         mask (Tensor[B, *S], bool): True marks padding.
     """
+    return _matches_rectangle(mask, rectangular_sizes(mask))
+
+
+def _matches_rectangle(mask: Tensor, sizes: Tensor) -> bool:
     spatial = tuple(mask.shape[1:])
-    along = _rectangular_valid(rectangular_sizes(mask), spatial)
+    along = _rectangular_valid(sizes, spatial)
     n = len(spatial)
     valid = None
     for i, a in enumerate(along):
@@ -254,7 +258,7 @@ class PositionEmbeddingSine(nn.Module):
         if rectangular:
             sizes_key = tuple(x.image_sizes)
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
-            return self._cached(key, None, lambda: self._rectangular(mask, out_dtype))
+            return self._cached(key, None, lambda: self._rectangular(mask, out_dtype, sizes_key))
         key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
         if mask.device.type == "cpu" and not tracing():
             # on the host the check is one pass over the mask, and no synchronisation
@@ -294,12 +298,15 @@ class PositionEmbeddingSine(nn.Module):
             divisors=self._divisors(device),
         )
 
-    def _rectangular(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    def _rectangular(
+        self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
+    ) -> Tensor:
         """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`."""
         spatial = tuple(mask.shape[1:])
         n = len(spatial)
         device = mask.device
-        sizes = rectangular_sizes(mask)
+        if sizes is None:
+            sizes = rectangular_sizes(mask)
         valid_along = _rectangular_valid(sizes, spatial)
         lines, inside, pads = [], [], []
         zero = torch.zeros(1, device=device, dtype=torch.float32)
@@ -318,12 +325,15 @@ class PositionEmbeddingSine(nn.Module):
                 cond = c if cond is None else cond & c
             inside.append(cond)
         return sincos_embed_lines(
-            lines, inside, pads, self.num_pos_feats, dtype=dtype, divisors=self._divisors(device)
+            lines, inside, pads, self.num_pos_feats, dtype=dtype, divisors=self._divisors(device),
+            host_sizes=host_sizes,
         )
 
     def _masked(self, mask: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
-        if check and is_rectangular(mask):
-            return self._rectangular(mask, dtype)
+        if check:
+            sizes = rectangular_sizes(mask)
+            if _matches_rectangle(mask, sizes):
+                return self._rectangular(mask, dtype, tuple(map(tuple, sizes.tolist())), sizes)
         positions = cumulative_positions(
             mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
