@@ -17,12 +17,37 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["TensorCache", "tracing"]
+__all__ = ["DerivedBuffers", "TensorCache", "tracing"]
+
+
+def _is_exporting() -> bool:
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
+def _fake_mode() -> bool:
+    """True while tensors are fake (non-strict ``torch.export``, ONNX's dynamo exporter and
+    other ``make_fx`` tracers run the Python code on FakeTensors)."""
+    try:
+        from torch._guards import detect_fake_mode
+    except ImportError:  # pragma: no cover - very old torch
+        return False
+    return detect_fake_mode() is not None
 
 
 def tracing() -> bool:
-    """True under torch.compile, torch.jit tracing/scripting or torch.export."""
-    return bool(torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.jit.is_scripting())
+    """True under ``torch.compile``, ``torch.export`` (strict or not, hence ONNX's
+    ``dynamo=True`` exporter), ``torch.jit`` tracing / scripting, or any fake-tensor tracer.
+
+    While it is True, encoders skip their Python-side caches and every host read (``.item()``,
+    ``.tolist()``, Python ints from tensors), so that traced graphs stay dynamic in the spatial
+    sizes and contain no constants baked from the example input.
+    """
+    if torch.jit.is_scripting():
+        return True
+    return bool(
+        torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing() or _fake_mode()
+    )
 
 
 class TensorCache:
@@ -74,3 +99,24 @@ class TensorCache:
 
     def __deepcopy__(self, memo: dict) -> "TensorCache":
         return TensorCache(self.maxsize)
+
+
+class DerivedBuffers:
+    """Mixin for ``nn.Module``s whose non-persistent buffers are *derived* tables (frequency
+    divisors, sinusoid rows): after every ``_apply`` (``.to()``, ``.cuda()``, ``.half()``,
+    ``.to_empty()`` after meta-device construction, ...) the tables are rebuilt in float32 on
+    their new device and the module's caches are emptied. So a ``.half()`` does not degrade the
+    frequencies, ``to_empty`` does not leave uninitialised memory in them, and no cache hands
+    out a tensor built before the move. On the meta device nothing is computed.
+
+    Subclasses implement :meth:`_refresh_derived` (and list their caches in it).
+    """
+
+    def _refresh_derived(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        out = super()._apply(fn, recurse)  # type: ignore[misc]
+        with torch.no_grad():
+            self._refresh_derived()
+        return out

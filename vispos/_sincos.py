@@ -261,7 +261,8 @@ def sincos_embed(
         )
     if shape is None:
         shape = torch.broadcast_shapes(*(p.shape for p in positions))
-    shape = tuple(int(s) for s in shape)
+    # symbolic sizes (torch.compile / torch.export) stay symbolic: int() would specialise them
+    shape = tuple(s if isinstance(s, torch.SymInt) else int(s) for s in shape)
     if len(shape) != rank:
         raise ValueError(f"shape {shape} must have the positions' rank {rank}")
     if channel_dim == 1 and rank < 1:
@@ -375,7 +376,7 @@ def sincos_embed_lines(
         _embed_axis(table, 1, 0, f, layout, pos, div)
         table = table.to(dtype)
         inside = table[:, :, : spatial[axis]].reshape(view[:1] + [f] + view[1:])
-        outside = table[:, :, spatial[axis]].reshape(table.shape[0], f, *([1] * n))
+        outside = table[:, :, -1].reshape(table.shape[0], f, *([1] * n))  # -1, not S: no guard
         block = out.narrow(1, start, f)
         if tracing():  # compilers take no ``out=`` views; they fuse where + copy into one kernel
             block.copy_(torch.where(valid, inside, outside))

@@ -171,15 +171,32 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([line, sep, *body])
 
 
-def _save_atomic(obj: Any, path: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".vispos-", suffix=".pt", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
+def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
+    """Writes every output or none: each ``writer(tmp_path)`` fills a hidden temporary file in
+    ``folder``; only when all succeeded are they renamed into place. On failure the temporaries
+    are removed, and so is ``folder`` when this call created it."""
+    created = not os.path.isdir(folder)
     try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise CLIError(f"--out {folder!r} cannot be created: {exc.strerror or exc}") from None
+    temps: list[str] = []
+    try:
+        for path, writer in outputs:
+            suffix = os.path.splitext(path)[1]
+            fd, tmp = tempfile.mkstemp(prefix=".vispos-", suffix=suffix, dir=folder)
+            os.close(fd)
+            temps.append(tmp)
+            writer(tmp)
+        for (path, _), tmp in zip(outputs, temps):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        if created and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
+        raise
 
 
 def _fmt_size(size) -> str:
@@ -226,7 +243,6 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
         if getattr(model, "hidden_dim", None) is not None and hasattr(model, "flatten"):
             flat = model.flatten(features, pos)
 
-    os.makedirs(args.out, exist_ok=True)
     kind = "volumes" if volume else "images"
     print(f"vispos {args.command}: {len(items)} {kind} -> batch {tuple(batch.tensors.shape)}, "
           f"padding {float(batch.mask.float().mean()):.1%} of the cells")
@@ -258,22 +274,38 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
             "valid_ratios": flat.valid_ratios.cpu(),
             "key_padding_mask": flat.key_padding_mask.cpu(),
         }
-    _save_atomic(saved, emb_path)
     cpu_levels = [lv.to("cpu") for lv in features]
     cpu_pos = [p.cpu() for p in pos]
-    if volume:
-        plot_volume_similarity(batch.to("cpu"), cpu_levels, cpu_pos, fig_path, names=names, strides=strides)
-    else:
-        plot_position_similarity(
-            batch.to("cpu"), cpu_levels, cpu_pos, fig_path,
-            names=names, strides=strides, n_queries=args.queries,
-        )
+
+    def write_figure(path: str) -> None:
+        if volume:
+            plot_volume_similarity(batch.to("cpu"), cpu_levels, cpu_pos, path, names=names, strides=strides)
+        else:
+            plot_position_similarity(
+                batch.to("cpu"), cpu_levels, cpu_pos, path,
+                names=names, strides=strides, n_queries=args.queries,
+            )
+
+    _write_outputs(args.out, [(emb_path, lambda path: torch.save(saved, path)), (fig_path, write_figure)])
     print(f"wrote {emb_path}")
     print(f"wrote {fig_path}")
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (YAML and torch errors span several)."""
+    text = " ".join(str(exc).split())
+    return text if text else type(exc).__name__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``vispos`` command. Returns the exit status (0 ok, 2 user error)."""
+    """Entry point of the ``vispos`` command.
+
+    Every error is printed to stderr as one line ``vispos: error: ...`` (no traceback) and no
+    output file is left behind, whole or partial. Returns the exit status: 0 ok, 2 a user
+    error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
+    1 any other failure (named by its exception type), 130 on Ctrl-C. argparse's own usage
+    errors exit with status 2 through ``SystemExit``.
+    """
     args = _parser().parse_args(argv)
     try:
         normalize = None if args.normalize == "None" else args.normalize
@@ -289,8 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.images, load_images(args.images, max_size=args.max_size))]
         _execute(args, [n for n, _ in samples], [t for _, t in samples])
     except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
-        print(f"vispos: error: {exc}", file=sys.stderr)
+        print(f"vispos: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("vispos: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the command never shows a traceback
+        print(f"vispos: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        return 1
     return 0
 
 

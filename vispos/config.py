@@ -51,17 +51,23 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Reads a YAML config file into a dict.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: the file is not valid YAML, or its top level is not a mapping.
+        FileNotFoundError: ``path`` does not exist or is a directory.
+        ValueError: the file is not UTF-8 text or not valid YAML, or its top level is not a
+            mapping.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise FileNotFoundError(f"config file {path!r} is a directory, expected a YAML file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
     with open(path, encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh)
         except yaml.YAMLError as exc:
-            raise ValueError(f"config file {path!r} is not valid YAML: {exc}") from None
+            first = " ".join(str(exc).split())
+            raise ValueError(f"config file {path!r} is not valid YAML: {first}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"config file {path!r} is not UTF-8 text (YAML expected): {exc}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"config file {path!r} must hold a mapping with a 'type' key, got {type(data).__name__}")
     return dict(data)

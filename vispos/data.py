@@ -8,6 +8,7 @@ read by nibabel (``pip install 'vispos[medical]'``).
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -54,6 +55,12 @@ def _to_tensor(pil_image, max_size: int | None) -> Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
+def _check_paths(paths: object) -> None:
+    """``paths`` must be a list/tuple of paths (a single str would be read letter by letter)."""
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Sequence):
+        raise TypeError(f"paths must be a list or tuple of file paths, got {type(paths).__name__} {paths!r:.80}")
+
+
 def load_image(path: str | os.PathLike, max_size: int | None = None) -> Tensor:
     """Reads an image file with Pillow.
 
@@ -93,9 +100,14 @@ def load_images(
 
     Returns:
         list of Tensor[3, H_i, W_i], float32 in [0, 1].
+
+    Raises:
+        TypeError: ``paths`` is a single path rather than a list.
+        FileNotFoundError / ValueError: as :func:`load_image`.
     """
     from tqdm.auto import tqdm
 
+    _check_paths(paths)
     if progress is None:
         progress = len(paths) > 8
     return [load_image(p, max_size) for p in tqdm(paths, desc="loading images", disable=not progress)]
@@ -143,8 +155,12 @@ def imagenet_normalize(image: Tensor) -> Tensor:
         image (Tensor[3, H, W] or Tensor[B, 3, H, W]): float in [0, 1].
 
     Raises:
+        TypeError: ``image`` is not a floating tensor.
         ValueError: the channel axis does not have 3 entries.
     """
+    if not isinstance(image, Tensor) or not image.is_floating_point():
+        got = image.dtype if isinstance(image, Tensor) else type(image).__name__
+        raise TypeError(f"image must be a floating Tensor[3, H, W] or [B, 3, H, W] in [0, 1], got {got}")
     if image.dim() not in (3, 4) or image.shape[-3] != 3:
         raise ValueError(f"image must have shape (3, H, W) or (B, 3, H, W), got {tuple(image.shape)}")
     mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype, device=image.device).view(3, 1, 1)
@@ -292,7 +308,8 @@ def load_volume(
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a volume nibabel reads; not 3-D / 4-D; bad ``normalize`` / ``max_size``.
+        ValueError: not a volume nibabel reads (also a truncated or corrupt file); not 3-D / 4-D;
+            bad ``normalize`` / ``max_size``.
         ImportError: nibabel is missing (``pip install 'vispos[medical]'``).
 
     References:
@@ -307,9 +324,10 @@ def load_volume(
         raise FileNotFoundError(f"volume file {path!r} does not exist")
     try:
         img = nib.load(path)
-    except (nib.filebasedimages.ImageFileError, OSError, EOFError, ValueError) as exc:
+        # the data are read lazily: a truncated or corrupt file fails here, not in nib.load
+        vol = _nifti_to_tensor(img, path, canonical)
+    except (nib.filebasedimages.ImageFileError, OSError, EOFError, ValueError, zlib.error) as exc:
         raise ValueError(f"volume file {path!r} could not be read as a NIfTI volume: {exc}") from None
-    vol = _nifti_to_tensor(img, path, canonical)
     vol = resize_volume(vol, max_size) if max_size is not None else vol
     return normalize_intensity(vol, normalize)
 
@@ -329,9 +347,14 @@ def load_volumes(
 
     Returns:
         list of Tensor[C, D_i, H_i, W_i], float32.
+
+    Raises:
+        TypeError: ``paths`` is a single path rather than a list.
+        FileNotFoundError / ValueError / ImportError: as :func:`load_volume`.
     """
     from tqdm.auto import tqdm
 
+    _check_paths(paths)
     if progress is None:
         progress = len(paths) > 4
     return [

@@ -15,6 +15,7 @@ References:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +46,29 @@ def _check_mask(mask: Any, name: str = "mask") -> Tensor:
     return mask
 
 
+def _check_image_sizes(image_sizes: Any) -> list[tuple[int, ...]]:
+    """``image_sizes`` as a list of tuples of ints; TypeError for anything else (floats, strs,
+    bools and tensors with fractional values are refused rather than truncated)."""
+    if isinstance(image_sizes, (str, bytes, Tensor)) or not isinstance(image_sizes, Sequence):
+        raise TypeError(
+            "image_sizes must be a sequence of per-item sizes (sequences of ints), got "
+            f"{type(image_sizes).__name__}"
+        )
+    out = []
+    for i, size in enumerate(image_sizes):
+        if isinstance(size, (str, bytes)) or not isinstance(size, Sequence):
+            raise TypeError(
+                f"image_sizes[{i}] must be a sequence of ints (one per spatial axis), got {size!r}"
+            )
+        entries = []
+        for s in size:
+            if isinstance(s, bool) or not isinstance(s, (numbers.Integral, torch.SymInt)):
+                raise TypeError(f"image_sizes[{i}] must hold ints, got {tuple(size)!r}")
+            entries.append(int(s))
+        out.append(tuple(entries))
+    return out
+
+
 class NestedTensor:
     """A padded batch: ``tensors`` ``(B, C, *S)`` and a bool ``mask`` ``(B, *S)``, True = padding.
 
@@ -63,9 +87,12 @@ class NestedTensor:
         tensors (Tensor[B, C, *S]), mask (Tensor[B, *S] or None).
 
     Raises:
-        TypeError: ``tensors`` is not a tensor; ``mask`` is not a bool tensor.
+        TypeError: ``tensors`` is not a tensor; ``mask`` is not a bool tensor; ``image_sizes`` is
+            not a sequence of sequences of ints; ``rectangular`` is not a bool.
         ValueError: ``tensors`` has fewer than 3 or more than 5 dims; ``mask``'s shape is not
-            ``(B, *S)``; ``image_sizes`` has the wrong length or rank.
+            ``(B, *S)``; ``mask`` is on another device than ``tensors``; ``image_sizes`` has the
+            wrong length or rank, or a size outside ``[0, S_i]``.
+        IndexError: (indexing) an item index outside ``[-B, B)``, as for any Python sequence.
 
     Indexing returns the unpadded item ``Tensor[C, *size]``; ``len()`` is ``B``. ``to()`` returns a
     new object (the mask keeps dtype ``bool``).
@@ -103,9 +130,11 @@ class NestedTensor:
                     f"mask is on {mask.device} but tensors are on {tensors.device}; "
                     "move both to one device"
                 )
+        if not isinstance(rectangular, bool):
+            raise TypeError(f"rectangular must be a bool, got {rectangular!r} ({type(rectangular).__name__})")
         sizes = None
         if image_sizes is not None:
-            sizes = [tuple(int(s) for s in size) for size in image_sizes]
+            sizes = _check_image_sizes(image_sizes)
             if len(sizes) != tensors.shape[0]:
                 raise ValueError(
                     f"image_sizes must have one entry per batch item ({tensors.shape[0]}), "
@@ -203,7 +232,12 @@ class NestedTensor:
         Raises:
             ValueError: another batch size or spatial rank.
         """
-        if not isinstance(tensors, Tensor) or tensors.dim() != self.tensors.dim() or tensors.shape[0] != len(self):
+        # shape[0], not len(self): len() would turn a symbolic batch size into a constant
+        if (
+            not isinstance(tensors, Tensor)
+            or tensors.dim() != self.tensors.dim()
+            or tensors.shape[0] != self.tensors.shape[0]
+        ):
             shape = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
             raise ValueError(
                 f"tensors must have shape (B={len(self)}, C, *S) with {self.n_spatial} spatial axes, got {shape}"
@@ -269,8 +303,8 @@ def nested_tensor_from_tensor_list(
         bool with True = padding, ``image_sizes`` the items' own sizes.
 
     Raises:
-        TypeError: ``tensors`` is not a list/tuple, an item is not a tensor, or
-            ``size_divisibility`` is not an int.
+        TypeError: ``tensors`` is not a list/tuple, an item is not a tensor,
+            ``size_divisibility`` is not an int, or ``pad_value`` is not a number.
         ValueError: empty list; an item with another rank, channel count, dtype or device than
             item 0; a zero-size axis; negative ``size_divisibility``.
 
@@ -285,6 +319,8 @@ def nested_tensor_from_tensor_list(
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
     divisor = _check_size_divisibility(size_divisibility)
+    if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
+        raise TypeError(f"pad_value must be a real number, got {pad_value!r} ({type(pad_value).__name__})")
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor shaped (C, *S), got {type(t).__name__}")
@@ -373,13 +409,13 @@ def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:
     if isinstance(size, torch.Size):
         size = tuple(size)
     if not isinstance(size, Sequence) or any(
-        isinstance(s, bool) or not isinstance(s, int) for s in size
+        isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)) for s in size
     ):
         raise TypeError(f"size must be an int or a sequence of {n} ints, got {size!r}")
     if len(size) != n or any(s <= 0 for s in size):
         raise ValueError(
             f"size must hold {n} positive ints for a mask of shape {tuple(mask.shape)}, got {tuple(size)}"
         )
-    if tuple(size) == tuple(mask.shape[1:]):
+    if not _tracing() and tuple(size) == tuple(mask.shape[1:]):  # compilers: no size guard
         return mask.clone()
     return F.interpolate(mask[None].float(), size=tuple(size), mode="nearest")[0].to(torch.bool)

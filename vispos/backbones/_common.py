@@ -49,17 +49,25 @@ def load_checkpoint_state(path: str | os.PathLike) -> dict[str, Tensor]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: the file holds no mapping of names to tensors.
+        ValueError: the file is corrupt or truncated, or holds no mapping of names to tensors.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint_path {path!r} does not exist or is not a file")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
 
-        state: Any = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+            state: Any = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except ImportError:
+        raise
+    except Exception as exc:  # a truncated / corrupt file: pickle, zip and safetensors errors
+        raise ValueError(
+            f"checkpoint_path {path!r} could not be read as a torch or safetensors state dict "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ) from exc
     for key in ("state_dict", "model", "model_state_dict"):
         if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
             state = state[key]
@@ -258,6 +266,31 @@ def freeze_through(module: nn.Module, boundary: str | None) -> list[str]:
             p.requires_grad_(False)
             frozen.append(f"{name}.{pname}" if name else pname)
     return frozen
+
+
+def check_in_chans(in_chans: Any, allow_none: bool = False) -> None:
+    """Validates a backbone's input channel count: a positive int (or None where allowed).
+
+    Raises:
+        TypeError: not an int. ValueError: not positive.
+    """
+    if in_chans is None and allow_none:
+        return
+    if isinstance(in_chans, bool) or not isinstance(in_chans, int):
+        raise TypeError(f"in_chans must be a positive int, got {in_chans!r} ({type(in_chans).__name__})")
+    if in_chans <= 0:
+        raise ValueError(f"in_chans must be a positive int, got {in_chans}")
+
+
+def check_input_device(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``ValueError`` when ``tensors`` and ``module``'s first parameter are on different
+    devices (torch would otherwise fail deep inside the first convolution)."""
+    param = next(iter(module.parameters()), None)
+    if param is not None and param.device != tensors.device:
+        raise ValueError(
+            f"x is on {tensors.device} but the backbone's weights are on {param.device}; move the "
+            f"model with .to({str(tensors.device)!r}) or the batch with x.to({str(param.device)!r})"
+        )
 
 
 def check_freeze_args(train_backbone: Any, frozen_stages: Any, frozen_batch_norm: Any) -> None:

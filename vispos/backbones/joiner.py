@@ -71,7 +71,10 @@ def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
     """
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
-        raise TypeError(f"mask must be a bool Tensor[B, *S] (True = padding), got {mask!r:.80}")
+        got = (
+            f"{mask.dtype} tensor of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        )
+        raise TypeError(f"mask must be a bool Tensor[B, *S] (True = padding), got {got}")
     n = mask.dim() - 1
     ratios = []
     for axis in range(n):

@@ -18,6 +18,8 @@ from ..nested_tensor import NestedTensor
 from ._common import (
     _strip_prefixes,  # noqa: F401  (kept importable from here for older callers)
     check_freeze_args,
+    check_in_chans,
+    check_input_device,
     freeze_batch_norm,
     freeze_through,
     load_checkpoint_state,
@@ -69,9 +71,11 @@ class TimmBackbone(nn.Module):
           masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``out_indices`` is not a sequence of ints; a non-bool ``train_backbone`` /
-            ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
+        TypeError: ``out_indices`` is not a sequence of ints; a non-int ``in_chans``; a non-bool
+            ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
+            NestedTensor.
         ValueError: an unknown model name; ``out_indices`` not supported by the model;
+            ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
             ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
             ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
         FileNotFoundError: ``checkpoint_path`` does not exist.
@@ -103,6 +107,7 @@ class TimmBackbone(nn.Module):
         ) or len(out_indices) == 0:
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        check_in_chans(in_chans)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
@@ -183,6 +188,7 @@ class TimmBackbone(nn.Module):
             raise ValueError(
                 f"x.tensors must have shape (B, {self.in_chans}, H, W), got {tuple(tensors.shape)}"
             )
+        check_input_device(tensors, self.body)
         feats = self.body(tensors)
         # with_features resizes the mask as DETR does and keeps the batch's rectangular sizes
         return [x.with_features(f) for f in feats]

@@ -25,6 +25,7 @@ from ..nested_tensor import NestedTensor
 from ._common import (
     adapt_stem,
     check_freeze_args,
+    check_input_device,
     first_conv,
     freeze_batch_norm,
     freeze_through,
@@ -157,6 +158,7 @@ class _GraphBackbone(nn.Module):
             raise ValueError(
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
+        check_input_device(tensors, self.body)
         feats = self.body(tensors)
         # with_features resizes the mask as DETR does and keeps the batch's rectangular sizes
         return [x.with_features(f) for f in feats.values()]
@@ -210,7 +212,8 @@ class TorchvisionBackbone(_GraphBackbone):
             ``return_nodes``; non-bool flags; ``forward`` given anything but a NestedTensor.
         ValueError: an unknown model name; a node not in the model (the message lists the
             top-level nodes); ``dilation`` with a model instance or a model that does not take
-            it; a bad ``frozen_stages``; wrong input shape; a checkpoint missing weights.
+            it; a bad ``frozen_stages``; wrong input shape, or an input on another device than
+            the weights; a corrupt checkpoint or one missing weights.
         FileNotFoundError: ``checkpoint_path`` does not exist.
 
     References:

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._cache import TensorCache
+from .._cache import DerivedBuffers, TensorCache
 from .._sincos import frequency_divisors, sincos_embed
 
 __all__ = [
@@ -83,7 +83,7 @@ def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
     return dtype_override
 
 
-class _GridEncoding(nn.Module):
+class _GridEncoding(DerivedBuffers, nn.Module):
     """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
 
     Subclasses set only ``_n_axes`` (1, 2 or 3) and ``_channels_first``.
@@ -129,6 +129,12 @@ class _GridEncoding(nn.Module):
     def clear_cache(self) -> None:
         """Drops every cached table (they are rebuilt on demand)."""
         self._tables.clear()
+
+    def _refresh_derived(self) -> None:
+        """Rebuilds ``inv_freq`` (float32, on its device) and empties the cache."""
+        self._tables.clear()
+        if not self.inv_freq.is_meta:
+            self.inv_freq = self._inverse_frequencies(self.inv_freq.device)
 
     def extra_repr(self) -> str:
         text = f"channels={self.org_channels}, dtype_override={self.dtype_override}"

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
+from .._cache import DerivedBuffers
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
@@ -47,7 +48,7 @@ def _check_positive_int(value: object, name: str) -> int:
     return value
 
 
-class _SequenceSinusoid(nn.Module):
+class _SequenceSinusoid(DerivedBuffers, nn.Module):
     """Shared state of the 1D encoders: the validated options and the cached ``(max_len, D)`` table.
 
     Not public. Subclasses implement ``forward`` on top of :meth:`_encoding`.
@@ -88,6 +89,12 @@ class _SequenceSinusoid(nn.Module):
         self.register_buffer("pe", self._embed(torch.arange(max_len, dtype=torch.float32)), persistent=False)
 
     # -------------------------------------------------------------------------------- helpers
+    def _refresh_derived(self) -> None:
+        """Rebuilds the sinusoid table ``pe`` in float32 on its device (see DerivedBuffers)."""
+        if not self.pe.is_meta:
+            positions = torch.arange(self.pe.shape[0], dtype=torch.float32, device=self.pe.device)
+            self.pe = self._embed(positions)
+
     def _embed(self, positions: Tensor) -> Tensor:
         """``Tensor[*P, D]`` float32: the sinusoids of ``positions`` (any shape), via the core."""
         return sincos_embed(

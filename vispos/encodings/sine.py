@@ -21,7 +21,7 @@ from .._sincos import (
     sincos_embed,
     sincos_embed_lines,
 )
-from .._cache import TensorCache, tracing
+from .._cache import DerivedBuffers, TensorCache, tracing
 from ..nested_tensor import NestedTensor, _check_mask
 
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
@@ -29,6 +29,23 @@ __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "r
 _MAX_SPATIAL = 3
 
 SineInput = Union[NestedTensor, Tensor]
+
+
+def check_output_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
+    """Validates an output dtype: a floating ``torch.dtype``. Returns it.
+
+    Raises:
+        TypeError: not a ``torch.dtype`` (e.g. the string ``"float16"``), or not floating (an
+            integer output would hold truncated sines).
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"{name} must be a floating torch.dtype such as torch.float16, got {dtype!r} "
+            f"({type(dtype).__name__})"
+        )
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch.dtype (sin/cos values), got {dtype}")
+    return dtype
 
 
 def cumulative_positions(
@@ -153,7 +170,7 @@ def _matches_rectangle(mask: Tensor, sizes: Tensor) -> bool:
     return bool(torch.equal(~mask, valid.expand_as(mask)))
 
 
-class PositionEmbeddingSine(nn.Module):
+class PositionEmbeddingSine(DerivedBuffers, nn.Module):
     """DETR's sinusoidal position embedding for 1, 2 or 3 spatial axes, mask-aware.
 
     Each spatial axis gets ``num_pos_feats`` channels: positions are counted along the axis over
@@ -188,12 +205,22 @@ class PositionEmbeddingSine(nn.Module):
     sin/cos depend on float32 rounding. Those cells are reproduced bit for bit from the peers
     and are meant to be masked, as DETR-family attention does.
 
+    Well-defined results for degenerate inputs (tested in ``tests/test_bad_input.py``):
+
+    - a fully padded item (every cell True) gets a finite embedding: counts are 0 everywhere,
+      so without ``normalize`` every cell is ``sin 0, cos 0 = 0, 1``; with ``normalize`` it is
+      the embedding of ``offset / eps * scale`` (0 for DETR's ``offset=0``). ``eps`` must be
+      > 0 with ``normalize``, so no 0 / 0 can occur.
+    - NaN or inf in a feature map or in ``NestedTensor.tensors`` does not reach the embedding:
+      it depends only on the shape and the mask.
+    - an empty batch or a zero-size spatial axis gives an empty tensor of the output shape.
+
     Raises:
         TypeError: a non-int ``num_pos_feats``; a non-bool mask (with a hint on how to convert);
-            an input of another type.
+            an input of another type; a non-floating output ``dtype``.
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
-            non-positive ``temperature`` or ``scale``; negative ``eps``; an input of the wrong
-            rank.
+            non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
+            ``normalize``; an input of the wrong rank.
 
     References:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020; Zhu et al.,
@@ -226,6 +253,11 @@ class PositionEmbeddingSine(nn.Module):
             raise ValueError(f"scale must be > 0, got {scale}")
         if eps < 0:
             raise ValueError(f"eps must be >= 0, got {eps}")
+        if normalize and eps == 0:
+            raise ValueError(
+                "eps must be > 0 with normalize=True: a fully padded line is normalised by its "
+                "valid count 0 + eps, so eps=0 would give NaN (DETR uses 1e-6)"
+            )
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
         self.cache_size = cache_size
@@ -239,6 +271,7 @@ class PositionEmbeddingSine(nn.Module):
         self.register_buffer(
             "dim_t", frequency_divisors(num_pos_feats, temperature, repeat=2), persistent=False
         )
+        self._dim_t_params = (num_pos_feats, temperature)
 
     # ------------------------------------------------------------------------------------ api
     def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
@@ -246,15 +279,31 @@ class PositionEmbeddingSine(nn.Module):
 
         Args:
             x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S] float): what to embed.
-            dtype (torch.dtype, optional): output dtype; float32 when not given.
+            dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
+                Angles are computed in float32 and rounded once to ``dtype``.
+
+        Returns:
+            Tensor[B, n * num_pos_feats, *S] in ``dtype``. An empty batch or a zero-size spatial
+            axis gives an empty tensor of that shape.
+
+        Raises:
+            TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``.
+            ValueError: ``x`` of the wrong rank.
         """
         mask, spatial, batch, device = self._parse(x)
-        out_dtype = torch.float32 if dtype is None else dtype
+        out_dtype = torch.float32 if dtype is None else check_output_dtype(dtype)
+        if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result
+            channels = len(spatial) * self.num_pos_feats
+            return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
         if mask is None:
             key = ("grid", spatial, device, out_dtype) + self._params()
             table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
             return table.expand(batch, *table.shape[1:])
         rectangular = isinstance(x, NestedTensor) and x.rectangular
+        if rectangular and tracing():
+            # compilers and exporters: sizes read from the mask on the device, so the graph does
+            # not depend on (and is not re-specialised for) the batch's host-side image_sizes
+            return self._rectangular(mask, out_dtype)
         if rectangular:
             sizes_key = tuple(x.image_sizes)
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
@@ -283,9 +332,19 @@ class PositionEmbeddingSine(nn.Module):
     def _position(self, count: Tensor, last: Tensor) -> Tensor:
         return _detr_position(count, last, self.normalize, self.scale, self.offset, self.eps)
 
+    def _refresh_derived(self) -> None:
+        """Rebuilds ``dim_t`` (float32, on its device) and empties the cache; see DerivedBuffers."""
+        self._cache.clear()
+        if not self.dim_t.is_meta:
+            self.dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=self.dim_t.device, repeat=2)
+        self._dim_t_params = (self.num_pos_feats, self.temperature)
+
     def _divisors(self, device: torch.device) -> list[Tensor]:
         dim_t = self.dim_t
-        if dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
+        stale = getattr(self, "_dim_t_params", None) != (self.num_pos_feats, self.temperature)
+        if stale or dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
+            # another device, a cast module, or num_pos_feats / temperature changed after
+            # construction: never use a table that does not match the parameters
             dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
         return [dim_t] * _MAX_SPATIAL
 
