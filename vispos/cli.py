@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser, default_out: str) -> None:
         p.add_argument("--config", help="YAML config (default: the embedded DETR ResNet-50 config, "
                        "or the 3D ResNet-18 volume config for volumes)")
-        p.add_argument("--out", default=default_out, help=f"output folder (default: {default_out})")
+        p.add_argument("--out", default=None,
+                       help=f"output folder (default: {default_out}, or {default_out}-volume for volumes)")
         p.add_argument("--checkpoint", help="local backbone checkpoint (.pt/.safetensors); never downloaded")
         p.add_argument("--max-size", type=int, default=None,
                        help="shrink images / volumes so the longest side is at most this")
@@ -307,6 +308,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
+    if args.out is None:
+        volumes = getattr(args, "volume", False) or getattr(args, "volumes", None)
+        base = "vispos-demo" if args.command == "demo" else "vispos-out"
+        args.out = f"{base}-volume" if volumes else base
     try:
         normalize = None if args.normalize == "None" else args.normalize
         if args.command == "demo" and args.volume:

@@ -1,0 +1,26 @@
+"""Every demo's main() runs on tiny input and writes its figure."""
+
+import os
+import sys
+
+import pytest
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from demos import grid_encoders_2d, grid_encoders_3d  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "demo, argv",
+    [
+        (grid_encoders_2d, ["--max-size", "48", "--channels", "24"]),
+        (grid_encoders_3d, ["--max-size", "24", "--num-pos-feats", "8"]),
+    ],
+)
+def test_demo_main(tmp_path, capsys, demo, argv):
+    out = tmp_path / "fig.png"
+    assert demo.main([*argv, "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.size[0] > 300
