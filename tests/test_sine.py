@@ -334,3 +334,20 @@ def test_cache_under_inference_mode_serves_autograd_later():
     w = torch.ones(1, requires_grad=True)
     (pe(mask) * w).sum().backward()
     assert w.grad is not None and not first.is_inference()
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_property_rectangular_fast_path_equals_formula(data):
+    n = data.draw(st.integers(1, 3))
+    b = data.draw(st.integers(1, 3))
+    sizes = [tuple(data.draw(st.integers(1, 4)) for _ in range(n)) for _ in range(b)]
+    divisor = data.draw(st.integers(0, 3))
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, *s) for s in sizes], size_divisibility=divisor)
+    normalize = data.draw(st.booleans())
+    offset = data.draw(st.sampled_from([0.0, -0.5])) if normalize else 0.0
+    feats = data.draw(st.sampled_from([2, 4, 6]))
+    temperature = data.draw(st.sampled_from([20, 10000]))
+    pe = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=0)
+    assert nt.rectangular
+    assert_matches_reference(pe(nt), slow_reference(nt.mask, feats, temperature, normalize, offset=offset))
