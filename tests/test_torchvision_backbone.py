@@ -145,5 +145,5 @@ def test_forward_errors_and_repr():
         bb(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match=r"\(B, 3, H, W\)"):
         bb(NestedTensor(torch.randn(1, 1, 32, 32), None))
-    assert "name_or_model='resnet18', return_nodes=['layer4'], dilation=False, weights=None" in repr(bb)
+    assert "name_or_model='resnet18', return_nodes=['layer4'], in_chans=3, dilation=False, weights=None" in repr(bb)
     assert "num_channels=[512], strides=[32]" in repr(bb)

@@ -99,6 +99,10 @@ def frequency_divisors(
     Returns:
         Tensor[F // 2]: the divisors, in ``dtype``.
 
+    References:
+        Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5) for the standard ladder;
+        tensor2tensor ``get_timing_signal_1d`` / fairseq2 ``SinusoidalPositionEncoder`` for "t2t".
+
     Raises:
         ValueError: bad ``num_feats``, ``temperature``, ``ladder`` or ``dtype``.
     """
@@ -268,13 +272,8 @@ def sincos_embed(
     if channel_dim == 1 and rank < 1:
         raise ValueError("channels-first output needs positions with a leading batch dim")
     for i, p in enumerate(positions):
-        try:
-            if torch.broadcast_shapes(p.shape, shape) != torch.Size(shape):
-                raise RuntimeError
-        except RuntimeError:
-            raise ValueError(
-                f"positions[{i}] of shape {tuple(p.shape)} does not broadcast to shape {shape}"
-            ) from None
+        if any(ps != 1 and ps != s for ps, s in zip(p.shape, shape)):
+            raise ValueError(f"positions[{i}] of shape {tuple(p.shape)} does not broadcast to shape {shape}")
 
     device = positions[0].device
     total = sum(feats)

@@ -23,13 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-def _tracing() -> bool:
-    from ._cache import tracing
+from ._cache import tracing
 
-    return tracing()
-
-
-__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask", "resize_image_sizes"]
+__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask", "resize_image_sizes", "parse_spatial_input"]
 
 _MAX_SPATIAL = 3
 
@@ -246,7 +242,7 @@ class NestedTensor:
             return NestedTensor(tensors, None)
         size = tuple(tensors.shape[2:])
         mask = interpolate_mask(self.mask, size)
-        if not self.rectangular or _tracing():  # sizes are host work; compilers get the mask alone
+        if not self.rectangular or tracing():  # sizes are host work; compilers get the mask alone
             return NestedTensor(tensors, mask)
         sizes = resize_image_sizes(self.image_sizes, tuple(self.tensors.shape[2:]), size)
         return NestedTensor(tensors, mask, sizes, rectangular=True)
@@ -369,7 +365,22 @@ def resize_image_sizes(
     Nearest interpolation is separable, so each axis is resized as a 1-D mask on the host with
     the same :func:`torch.nn.functional.interpolate` rule :func:`interpolate_mask` uses; the
     count of valid cells is the new size. No device tensor is read.
+
+    Args:
+        image_sizes (sequence of tuples): each item's valid size in the old grid.
+        old, new (sequence of int): the old and new spatial sizes.
+
+    Returns:
+        list of tuples: each item's valid size in the new grid.
+
+    Raises:
+        ValueError: ``old`` and ``new`` have different lengths.
+
+    References:
+        DETR ``models/backbone.py`` (masks resized with nearest interpolation).
     """
+    if len(old) != len(new):
+        raise ValueError(f"old {tuple(old)} and new {tuple(new)} must have the same number of axes")
     out = [[0] * len(old) for _ in image_sizes]
     for axis, (s_old, s_new) in enumerate(zip(old, new)):
         lines = torch.ones(len(image_sizes), s_old, dtype=torch.bool)
@@ -416,6 +427,48 @@ def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:
         raise ValueError(
             f"size must hold {n} positive ints for a mask of shape {tuple(mask.shape)}, got {tuple(size)}"
         )
-    if not _tracing() and tuple(size) == tuple(mask.shape[1:]):  # compilers: no size guard
+    if not tracing() and tuple(size) == tuple(mask.shape[1:]):  # compilers: no size guard
         return mask.clone()
     return F.interpolate(mask[None].float(), size=tuple(size), mode="nearest")[0].to(torch.bool)
+
+
+def parse_spatial_input(
+    x: NestedTensor | Tensor,
+) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
+    """Reads what a spatial encoder was given: a batch, a padding mask or a feature map.
+
+    Args:
+        x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S] float): a padded batch; a mask
+            (True = padding); or features meaning "no padding". ``S`` has 1 to 3 axes.
+
+    Returns:
+        tuple: ``(mask or None, S, B, device)``.
+
+    Raises:
+        TypeError: ``x`` is of another type; an integer mask (with a hint on how to convert).
+        ValueError: a mask or feature map of the wrong rank.
+
+    References:
+        DETR's ``PositionEmbeddingSine.forward`` takes a ``NestedTensor``; the mask and feature
+        forms follow transformers' and timm's encoders.
+    """
+    if isinstance(x, NestedTensor):
+        tensors, mask = x.decompose()
+        return mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device
+    if not isinstance(x, Tensor):
+        raise TypeError(
+            "x must be a NestedTensor, a bool mask (B, *S) or a feature map (B, C, *S), "
+            f"got {type(x).__name__}"
+        )
+    if x.dtype == torch.bool:
+        if not 2 <= x.dim() <= 1 + _MAX_SPATIAL:
+            raise ValueError(f"a mask must have shape (B, *S) with 1 to 3 spatial axes, got {tuple(x.shape)}")
+        return x, tuple(x.shape[1:]), x.shape[0], x.device
+    if x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+        _check_mask(x)  # raises the conversion hint
+    if not 3 <= x.dim() <= 2 + _MAX_SPATIAL:
+        raise ValueError(
+            "a feature map must have shape (B, C, *S) with 1 to 3 spatial axes, got "
+            f"{tuple(x.shape)}; pass a bool mask (B, *S) to embed padded positions"
+        )
+    return None, tuple(x.shape[2:]), x.shape[0], x.device

@@ -47,7 +47,23 @@ def cosine_similarity_map(pos: Tensor, query: Sequence[int]) -> Tensor:
 
 
 def query_cells(valid_size: Sequence[int], n: int = 3) -> list[tuple[int, ...]]:
-    """``n`` query cells spread along the diagonal of an item's valid region."""
+    """``n`` query cells spread along the diagonal of an item's valid region.
+
+    Args:
+        valid_size (sequence of int): the valid extent along each spatial axis (each >= 1).
+        n (int): how many cells, at 20% to 80% of the diagonal (the centre when ``n == 1``).
+
+    Returns:
+        list of tuples of int: cell indices, each inside ``valid_size``.
+
+    Raises:
+        ValueError: ``n < 1``.
+
+    References:
+        Carion et al., DETR (ECCV 2020): the similarity figure picks a few query cells.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
     fractions = np.linspace(0.2, 0.8, n) if n > 1 else np.array([0.5])
     return [tuple(min(s - 1, int(f * s)) for s in valid_size) for f in fractions]
 

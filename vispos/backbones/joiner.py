@@ -67,6 +67,9 @@ def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     Returns:
         Tensor[B, n_axes]: ratios in **reversed** axis order (``(w, h)`` in 2D), as Deformable-DETR.
 
+    Raises:
+        TypeError: ``mask`` is not a bool tensor of shape ``(B, *S)``.
+
     References:
         Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
     """

@@ -75,11 +75,17 @@ class _GraphBackbone(nn.Module):
         return_nodes: dict[str, str],
         *,
         in_chans: int | None,
+        weights: Any,
         checkpoint_path: str | None,
         train_backbone: bool,
         frozen_stages: int,
         frozen_batch_norm: bool,
     ) -> None:
+        self.weights = weights
+        self.checkpoint_path = checkpoint_path
+        self.train_backbone = train_backbone
+        self.frozen_stages = frozen_stages
+        self.frozen_batch_norm = frozen_batch_norm
         from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
         try:
@@ -121,6 +127,20 @@ class _GraphBackbone(nn.Module):
         )
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
+
+    def _own_repr(self) -> str:
+        """Subclass hook: the constructor arguments only that subclass has."""
+        return ""
+
+    def extra_repr(self) -> str:
+        own = self._own_repr()
+        return (
+            f"name_or_model={self.model_name!r}, return_nodes={list(self.return_nodes)}, "
+            f"in_chans={self.in_chans}, {own + ', ' if own else ''}weights={self.weights!r}, "
+            f"checkpoint_path={self.checkpoint_path!r}, train_backbone={self.train_backbone}, "
+            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
+            f"num_channels={self.num_channels}, strides={self.strides}"
+        )
 
     def _stage_boundary(self, k: int) -> str:
         """Stage 0 is everything before ``layer1``; stage ``k`` ends with ``layer<k>``."""
@@ -279,23 +299,11 @@ class TorchvisionBackbone(_GraphBackbone):
         nodes = _check_return_nodes(return_nodes)
         self.return_interm_layers = return_interm_layers
         self.dilation = dilation
-        self.weights = weights
-        self.checkpoint_path = checkpoint_path
-        self.train_backbone = train_backbone
-        self.frozen_stages = frozen_stages
-        self.frozen_batch_norm = frozen_batch_norm
         self._setup(
-            model, nodes, in_chans=in_chans, checkpoint_path=checkpoint_path,
+            model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,
             train_backbone=train_backbone, frozen_stages=frozen_stages,
             frozen_batch_norm=frozen_batch_norm,
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"name_or_model={self.model_name!r}, return_nodes={list(self.return_nodes)}, "
-            f"dilation={self.dilation}, weights={self.weights!r}, "
-            f"checkpoint_path={self.checkpoint_path!r}, in_chans={self.in_chans}, "
-            f"train_backbone={self.train_backbone}, frozen_stages={self.frozen_stages}, "
-            f"frozen_batch_norm={self.frozen_batch_norm}, num_channels={self.num_channels}, "
-            f"strides={self.strides}"
-        )
+    def _own_repr(self) -> str:
+        return f"dilation={self.dilation}"

@@ -132,22 +132,11 @@ class VolumeBackbone(_GraphBackbone):
             stem.stride = stem_stride
         nodes = _check_return_nodes(return_nodes)
         self.stem_stride = stem_stride
-        self.weights = weights
-        self.checkpoint_path = checkpoint_path
-        self.train_backbone = train_backbone
-        self.frozen_stages = frozen_stages
-        self.frozen_batch_norm = frozen_batch_norm
         self._setup(
-            model, nodes, in_chans=in_chans, checkpoint_path=checkpoint_path,
+            model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,
             train_backbone=train_backbone, frozen_stages=frozen_stages,
             frozen_batch_norm=frozen_batch_norm,
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"name_or_model={self.model_name!r}, return_nodes={list(self.return_nodes)}, "
-            f"in_chans={self.in_chans}, stem_stride={self.stem_stride}, weights={self.weights!r}, "
-            f"checkpoint_path={self.checkpoint_path!r}, train_backbone={self.train_backbone}, "
-            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
-            f"num_channels={self.num_channels}, strides={self.strides}"
-        )
+    def _own_repr(self) -> str:
+        return f"stem_stride={self.stem_stride}"

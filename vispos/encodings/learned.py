@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor
-from .sine import PositionEmbeddingSine
+from ..nested_tensor import NestedTensor, parse_spatial_input
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 
@@ -143,7 +142,7 @@ class PositionEmbeddingLearned(nn.Module):
             x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S]): what to embed.
             dtype (torch.dtype, optional): output dtype; the tables' dtype when not given.
         """
-        _, spatial, batch, device = PositionEmbeddingSine._parse(x)
+        _, spatial, batch, device = parse_spatial_input(x)
         n = self.spatial_dims
         if len(spatial) != n:
             raise ValueError(

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .._sincos import check_temperature, sincos_embed
-from ..nested_tensor import NestedTensor
+from ..nested_tensor import NestedTensor, parse_spatial_input
 from .sine import PositionEmbeddingSine, cumulative_positions
 
 __all__ = [
@@ -310,7 +310,7 @@ class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
             x (NestedTensor | Tensor[B, D, H, W] bool | Tensor[B, C, D, H, W] float): what to embed.
             dtype (torch.dtype, optional): output dtype; float32 when not given.
         """
-        mask, spatial, batch, device = self._parse(x)
+        mask, spatial, batch, device = parse_spatial_input(x)
         if len(spatial) != 3:
             raise ValueError(
                 "PositionEmbeddingSineDepthAdded embeds volumes: a NestedTensor (B, C, D, H, W), a "

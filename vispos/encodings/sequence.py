@@ -106,6 +106,39 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
             channel_dim=-1,
         )
 
+    def forward(
+        self,
+        x: Tensor,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Adds the encoding to ``x``; see the class docstring for shapes and options.
+
+        Args:
+            x (Tensor[B, L, D] or Tensor[L, B, D]): token embeddings (not modified).
+            positions (Tensor[B, L] or Tensor[L], optional): positions of the steps.
+            key_padding_mask (Tensor[B, L], bool, optional): True marks padding; padded steps
+                get no encoding and valid steps are counted from 0.
+
+        Returns:
+            Tensor: like ``x``, in ``x``'s dtype (half inputs are added in float32, rounded once).
+        """
+        batch, length = self._check_input(x)
+        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
+        enc = self._shape_encoding(enc)
+        if mask is not None:
+            enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
+        out = self._prepare_input(x)
+        return self.dropout((out + self._to_input_layout(enc)).to(out.dtype))
+
+    def _shape_encoding(self, enc: Tensor) -> Tensor:
+        """Subclass hook: what is done to the raw sinusoid ``(B or 1, L, D)`` before it is added."""
+        return enc
+
+    def _prepare_input(self, x: Tensor) -> Tensor:
+        """Subclass hook: what is done to the input before the encoding is added."""
+        return x
+
     def _table(self, length: int, device: torch.device) -> Tensor:
         """The first ``length`` rows of the cached table, extending the cache when needed."""
         if length > self.pe.shape[0]:
@@ -290,33 +323,12 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         self.layernorm = nn.LayerNorm(d_model) if emb_layernorm else None
         self.alpha = nn.Parameter(torch.tensor(float(init_alpha))) if learnable_scale else None
 
-    def forward(
-        self,
-        x: Tensor,
-        positions: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """Adds the encoding to ``x``; see the class docstring for shapes and options.
+    def _shape_encoding(self, enc: Tensor) -> Tensor:
+        return enc if self.alpha is None else self.alpha * enc
 
-        Args:
-            x (Tensor[B, L, D] or Tensor[L, B, D]): token embeddings.
-            positions (Tensor[B, L] or Tensor[L], optional): positions of the steps.
-            key_padding_mask (Tensor[B, L], bool, optional): True marks padding.
-
-        Returns:
-            Tensor: like ``x``.
-        """
-        batch, length = self._check_input(x)
-        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
-        if self.alpha is not None:
-            enc = self.alpha * enc
-        if mask is not None:
-            enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
-        out = x * math.sqrt(self.d_model) if self.emb_scale else x
-        if self.layernorm is not None:
-            out = self.layernorm(out)
-        # type promotion adds half / bf16 inputs in float32: one rounding, not two
-        return self.dropout((out + self._to_input_layout(enc)).to(out.dtype))
+    def _prepare_input(self, x: Tensor) -> Tensor:
+        out = x * math.sqrt(self.d_model) if self.emb_scale else x  # a new tensor, never in place
+        return out if self.layernorm is None else self.layernorm(out)
 
     def extra_repr(self) -> str:
         return (
@@ -381,29 +393,8 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
             nn.Linear(d_model, hidden), nn.Sigmoid(), nn.Dropout(dropout), nn.Linear(hidden, d_model)
         )
 
-    def forward(
-        self,
-        x: Tensor,
-        positions: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-    ) -> Tensor:
-        """Adds the learned encoding to ``x``; see the class docstring for shapes.
-
-        Args:
-            x (Tensor[B, L, D] or Tensor[L, B, D]): token embeddings.
-            positions (Tensor[B, L] or Tensor[L], optional): positions of the steps.
-            key_padding_mask (Tensor[B, L], bool, optional): True marks padding.
-
-        Returns:
-            Tensor: like ``x``.
-        """
-        batch, length = self._check_input(x)
-        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
-        weight = self.ffn[0].weight
-        enc = self.ffn(enc.to(weight.dtype))
-        if mask is not None:
-            enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
-        return self.dropout((x + self._to_input_layout(enc)).to(x.dtype))
+    def _shape_encoding(self, enc: Tensor) -> Tensor:
+        return self.ffn(enc.to(self.ffn[0].weight.dtype))
 
     def extra_repr(self) -> str:
         return f"{self._common_repr()}, hidden_dim={self.hidden_dim}, {self._ladder_repr()}"

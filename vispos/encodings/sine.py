@@ -22,7 +22,7 @@ from .._sincos import (
     sincos_embed_lines,
 )
 from .._cache import DerivedBuffers, TensorCache, tracing
-from ..nested_tensor import NestedTensor, _check_mask
+from ..nested_tensor import NestedTensor, _check_mask, parse_spatial_input
 
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
@@ -70,9 +70,13 @@ def cumulative_positions(
     Returns:
         list of Tensor[B, *S], float32: one per spatial axis, in tensor axis order.
 
+    Raises:
+        TypeError: ``mask`` is not a bool tensor (with a hint on how to convert).
+
     References:
         DETR ``PositionEmbeddingSine.forward``; Deformable DETR for ``offset=-0.5``.
     """
+    _check_mask(mask)
     not_mask = ~mask
     out = []
     for axis in range(1, mask.dim()):
@@ -128,7 +132,11 @@ def rectangular_sizes(mask: Tensor) -> Tensor:
         mask (Tensor[B, *S], bool): True marks padding.
 
     Returns:
-        Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item).
+        Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item). Only
+        meaningful for rectangular masks (see :func:`is_rectangular`); the caller validates.
+
+    References:
+        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
     """
     valid = ~mask
     sizes = []
@@ -153,7 +161,18 @@ def is_rectangular(mask: Tensor) -> bool:
 
     Args:
         mask (Tensor[B, *S], bool): True marks padding.
+
+    Returns:
+        bool: the mask equals "item ``b`` valid on ``[0, size_b)`` along every axis".
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor.
+
+    References:
+        The padding of DETR's ``nested_tensor_from_tensor_list``; the fast path it enables is
+        :func:`vispos._sincos.sincos_embed_lines`.
     """
+    _check_mask(mask)
     return _matches_rectangle(mask, rectangular_sizes(mask))
 
 
@@ -290,7 +309,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``.
             ValueError: ``x`` of the wrong rank.
         """
-        mask, spatial, batch, device = self._parse(x)
+        mask, spatial, batch, device = parse_spatial_input(x)
         out_dtype = torch.float32 if dtype is None else check_output_dtype(dtype)
         if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result
             channels = len(spatial) * self.num_pos_feats
@@ -403,29 +422,3 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
         return self._cache.get(key, compute, content=mask)
-
-    @staticmethod
-    def _parse(x: SineInput) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
-        if isinstance(x, NestedTensor):
-            tensors, mask = x.decompose()
-            spatial = tuple(tensors.shape[2:])
-            return mask, spatial, tensors.shape[0], tensors.device
-        if not isinstance(x, Tensor):
-            raise TypeError(
-                "x must be a NestedTensor, a bool mask (B, *S) or a feature map (B, C, *S), "
-                f"got {type(x).__name__}"
-            )
-        if x.dtype == torch.bool:
-            if not 2 <= x.dim() <= 1 + _MAX_SPATIAL:
-                raise ValueError(
-                    f"a mask must have shape (B, *S) with 1 to 3 spatial axes, got {tuple(x.shape)}"
-                )
-            return x, tuple(x.shape[1:]), x.shape[0], x.device
-        if x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-            _check_mask(x)  # raises the conversion hint
-        if not 3 <= x.dim() <= 2 + _MAX_SPATIAL:
-            raise ValueError(
-                "a feature map must have shape (B, C, *S) with 1 to 3 spatial axes, got "
-                f"{tuple(x.shape)}; pass a bool mask (B, *S) to embed padded positions"
-            )
-        return None, tuple(x.shape[2:]), x.shape[0], x.device
