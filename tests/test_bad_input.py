@@ -114,7 +114,7 @@ CASES = [
     ("sine/eps negative", lambda f: PositionEmbeddingSine(4, eps=-1.0), ValueError, r"eps must be >= 0, got -1"),
     ("sine/eps zero with normalize", lambda f: PositionEmbeddingSine(4, normalize=True, eps=0.0), ValueError, r"eps must be > 0 with normalize=True"),
     ("sine/normalize not bool", lambda f: PositionEmbeddingSine(4, normalize="yes"), TypeError, r"normalize must be a bool, got 'yes'"),
-    ("sine/cache_size negative", lambda f: PositionEmbeddingSine(4, cache_size=-1), ValueError, r"cache_size must be an int >= 0, got -1"),
+    ("sine/cache_size negative", lambda f: PositionEmbeddingSine(4, cache_size=-1), ValueError, r"cache_size must be >= 0, got -1"),
     # ---- PositionEmbeddingSine: forward
     ("sine/rank 1", lambda f: PE(torch.zeros(5)), ValueError, r"feature map must have shape \(B, C, \*S\).*got \(5,\)"),
     ("sine/rank 6", lambda f: PE(torch.zeros(1, 2, 3, 4, 5, 6)), ValueError, r"1 to 3 spatial axes, got \(1, 2, 3, 4, 5, 6\)"),
@@ -187,7 +187,7 @@ CASES = [
     ("volume/unknown model", lambda f: VolumeBackbone("nonexistent"), ValueError, r"name_or_model 'nonexistent' is not a supported 3D model"),
     ("joiner/backbone str", lambda f: Joiner("resnet50", PE), TypeError, r"backbone must be an nn.Module, got str"),
     ("joiner/hidden_dim mismatch", lambda f: Joiner(f["backbone"], PositionEmbeddingSine(16), hidden_dim=64), ValueError, r"hidden_dim=64 must equal the position embedding's channels"),
-    ("joiner/hidden_dim negative", lambda f: Joiner(f["backbone"], PE, hidden_dim=-1), TypeError, r"hidden_dim must be a positive int or None, got -1"),
+    ("joiner/hidden_dim negative", lambda f: Joiner(f["backbone"], PE, hidden_dim=-1), ValueError, r"hidden_dim must be a positive int, got -1"),
     ("joiner/num_groups", lambda f: Joiner(f["backbone"], PositionEmbeddingSine(16), hidden_dim=32, num_groups=5), ValueError, r"hidden_dim=32 must be divisible by num_groups=5"),
     ("joiner/fewer levels", lambda f: Joiner(f["backbone"], PositionEmbeddingSine(16), hidden_dim=32, num_feature_levels=1, num_groups=8), ValueError, r"num_feature_levels=1 is fewer than the backbone's 2 levels"),
     ("joiner/list input", lambda f: f["joiner"]([torch.zeros(3, 32, 32)]), TypeError, r"x must be a NestedTensor"),

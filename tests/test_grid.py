@@ -261,7 +261,7 @@ def test_input_is_not_modified():
         ((-3,), ValueError, "channels must be a positive int, got -3"),
         (("8",), TypeError, r"channels must be a positive int, got '8' \(str\)"),
         ((True,), TypeError, "channels must be a positive int, got True"),
-        ((8, torch.int64), ValueError, "dtype_override must be a floating torch.dtype, got torch.int64"),
+        ((8, torch.int64), TypeError, "dtype_override must be a floating torch.dtype, got torch.int64"),
         ((8, "float16"), TypeError, r"dtype_override must be None or a floating torch.dtype.*'float16'"),
     ],
 )

@@ -168,8 +168,8 @@ def test_detr_mode_unchanged_and_state_dict(r18_three_levels):
         (dict(hidden_dim=64, num_feature_levels=2), ValueError, "fewer than the backbone's 3 levels"),
         (dict(hidden_dim=64, num_feature_levels=4, input_proj=False), ValueError, "needs input_proj=True"),
         (dict(hidden_dim=48), ValueError, "hidden_dim=48 must be divisible by num_groups=32"),
-        (dict(hidden_dim=128), ValueError, r"must equal the position embedding's channels \(2 axes x num_pos_feats=32 = 64\)"),
-        (dict(hidden_dim=0), TypeError, "hidden_dim must be a positive int"),
+        (dict(hidden_dim=128), ValueError, r"must equal the position embedding's channels \(PositionEmbeddingSine.out_channels\(2\) = 64\)"),
+        (dict(hidden_dim=0), ValueError, "hidden_dim must be a positive int"),
         (dict(hidden_dim=64, input_proj="no"), TypeError, "input_proj must be a bool"),
     ],
 )

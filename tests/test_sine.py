@@ -203,7 +203,7 @@ def test_repr_state_dict_pickle_deepcopy():
         (dict(temperature="1e4"), TypeError, "temperature"),
         (dict(eps=-1.0), ValueError, "eps must be >= 0"),
         (dict(normalize=1), TypeError, "normalize must be a bool"),
-        (dict(offset=float("nan")), TypeError, "offset must be a finite number"),
+        (dict(offset=float("nan")), ValueError, "offset must be a finite number"),
     ],
 )
 def test_constructor_errors(kwargs, exc, match):

@@ -17,37 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ._tracing import tracing
+
 __all__ = ["DerivedBuffers", "TensorCache", "tracing"]
-
-
-def _is_exporting() -> bool:
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
-    return bool(is_exporting is not None and is_exporting())
-
-
-def _fake_mode() -> bool:
-    """True while tensors are fake (non-strict ``torch.export``, ONNX's dynamo exporter and
-    other ``make_fx`` tracers run the Python code on FakeTensors)."""
-    try:
-        from torch._guards import detect_fake_mode
-    except ImportError:  # pragma: no cover - very old torch
-        return False
-    return detect_fake_mode() is not None
-
-
-def tracing() -> bool:
-    """True under ``torch.compile``, ``torch.export`` (strict or not, hence ONNX's
-    ``dynamo=True`` exporter), ``torch.jit`` tracing / scripting, or any fake-tensor tracer.
-
-    While it is True, encoders skip their Python-side caches and every host read (``.item()``,
-    ``.tolist()``, Python ints from tensors), so that traced graphs stay dynamic in the spatial
-    sizes and contain no constants baked from the example input.
-    """
-    if torch.jit.is_scripting():
-        return True
-    return bool(
-        torch.compiler.is_compiling() or _is_exporting() or torch.jit.is_tracing() or _fake_mode()
-    )
 
 
 class TensorCache:

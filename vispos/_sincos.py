@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ._cache import tracing
+from ._tracing import tracing
 
 __all__ = ["frequency_divisors", "sincos_embed", "sincos_embed_lines", "check_num_feats"]
 

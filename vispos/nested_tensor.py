@@ -17,29 +17,47 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ._cache import tracing
+from ._checks import MAX_SPATIAL, check_index, check_int
+from ._tracing import tracing
+from .padding import (
+    SpatialInput,
+    check_mask,
+    interpolate_mask,
+    mask_sizes,
+    resize_image_sizes,
+)
 
-__all__ = ["NestedTensor", "nested_tensor_from_tensor_list", "interpolate_mask", "resize_image_sizes", "parse_spatial_input"]
+__all__ = [
+    "NestedTensor",
+    "NestedTensorLike",
+    "nested_tensor_from_tensor_list",
+    "interpolate_mask",
+    "resize_image_sizes",
+    "parse_spatial_input",
+    "SpatialInput",
+]
 
-_MAX_SPATIAL = 3
+_check_mask = check_mask  # old private name, kept for callers inside the package
 
 
-def _check_mask(mask: Any, name: str = "mask") -> Tensor:
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name} must have dtype torch.bool with True marking padding, got {mask.dtype}. "
-            f"Convert with `{name}.bool()` if nonzero marks padding, or `~pixel_mask.bool()` for a "
-            "transformers-style pixel_mask where 1 marks valid pixels."
-        )
-    return mask
+@runtime_checkable
+class NestedTensorLike(Protocol):
+    """Any padded batch with DETR's ``util.misc.NestedTensor`` interface: ``.tensors``
+    ``Tensor[B, C, *S]``, ``.mask`` ``Tensor[B, *S]`` bool (True = padding) or None, and
+    ``.decompose() -> (tensors, mask)``. vispos' encoders accept such objects as they are, so
+    DETR-family code (DETR, Deformable-DETR, Conditional/DAB-DETR, DINO) can hand its own
+    ``NestedTensor`` to them.
+    """
+
+    tensors: Tensor
+    mask: Tensor | None
+
+    def decompose(self) -> tuple[Tensor, Tensor | None]: ...
 
 
 def _check_image_sizes(image_sizes: Any) -> list[tuple[int, ...]]:
@@ -108,13 +126,13 @@ class NestedTensor:
     ) -> None:
         if not isinstance(tensors, Tensor):
             raise TypeError(f"tensors must be a torch.Tensor (B, C, *S), got {type(tensors).__name__}")
-        if not 3 <= tensors.dim() <= 2 + _MAX_SPATIAL:
+        if not 3 <= tensors.dim() <= 2 + MAX_SPATIAL:
             raise ValueError(
                 "tensors must have shape (B, C, *S) with 1 to 3 spatial axes, "
                 f"got shape {tuple(tensors.shape)}"
             )
         if mask is not None:
-            _check_mask(mask)
+            check_mask(mask)
             expected = (tensors.shape[0], *tensors.shape[2:])
             if tuple(mask.shape) != expected:
                 raise ValueError(
@@ -173,27 +191,19 @@ class NestedTensor:
             if self.mask is None:
                 self._image_sizes = [spatial] * self.tensors.shape[0]
             else:
-                valid = ~self.mask
-                sizes = []
-                for axis in range(self.n_spatial):
-                    other = [d for d in range(1, valid.dim()) if d != axis + 1]
-                    along = valid.any(dim=other) if other else valid  # (B, S_axis)
-                    idx = torch.arange(1, along.shape[1] + 1, device=along.device)
-                    sizes.append((along * idx).amax(dim=1))
-                self._image_sizes = [tuple(int(v) for v in row) for row in torch.stack(sizes, 1).tolist()]
+                self._image_sizes = mask_sizes(self.mask)
         return list(self._image_sizes)
 
     def __len__(self) -> int:
         return self.tensors.shape[0]
 
     def __getitem__(self, index: int) -> Tensor:
-        """The unpadded item ``index``: ``Tensor[C, *image_sizes[index]]`` (a view)."""
-        if not isinstance(index, int):
-            raise TypeError(f"index must be an int, got {type(index).__name__}")
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"index {index} is out of range for a batch of {n} items")
-        index %= n
+        """The unpadded item ``index``: ``Tensor[C, *image_sizes[index]]`` (a view).
+
+        ``index`` is anything :func:`operator.index` accepts (``int``, ``numpy.int64``, a 0-d
+        integer tensor), negative from the end, as for any Python sequence.
+        """
+        index = check_index(index, len(self))
         size = self.image_sizes[index]
         return self.tensors[(index, slice(None), *(slice(0, s) for s in size))]
 
@@ -217,7 +227,9 @@ class NestedTensor:
 
         The mask is resized as DETR does (:func:`interpolate_mask`, nearest). When this batch is
         ``rectangular`` the level's image sizes are computed on the host from the same nearest
-        rule, so the result is rectangular too and nothing is read back from the device.
+        rule, so the result is rectangular too and nothing is read back from the device. At the
+        same spatial size (a 1x1 projection) the result shares this batch's mask and sizes: no
+        copy and no recomputation (the mask is read, never written, by vispos).
 
         Args:
             tensors (Tensor[B, C', *S']): features with the same batch size and spatial rank.
@@ -241,6 +253,8 @@ class NestedTensor:
         if self.mask is None:
             return NestedTensor(tensors, None)
         size = tuple(tensors.shape[2:])
+        if not tracing() and size == tuple(self.tensors.shape[2:]):
+            return NestedTensor(tensors, self.mask, self._image_sizes, self.rectangular)
         mask = interpolate_mask(self.mask, size)
         if not self.rectangular or tracing():  # sizes are host work; compilers get the mask alone
             return NestedTensor(tensors, mask)
@@ -267,15 +281,20 @@ class NestedTensor:
         )
 
 
-def _check_size_divisibility(size_divisibility: Any) -> int:
-    if isinstance(size_divisibility, bool) or not isinstance(size_divisibility, int):
-        raise TypeError(
-            f"size_divisibility must be a non-negative int, got {size_divisibility!r} "
-            f"({type(size_divisibility).__name__})"
-        )
-    if size_divisibility < 0:
-        raise ValueError(f"size_divisibility must be >= 0, got {size_divisibility}")
-    return size_divisibility
+def _check_pad_value(pad_value: Any, dtype: torch.dtype) -> None:
+    """``pad_value`` (a real number, checked by the caller) must be a value ``dtype`` holds
+    exactly: no wrap-around (-1 -> 255 in uint8), no silent rounding (0.5 -> 0)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return
+    if dtype == torch.bool:
+        ok = pad_value in (0, 1)
+        want = "0 or 1"
+    else:
+        info = torch.iinfo(dtype)
+        ok = float(pad_value).is_integer() and info.min <= pad_value <= info.max
+        want = f"an integer in [{info.min}, {info.max}]"
+    if not ok:
+        raise ValueError(f"pad_value={pad_value!r} cannot be stored in the items' dtype {dtype}: expected {want}")
 
 
 def nested_tensor_from_tensor_list(
@@ -301,6 +320,8 @@ def nested_tensor_from_tensor_list(
     Raises:
         TypeError: ``tensors`` is not a list/tuple, an item is not a tensor,
             ``size_divisibility`` is not an int, or ``pad_value`` is not a number.
+        ValueError: ``pad_value`` cannot be stored in the items' dtype (e.g. -1, 0.5 or 300 for
+            ``uint8``).
         ValueError: empty list; an item with another rank, channel count, dtype or device than
             item 0; a zero-size axis; negative ``size_divisibility``.
 
@@ -314,14 +335,15 @@ def nested_tensor_from_tensor_list(
         )
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
-    divisor = _check_size_divisibility(size_divisibility)
+    divisor = check_int(size_divisibility, "size_divisibility", minimum=0)
     if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
         raise TypeError(f"pad_value must be a real number, got {pad_value!r} ({type(pad_value).__name__})")
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor shaped (C, *S), got {type(t).__name__}")
     first = tensors[0]
-    if not 2 <= first.dim() <= 1 + _MAX_SPATIAL:
+    _check_pad_value(pad_value, first.dtype)
+    if not 2 <= first.dim() <= 1 + MAX_SPATIAL:
         raise ValueError(
             "tensors[0] must have shape (C, H, W), (C, D, H, W) or (C, L), "
             f"got shape {tuple(first.shape)}"
@@ -357,96 +379,24 @@ def nested_tensor_from_tensor_list(
     return NestedTensor(batch, mask, sizes, rectangular=True)
 
 
-def resize_image_sizes(
-    image_sizes: Sequence[Sequence[int]], old: Sequence[int], new: Sequence[int]
-) -> list[tuple[int, ...]]:
-    """Valid sizes after a nearest resize of an origin-anchored padding mask from ``old`` to ``new``.
-
-    Nearest interpolation is separable, so each axis is resized as a 1-D mask on the host with
-    the same :func:`torch.nn.functional.interpolate` rule :func:`interpolate_mask` uses; the
-    count of valid cells is the new size. No device tensor is read.
-
-    Args:
-        image_sizes (sequence of tuples): each item's valid size in the old grid.
-        old, new (sequence of int): the old and new spatial sizes.
-
-    Returns:
-        list of tuples: each item's valid size in the new grid.
-
-    Raises:
-        ValueError: ``old`` and ``new`` have different lengths.
-
-    References:
-        DETR ``models/backbone.py`` (masks resized with nearest interpolation).
-    """
-    if len(old) != len(new):
-        raise ValueError(f"old {tuple(old)} and new {tuple(new)} must have the same number of axes")
-    out = [[0] * len(old) for _ in image_sizes]
-    for axis, (s_old, s_new) in enumerate(zip(old, new)):
-        lines = torch.ones(len(image_sizes), s_old, dtype=torch.bool)
-        for b, size in enumerate(image_sizes):
-            lines[b, : size[axis]] = False
-        resized = F.interpolate(lines[None].float(), size=(s_new,), mode="nearest")[0]
-        for b, count in enumerate((resized == 0).sum(1).tolist()):
-            out[b][axis] = int(count)
-    return [tuple(s) for s in out]
-
-
-def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:
-    """Resizes a padding mask to a feature map's spatial size (nearest neighbour, as DETR does).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding; 1 to 3 spatial axes.
-        size (int or sequence of int): the target spatial size ``S'`` (one int per spatial axis,
-            or one int for all).
-
-    Returns:
-        Tensor[B, *S'], bool: the resized mask (a new tensor).
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor; ``size`` holds non-integers.
-        ValueError: ``mask`` has no or more than 3 spatial axes; ``size`` has the wrong length or
-            a non-positive entry.
-
-    References:
-        DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
-    """
-    _check_mask(mask)
-    n = mask.dim() - 1
-    if not 1 <= n <= _MAX_SPATIAL:
-        raise ValueError(f"mask must have shape (B, *S) with 1 to 3 spatial axes, got {tuple(mask.shape)}")
-    if isinstance(size, int) and not isinstance(size, bool):
-        size = (size,) * n
-    if isinstance(size, torch.Size):
-        size = tuple(size)
-    if not isinstance(size, Sequence) or any(
-        isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)) for s in size
-    ):
-        raise TypeError(f"size must be an int or a sequence of {n} ints, got {size!r}")
-    if len(size) != n or any(s <= 0 for s in size):
-        raise ValueError(
-            f"size must hold {n} positive ints for a mask of shape {tuple(mask.shape)}, got {tuple(size)}"
-        )
-    if not tracing() and tuple(size) == tuple(mask.shape[1:]):  # compilers: no size guard
-        return mask.clone()
-    return F.interpolate(mask[None].float(), size=tuple(size), mode="nearest")[0].to(torch.bool)
-
-
-def parse_spatial_input(
-    x: NestedTensor | Tensor,
-) -> tuple[Tensor | None, tuple[int, ...], int, torch.device]:
+def parse_spatial_input(x: Any) -> SpatialInput:
     """Reads what a spatial encoder was given: a batch, a padding mask or a feature map.
 
     Args:
-        x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S] float): a padded batch; a mask
-            (True = padding); or features meaning "no padding". ``S`` has 1 to 3 axes.
+        x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S] float): a
+            padded batch (vispos' :class:`NestedTensor`, or any object with DETR's
+            ``.tensors`` / ``.mask`` / ``.decompose()``); a mask (True = padding); or features
+            meaning "no padding". ``S`` has 1 to 3 axes.
 
     Returns:
-        tuple: ``(mask or None, S, B, device)``.
+        SpatialInput: ``(mask or None, S, B, device, host_sizes, rectangular)``. ``host_sizes``
+        and ``rectangular`` come only from a vispos :class:`NestedTensor` that already knows its
+        sizes (nothing is read from the device here).
 
     Raises:
         TypeError: ``x`` is of another type; an integer mask (with a hint on how to convert).
-        ValueError: a mask or feature map of the wrong rank.
+        ValueError: a mask or feature map of the wrong rank; a batch whose mask does not match
+            its tensors.
 
     References:
         DETR's ``PositionEmbeddingSine.forward`` takes a ``NestedTensor``; the mask and feature
@@ -454,21 +404,35 @@ def parse_spatial_input(
     """
     if isinstance(x, NestedTensor):
         tensors, mask = x.decompose()
-        return mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device
+        sizes = x._image_sizes
+        host = None if sizes is None else tuple(tuple(s) for s in sizes)
+        return SpatialInput(mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device, host, x.rectangular)
+    if not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
+        tensors, mask = x.decompose()
+        name = type(x).__name__
+        if not isinstance(tensors, Tensor) or not 3 <= tensors.dim() <= 2 + MAX_SPATIAL:
+            got = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
+            raise ValueError(f"{name}.tensors must be a Tensor (B, C, *S) with 1 to 3 spatial axes, got {got}")
+        if mask is not None:
+            check_mask(mask, f"{name}.mask")
+            expected = (tensors.shape[0], *tensors.shape[2:])
+            if tuple(mask.shape) != expected:
+                raise ValueError(f"{name}.mask must have shape (B, *S) = {expected}, got {tuple(mask.shape)}")
+        return SpatialInput(mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device)
     if not isinstance(x, Tensor):
         raise TypeError(
-            "x must be a NestedTensor, a bool mask (B, *S) or a feature map (B, C, *S), "
-            f"got {type(x).__name__}"
+            "x must be a NestedTensor, a bool mask (B, *S) or a feature map (B, C, *S) (or, as DETR's "
+            f"NestedTensor, any object with .tensors, .mask and .decompose()), got {type(x).__name__}"
         )
     if x.dtype == torch.bool:
-        if not 2 <= x.dim() <= 1 + _MAX_SPATIAL:
+        if not 2 <= x.dim() <= 1 + MAX_SPATIAL:
             raise ValueError(f"a mask must have shape (B, *S) with 1 to 3 spatial axes, got {tuple(x.shape)}")
-        return x, tuple(x.shape[1:]), x.shape[0], x.device
+        return SpatialInput(x, tuple(x.shape[1:]), x.shape[0], x.device)
     if x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
-        _check_mask(x)  # raises the conversion hint
-    if not 3 <= x.dim() <= 2 + _MAX_SPATIAL:
+        check_mask(x)  # raises the conversion hint
+    if not 3 <= x.dim() <= 2 + MAX_SPATIAL:
         raise ValueError(
             "a feature map must have shape (B, C, *S) with 1 to 3 spatial axes, got "
             f"{tuple(x.shape)}; pass a bool mask (B, *S) to embed padded positions"
         )
-    return None, tuple(x.shape[2:]), x.shape[0], x.device
+    return SpatialInput(None, tuple(x.shape[2:]), x.shape[0], x.device)

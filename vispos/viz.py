@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .nested_tensor import NestedTensor
+from .padding import mask_sizes
 
 __all__ = ["cosine_similarity_map", "query_cells", "plot_position_similarity", "plot_volume_similarity"]
 
@@ -71,7 +72,7 @@ def query_cells(valid_size: Sequence[int], n: int = 3) -> list[tuple[int, ...]]:
 def _valid_size(mask: Tensor | None, shape: Sequence[int]) -> tuple[int, ...]:
     if mask is None:
         return tuple(shape)
-    return NestedTensor(torch.zeros(1, 1, *mask.shape, device=mask.device), mask[None]).image_sizes[0]
+    return mask_sizes(mask[None])[0]
 
 
 def _save_atomic(fig, path: str | os.PathLike, dpi: int) -> None:

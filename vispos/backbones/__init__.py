@@ -2,6 +2,7 @@
 :class:`Joiner` (Deformable-DETR's input projections, level embedding and flattening) and a
 DETR encoder that consumes them."""
 
+from .base import Backbone, SpatialPositionEmbedding
 from ._common import FrozenBatchNorm3d, format_load_report, freeze_batch_norm
 from .encoder import DetrEncoder, DetrEncoderLayer, backbone_border_effect
 from .joiner import FlatLevels, Joiner, flatten_levels, unflatten_levels, valid_ratios
@@ -10,6 +11,8 @@ from .torchvision_backbone import TorchvisionBackbone
 from .volumetric import VOLUME_MODELS, VolumeBackbone
 
 __all__ = [
+    "Backbone",
+    "SpatialPositionEmbedding",
     "DetrEncoder",
     "DetrEncoderLayer",
     "FlatLevels",

@@ -18,7 +18,10 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from .._checks import check_bool, check_int
 from ..nested_tensor import NestedTensor
+from ..padding import valid_ratios
+from .base import Backbone, SpatialPositionEmbedding
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels", "valid_ratios"]
 
@@ -52,38 +55,6 @@ class FlatLevels(NamedTuple):
     level_start_index: Tensor
     valid_ratios: Tensor
     spatial_shapes_list: list[tuple[int, ...]]
-
-
-def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Deformable-DETR's ``get_valid_ratio`` for 1 to 3 spatial axes.
-
-    Along axis ``i`` the valid length is the number of valid cells in the line through index 0 of
-    every other axis (items sit at the origin), divided by the padded size ``S_i``.
-
-    Args:
-        mask (Tensor[B, *S], bool): True = padding.
-        dtype (torch.dtype): of the result.
-
-    Returns:
-        Tensor[B, n_axes]: ratios in **reversed** axis order (``(w, h)`` in 2D), as Deformable-DETR.
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor of shape ``(B, *S)``.
-
-    References:
-        Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
-    """
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
-        got = (
-            f"{mask.dtype} tensor of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
-        )
-        raise TypeError(f"mask must be a bool Tensor[B, *S] (True = padding), got {got}")
-    n = mask.dim() - 1
-    ratios = []
-    for axis in range(n):
-        line = (~mask)[(slice(None), *(slice(None) if a == axis else 0 for a in range(n)))]
-        ratios.append(line.sum(1).to(dtype) / mask.shape[axis + 1])
-    return torch.stack(ratios[::-1], -1)
 
 
 def flatten_levels(
@@ -211,14 +182,18 @@ class Joiner(nn.Module):
     ``n_spatial``.
 
     Args:
-        backbone (nn.Module): maps a :class:`NestedTensor` to a list of NestedTensor levels and
-            has ``num_channels`` and ``strides`` (e.g. :class:`~vispos.backbones.TimmBackbone`,
-            :class:`~vispos.backbones.TorchvisionBackbone`, :class:`~vispos.backbones.VolumeBackbone`);
-            ``n_spatial`` (default 2) says whether its levels are 2D or 3D.
+        backbone (nn.Module): maps a :class:`NestedTensor` to a list of NestedTensor levels. A
+            :class:`~vispos.backbones.base.Backbone` (``num_channels``, ``strides``,
+            ``n_spatial``: :class:`~vispos.backbones.TimmBackbone`,
+            :class:`~vispos.backbones.TorchvisionBackbone`, :class:`~vispos.backbones.VolumeBackbone`)
+            is needed for ``hidden_dim``; any other module is taken as a 2D backbone (DETR).
         position_embedding (nn.Module): maps a NestedTensor level to ``Tensor[B, C_pos, *S_l]``
             (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's dtype.
+            When it reports ``out_channels(n_axes)``
+            (:class:`~vispos.backbones.base.SpatialPositionEmbedding`), ``hidden_dim`` is checked
+            against it.
         hidden_dim (int, optional): project every level to this many channels. Default None (no
-            projection, DETR). Must equal the embedding's channels (``n_spatial * num_pos_feats``).
+            projection, DETR). Must equal the embedding's ``out_channels(n_spatial)``.
         num_feature_levels (int, optional): total levels with ``hidden_dim``; the ones beyond the
             backbone's are extra stride-2 levels. Default: the backbone's count.
         level_embed (bool, optional): keep a learned ``(num_feature_levels, hidden_dim)`` table
@@ -268,18 +243,22 @@ class Joiner(nn.Module):
         for name, mod in (("backbone", backbone), ("position_embedding", position_embedding)):
             if not isinstance(mod, nn.Module):
                 raise TypeError(f"{name} must be an nn.Module, got {type(mod).__name__}")
-        for name, value in (("hidden_dim", hidden_dim), ("num_feature_levels", num_feature_levels)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise TypeError(f"{name} must be a positive int or None, got {value!r}")
-        for name, value in (("level_embed", level_embed), ("input_proj", input_proj)):
-            if value is not None and not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups <= 0:
-            raise TypeError(f"num_groups must be a positive int, got {num_groups!r}")
+        check_int(hidden_dim, "hidden_dim", minimum=1, optional=True)
+        check_int(num_feature_levels, "num_feature_levels", minimum=1, optional=True)
+        check_bool(level_embed, "level_embed", optional=True)
+        check_bool(input_proj, "input_proj")
+        check_int(num_groups, "num_groups", minimum=1)
         self.backbone = backbone
         self.position_embedding = position_embedding
-        self.n_spatial = int(getattr(backbone, "n_spatial", 2))
-        back_channels = list(getattr(backbone, "num_channels", []))
+        described = isinstance(backbone, Backbone)
+        if hidden_dim is not None and not described:
+            raise TypeError(
+                f"hidden_dim needs a backbone that reports num_channels, strides and n_spatial "
+                f"(vispos.backbones.Backbone); {type(backbone).__name__} does not"
+            )
+        # an undescribed backbone (DETR's own, say) is taken as 2D with unknown levels
+        self.n_spatial = int(backbone.n_spatial) if described else 2
+        back_channels = list(backbone.num_channels) if described else []
         n_back = len(back_channels)
         if hidden_dim is None:
             if num_feature_levels is not None and num_feature_levels != n_back:
@@ -304,12 +283,13 @@ class Joiner(nn.Module):
                 )
             if input_proj and hidden_dim % num_groups:
                 raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_groups={num_groups}")
-            feats = getattr(position_embedding, "num_pos_feats", None)
-            if isinstance(feats, int) and feats * self.n_spatial != hidden_dim:
-                raise ValueError(
-                    f"hidden_dim={hidden_dim} must equal the position embedding's channels "
-                    f"({self.n_spatial} axes x num_pos_feats={feats} = {feats * self.n_spatial})"
-                )
+            if isinstance(position_embedding, SpatialPositionEmbedding):
+                channels = position_embedding.out_channels(self.n_spatial)
+                if channels != hidden_dim:
+                    raise ValueError(
+                        f"hidden_dim={hidden_dim} must equal the position embedding's channels "
+                        f"({type(position_embedding).__name__}.out_channels({self.n_spatial}) = {channels})"
+                    )
         self.hidden_dim = hidden_dim
         self.num_feature_levels = n_levels
         self.num_groups = num_groups

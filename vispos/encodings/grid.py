@@ -76,7 +76,7 @@ def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
             f"{dtype_override!r} ({type(dtype_override).__name__})"
         )
     if not dtype_override.is_floating_point:
-        raise ValueError(
+        raise TypeError(
             f"dtype_override must be a floating torch.dtype, got {dtype_override}; a sinusoid "
             "stored in an integer dtype is truncated to 0, 1 and -1"
         )

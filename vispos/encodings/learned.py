@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor, parse_spatial_input
+from .._checks import check_bool, check_float_dtype, check_int, check_sizes
+from ..nested_tensor import NestedTensor, NestedTensorLike, parse_spatial_input
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 
@@ -25,14 +26,6 @@ __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 _TABLE_NAMES = ("depth_embed", "row_embed", "col_embed")
 # transformers' DetrLearnedPositionEmbedding names, accepted when loading a state dict.
 _HF_NAMES = {"row_embeddings": "row_embed", "column_embeddings": "col_embed"}
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
 
 
 class PositionEmbeddingLearned(nn.Module):
@@ -89,21 +82,20 @@ class PositionEmbeddingLearned(nn.Module):
         spatial_dims: int | None = None,
     ) -> None:
         super().__init__()
-        _positive_int(num_pos_feats, "num_pos_feats")
-        if not isinstance(interpolate, bool):
-            raise TypeError(f"interpolate must be a bool, got {interpolate!r}")
+        check_int(num_pos_feats, "num_pos_feats", minimum=1)
+        check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
             if isinstance(spatial_dims, bool) or not isinstance(spatial_dims, int):
                 raise TypeError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims!r}")
             if spatial_dims not in (1, 2, 3):
                 raise ValueError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims}")
         if isinstance(num_embeddings, int) and not isinstance(num_embeddings, bool):
-            _positive_int(num_embeddings, "num_embeddings")
+            check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n
         elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
             sizes = tuple(
-                _positive_int(v, f"num_embeddings[{i}]") for i, v in enumerate(num_embeddings)
+                check_int(v, f"num_embeddings[{i}]", minimum=1) for i, v in enumerate(num_embeddings)
             )
             if not 1 <= len(sizes) <= 3:
                 raise ValueError(
@@ -135,14 +127,32 @@ class PositionEmbeddingLearned(nn.Module):
             nn.init.uniform_(table.weight)
 
     # ------------------------------------------------------------------------------------ api
-    def forward(self, x: NestedTensor | Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    def out_channels(self, n_axes: int | None = None) -> int:
+        """``n_spatial * num_pos_feats``: one block per axis (the module's own axis count)."""
+        return self.spatial_dims * self.num_pos_feats
+
+    @property
+    def n_spatial(self) -> int:
+        """Number of spatial axes (the same as ``spatial_dims``, the constructor's name)."""
+        return self.spatial_dims
+
+    def forward(self, x: NestedTensor | NestedTensorLike | Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Embeds the cell indices of ``x``; see the class docstring for shapes.
 
         Args:
-            x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S]): what to embed.
-            dtype (torch.dtype, optional): output dtype; the tables' dtype when not given.
+            x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S]): what to
+                embed (DETR's own ``NestedTensor`` is accepted as it is).
+            dtype (torch.dtype, optional): output dtype (floating); the tables' dtype when not
+                given.
+
+        Raises:
+            TypeError: ``x`` of another type; a non-floating or non-``torch.dtype`` ``dtype``.
+            ValueError: another number of spatial axes; ``x`` on another device than the tables;
+                an axis longer than its table without ``interpolate``.
         """
-        _, spatial, batch, device = parse_spatial_input(x)
+        check_float_dtype(dtype, optional=True)
+        inp = parse_spatial_input(x)
+        spatial, batch, device = inp.spatial, inp.batch, inp.device
         n = self.spatial_dims
         if len(spatial) != n:
             raise ValueError(
@@ -214,20 +224,6 @@ _MODES = {
 }
 
 
-def _grid_size(value: object, name: str, rank: int | None) -> tuple[int, ...]:
-    if isinstance(value, (Sequence, torch.Size)) and not isinstance(value, str):
-        sizes = tuple(value)
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
-            if rank is None and len(sizes) not in (2, 3):
-                raise ValueError(f"{name} must hold 2 (H, W) or 3 (D, H, W) ints, got {sizes}")
-            if rank is not None and len(sizes) != rank:
-                raise ValueError(f"{name} must hold {rank} ints like new_size, got {sizes}")
-            if any(v <= 0 for v in sizes):
-                raise ValueError(f"{name} must hold positive ints, got {sizes}")
-            return sizes
-    raise TypeError(f"{name} must be a sequence of 2 or 3 ints (the grid size), got {value!r}")
-
-
 def _infer_grid(num_tokens: int, rank: int) -> tuple[int, ...] | None:
     side = round(num_tokens ** (1.0 / rank))
     for s in (side - 1, side, side + 1):
@@ -287,7 +283,7 @@ def resample_abs_pos_embed(
         raise TypeError(f"posemb must be a floating tensor, got {posemb.dtype}")
     if posemb.dim() != 3:
         raise ValueError(f"posemb must have shape (B, N, C), got {tuple(posemb.shape)}")
-    new = _grid_size(new_size, "new_size", None)
+    new = check_sizes(new_size, "new_size", ranks=(2, 3))
     rank = len(new)
     if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int):
         raise TypeError(f"num_prefix_tokens must be an int >= 0, got {num_prefix_tokens!r}")
@@ -316,7 +312,7 @@ def resample_abs_pos_embed(
                 f"{num_prefix_tokens} prefix tokens), which is not a perfect {kind}; pass old_size"
             )
     else:
-        old = _grid_size(old_size, "old_size", rank)
+        old = check_sizes(old_size, "old_size", n=rank)
         if math.prod(old) != grid_tokens:
             raise ValueError(
                 f"old_size {old} holds {math.prod(old)} tokens but posemb of shape "

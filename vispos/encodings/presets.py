@@ -23,14 +23,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 from torch import Tensor
 
+from .._checks import check_bool, check_multiple, check_sizes
 from .._sincos import check_temperature, sincos_embed
-from ..nested_tensor import NestedTensor, parse_spatial_input
-from .sine import PositionEmbeddingSine, cumulative_positions
+from ..padding import rectangular_sizes, rectangular_valid
+from .sine import PositionEmbeddingSine, SineEmbeddingBase, SineInput
 
 __all__ = [
     "timm_sincos_2d",
@@ -42,27 +42,6 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------ helpers
-def _grid_size(value: object, n: int, name: str) -> tuple[int, ...]:
-    """An int (repeated ``n`` times) or a sequence of ``n`` positive ints."""
-    sizes = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(sizes, Sequence) or isinstance(sizes, str) or len(sizes) != n:
-        raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise TypeError(f"{name} must hold ints, got {value!r}")
-        if s <= 0:
-            raise ValueError(f"{name} must hold positive ints, got {value!r}")
-    return tuple(sizes)
-
-
-def _check_dim(value: object, multiple: int, name: str, why: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0 or value % multiple:
-        raise ValueError(f"{name} must be a positive multiple of {multiple} ({why}), got {value}")
-    return value
-
-
 def _grid_sincos(
     sizes: tuple[int, ...],
     order: Sequence[int],
@@ -127,12 +106,11 @@ def timm_sincos_2d(
     References:
         timm ``layers/pos_embed_sincos.py``; Chen et al., MoCo v3, ICCV 2021.
     """
-    sizes = _grid_size(feat_shape, 2, "feat_shape")
-    _check_dim(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
+    sizes = check_sizes(feat_shape, "feat_shape", n=2)
+    check_multiple(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
     check_temperature(temperature)
-    for name, flag in (("reverse_coord", reverse_coord), ("interleave_sin_cos", interleave_sin_cos)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    check_bool(reverse_coord, "reverse_coord")
+    check_bool(interleave_sin_cos, "interleave_sin_cos")
     if reverse_coord:
         sizes = sizes[::-1]
     table = _grid_sincos(sizes, (0, 1), dim // 2, temperature, device=device)
@@ -177,11 +155,10 @@ def mae_sincos_2d(
         He et al., Masked Autoencoders Are Scalable Vision Learners, CVPR 2022
         (``util/pos_embed.py``).
     """
-    _check_dim(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
-    sizes = _grid_size(grid_size, 2, "grid_size")
+    check_multiple(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
+    sizes = check_sizes(grid_size, "grid_size", n=2)
     check_temperature(temperature)
-    if not isinstance(cls_token, bool):
-        raise TypeError(f"cls_token must be a bool, got {cls_token!r}")
+    check_bool(cls_token, "cls_token")
     table = _grid_sincos(sizes, (1, 0), embed_dim // 2, temperature, compute_dtype=torch.float64, device=device)
     if cls_token:
         table = torch.cat((table.new_zeros(1, embed_dim), table), dim=0)
@@ -226,8 +203,8 @@ def monai_sincos(
     """
     if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
         raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}")
-    sizes = _grid_size(grid_size, spatial_dims, "grid_size")
-    _check_dim(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
+    sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
+    check_multiple(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
     check_temperature(temperature)
     order = (1, 0, 2)[:spatial_dims]
     table = _grid_sincos(sizes, order, embed_dim // spatial_dims, temperature, device=device)
@@ -258,10 +235,7 @@ def dino_sine(num_pos_feats: int = 128, temperature: float = 20) -> PositionEmbe
     return PositionEmbeddingSine(num_pos_feats, temperature, normalize=True)
 
 
-SineInput = Union[NestedTensor, Tensor]
-
-
-class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
+class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
     """3D sine embedding where the depth / time term is *added* to the 2D one, not concatenated.
 
     ``pos = cat(PE_y, PE_x) + PE_z``: ``PE_y`` and ``PE_x`` are DETR's interleaved sine with
@@ -281,11 +255,16 @@ class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
             ``normalize``.
         offset (float): added before normalising (mmdet's ``offset``). Default 0.
         eps (float): added to the denominator when normalising. Default 1e-6.
-        cache_size (int): accepted for symmetry with :class:`PositionEmbeddingSine`; this module
-            does not cache.
+        cache_size (int): embeddings kept per module (0: no cache). Default 8.
+
+    A sibling of :class:`~vispos.PositionEmbeddingSine` over the same base
+    (:class:`~vispos.encodings.sine.SineEmbeddingBase`): the same validation, output-dtype
+    check, cache, empty-input rule and rectangular fast path; only the last step (concatenate
+    vs add) differs. It reports :meth:`out_channels` ``= 2 * num_pos_feats``, so the Joiner
+    checks ``hidden_dim`` against that.
 
     Shape:
-        - input: a :class:`NestedTensor` ``(B, C, D, H, W)``; a bool mask ``Tensor[B, D, H, W]``
+        - input: a :class:`NestedTensor` ``(B, C, D, H, W)`` (or DETR's own ``NestedTensor``); a bool mask ``Tensor[B, D, H, W]``
           (True = padding); or a feature map ``Tensor[B, C, D, H, W]`` meaning "no padding".
         - output: ``Tensor[B, 2 * num_pos_feats, D, H, W]``, channels-first, float32 unless
           ``dtype`` is given. For an unmasked input it is an expanded (read-only) view over the
@@ -293,7 +272,7 @@ class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
 
     Raises:
         TypeError: non-int ``num_pos_feats``; non-number options; a non-bool mask (with a hint);
-            an input of another type.
+            an input of another type; a non-floating output ``dtype``.
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
             non-positive ``temperature`` / ``scale``; negative ``eps``; an input that is not 3D.
 
@@ -303,29 +282,42 @@ class PositionEmbeddingSineDepthAdded(PositionEmbeddingSine):
         ``SinePositionalEncoding3D``; Carion et al., DETR, ECCV 2020.
     """
 
-    def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
-        """Embeds the cells of ``x``; see the class docstring for shapes.
+    n_spatial = 3
 
-        Args:
-            x (NestedTensor | Tensor[B, D, H, W] bool | Tensor[B, C, D, H, W] float): what to embed.
-            dtype (torch.dtype, optional): output dtype; float32 when not given.
-        """
-        mask, spatial, batch, device = parse_spatial_input(x)
-        if len(spatial) != 3:
-            raise ValueError(
-                "PositionEmbeddingSineDepthAdded embeds volumes: a NestedTensor (B, C, D, H, W), a "
-                f"mask (B, D, H, W) or a feature map (B, C, D, H, W); got spatial shape {spatial}"
-            )
-        out_dtype = torch.float32 if dtype is None else dtype
-        if mask is None:
-            mask_for_positions = torch.zeros((1, *spatial), dtype=torch.bool, device=device)
-        else:
-            mask_for_positions = mask
-        pos_z, pos_y, pos_x = cumulative_positions(
-            mask_for_positions, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
-        )
-        shape = tuple(mask_for_positions.shape)
+    def out_channels(self, n_axes: int = 3) -> int:
+        """``2 * num_pos_feats``: the ``y, x`` blocks, with the depth term added to them."""
+        return 2 * self.num_pos_feats
+
+    def _embed(self, positions: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        pos_z, pos_y, pos_x = positions
         plane = sincos_embed([pos_y, pos_x], self.num_pos_feats, shape=shape, temperature=self.temperature)
         depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
-        pos = (plane + depth).to(out_dtype)
-        return pos if mask is not None else pos.expand(batch, *pos.shape[1:])
+        return (plane + depth).to(dtype)
+
+    def _rectangular(
+        self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
+    ) -> Tensor:
+        """Fast path for rectangular padding: each axis' positions from the per-item sizes
+        (no cumulative sum), equal bit for bit to :func:`cumulative_positions` of the mask."""
+        spatial = tuple(mask.shape[1:])
+        batch, n = mask.shape[0], len(spatial)
+        if sizes is None:
+            sizes = rectangular_sizes(mask)
+        valid = rectangular_valid(sizes, spatial)
+        zero = torch.zeros((), device=mask.device, dtype=torch.float32)
+        positions = []
+        for i, size in enumerate(spatial):
+            count = torch.arange(1, size + 1, device=mask.device, dtype=torch.float32)
+            last = sizes[:, i : i + 1].to(torch.float32)
+            view = [batch] + [1] * n
+            view[1 + i] = size
+            line = self._position(torch.minimum(count, last), last).view(view)
+            inside = None
+            for j in range(n):
+                if j != i:
+                    v = [batch] + [1] * n
+                    v[1 + j] = spatial[j]
+                    c = valid[j].view(v)
+                    inside = c if inside is None else inside & c
+            positions.append(torch.where(inside, line, self._position(zero, zero)))
+        return self._embed(positions, tuple(mask.shape), dtype, mask.device)

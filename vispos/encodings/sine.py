@@ -14,6 +14,8 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
+from .._cache import DerivedBuffers, TensorCache
+from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
 from .._sincos import (
     check_num_feats,
     check_temperature,
@@ -21,31 +23,24 @@ from .._sincos import (
     sincos_embed,
     sincos_embed_lines,
 )
-from .._cache import DerivedBuffers, TensorCache, tracing
-from ..nested_tensor import NestedTensor, _check_mask, parse_spatial_input
+from .._tracing import tracing
+from ..nested_tensor import NestedTensor, NestedTensorLike, parse_spatial_input
+from ..padding import (
+    check_mask,
+    is_rectangular,
+    matches_rectangle,
+    rectangular_sizes,
+    rectangular_valid,
+)
 
+# ``is_rectangular`` and ``rectangular_sizes`` live in :mod:`vispos.padding`; re-exported here
+# under their old home for callers that import them from this module.
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
-_MAX_SPATIAL = 3
+_KIND = {1: "sequences", 2: "images", 3: "volumes"}
 
-SineInput = Union[NestedTensor, Tensor]
-
-
-def check_output_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
-    """Validates an output dtype: a floating ``torch.dtype``. Returns it.
-
-    Raises:
-        TypeError: not a ``torch.dtype`` (e.g. the string ``"float16"``), or not floating (an
-            integer output would hold truncated sines).
-    """
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(
-            f"{name} must be a floating torch.dtype such as torch.float16, got {dtype!r} "
-            f"({type(dtype).__name__})"
-        )
-    if not dtype.is_floating_point:
-        raise TypeError(f"{name} must be a floating torch.dtype (sin/cos values), got {dtype}")
-    return dtype
+SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
+check_output_dtype = check_float_dtype  # old name, kept for callers
 
 
 def cumulative_positions(
@@ -76,7 +71,7 @@ def cumulative_positions(
     References:
         DETR ``PositionEmbeddingSine.forward``; Deformable DETR for ``offset=-0.5``.
     """
-    _check_mask(mask)
+    check_mask(mask)
     not_mask = ~mask
     out = []
     for axis in range(1, mask.dim()):
@@ -123,128 +118,30 @@ def _grid_positions(
     return out
 
 
-def rectangular_sizes(mask: Tensor) -> Tensor:
-    """Per-item valid sizes of an origin-anchored rectangular padding mask, on its device.
-
-    Reads the line through the origin along every axis (no host synchronisation).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-
-    Returns:
-        Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item). Only
-        meaningful for rectangular masks (see :func:`is_rectangular`); the caller validates.
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
-    """
-    valid = ~mask
-    sizes = []
-    for axis in range(1, mask.dim()):
-        line = valid
-        for other in range(mask.dim() - 1, 0, -1):
-            if other != axis:
-                line = line.select(other, 0)
-        sizes.append(line.sum(1))
-    return torch.stack(sizes, 1)
-
-
-def _rectangular_valid(sizes: Tensor, spatial: tuple[int, ...]) -> list[Tensor]:
-    """Per axis, ``(c < size)`` as a bool ``(B, S_i)`` table."""
-    return [
-        torch.arange(s, device=sizes.device) < sizes[:, i : i + 1] for i, s in enumerate(spatial)
-    ]
-
-
-def is_rectangular(mask: Tensor) -> bool:
-    """True when ``mask`` is origin-anchored rectangular padding (reads the mask on the host).
+class SineEmbeddingBase(DerivedBuffers, nn.Module):
+    """What every DETR-style sine embedding over :mod:`vispos._sincos` shares: the constructor's
+    validation, the reading of the input (:func:`~vispos.nested_tensor.parse_spatial_input`),
+    the output dtype check, empty inputs, the cache and the three paths (unmasked grid,
+    rectangular fast path, any mask). A subclass says how positions become channels
+    (:meth:`_embed`, :meth:`out_channels`) and, optionally, how many axes it takes
+    (``n_spatial``, None = 1 to 3).
 
     Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-
-    Returns:
-        bool: the mask equals "item ``b`` valid on ``[0, size_b)`` along every axis".
+        num_pos_feats, temperature, normalize, scale, offset, eps, cache_size: see
+            :class:`PositionEmbeddingSine`.
 
     Raises:
-        TypeError: ``mask`` is not a bool tensor.
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list``; the fast path it enables is
-        :func:`vispos._sincos.sincos_embed_lines`.
-    """
-    _check_mask(mask)
-    return _matches_rectangle(mask, rectangular_sizes(mask))
-
-
-def _matches_rectangle(mask: Tensor, sizes: Tensor) -> bool:
-    spatial = tuple(mask.shape[1:])
-    along = _rectangular_valid(sizes, spatial)
-    n = len(spatial)
-    valid = None
-    for i, a in enumerate(along):
-        view = [a.shape[0]] + [1] * n
-        view[1 + i] = spatial[i]
-        a = a.view(view)
-        valid = a if valid is None else valid & a
-    return bool(torch.equal(~mask, valid.expand_as(mask)))
-
-
-class PositionEmbeddingSine(DerivedBuffers, nn.Module):
-    """DETR's sinusoidal position embedding for 1, 2 or 3 spatial axes, mask-aware.
-
-    Each spatial axis gets ``num_pos_feats`` channels: positions are counted along the axis over
-    valid cells (see :func:`cumulative_positions`), optionally normalised to ``[0, scale]``, and
-    embedded with interleaved ``sin, cos`` at frequencies ``w_k = temperature^(-2k /
-    num_pos_feats)``. The axis blocks are concatenated in tensor axis order (``D, H, W``; in 2D
-    this is DETR's ``pos_y`` then ``pos_x``). In 2D it equals DETR's ``PositionEmbeddingSine``
-    and transformers' ``DetrSinePositionEmbedding``; ``offset=-0.5`` gives Deformable-DETR /
-    detrex / mmdet; ``temperature=20`` gives DINO's.
-
-    Args:
-        num_pos_feats (int): channels per spatial axis (positive, even). Default 64.
-        temperature (float): ``T`` of the frequency ladder. Default 10000.
-        normalize (bool): map positions to ``[0, scale]`` using each line's valid length.
-        scale (float, optional): the normalised range; ``2 * pi`` when ``normalize`` and not
-            given. Only valid with ``normalize=True``.
-        offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
-        eps (float): added to the denominator when normalising (DETR: 1e-6).
-
-    Shape:
-        - input: a :class:`NestedTensor` ``(B, C, *S)``; a bool mask ``Tensor[B, *S]`` (True =
-          padding); or a floating feature map ``Tensor[B, C, *S]`` meaning "no padding". ``S`` has
-          1 to 3 axes.
-        - output: ``Tensor[B, n * num_pos_feats, *S]``, channels-first, ``n = len(S)``; float32
-          unless ``forward(..., dtype=...)`` says otherwise (angles are computed in float32 in
-          any case and cast once). For an unmasked feature map the result is a broadcast
-          (expanded, read-only) view over the batch; call ``.contiguous()`` for a writable copy.
-
-    Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
-    A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
-    ``offset / eps * scale`` (about -3e6 for Deformable-DETR), a finite but huge angle whose
-    sin/cos depend on float32 rounding. Those cells are reproduced bit for bit from the peers
-    and are meant to be masked, as DETR-family attention does.
-
-    Well-defined results for degenerate inputs (tested in ``tests/test_bad_input.py``):
-
-    - a fully padded item (every cell True) gets a finite embedding: counts are 0 everywhere,
-      so without ``normalize`` every cell is ``sin 0, cos 0 = 0, 1``; with ``normalize`` it is
-      the embedding of ``offset / eps * scale`` (0 for DETR's ``offset=0``). ``eps`` must be
-      > 0 with ``normalize``, so no 0 / 0 can occur.
-    - NaN or inf in a feature map or in ``NestedTensor.tensors`` does not reach the embedding:
-      it depends only on the shape and the mask.
-    - an empty batch or a zero-size spatial axis gives an empty tensor of the output shape.
-
-    Raises:
-        TypeError: a non-int ``num_pos_feats``; a non-bool mask (with a hint on how to convert);
-            an input of another type; a non-floating output ``dtype``.
+        TypeError: a non-int ``num_pos_feats`` / ``cache_size``; a non-bool ``normalize``;
+            non-number ``scale`` / ``offset`` / ``eps``.
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
             non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
-            ``normalize``; an input of the wrong rank.
+            ``normalize``; negative ``cache_size``.
 
     References:
-        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020; Zhu et al.,
-        Deformable DETR, ICLR 2021; Zhang et al., DINO, ICLR 2023 (temperature 20).
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
     """
+
+    n_spatial: int | None = None
 
     def __init__(
         self,
@@ -259,26 +156,20 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         super().__init__()
         check_num_feats(num_pos_feats)
         check_temperature(temperature)
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {normalize!r}")
+        check_bool(normalize, "normalize")
         if scale is not None and not normalize:
             raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
         if scale is None:
             scale = 2 * math.pi
-        for name, value in (("scale", scale), ("offset", offset), ("eps", eps)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"{name} must be a finite number, got {value!r}")
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
-        if eps < 0:
-            raise ValueError(f"eps must be >= 0, got {eps}")
+        check_number(scale, "scale", positive=True)
+        check_number(offset, "offset")
+        check_number(eps, "eps", nonnegative=True)
         if normalize and eps == 0:
             raise ValueError(
                 "eps must be > 0 with normalize=True: a fully padded line is normalised by its "
                 "valid count 0 + eps, so eps=0 would give NaN (DETR uses 1e-6)"
             )
-        if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
-            raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
+        check_int(cache_size, "cache_size", minimum=0)
         self.cache_size = cache_size
         self._cache = TensorCache(cache_size)
         self.num_pos_feats = num_pos_feats
@@ -293,38 +184,49 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         self._dim_t_params = (num_pos_feats, temperature)
 
     # ------------------------------------------------------------------------------------ api
+    def out_channels(self, n_axes: int) -> int:  # pragma: no cover - abstract
+        """Channels of the output for an input with ``n_axes`` spatial axes."""
+        raise NotImplementedError
+
     def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
 
         Args:
-            x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S] float): what to embed.
+            x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S] float):
+                what to embed.
             dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
                 Angles are computed in float32 and rounded once to ``dtype``.
 
         Returns:
-            Tensor[B, n * num_pos_feats, *S] in ``dtype``. An empty batch or a zero-size spatial
+            Tensor[B, out_channels(n), *S] in ``dtype``. An empty batch or a zero-size spatial
             axis gives an empty tensor of that shape.
 
         Raises:
             TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``.
             ValueError: ``x`` of the wrong rank.
         """
-        mask, spatial, batch, device = parse_spatial_input(x)
-        out_dtype = torch.float32 if dtype is None else check_output_dtype(dtype)
+        inp = parse_spatial_input(x)
+        mask, spatial, batch, device = inp.mask, inp.spatial, inp.batch, inp.device
+        out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
+        if self.n_spatial is not None and len(spatial) != self.n_spatial:
+            raise ValueError(
+                f"{type(self).__name__} embeds {_KIND[self.n_spatial]} ({self.n_spatial} spatial axes): a "
+                f"NestedTensor (B, C, *S), a mask (B, *S) or a feature map (B, C, *S); got spatial "
+                f"shape {spatial}"
+            )
         if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result
-            channels = len(spatial) * self.num_pos_feats
+            channels = self.out_channels(len(spatial))
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
         if mask is None:
             key = ("grid", spatial, device, out_dtype) + self._params()
             table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
             return table.expand(batch, *table.shape[1:])
-        rectangular = isinstance(x, NestedTensor) and x.rectangular
-        if rectangular and tracing():
+        if inp.rectangular and tracing():
             # compilers and exporters: sizes read from the mask on the device, so the graph does
             # not depend on (and is not re-specialised for) the batch's host-side image_sizes
             return self._rectangular(mask, out_dtype)
-        if rectangular:
-            sizes_key = tuple(x.image_sizes)
+        if inp.rectangular:
+            sizes_key = inp.host_sizes
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
             return self._cached(key, None, lambda: self._rectangular(mask, out_dtype, sizes_key))
         key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
@@ -365,16 +267,18 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             # another device, a cast module, or num_pos_feats / temperature changed after
             # construction: never use a table that does not match the parameters
             dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
-        return [dim_t] * _MAX_SPATIAL
+        return [dim_t] * MAX_SPATIAL
+
+    def _embed(self, positions: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:  # pragma: no cover - abstract
+        """Channels-first embedding ``Tensor[shape[0], C, *shape[1:]]`` of per-axis positions
+        (float32, broadcastable to ``shape``)."""
+        raise NotImplementedError
 
     def _grid(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
         positions = _grid_positions(
             spatial, device, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
-        return sincos_embed(
-            positions, self.num_pos_feats, shape=(1, *spatial), dtype=dtype,
-            divisors=self._divisors(device),
-        )
+        return self._embed(positions, (1, *spatial), dtype, device)
 
     def _rectangular(
         self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
@@ -385,7 +289,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         device = mask.device
         if sizes is None:
             sizes = rectangular_sizes(mask)
-        valid_along = _rectangular_valid(sizes, spatial)
+        valid_along = rectangular_valid(sizes, spatial)
         lines, inside, pads = [], [], []
         zero = torch.zeros(1, device=device, dtype=torch.float32)
         for i, size in enumerate(spatial):
@@ -410,15 +314,81 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
     def _masked(self, mask: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
         if check:
             sizes = rectangular_sizes(mask)
-            if _matches_rectangle(mask, sizes):
+            if matches_rectangle(mask, sizes):
                 return self._rectangular(mask, dtype, tuple(map(tuple, sizes.tolist())), sizes)
         positions = cumulative_positions(
             mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
-        return sincos_embed(
-            positions, self.num_pos_feats, shape=tuple(mask.shape), dtype=dtype,
-            divisors=self._divisors(mask.device),
-        )
+        return self._embed(positions, tuple(mask.shape), dtype, mask.device)
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
         return self._cache.get(key, compute, content=mask)
+
+
+class PositionEmbeddingSine(SineEmbeddingBase):
+    """DETR's sinusoidal position embedding for 1, 2 or 3 spatial axes, mask-aware.
+
+    Each spatial axis gets ``num_pos_feats`` channels: positions are counted along the axis over
+    valid cells (see :func:`cumulative_positions`), optionally normalised to ``[0, scale]``, and
+    embedded with interleaved ``sin, cos`` at frequencies ``w_k = temperature^(-2k /
+    num_pos_feats)``. The axis blocks are concatenated in tensor axis order (``D, H, W``; in 2D
+    this is DETR's ``pos_y`` then ``pos_x``). In 2D it equals DETR's ``PositionEmbeddingSine``
+    and transformers' ``DetrSinePositionEmbedding``; ``offset=-0.5`` gives Deformable-DETR /
+    detrex / mmdet; ``temperature=20`` gives DINO's.
+
+    Args:
+        num_pos_feats (int): channels per spatial axis (positive, even). Default 64.
+        temperature (float): ``T`` of the frequency ladder. Default 10000.
+        normalize (bool): map positions to ``[0, scale]`` using each line's valid length.
+        scale (float, optional): the normalised range; ``2 * pi`` when ``normalize`` and not
+            given. Only valid with ``normalize=True``.
+        offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
+        eps (float): added to the denominator when normalising (DETR: 1e-6).
+        cache_size (int): embeddings kept per module (0: no cache). Default 8.
+
+    Shape:
+        - input: a :class:`NestedTensor` ``(B, C, *S)`` (or DETR's own ``NestedTensor``: any
+          object with ``.tensors``, ``.mask`` and ``.decompose()``); a bool mask ``Tensor[B, *S]`` (True =
+          padding); or a floating feature map ``Tensor[B, C, *S]`` meaning "no padding". ``S`` has
+          1 to 3 axes.
+        - output: ``Tensor[B, n * num_pos_feats, *S]``, channels-first, ``n = len(S)``; float32
+          unless ``forward(..., dtype=...)`` says otherwise (angles are computed in float32 in
+          any case and cast once). For an unmasked feature map the result is a broadcast
+          (expanded, read-only) view over the batch; call ``.contiguous()`` for a writable copy.
+
+    Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
+    A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
+    ``offset / eps * scale`` (about -3e6 for Deformable-DETR), a finite but huge angle whose
+    sin/cos depend on float32 rounding. Those cells are reproduced bit for bit from the peers
+    and are meant to be masked, as DETR-family attention does.
+
+    Well-defined results for degenerate inputs (tested in ``tests/test_bad_input.py``):
+
+    - a fully padded item (every cell True) gets a finite embedding: counts are 0 everywhere,
+      so without ``normalize`` every cell is ``sin 0, cos 0 = 0, 1``; with ``normalize`` it is
+      the embedding of ``offset / eps * scale`` (0 for DETR's ``offset=0``). ``eps`` must be
+      > 0 with ``normalize``, so no 0 / 0 can occur.
+    - NaN or inf in a feature map or in ``NestedTensor.tensors`` does not reach the embedding:
+      it depends only on the shape and the mask.
+    - an empty batch or a zero-size spatial axis gives an empty tensor of the output shape.
+
+    Raises:
+        TypeError: a non-int ``num_pos_feats``; a non-bool mask (with a hint on how to convert);
+            an input of another type; a non-floating output ``dtype``.
+        ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
+            non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
+            ``normalize``; an input of the wrong rank.
+
+    References:
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020; Zhu et al.,
+        Deformable DETR, ICLR 2021; Zhang et al., DINO, ICLR 2023 (temperature 20).
+    """
+
+    def out_channels(self, n_axes: int) -> int:
+        """``n_axes * num_pos_feats``: one block per spatial axis."""
+        return n_axes * self.num_pos_feats
+
+    def _embed(self, positions: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        return sincos_embed(
+            positions, self.num_pos_feats, shape=shape, dtype=dtype, divisors=self._divisors(device)
+        )

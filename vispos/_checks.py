@@ -1,0 +1,185 @@
+"""Argument checks shared by every constructor and function of vispos.
+
+**The rule**: a value of the wrong *type* raises ``TypeError``; a value of the right type but a
+wrong *value* (out of range, odd where even is needed, the wrong length) raises ``ValueError``.
+A tensor of the wrong dtype, or a ``dtype`` argument of the wrong kind (an integer dtype where
+sines are produced), counts as a wrong type: ``TypeError``, as torch itself does.
+Every message names the parameter, the value received and what was expected. ``bool`` is not
+accepted where an int or a number is asked for (``True`` is not a size). Checks return the
+validated value so a caller can write ``self.n = check_int(n, "n", minimum=1)``.
+
+References:
+    einops and torchvision (validate at construction, one error style for every argument).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MAX_SPATIAL",
+    "check_bool",
+    "check_choice",
+    "check_float_dtype",
+    "check_int",
+    "check_multiple",
+    "check_number",
+    "check_sizes",
+]
+
+MAX_SPATIAL = 3
+"""The most spatial axes any vispos module embeds (``D, H, W``)."""
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None, optional: bool = False) -> Any:
+    """An ``int`` (not ``bool``) ``>= minimum``; ``None`` passes when ``optional``.
+
+    Raises:
+        TypeError: not an int. ValueError: below ``minimum``.
+    """
+    if value is None and optional:
+        return None
+    want = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        raise TypeError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {'a positive int' if minimum == 1 else f'>= {minimum}'}, got {value}")
+    return value
+
+
+def check_multiple(value: Any, multiple: int, name: str, why: str = "") -> int:
+    """A positive int divisible by ``multiple`` (``why`` explains the constraint).
+
+    Raises:
+        TypeError: not an int. ValueError: not positive or not a multiple.
+    """
+    check_int(value, name, minimum=1)
+    if value % multiple:
+        reason = f" ({why})" if why else ""
+        raise ValueError(f"{name} must be a positive multiple of {multiple}{reason}, got {value}")
+    return value
+
+
+def check_bool(value: Any, name: str, *, optional: bool = False) -> Any:
+    """A ``bool`` (``None`` passes when ``optional``).
+
+    Raises:
+        TypeError: anything else (``0``/``1`` included).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
+    return value
+
+
+def check_number(
+    value: Any, name: str, *, finite: bool = True, positive: bool = False, nonnegative: bool = False
+) -> Any:
+    """A real number (int or float, not bool), optionally finite / > 0 / >= 0.
+
+    Raises:
+        TypeError: not a real number. ValueError: not finite, or out of the asked range.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        want = "a finite number" if finite else "a real number"
+        raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
+    if finite and not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if positive and not value > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if nonnegative and not value >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def check_choice(value: Any, choices: Sequence[Any], name: str) -> Any:
+    """One of ``choices`` (compared with ``==``; types are not coerced).
+
+    Raises:
+        TypeError: of another type than the choices. ValueError: not among them.
+    """
+    kinds = tuple({type(c) for c in choices})
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be one of {tuple(choices)}, got {value!r} ({_type_name(value)})")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_float_dtype(dtype: Any, name: str = "dtype", *, optional: bool = False) -> Any:
+    """A floating ``torch.dtype`` (``None`` passes when ``optional``).
+
+    Raises:
+        TypeError: not a ``torch.dtype`` (e.g. the string ``"float16"``), or a dtype that is not
+            floating (an integer output would hold truncated sines).
+    """
+    if dtype is None and optional:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"{name} must be a floating torch.dtype such as torch.float16, got {dtype!r} ({_type_name(dtype)})"
+        )
+    if not dtype.is_floating_point:
+        raise TypeError(f"{name} must be a floating torch.dtype (sin/cos values), got {dtype}")
+    return dtype
+
+
+def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[int] = (1, 2, 3)) -> tuple[int, ...]:
+    """Grid sizes: a sequence of positive ints, or (when ``n`` is given) one int repeated ``n`` times.
+
+    Args:
+        value: the sizes.
+        name (str): the parameter's name for messages.
+        n (int, optional): the required number of entries.
+        ranks (sequence of int): allowed lengths when ``n`` is not given.
+
+    Raises:
+        TypeError: not an int / sequence of ints. ValueError: wrong length, or a non-positive entry.
+    """
+    if n is not None and not isinstance(value, bool) and isinstance(value, int):
+        value = (value,) * n
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, torch.Size)):
+        want = f"an int or a sequence of {n} ints" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"
+        raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
+    sizes = tuple(value)
+    for s in sizes:
+        if isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)):
+            raise TypeError(f"{name} must hold ints, got {value!r}")
+    if n is not None and len(sizes) != n:
+        raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {sizes}")
+    if n is None and len(sizes) not in ranks:
+        raise ValueError(f"{name} must hold {' or '.join(map(str, ranks))} ints, got {sizes}")
+    if any(s <= 0 for s in sizes):
+        raise ValueError(f"{name} must hold positive ints, got {sizes}")
+    return sizes
+
+
+def check_index(index: Any, length: int, name: str = "index") -> int:
+    """A sequence index: anything ``operator.index`` accepts (``int``, ``numpy.int64``, a 0-d
+    integer tensor), in ``[-length, length)``; returned non-negative.
+
+    Raises:
+        TypeError: not an integer. IndexError: out of range (as for any Python sequence).
+    """
+    if isinstance(index, bool):
+        raise TypeError(f"{name} must be an int, got {index!r}")
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be an int, got {_type_name(index)} (anything operator.index accepts: int, "
+            "numpy integers, 0-d integer tensors)"
+        ) from None
+    if not -length <= i < length:
+        raise IndexError(f"{name} {i} is out of range for a batch of {length} items")
+    return i % length
