@@ -22,6 +22,7 @@ from vispos import (
     PositionalEncodingPermute3D,
     PositionEmbeddingLearned,
     PositionEmbeddingSine,
+    PositionEmbeddingSineDepthAdded,
     SinusoidalPositionalEncoding,
     interpolate_mask,
     nested_tensor_from_tensor_list,
@@ -224,7 +225,44 @@ CASES = [
     ("volume/2-D file", lambda f: load_volume(f["files"]["flat_nii"]), ValueError, r"must be 3-D or 4-D, got shape \(8, 8\)"),
     ("volume/bad normalize", lambda f: load_volume(f["files"]["nii"], normalize="foo"), ValueError, r"normalize must be one of \('zscore', 'minmax', 'percentile', None\), got 'foo'"),
     ("volumes/single path", lambda f: load_volumes(f["files"]["truncated_nii"]), TypeError, r"paths must be a list or tuple of file paths, got str"),
+    # ---- issue 10: DepthAdded shares the parent's checks; one exception type per kind of mistake
+    ("depth/dtype int", lambda f: PositionEmbeddingSineDepthAdded(4)(torch.zeros(1, 2, 3, 4, dtype=torch.bool), dtype=torch.int64), TypeError, r"dtype must be a floating torch.dtype .*torch.int64"),
+    ("depth/dtype str", lambda f: PositionEmbeddingSineDepthAdded(4)(torch.zeros(1, 2, 3, 4, dtype=torch.bool), dtype="float16"), TypeError, r"dtype must be a floating torch.dtype .*'float16'"),
+    ("depth/cache_size negative", lambda f: PositionEmbeddingSineDepthAdded(4, cache_size=-1), ValueError, r"cache_size must be >= 0, got -1"),
+    ("depth/2D input", lambda f: PositionEmbeddingSineDepthAdded(4)(MASK), ValueError, r"embeds volumes \(3 spatial axes\).*got spatial shape \(4, 4\)"),
+    ("joiner/hidden_dim float", lambda f: Joiner(f["backbone"], PE, hidden_dim=16.0), TypeError, r"hidden_dim must be a positive int or None, got 16\.0 \(float\)"),
+    ("joiner/num_groups zero", lambda f: Joiner(f["backbone"], PE, hidden_dim=16, num_groups=0), ValueError, r"num_groups must be a positive int, got 0"),
+    ("joiner/hidden_dim undescribed backbone", lambda f: Joiner(torch.nn.Identity(), PE, hidden_dim=16), TypeError, r"hidden_dim needs a backbone that reports num_channels, strides and n_spatial.*Identity"),
+    ("sine/eps nan", lambda f: PositionEmbeddingSine(4, eps=float("nan")), ValueError, r"eps must be a finite number, got nan"),
+    ("sine/offset str", lambda f: PositionEmbeddingSine(4, offset="a"), TypeError, r"offset must be a finite number, got 'a' \(str\)"),
+    ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype, got torch.int32"),
+    ("grid/org_channels set to zero", lambda f: setattr(PositionalEncoding2D(4), "org_channels", 0), ValueError, r"org_channels must be a positive int, got 0"),
+    ("detr-like/mask shape", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 5, dtype=torch.bool))), ValueError, r"_DetrNT.mask must have shape \(B, \*S\) = \(2, 4, 4\), got \(2, 4, 5\)"),
+    ("detr-like/int mask", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 4, dtype=torch.int64))), TypeError, r"_DetrNT.mask must have dtype torch.bool"),
+    ("detr-like/tensors rank", lambda f: PE(_DetrNT(torch.zeros(2, 4), None)), ValueError, r"_DetrNT.tensors must be a Tensor \(B, C, \*S\) with 1 to 3 spatial axes, got \(2, 4\)"),
+    # ---- issue 12, items 13-16
+    ("learned/dtype int", lambda f: PositionEmbeddingLearned(4, 8)(MASK, dtype=torch.int32), TypeError, r"dtype must be a floating torch.dtype .*torch.int32"),
+    ("learned/dtype str", lambda f: PositionEmbeddingLearned(4, 8)(MASK, dtype="float16"), TypeError, r"dtype must be a floating torch.dtype such as torch.float16, got 'float16'"),
+    ("pad/uint8 negative", lambda f: nested_tensor_from_tensor_list([torch.zeros(1, 2, 2, dtype=torch.uint8)], pad_value=-1), ValueError, r"pad_value=-1 cannot be stored in the items' dtype torch.uint8: expected an integer in \[0, 255\]"),
+    ("pad/uint8 fraction", lambda f: nested_tensor_from_tensor_list([torch.zeros(1, 2, 2, dtype=torch.uint8)], pad_value=0.5), ValueError, r"pad_value=0.5 cannot be stored in the items' dtype torch.uint8"),
+    ("pad/uint8 too large", lambda f: nested_tensor_from_tensor_list([torch.zeros(1, 2, 2, dtype=torch.uint8)], pad_value=300), ValueError, r"pad_value=300 cannot be stored in the items' dtype torch.uint8"),
+    ("pad/bool 2", lambda f: nested_tensor_from_tensor_list([torch.zeros(1, 2, 2, dtype=torch.bool)], pad_value=2), ValueError, r"pad_value=2 cannot be stored in the items' dtype torch.bool: expected 0 or 1"),
+    ("index/float", lambda f: _nt((4, 4))[0.0], TypeError, r"index must be an int, got float"),
+    ("index/float tensor", lambda f: _nt((4, 4))[torch.tensor(0.0)], TypeError, r"index must be an int, got Tensor"),
+    ("index/out of range numpy", lambda f: _nt((4, 4))[np.int64(3)], IndexError, r"index 3 is out of range for a batch of 1 items"),
+    ("image/directory", lambda f: load_image(os.path.dirname(f["files"]["nii"])), IsADirectoryError, r"image file .* is a directory, not an image file"),
 ]
+
+
+class _DetrNT:
+    """A stand-in for DETR's ``util.misc.NestedTensor`` (its whole interface)."""
+
+    def __init__(self, tensors, mask):
+        self.tensors = tensors
+        self.mask = mask
+
+    def decompose(self):
+        return self.tensors, self.mask
 
 
 @pytest.mark.parametrize("call, exc, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -363,3 +401,75 @@ def test_cli_unexpected_error_is_one_line_and_writes_nothing(tmp_path, capsys, f
     assert rc == 1
     assert sorted(os.listdir(out)) == ["embeddings.pt"]
     assert (out / "embeddings.pt").read_text() == "earlier run"
+
+
+# ------------------------------------------------------ issue 12, items 9-16: empty and odd
+def test_zero_axis_batch_sizes_and_items_are_empty():
+    """Item 9: a zero-size spatial axis gives sizes 0 along it and empty items, no IndexError."""
+    nt = NestedTensor(torch.zeros(2, 3, 0, 4), torch.zeros(2, 0, 4, dtype=torch.bool))
+    assert nt.image_sizes == [(0, 0), (0, 0)]
+    assert nt[0].shape == (3, 0, 0)
+    empty = NestedTensor(torch.zeros(0, 3, 4, 4), torch.zeros(0, 4, 4, dtype=torch.bool))
+    assert empty.image_sizes == [] and list(empty) == []
+
+
+@pytest.mark.parametrize("mask", [torch.zeros(0, 4, 4, dtype=torch.bool), torch.zeros(2, 0, 4, dtype=torch.bool)], ids=["empty batch", "zero axis"])
+def test_interpolate_empty_mask(mask):
+    """Item 10: an empty batch resizes to an empty mask; a mask with no cell at all (zero-size
+    axis) resizes to all padding (there is no valid cell to keep)."""
+    out = interpolate_mask(mask, (2, 2))
+    torch.testing.assert_close(out, torch.ones(mask.shape[0], 2, 2, dtype=torch.bool))
+
+
+def test_joiner_on_an_empty_batch(joiner):
+    """Item 11: an empty batch goes through the Joiner and gives empty levels and embeddings."""
+    nt = NestedTensor(torch.zeros(0, 3, 64, 64), torch.zeros(0, 64, 64, dtype=torch.bool))
+    with torch.no_grad():
+        features, pos = joiner(nt)
+    assert len(features) == len(pos) >= 1
+    for f, p in zip(features, pos):
+        assert f.tensors.shape[0] == 0 and f.mask.shape == (0, *f.tensors.shape[2:])
+        assert p.shape == (0, joiner.position_embedding.out_channels(2), *f.tensors.shape[2:])
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 4, 5), (0, 3, 4, 5)])
+def test_depth_added_empty_input_is_empty(shape):
+    """Item 12: DepthAdded on an empty mask gives an empty embedding of the output shape."""
+    out = PositionEmbeddingSineDepthAdded(4)(torch.zeros(shape, dtype=torch.bool), dtype=torch.float16)
+    assert out.shape == (shape[0], 8, *shape[1:]) and out.dtype == torch.float16
+
+
+@pytest.mark.parametrize("index", [np.int64(1), torch.tensor(1), np.int32(-1)], ids=["numpy", "tensor", "numpy negative"])
+def test_index_accepts_operator_index(index):
+    """Item 15: anything ``operator.index`` accepts indexes a batch."""
+    nt = nested_tensor_from_tensor_list([torch.rand(3, 4, 5), torch.rand(3, 2, 6)])
+    torch.testing.assert_close(nt[index], nt.tensors[1, :, :2, :6])
+
+
+@pytest.mark.parametrize("pad, dtype", [(255, torch.uint8), (0, torch.uint8), (-128, torch.int8), (1, torch.bool), (-1.5, torch.float16)])
+def test_pad_value_within_dtype_is_written(pad, dtype):
+    """Item 14: a pad value the dtype holds is written exactly."""
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 2, 2, dtype=dtype), torch.zeros(1, 1, 1, dtype=dtype)], pad_value=pad)
+    torch.testing.assert_close(nt.tensors[1, 0, 1, 1], torch.tensor(pad, dtype=dtype))
+
+
+def test_org_channels_change_rebuilds_the_table():
+    """Item 16: changing ``org_channels`` after a call returns the new width, equal to a module
+    built with it, not the stale cached table."""
+    x = torch.zeros(2, 5, 6, 8)
+    enc = PositionalEncoding2D(8)
+    enc(x)
+    enc.org_channels = 6
+    torch.testing.assert_close(enc(x[..., :6]), PositionalEncoding2D(6)(x[..., :6]))
+
+
+def test_registered_lists_only_types():
+    """Item 16: ``registered()`` lists config types only (no internal flag)."""
+    names = vispos.config.registered()
+    assert "_builtins_done" not in names and "PositionEmbeddingSine" in names
+    assert all(not n.startswith("_") for n in names)
+
+
+def test_directory_as_volume_says_so(tmp_path):
+    with pytest.raises(IsADirectoryError, match=r"volume file .* is a directory, not a NIfTI file"):
+        load_volume(tmp_path)

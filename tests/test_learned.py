@@ -292,7 +292,7 @@ def test_resample_cube_inferred_and_dtypes():
         ((torch.zeros(1, 17, 4, dtype=torch.long), (4, 4)), {}, TypeError, "posemb must be a floating tensor"),
         (([0.0], (4, 4)), {}, TypeError, "posemb must be a Tensor"),
         ((torch.zeros(1, 17, 4), 4), {}, TypeError, "new_size must be a sequence of 2 or 3 ints"),
-        ((torch.zeros(1, 17, 4), (4,)), {}, ValueError, r"new_size must hold 2 \(H, W\) or 3"),
+        ((torch.zeros(1, 17, 4), (4,)), {}, ValueError, r"new_size must hold 2 or 3 ints, got \(4,\)"),
         ((torch.zeros(1, 17, 4), (4, 0)), {}, ValueError, "new_size must hold positive ints"),
         ((torch.zeros(1, 17, 4), (4, 4), (4, 4, 1)), {}, ValueError, r"old_size must be an int or a sequence of 2 ints, got \(4, 4, 1\)"),
         ((torch.zeros(1, 17, 4), (4, 4), (3, 5)), {}, ValueError, r"old_size \(3, 5\) holds 15 tokens but .* has 16 grid tokens"),

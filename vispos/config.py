@@ -20,6 +20,7 @@ import yaml
 __all__ = ["build_from_config", "register", "registered", "load_config"]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
+_BUILTINS_DONE = False
 
 
 def register(obj: Callable[..., Any] | None = None, *, name: str | None = None):
@@ -74,7 +75,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def _register_builtins() -> None:
-    if _REGISTRY.get("_builtins_done"):
+    global _BUILTINS_DONE
+    if _BUILTINS_DONE:
         return
     from . import encodings
     from .backbones import DetrEncoder, Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
@@ -85,7 +87,7 @@ def _register_builtins() -> None:
         obj = getattr(encodings, name)
         if isinstance(obj, type):
             register(obj)
-    _REGISTRY["_builtins_done"] = True  # type: ignore[assignment]
+    _BUILTINS_DONE = True
 
 
 def _build(node: Any, where: str) -> Any:

@@ -78,6 +78,8 @@ def load_image(path: str | os.PathLike, max_size: int | None = None) -> Tensor:
     from PIL import Image, UnidentifiedImageError
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"image file {path!r} is a directory, not an image file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image file {path!r} does not exist")
     try:
@@ -320,6 +322,8 @@ def load_volume(
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("NIfTI volumes are read with nibabel: pip install 'vispos[medical]'") from exc
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"volume file {path!r} is a directory, not a NIfTI file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"volume file {path!r} does not exist")
     try:

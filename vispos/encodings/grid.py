@@ -39,6 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from .._cache import DerivedBuffers, TensorCache
+from .._checks import check_bool, check_int
 from .._sincos import frequency_divisors, sincos_embed
 
 __all__ = [
@@ -96,24 +97,34 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         self, channels: int, dtype_override: torch.dtype | None = None, *, cache: bool = True
     ) -> None:
         super().__init__()
-        if isinstance(channels, bool) or not isinstance(channels, int):
-            raise TypeError(
-                f"channels must be a positive int, got {channels!r} ({type(channels).__name__})"
-            )
-        if channels <= 0:
-            raise ValueError(f"channels must be a positive int, got {channels}")
-        if not isinstance(cache, bool):
-            raise TypeError(f"cache must be a bool, got {cache!r}")
+        check_int(channels, "channels", minimum=1)
+        check_bool(cache, "cache")
+        self.dtype_override = _check_dtype_override(dtype_override)
+        self.cache = cache
+        self._tables = TensorCache(_CACHE_SIZE if cache else 0)
+        self.register_buffer("inv_freq", None, persistent=False)
         self.org_channels = channels
+
+    @property
+    def org_channels(self) -> int:
+        """The requested output channels. Setting it re-derives ``channels_per_axis`` and the
+        frequencies and empties the cache, so no table built for the old width is returned."""
+        return self._org_channels
+
+    @org_channels.setter
+    def org_channels(self, channels: int) -> None:
+        check_int(channels, "org_channels", minimum=1)
+        self._org_channels = channels
         # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
         # the concatenation is truncated back to ``channels``.
         per_axis = -(-channels // (2 * self._n_axes)) * 2
         self.channels_per_axis = per_axis
         self.channels = per_axis  # the package's name for the per-axis count
-        self.dtype_override = _check_dtype_override(dtype_override)
-        self.cache = cache
-        self.register_buffer("inv_freq", self._inverse_frequencies(None), persistent=False)
-        self._tables = TensorCache(_CACHE_SIZE if cache else 0)
+        old = self.inv_freq
+        device = None if old is None else old.device
+        if old is None or not old.is_meta:
+            self.inv_freq = self._inverse_frequencies(device)
+        self._tables.clear()
 
     # ------------------------------------------------------------------------------------ api
     def forward(self, tensor: Tensor) -> Tensor:
