@@ -176,3 +176,22 @@ def test_detr_mode_unchanged_and_state_dict(r18_three_levels):
 def test_joiner_errors(r18_three_levels, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         Joiner(r18_three_levels, PositionEmbeddingSine(32), **kwargs)
+
+
+def test_joiner_accepts_depth_added_embedding():
+    """Issue 10 defect: hidden_dim is checked against the embedding's own out_channels, so
+    DepthAdded (2 * num_pos_feats channels on a 3D backbone) is accepted, and its levels'
+    embeddings equal the module applied to each level."""
+    from vispos import PositionEmbeddingSineDepthAdded
+
+    pe = PositionEmbeddingSineDepthAdded(32, normalize=True)
+    bb = VolumeBackbone("r3d_18", return_nodes=["layer4"], stem_stride=2)
+    joiner = Joiner(bb, pe, hidden_dim=64, num_groups=8).eval()
+    batch = nested_tensor_from_tensor_list([torch.randn(1, 24, 32, 24), torch.randn(1, 16, 24, 32)])
+    with torch.no_grad():
+        features, pos = joiner(batch)
+    for f, p in zip(features, pos):
+        assert p.shape == (2, 64, *f.tensors.shape[2:])
+        torch.testing.assert_close(p, pe(f.mask), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"hidden_dim=96 must equal .*PositionEmbeddingSineDepthAdded.out_channels\(3\) = 64"):
+        Joiner(bb, pe, hidden_dim=96, num_groups=8)

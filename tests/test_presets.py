@@ -250,3 +250,41 @@ def test_depth_added_repr_state_pickle():
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+# ------------------------------------------ issue 10: DepthAdded as a sibling over one base
+def test_depth_added_rectangular_fast_path_equals_formula():
+    """A padded batch (rectangular, host sizes known) takes the fast path; it equals the slow
+    formula reference and the cumulative-sum path of the same mask bit for bit."""
+    from vispos import nested_tensor_from_tensor_list
+
+    items = [torch.rand(1, 3, 5, 7), torch.rand(1, 4, 6, 4), torch.rand(1, 1, 2, 3)]
+    nt = nested_tensor_from_tensor_list(items)
+    assert nt.rectangular
+    for kwargs in (dict(), dict(normalize=True, offset=-0.5)):
+        m = PositionEmbeddingSineDepthAdded(8, **kwargs)
+        fast = m(nt)
+        slow = m._masked(nt.mask, torch.float32, check=False)
+        assert_close(fast, slow, **EXACT)
+        expected = depth_added_reference(nt.mask, 8, 10000, kwargs.get("normalize", False), offset=kwargs.get("offset", 0.0))
+        assert_close(fast.transpose(1, 2), expected, rtol=1.3e-6, atol=2.5e-7)
+
+
+def test_depth_added_uses_its_cache_and_hands_out_fresh_results():
+    m = PositionEmbeddingSineDepthAdded(8, cache_size=2)
+    mask = _video_mask("cpu")
+    first = m(mask)
+    assert len(m._cache) == 1
+    first.zero_()  # the caller's result: writing into it does not reach the next call
+    assert_close(m(mask), depth_added_reference(mask, 8, 10000, False).transpose(1, 2), rtol=1.3e-6, atol=2.5e-7)
+    assert PositionEmbeddingSineDepthAdded(8, cache_size=0)(mask).shape == (2, 16, 4, 6, 7)
+
+
+def test_depth_added_reports_its_channels():
+    from vispos.backbones import SpatialPositionEmbedding
+    from vispos import PositionEmbeddingSine
+
+    m = PositionEmbeddingSineDepthAdded(32)
+    assert isinstance(m, SpatialPositionEmbedding) and m.out_channels(3) == 64
+    assert not isinstance(m, PositionEmbeddingSine)  # a sibling, not a subclass
+    assert PositionEmbeddingSine(32).out_channels(3) == 96
