@@ -16,6 +16,8 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from importlib import resources
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,54 +33,23 @@ from .data import (
     sample_images,
     sample_volumes,
 )
+from .backbones import Joiner
 from .nested_tensor import NestedTensor, nested_tensor_from_tensor_list
 
 __all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"]
 
-#: the embedded default, identical to ``configs/detr_resnet50.yaml`` (a test pins this)
-DEFAULT_CONFIG: dict[str, Any] = {
-    "type": "Joiner",
-    "backbone": {
-        "type": "TimmBackbone",
-        "model_name": "resnet50",
-        "out_indices": [4],
-        "pretrained": False,
-        "checkpoint_path": None,
-        "train_backbone": True,
-        "frozen_stages": 1,
-        "frozen_batch_norm": True,
-    },
-    "position_embedding": {
-        "type": "PositionEmbeddingSine",
-        "num_pos_feats": 128,
-        "temperature": 10000,
-        "normalize": True,
-    },
-}
+def _packaged_config(name: str) -> dict[str, Any]:
+    """A config shipped inside the package (``vispos/configs/``; the repository's top-level
+    ``configs/`` is the same folder)."""
+    with resources.as_file(resources.files("vispos") / "configs" / name) as path:
+        return load_config(path)
 
-#: the embedded volume default, identical to ``configs/volume_r3d18.yaml`` (a test pins this)
-DEFAULT_VOLUME_CONFIG: dict[str, Any] = {
-    "type": "Joiner",
-    "backbone": {
-        "type": "VolumeBackbone",
-        "name_or_model": "r3d_18",
-        "return_nodes": ["layer2", "layer3", "layer4"],
-        "in_chans": 1,
-        "stem_stride": 2,
-        "weights": None,
-        "checkpoint_path": None,
-        "frozen_batch_norm": True,
-    },
-    "position_embedding": {
-        "type": "PositionEmbeddingSine",
-        "num_pos_feats": 64,
-        "temperature": 10000,
-        "normalize": True,
-        "offset": -0.5,
-    },
-    "hidden_dim": 192,
-    "num_feature_levels": 4,
-}
+
+#: the default for images: the packaged ``configs/detr_resnet50.yaml`` itself
+DEFAULT_CONFIG: dict[str, Any] = _packaged_config("detr_resnet50.yaml")
+
+#: the default for volumes: the packaged ``configs/volume_r3d18.yaml`` itself
+DEFAULT_VOLUME_CONFIG: dict[str, Any] = _packaged_config("volume_r3d18.yaml")
 
 
 class CLIError(Exception):
@@ -204,9 +175,21 @@ def _fmt_size(size) -> str:
     return "x".join(str(s) for s in size)
 
 
-def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tensor]) -> None:
-    from .viz import plot_position_similarity, plot_volume_similarity
+@dataclass
+class _Run:
+    """What one run computed: the batch, the model's levels and embeddings, the timings."""
 
+    batch: NestedTensor
+    features: list[NestedTensor]
+    pos: list[torch.Tensor]
+    strides: list[Any]
+    rows: list[list[str]]
+    total_ms: float
+    flat: Any
+
+
+def _build(args: argparse.Namespace) -> tuple[dict[str, Any], Any, torch.device]:
+    """Checks the options, reads the config and builds the model on the asked device."""
     volume = _is_volume(args)
     for flag in ("queries", "repeats"):
         if getattr(args, flag) < 1:
@@ -219,19 +202,24 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CLIError("--device cuda was asked for but no CUDA device is available")
     model = build_from_config(cfg).to(device).eval()
+    if not isinstance(model, Joiner):
+        raise CLIError(f"--config must build a Joiner (backbone + position embedding), got {type(model).__name__}")
     want = 3 if volume else 2
-    got = getattr(getattr(model, "backbone", None), "n_spatial", 2)
-    if got != want:
+    if model.n_spatial != want:
         kind = "volumes" if volume else "images"
-        raise CLIError(f"--config builds a {got}D backbone but the inputs are {kind} ({want}D)")
-    inputs = items if volume else [imagenet_normalize(im) for im in items]
-    batch = nested_tensor_from_tensor_list(inputs, size_divisibility=args.size_divisibility).to(device)
+        raise CLIError(f"--config builds a {model.n_spatial}D backbone but the inputs are {kind} ({want}D)")
+    return cfg, model, device
 
+
+def _run(args: argparse.Namespace, model: Any, device: torch.device, items: list[torch.Tensor]) -> _Run:
+    """Pads the items into one batch, runs the model and times each level's embedding."""
+    inputs = items if _is_volume(args) else [imagenet_normalize(im) for im in items]
+    batch = nested_tensor_from_tensor_list(inputs, size_divisibility=args.size_divisibility).to(device)
     with torch.inference_mode():
         t0 = time.perf_counter()
         features, pos = model(batch)
         total_ms = (time.perf_counter() - t0) * 1e3
-        strides = list(getattr(model, "strides", [None] * len(features)))
+        strides = list(model.strides)
         rows = []
         for lvl, (level, p) in enumerate(zip(features, pos)):
             ms = _median_ms(lambda lv=level: _uncached(model.position_embedding, lv), args.repeats)
@@ -240,23 +228,34 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
                 str(lvl), str(tuple(level.tensors.shape)), str(strides[lvl]), f"{valid:.3f}",
                 str(tuple(p.shape)), f"{ms:.2f}",
             ])
-        flat = None
-        if getattr(model, "hidden_dim", None) is not None and hasattr(model, "flatten"):
-            flat = model.flatten(features, pos)
+        flat = model.flatten(features, pos) if model.hidden_dim is not None else None
+    return _Run(batch, features, pos, strides, rows, total_ms, flat)
 
-    kind = "volumes" if volume else "images"
-    print(f"vispos {args.command}: {len(items)} {kind} -> batch {tuple(batch.tensors.shape)}, "
+
+def _report(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: _Run, device: torch.device) -> None:
+    """Prints the run's summary (the CLI owns the terminal)."""
+    kind = "volumes" if _is_volume(args) else "images"
+    batch = run.batch
+    print(f"vispos {args.command}: {len(names)} {kind} -> batch {tuple(batch.tensors.shape)}, "
           f"padding {float(batch.mask.float().mean()):.1%} of the cells")
     for name, size in zip(names, batch.image_sizes):
         print(f"  {name}: {_fmt_size(size)}")
     print(_weights_note(cfg))
-    print(_table(rows, ["level", "feature shape", "stride", "valid frac", "pos shape", "pos time (ms)"]))
-    print(f"backbone + position embedding: {total_ms:.1f} ms on {device}")
+    print(_table(run.rows, ["level", "feature shape", "stride", "valid frac", "pos shape", "pos time (ms)"]))
+    print(f"backbone + position embedding: {run.total_ms:.1f} ms on {device}")
+    flat = run.flat
     if flat is not None:
         print(f"flattened for the encoder: src {tuple(flat.src.shape)}, key_padding_mask "
               f"{tuple(flat.key_padding_mask.shape)}, spatial_shapes {flat.spatial_shapes_list}, "
               f"level_start_index {flat.level_start_index.tolist()}")
 
+
+def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: _Run) -> None:
+    """Writes ``embeddings.pt`` and ``figure.png`` together through :func:`_write_outputs`."""
+    from .viz import plot_position_similarity, plot_volume_similarity
+
+    volume = _is_volume(args)
+    batch, strides = run.batch, run.strides
     emb_path = os.path.join(args.out, "embeddings.pt")
     fig_path = os.path.join(args.out, "figure.png")
     saved: dict[str, Any] = {
@@ -265,18 +264,19 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
         "config": cfg,
         "levels": [
             {"stride": s, "mask": lv.mask.cpu(), "pos": p.cpu(), "feature_shape": tuple(lv.tensors.shape)}
-            for s, lv, p in zip(strides, features, pos)
+            for s, lv, p in zip(strides, run.features, run.pos)
         ],
     }
-    if flat is not None:
+    if run.flat is not None:
+        flat = run.flat
         saved["flat"] = {
             "spatial_shapes": flat.spatial_shapes.cpu(),
             "level_start_index": flat.level_start_index.cpu(),
             "valid_ratios": flat.valid_ratios.cpu(),
             "key_padding_mask": flat.key_padding_mask.cpu(),
         }
-    cpu_levels = [lv.to("cpu") for lv in features]
-    cpu_pos = [p.cpu() for p in pos]
+    cpu_levels = [lv.to("cpu") for lv in run.features]
+    cpu_pos = [p.cpu() for p in run.pos]
 
     def write_figure(path: str) -> None:
         if volume:
@@ -290,6 +290,14 @@ def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tenso
     _write_outputs(args.out, [(emb_path, lambda path: torch.save(saved, path)), (fig_path, write_figure)])
     print(f"wrote {emb_path}")
     print(f"wrote {fig_path}")
+
+
+def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tensor]) -> None:
+    """build -> run -> report -> save."""
+    cfg, model, device = _build(args)
+    run = _run(args, model, device, items)
+    _report(args, cfg, names, run, device)
+    _save(args, cfg, names, run)
 
 
 def _one_line(exc: BaseException) -> str:
