@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-__all__ = ["Backbone", "SpatialPositionEmbedding"]
+from torch import Tensor, nn
+
+from ..nested_tensor import NestedTensor
+from ._common import check_input_device
+
+__all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding"]
 
 
 @runtime_checkable
@@ -47,3 +52,45 @@ class SpatialPositionEmbedding(Protocol):
     def out_channels(self, n_axes: int) -> int:
         """Channels of the embedding of an input with ``n_axes`` spatial axes."""
         ...
+
+
+class BackboneBase(nn.Module):
+    """The one ``forward`` of vispos' backbone adapters (timm, torchvision, volumes).
+
+    Checks the input (a :class:`~vispos.NestedTensor` of ``n_spatial`` axes and ``in_chans``
+    channels, on the model's device), runs :meth:`_features` on its tensors and pairs every level
+    with the batch's mask resized to it (:meth:`~vispos.NestedTensor.with_features`, which keeps
+    the batch's rectangular sizes). Subclasses set ``body``, ``in_chans``, ``num_channels``,
+    ``strides`` and ``n_spatial`` and implement :meth:`_features`.
+
+    Shape:
+        - input: NestedTensor ``(B, in_chans, *S)``, ``len(S) == n_spatial``.
+        - output: list of NestedTensor ``(B, num_channels[l], *S_l)``.
+
+    Raises:
+        TypeError: ``x`` is not a NestedTensor.
+        ValueError: ``x.tensors`` has another rank or channel count, or is on another device.
+
+    References:
+        Carion et al., DETR ``models/backbone.py`` (``BackboneBase.forward``).
+    """
+
+    n_spatial: int = 2
+    in_chans: int
+    body: nn.Module
+
+    def _features(self, tensors: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
+        """The feature maps of ``tensors``, one per level, each ``Tensor[B, C_l, *S_l]``."""
+        raise NotImplementedError
+
+    def forward(self, x: NestedTensor) -> list[NestedTensor]:
+        axes = ", ".join("DHW"[-self.n_spatial:])
+        if not isinstance(x, NestedTensor):
+            raise TypeError(f"x must be a NestedTensor (B, C, {axes}), got {type(x).__name__}")
+        tensors = x.tensors
+        if tensors.dim() != 2 + self.n_spatial or tensors.shape[1] != self.in_chans:
+            raise ValueError(
+                f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
+            )
+        check_input_device(tensors, self.body)
+        return [x.with_features(f) for f in self._features(tensors)]

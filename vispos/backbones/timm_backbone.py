@@ -14,12 +14,10 @@ from typing import Any
 
 from torch import nn
 
-from ..nested_tensor import NestedTensor
+from .base import BackboneBase
 from ._common import (
-    _strip_prefixes,  # noqa: F401  (kept importable from here for older callers)
     check_freeze_args,
     check_in_chans,
-    check_input_device,
     freeze_batch_norm,
     freeze_through,
     load_checkpoint_state,
@@ -29,7 +27,7 @@ from ._common import (
 __all__ = ["TimmBackbone", "load_checkpoint_state"]
 
 
-class TimmBackbone(nn.Module):
+class TimmBackbone(BackboneBase):
     """A timm model with ``features_only=True``, returning one :class:`NestedTensor` per level.
 
     Channels and strides are read from timm's ``feature_info``, never hard-coded (a test checks
@@ -180,18 +178,8 @@ class TimmBackbone(nn.Module):
         state = load_checkpoint_state(path)
         return load_state_with_report(self.body, state, source=os.fspath(path))
 
-    def forward(self, x: NestedTensor) -> list[NestedTensor]:
-        if not isinstance(x, NestedTensor):
-            raise TypeError(f"x must be a NestedTensor (B, C, H, W), got {type(x).__name__}")
-        tensors, mask = x.decompose()
-        if tensors.dim() != 4 or tensors.shape[1] != self.in_chans:
-            raise ValueError(
-                f"x.tensors must have shape (B, {self.in_chans}, H, W), got {tuple(tensors.shape)}"
-            )
-        check_input_device(tensors, self.body)
-        feats = self.body(tensors)
-        # with_features resizes the mask as DETR does and keeps the batch's rectangular sizes
-        return [x.with_features(f) for f in feats]
+    def _features(self, tensors):
+        return list(self.body(tensors))
 
     def extra_repr(self) -> str:
         return (

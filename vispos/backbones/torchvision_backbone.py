@@ -21,11 +21,10 @@ from typing import Any, Union
 
 from torch import nn
 
-from ..nested_tensor import NestedTensor
+from .base import BackboneBase
 from ._common import (
     adapt_stem,
     check_freeze_args,
-    check_input_device,
     first_conv,
     freeze_batch_norm,
     freeze_through,
@@ -60,7 +59,7 @@ def _check_return_nodes(return_nodes: Any) -> dict[str, str]:
     return nodes
 
 
-class _GraphBackbone(nn.Module):
+class _GraphBackbone(BackboneBase):
     """Shared machinery of the torchvision adapters (2D and 3D); not public.
 
     Subclasses build ``model`` (a private copy the base may modify) and call ``_setup``.
@@ -166,22 +165,8 @@ class _GraphBackbone(nn.Module):
         """Stride of each level: an int when all axes agree, else a per-axis tuple."""
         return [s[0] if len(set(s)) == 1 else tuple(s) for s in self.level_strides]
 
-    def forward(self, x: NestedTensor) -> list[NestedTensor]:
-        if not isinstance(x, NestedTensor):
-            raise TypeError(
-                f"x must be a NestedTensor (B, C, {', '.join('DHW'[-self.n_spatial:])}), "
-                f"got {type(x).__name__}"
-            )
-        tensors, mask = x.decompose()
-        if tensors.dim() != 2 + self.n_spatial or tensors.shape[1] != self.in_chans:
-            axes = ", ".join("DHW"[-self.n_spatial:])
-            raise ValueError(
-                f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
-            )
-        check_input_device(tensors, self.body)
-        feats = self.body(tensors)
-        # with_features resizes the mask as DETR does and keeps the batch's rectangular sizes
-        return [x.with_features(f) for f in feats.values()]
+    def _features(self, tensors):
+        return list(self.body(tensors).values())
 
 
 class TorchvisionBackbone(_GraphBackbone):
