@@ -62,8 +62,9 @@ def check_multiple(value: Any, multiple: int, name: str, why: str = "") -> int:
     Raises:
         TypeError: not an int. ValueError: not positive or not a multiple.
     """
-    check_int(value, name, minimum=1)
-    if value % multiple:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({_type_name(value)})")
+    if value <= 0 or value % multiple:
         reason = f" ({why})" if why else ""
         raise ValueError(f"{name} must be a positive multiple of {multiple}{reason}, got {value}")
     return value

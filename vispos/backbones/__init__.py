@@ -2,9 +2,9 @@
 :class:`Joiner` (Deformable-DETR's input projections, level embedding and flattening) and a
 DETR encoder that consumes them."""
 
-from .base import Backbone, SpatialPositionEmbedding
+from .base import Backbone, BackboneBase, SpatialPositionEmbedding, backbone_border_effect
 from ._common import FrozenBatchNorm3d, format_load_report, freeze_batch_norm
-from .encoder import DetrEncoder, DetrEncoderLayer, backbone_border_effect
+from .encoder import DetrEncoder, DetrEncoderLayer
 from .joiner import FlatLevels, Joiner, flatten_levels, unflatten_levels, valid_ratios
 from .timm_backbone import TimmBackbone, load_checkpoint_state
 from .torchvision_backbone import TorchvisionBackbone
@@ -12,6 +12,7 @@ from .volumetric import VOLUME_MODELS, VolumeBackbone
 
 __all__ = [
     "Backbone",
+    "BackboneBase",
     "SpatialPositionEmbedding",
     "DetrEncoder",
     "DetrEncoderLayer",

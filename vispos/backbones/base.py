@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor
+from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
 from ._common import check_input_device
 
-__all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding"]
+__all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
 
 
 @runtime_checkable
@@ -94,3 +95,56 @@ class BackboneBase(nn.Module):
             )
         check_input_device(tensors, self.body)
         return [x.with_features(f) for f in self._features(tensors)]
+
+
+@torch.no_grad()
+def backbone_border_effect(
+    backbone: nn.Module, item: Tensor, padded_size: Sequence[int], pad_value: float = 0.0
+) -> list[dict[str, float]]:
+    """How much a backbone's features on an item's valid cells change when the item is padded.
+
+    Runs the backbone (in its current mode; call ``eval()`` first for batch norm) on the item
+    alone and on the item padded to ``padded_size`` (placed at the origin, ``pad_value`` around
+    it, as :func:`~vispos.nested_tensor_from_tensor_list` does), and compares each level on the
+    cells the alone run produced.
+
+    Args:
+        backbone (nn.Module): maps a NestedTensor to NestedTensor levels.
+        item (Tensor[C, *S]): one image or volume.
+        padded_size (sequence of int): the padded spatial size, ``>= S`` on every axis.
+        pad_value (float): the padding value.
+
+    Returns:
+        list of dict per level: ``max_abs`` (largest absolute change), ``mean_abs``, ``scale``
+        (standard deviation of the alone features), ``rel_max`` (``max_abs / scale``) and
+        ``frac_cells`` (fraction of the item's cells whose largest channel change exceeds
+        ``1e-3 * scale``).
+
+    Raises:
+        ValueError: ``padded_size`` has the wrong length or is smaller than the item.
+
+    References:
+        Carion et al., DETR, ECCV 2020 (padded batches through a convolutional backbone).
+    """
+    spatial = tuple(item.shape[1:])
+    padded = tuple(int(s) for s in padded_size)
+    if len(padded) != len(spatial) or any(p < s for p, s in zip(padded, spatial)):
+        raise ValueError(f"padded_size must have {len(spatial)} entries >= {spatial}, got {tuple(padded_size)}")
+    alone = NestedTensor(item[None], torch.zeros((1, *spatial), dtype=torch.bool, device=item.device))
+    filler = item.new_full((item.shape[0], *padded), pad_value)
+    batch = nested_tensor_from_tensor_list([item, filler], pad_value=pad_value)
+    out = []
+    for a, p in zip(backbone(alone), backbone(batch)):
+        region = (0, slice(None), *(slice(0, s) for s in a.tensors.shape[2:]))
+        ref, got = a.tensors[region].float(), p.tensors[region].float()
+        diff = (got - ref).abs()
+        scale = float(ref.std()) or 1.0
+        per_cell = diff.amax(0)
+        out.append({
+            "max_abs": float(diff.max()),
+            "mean_abs": float(diff.mean()),
+            "scale": scale,
+            "rel_max": float(diff.max()) / scale,
+            "frac_cells": float((per_cell > 1e-3 * scale).float().mean()),
+        })
+    return out

@@ -1,11 +1,10 @@
-"""A small DETR transformer encoder over flattened feature levels, and a measure of how much a
-backbone's features depend on the padding around an item.
+"""A small DETR transformer encoder over flattened feature levels.
 
 The encoder adds ``pos`` to queries and keys (not values) in every layer and ignores padded keys
 through ``key_padding_mask``, as DETR does; so the output on an item's valid cells does not
 depend on how much padding the batch added (tests check it in 2D and 3D). The backbone is another
-matter: its convolutions see the padding near the border, which :func:`backbone_border_effect`
-measures.
+matter: its convolutions see the padding near the border, which
+:func:`vispos.backbones.backbone_border_effect` measures.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
@@ -22,17 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from .._checks import check_int
+from ..nested_tensor import NestedTensor
 from .joiner import FlatLevels
 
-__all__ = ["DetrEncoderLayer", "DetrEncoder", "backbone_border_effect"]
+__all__ = ["DetrEncoderLayer", "DetrEncoder"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 class DetrEncoderLayer(nn.Module):
@@ -71,7 +66,7 @@ class DetrEncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-            _check_positive_int(name, value)
+            check_int(value, name, minimum=1)
         if d_model % nhead:
             raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
@@ -167,7 +162,7 @@ class DetrEncoder(nn.Module):
         normalize_before: bool = False,
     ) -> None:
         super().__init__()
-        _check_positive_int("num_layers", num_layers)
+        check_int(num_layers, "num_layers", minimum=1)
         layer = DetrEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
         for lyr in self.layers:  # DETR's xavier initialisation, independent per layer
@@ -194,53 +189,3 @@ class DetrEncoder(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, num_layers={self.num_layers}"
-
-
-@torch.no_grad()
-def backbone_border_effect(
-    backbone: nn.Module, item: Tensor, padded_size: Sequence[int], pad_value: float = 0.0
-) -> list[dict[str, float]]:
-    """How much a backbone's features on an item's valid cells change when the item is padded.
-
-    Runs the backbone (in its current mode; call ``eval()`` first for batch norm) on the item
-    alone and on the item padded to ``padded_size`` (placed at the origin, ``pad_value`` around
-    it, as :func:`~vispos.nested_tensor_from_tensor_list` does), and compares each level on the
-    cells the alone run produced.
-
-    Args:
-        backbone (nn.Module): maps a NestedTensor to NestedTensor levels.
-        item (Tensor[C, *S]): one image or volume.
-        padded_size (sequence of int): the padded spatial size, ``>= S`` on every axis.
-        pad_value (float): the padding value.
-
-    Returns:
-        list of dict per level: ``max_abs`` (largest absolute change), ``mean_abs``, ``scale``
-        (standard deviation of the alone features), ``rel_max`` (``max_abs / scale``) and
-        ``frac_cells`` (fraction of the item's cells whose largest channel change exceeds
-        ``1e-3 * scale``).
-
-    Raises:
-        ValueError: ``padded_size`` has the wrong length or is smaller than the item.
-    """
-    spatial = tuple(item.shape[1:])
-    padded = tuple(int(s) for s in padded_size)
-    if len(padded) != len(spatial) or any(p < s for p, s in zip(padded, spatial)):
-        raise ValueError(f"padded_size must have {len(spatial)} entries >= {spatial}, got {tuple(padded_size)}")
-    alone = NestedTensor(item[None], torch.zeros((1, *spatial), dtype=torch.bool, device=item.device))
-    filler = item.new_full((item.shape[0], *padded), pad_value)
-    batch = nested_tensor_from_tensor_list([item, filler], pad_value=pad_value)
-    out = []
-    for a, p in zip(backbone(alone), backbone(batch)):
-        region = (0, slice(None), *(slice(0, s) for s in a.tensors.shape[2:]))
-        ref, got = a.tensors[region].float(), p.tensors[region].float()
-        diff = (got - ref).abs()
-        scale = float(ref.std()) or 1.0
-        per_cell = diff.amax(0)
-        out.append({
-            "max_abs": float(diff.max()),
-            "mean_abs": float(diff.mean()),
-            "scale": scale,
-            "rel_max": float(diff.max()) / scale,
-            "frac_cells": float((per_cell > 1e-3 * scale).float().mean()),
-        })
-    return out

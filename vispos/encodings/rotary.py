@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_temperature, sincos_embed
+from .._checks import check_multiple
 
 __all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary"]
 
@@ -93,14 +94,6 @@ def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple
     return out[0], out[1]
 
 
-def _check_dim(dim: object, multiple: int, what: str) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be a positive int, got {dim!r} ({type(dim).__name__})")
-    if dim <= 0 or dim % multiple:
-        raise ValueError(f"dim must be a positive multiple of {multiple} ({what}), got {dim}")
-    return dim
-
-
 def _check_x(x: object, min_dim: int, what: str) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a floating Tensor {what}, got {type(x).__name__}")
@@ -162,7 +155,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, theta: float = 10000.0, seq_dim: int = -2) -> None:
         super().__init__()
-        _check_dim(dim, 2, "channels are rotated in pairs")
+        check_multiple(dim, 2, "dim", "channels are rotated in pairs")
         check_temperature(theta, "theta")
         if isinstance(seq_dim, bool) or not isinstance(seq_dim, int):
             raise TypeError(f"seq_dim must be a negative int, got {seq_dim!r}")
@@ -261,7 +254,7 @@ class AxialRotaryEmbedding(nn.Module):
             raise TypeError(f"num_axes must be 2 or 3, got {num_axes!r} ({type(num_axes).__name__})")
         if num_axes not in (2, 3):
             raise ValueError(f"num_axes must be 2 or 3, got {num_axes}")
-        _check_dim(dim, 2 * num_axes, f"each of the {num_axes} axes rotates an equal number of pairs")
+        check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
         check_temperature(theta, "theta")
         self.dim = dim
         self.num_axes = num_axes

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
+from .._checks import check_int
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
@@ -38,14 +39,6 @@ def _check_dropout(value: object) -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1), got {value}")
     return float(value)
-
-
-def _check_positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
 
 
 class _SequenceSinusoid(DerivedBuffers, nn.Module):
@@ -70,7 +63,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         super().__init__()
         check_num_feats(d_model, "d_model")
         _check_dropout(dropout)
-        _check_positive_int(max_len, "max_len")
+        check_int(max_len, "max_len", minimum=1)
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
         if ladder not in _LADDERS:
@@ -387,7 +380,7 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
             d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
-        hidden = d_model if hidden_dim is None else _check_positive_int(hidden_dim, "hidden_dim")
+        hidden = d_model if hidden_dim is None else check_int(hidden_dim, "hidden_dim", minimum=1)
         self.hidden_dim = hidden
         self.ffn = nn.Sequential(
             nn.Linear(d_model, hidden), nn.Sigmoid(), nn.Dropout(dropout), nn.Linear(hidden, d_model)
