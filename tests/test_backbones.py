@@ -179,7 +179,7 @@ def test_frozen_stages_convnext_uses_feature_info():
 @pytest.mark.parametrize(
     "kwargs, exc, match",
     [
-        (dict(frozen_stages=-2), ValueError, "frozen_stages must be an int >= -1"),
+        (dict(frozen_stages=-2), ValueError, "frozen_stages must be >= -1, got -2"),
         (dict(frozen_stages=9), ValueError, r"frozen_stages=9 but 'resnet18' has feature indices 0..4"),
         (dict(train_backbone="yes"), TypeError, "train_backbone must be a bool"),
         (dict(frozen_batch_norm=1), TypeError, "frozen_batch_norm must be a bool"),

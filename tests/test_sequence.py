@@ -317,7 +317,7 @@ def test_learnable_sinusoidal_repr_and_defaults():
         (dict(d_model=8, emb_scale="yes"), TypeError, r"emb_scale must be a bool, got 'yes'"),
         (dict(d_model=8, temperature=0), ValueError, r"temperature must be a finite number > 0, got 0"),
         (dict(d_model=8, init_alpha=2.0), ValueError, r"init_alpha=2.0 has no effect without learnable_scale=True"),
-        (dict(d_model=8, learnable_scale=True, init_alpha=float("nan")), TypeError, r"init_alpha must be a finite number, got nan"),
+        (dict(d_model=8, learnable_scale=True, init_alpha=float("nan")), ValueError, r"init_alpha must be a finite number, got nan"),
     ],
 )
 def test_constructor_errors(kwargs, exc, match):

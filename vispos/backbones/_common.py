@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from .._checks import check_bool, check_int
+
 __all__ = [
     "FrozenBatchNorm3d",
     "freeze_batch_norm",
@@ -276,10 +278,7 @@ def check_in_chans(in_chans: Any, allow_none: bool = False) -> None:
     """
     if in_chans is None and allow_none:
         return
-    if isinstance(in_chans, bool) or not isinstance(in_chans, int):
-        raise TypeError(f"in_chans must be a positive int, got {in_chans!r} ({type(in_chans).__name__})")
-    if in_chans <= 0:
-        raise ValueError(f"in_chans must be a positive int, got {in_chans}")
+    check_int(in_chans, "in_chans", minimum=1)
 
 
 def check_input_device(tensors: Tensor, module: nn.Module) -> None:
@@ -295,13 +294,9 @@ def check_input_device(tensors: Tensor, module: nn.Module) -> None:
 
 def check_freeze_args(train_backbone: Any, frozen_stages: Any, frozen_batch_norm: Any) -> None:
     """Validates the freezing keywords the adapters share."""
-    for name, value in (("train_backbone", train_backbone), ("frozen_batch_norm", frozen_batch_norm)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {value!r}")
-    if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) or frozen_stages < -1:
-        raise ValueError(
-            f"frozen_stages must be an int >= -1 (-1: train every stage), got {frozen_stages!r}"
-        )
+    check_bool(train_backbone, "train_backbone")
+    check_bool(frozen_batch_norm, "frozen_batch_norm")
+    check_int(frozen_stages, "frozen_stages", minimum=-1)  # -1: train every stage
 
 
 # --------------------------------------------------------------------------------- the stem

@@ -21,6 +21,7 @@ from typing import Any, Union
 
 from torch import nn
 
+from .._checks import check_int
 from .base import BackboneBase
 from ._common import (
     adapt_stem,
@@ -98,9 +99,7 @@ class _GraphBackbone(BackboneBase):
             ) from None
         self.return_nodes = dict(return_nodes)
         stem_name, stem = first_conv(self.body)
-        want = stem.in_channels if in_chans is None else in_chans
-        if isinstance(want, bool) or not isinstance(want, int) or want <= 0:
-            raise ValueError(f"in_chans must be a positive int or None, got {in_chans!r}")
+        want = stem.in_channels if in_chans is None else check_int(in_chans, "in_chans", minimum=1)
         self.load_report: dict[str, Any] | None = None
         if checkpoint_path is not None:
             state = load_checkpoint_state(checkpoint_path)

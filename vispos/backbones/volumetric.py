@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from .._checks import check_int
 from ._common import check_freeze_args, first_conv
 from .torchvision_backbone import ReturnNodes, _check_return_nodes, _GraphBackbone
 
@@ -102,8 +103,7 @@ class VolumeBackbone(_GraphBackbone):
         import torchvision
 
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        if isinstance(in_chans, bool) or not isinstance(in_chans, int) or in_chans <= 0:
-            raise ValueError(f"in_chans must be a positive int, got {in_chans!r}")
+        check_int(in_chans, "in_chans", minimum=1)
         if isinstance(name_or_model, str):
             if name_or_model not in VOLUME_MODELS:
                 raise ValueError(

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_num_feats, check_temperature, sincos_embed
+from .._checks import check_int
 
 __all__ = ["sine_embed_coords", "CoordSineEmbedding"]
 
@@ -160,10 +161,7 @@ class CoordSineEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("num_coords", num_coords), ("d_model", d_model), ("num_layers", num_layers)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
-            if value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value}")
+            check_int(value, name, minimum=1)
         if num_pos_feats is None:
             if d_model % 4:
                 raise ValueError(
@@ -174,10 +172,7 @@ class CoordSineEmbedding(nn.Module):
         check_num_feats(num_pos_feats)
         if hidden_dim is None:
             hidden_dim = d_model
-        if isinstance(hidden_dim, bool) or not isinstance(hidden_dim, int):
-            raise TypeError(f"hidden_dim must be a positive int, got {hidden_dim!r} ({type(hidden_dim).__name__})")
-        if hidden_dim <= 0:
-            raise ValueError(f"hidden_dim must be a positive int, got {hidden_dim}")
+        check_int(hidden_dim, "hidden_dim", minimum=1)
         check_temperature(temperature)
         scale = _check_scale(scale)
         if not isinstance(swap_xy, bool):

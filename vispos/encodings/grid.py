@@ -87,10 +87,10 @@ def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
 class _GridEncoding(DerivedBuffers, nn.Module):
     """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
 
-    Subclasses set only ``_n_axes`` (1, 2 or 3) and ``_channels_first``.
+    Subclasses set only ``n_spatial`` (1, 2 or 3) and ``_channels_first``.
     """
 
-    _n_axes: int = 0
+    n_spatial: int = 0
     _channels_first: bool = False
 
     def __init__(
@@ -117,7 +117,7 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         self._org_channels = channels
         # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
         # the concatenation is truncated back to ``channels``.
-        per_axis = -(-channels // (2 * self._n_axes)) * 2
+        per_axis = -(-channels // (2 * self.n_spatial)) * 2
         self.channels_per_axis = per_axis
         self.channels = per_axis  # the package's name for the per-axis count
         old = self.inv_freq
@@ -153,7 +153,7 @@ class _GridEncoding(DerivedBuffers, nn.Module):
 
     # -------------------------------------------------------------------------------- helpers
     def _layout(self) -> str:
-        s = ("L",) if self._n_axes == 1 else ("X", "Y", "Z")[: self._n_axes]
+        s = ("L",) if self.n_spatial == 1 else ("X", "Y", "Z")[: self.n_spatial]
         dims = ", ".join(s)
         return f"(B, C, {dims})" if self._channels_first else f"(B, {dims}, C)"
 
@@ -166,9 +166,9 @@ class _GridEncoding(DerivedBuffers, nn.Module):
             raise TypeError(
                 f"{name} expects a torch.Tensor {self._layout()}, got {type(tensor).__name__}"
             )
-        if tensor.dim() != self._n_axes + 2:
+        if tensor.dim() != self.n_spatial + 2:
             raise ValueError(
-                f"{name} expects a {self._n_axes + 2}-D tensor {self._layout()}, got shape "
+                f"{name} expects a {self.n_spatial + 2}-D tensor {self._layout()}, got shape "
                 f"{tuple(tensor.shape)}"
             )
         ch_dim = 1 if self._channels_first else -1
@@ -282,34 +282,34 @@ def _doc(name: str, n: int, channels_first: bool) -> str:
 
 class PositionalEncoding1D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding1D", 1, False)
-    _n_axes = 1
+    n_spatial = 1
 
 
 class PositionalEncoding2D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding2D", 2, False)
-    _n_axes = 2
+    n_spatial = 2
 
 
 class PositionalEncoding3D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding3D", 3, False)
-    _n_axes = 3
+    n_spatial = 3
 
 
 class PositionalEncodingPermute1D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute1D", 1, True)
-    _n_axes = 1
+    n_spatial = 1
     _channels_first = True
 
 
 class PositionalEncodingPermute2D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute2D", 2, True)
-    _n_axes = 2
+    n_spatial = 2
     _channels_first = True
 
 
 class PositionalEncodingPermute3D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute3D", 3, True)
-    _n_axes = 3
+    n_spatial = 3
     _channels_first = True
 
 
@@ -392,7 +392,7 @@ class FixEncoding(nn.Module):
             isinstance(s, bool) or not isinstance(s, int) for s in shape
         ):
             raise TypeError(f"shape must be a sequence of ints (the spatial shape), got {shape!r}")
-        n = encoding._n_axes
+        n = encoding.n_spatial
         if len(shape) != n or any(s <= 0 for s in shape):
             raise ValueError(
                 f"shape must hold {n} positive ints (the spatial shape of "

@@ -285,8 +285,7 @@ def resample_abs_pos_embed(
         raise ValueError(f"posemb must have shape (B, N, C), got {tuple(posemb.shape)}")
     new = check_sizes(new_size, "new_size", ranks=(2, 3))
     rank = len(new)
-    if isinstance(num_prefix_tokens, bool) or not isinstance(num_prefix_tokens, int):
-        raise TypeError(f"num_prefix_tokens must be an int >= 0, got {num_prefix_tokens!r}")
+    check_int(num_prefix_tokens, "num_prefix_tokens")
     num_tokens = posemb.shape[1]
     if not 0 <= num_prefix_tokens <= num_tokens:
         raise ValueError(

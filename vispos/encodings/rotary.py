@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_temperature, sincos_embed
-from .._checks import check_multiple
+from .._checks import check_int, check_multiple
 
 __all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary"]
 
@@ -157,8 +157,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         check_multiple(dim, 2, "dim", "channels are rotated in pairs")
         check_temperature(theta, "theta")
-        if isinstance(seq_dim, bool) or not isinstance(seq_dim, int):
-            raise TypeError(f"seq_dim must be a negative int, got {seq_dim!r}")
+        check_int(seq_dim, "seq_dim")
         if seq_dim > -2:
             raise ValueError(f"seq_dim must be <= -2 (the last axis holds the channels), got {seq_dim}")
         self.dim = dim
@@ -247,6 +246,11 @@ class AxialRotaryEmbedding(nn.Module):
         Heo et al., Rotary Position Embedding for Vision Transformer, ECCV 2024 (RoPE-Axial);
         Su et al., RoFormer, 2021; ``rotary-embedding-torch`` ``get_axial_freqs``.
     """
+
+    @property
+    def n_spatial(self) -> int:
+        """Number of spatial axes (the constructor's ``num_axes``)."""
+        return self.num_axes
 
     def __init__(self, dim: int, num_axes: int = 2, theta: float = 10000.0) -> None:
         super().__init__()

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
-from .._checks import check_int
+from .._checks import check_int, check_number
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
@@ -304,8 +304,7 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         _check_bool(emb_scale, "emb_scale")
         _check_bool(emb_layernorm, "emb_layernorm")
         _check_bool(learnable_scale, "learnable_scale")
-        if isinstance(init_alpha, bool) or not isinstance(init_alpha, (int, float)) or not math.isfinite(init_alpha):
-            raise TypeError(f"init_alpha must be a finite number, got {init_alpha!r}")
+        check_number(init_alpha, "init_alpha")
         if not learnable_scale and init_alpha != 1.0:
             raise ValueError(
                 f"init_alpha={init_alpha} has no effect without learnable_scale=True; "
