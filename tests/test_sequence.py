@@ -347,7 +347,7 @@ def test_learnable_constructor_errors():
         (lambda m: m(torch.zeros(2, 5, 8), positions=torch.zeros(5, dtype=torch.bool)), TypeError,
          r"positions must be a real-valued tensor, got torch.bool"),
         (lambda m: m(torch.zeros(2, 5, 8), key_padding_mask=torch.zeros(2, 5, dtype=torch.long)), TypeError,
-         r"key_padding_mask must have dtype torch.bool .*got torch.int64; convert with `mask.bool\(\)`"),
+         r"key_padding_mask must have dtype torch.bool .*got torch.int64\. Convert with `key_padding_mask.bool\(\)`.*attention_mask where 1 marks valid tokens"),
         (lambda m: m(torch.zeros(2, 5, 8), key_padding_mask=torch.zeros(5, 2, dtype=torch.bool)), ValueError,
          r"key_padding_mask must have shape \(B, L\) = \(2, 5\), got \(5, 2\)"),
         (lambda m: m(torch.zeros(2, 5, 8), key_padding_mask="none"), TypeError,

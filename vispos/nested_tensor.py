@@ -404,9 +404,10 @@ def parse_spatial_input(x: Any) -> SpatialInput:
     """
     if isinstance(x, NestedTensor):
         tensors, mask = x.decompose()
-        sizes = x._image_sizes
-        # compilers get no host sizes: reading them would specialise the graph on the batch
-        host = None if sizes is None or tracing() else tuple(tuple(s) for s in sizes)
+        # compilers get no host sizes: even touching them would specialise the graph on the batch
+        host = None
+        if not tracing() and x._image_sizes is not None:
+            host = tuple(tuple(s) for s in x._image_sizes)
         return SpatialInput(mask, tuple(tensors.shape[2:]), tensors.shape[0], tensors.device, host, x.rectangular)
     if not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
         tensors, mask = x.decompose()

@@ -70,12 +70,14 @@ class SpatialInput(NamedTuple):
     rectangular: bool = False
 
 
-def check_mask(mask: Any, name: str = "mask") -> Tensor:
+def check_mask(mask: Any, name: str = "mask", peer: str = "pixel_mask", cells: str = "pixels") -> Tensor:
     """Validates a padding mask's type: a ``bool`` tensor. Returns it.
 
     Args:
         mask (Tensor[B, *S], bool): True marks padding.
         name (str): the parameter's name in messages.
+        peer, cells (str): the transformers-style "1 = valid" mask the hint mentions
+            (``pixel_mask`` / pixels for images, ``attention_mask`` / tokens for sequences).
 
     Raises:
         TypeError: not a tensor; not ``torch.bool`` (with a hint on how to convert).
@@ -85,8 +87,8 @@ def check_mask(mask: Any, name: str = "mask") -> Tensor:
     if mask.dtype != torch.bool:
         raise TypeError(
             f"{name} must have dtype torch.bool with True marking padding, got {mask.dtype}. "
-            f"Convert with `{name}.bool()` if nonzero marks padding, or `~pixel_mask.bool()` for a "
-            "transformers-style pixel_mask where 1 marks valid pixels."
+            f"Convert with `{name}.bool()` if nonzero marks padding, or `~{peer}.bool()` for a "
+            f"transformers-style {peer} where 1 marks valid {cells}."
         )
     return mask
 

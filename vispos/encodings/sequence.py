@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
 from .._checks import check_int, check_number
+from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
@@ -198,14 +199,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
 
     @staticmethod
     def _check_mask(mask: object, batch: int, length: int, device: torch.device) -> Tensor:
-        if not isinstance(mask, Tensor):
-            raise TypeError(f"key_padding_mask must be a bool Tensor (B, L), got {type(mask).__name__}")
-        if mask.dtype != torch.bool:
-            raise TypeError(
-                f"key_padding_mask must have dtype torch.bool with True marking padding, got {mask.dtype}; "
-                "convert with `mask.bool()` if nonzero marks padding, or `~attention_mask.bool()` for a "
-                "transformers-style attention_mask where 1 marks valid tokens"
-            )
+        check_mask(mask, "key_padding_mask", peer="attention_mask", cells="tokens")
         if tuple(mask.shape) != (batch, length):
             raise ValueError(f"key_padding_mask must have shape (B, L) = {(batch, length)}, got {tuple(mask.shape)}")
         if mask.device != device:
