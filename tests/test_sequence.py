@@ -351,7 +351,7 @@ def test_learnable_constructor_errors():
         (lambda m: m(torch.zeros(2, 5, 8), key_padding_mask=torch.zeros(5, 2, dtype=torch.bool)), ValueError,
          r"key_padding_mask must have shape \(B, L\) = \(2, 5\), got \(5, 2\)"),
         (lambda m: m(torch.zeros(2, 5, 8), key_padding_mask="none"), TypeError,
-         r"key_padding_mask must be a bool Tensor \(B, L\), got str"),
+         r"key_padding_mask must be a torch.Tensor of dtype torch.bool, got str"),
     ],
 )
 def test_forward_errors(call, exc, match):
