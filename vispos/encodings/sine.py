@@ -21,7 +21,15 @@ from .._sincos import (
     sincos_embed,
     sincos_embed_lines,
 )
-from .._cache import DerivedBuffers, TensorCache, tracing
+from .._cache import (
+    DEFAULT_MAX_BYTES,
+    CacheInfo,
+    DerivedBuffers,
+    TensorCache,
+    check_max_bytes,
+    expand_batch,
+    tracing,
+)
 from ..nested_tensor import NestedTensor, _check_mask, parse_spatial_input
 
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
@@ -208,6 +216,19 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             given. Only valid with ``normalize=True``.
         offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
         eps (float): added to the denominator when normalising (DETR: 1e-6).
+        cache_size (int): results kept per module (LRU), keyed on shape, device, dtype,
+            parameters, the ``NestedTensor``'s sizes and (CPU masks) the mask's content. 0
+            disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
+        cache_bytes (int, optional): byte budget of the cache (entries plus the mask copies
+            they are keyed on); an entry larger than it is not stored. Default 8 MiB
+            (``vispos._cache.DEFAULT_MAX_BYTES``); None: no byte bound.
+        zero_copy (bool, keyword-only): opt in to shared results. False (default): every call
+            returns a tensor of its own (a hit is copied out of the cache), so writing into one
+            result, by any route, changes no other. True: a hit returns the cached tensor
+            itself, and an unmasked map a broadcast view of one cached table; results of equal
+            inputs then share storage and must be treated as read-only (an in-place write is
+            detected and the entry rebuilt; a write through ``.data``, ``.numpy()`` or DLPack
+            is not, and reaches every later result).
 
     Shape:
         - input: a :class:`NestedTensor` ``(B, C, *S)``; a bool mask ``Tensor[B, *S]`` (True =
@@ -215,8 +236,8 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
           1 to 3 axes.
         - output: ``Tensor[B, n * num_pos_feats, *S]``, channels-first, ``n = len(S)``; float32
           unless ``forward(..., dtype=...)`` says otherwise (angles are computed in float32 in
-          any case and cast once). For an unmasked feature map the result is a broadcast
-          (expanded, read-only) view over the batch; call ``.contiguous()`` for a writable copy.
+          any case and cast once). A new, contiguous tensor owned by the caller, unless
+          ``zero_copy=True`` (then an unmasked feature map gives a broadcast view over the batch).
 
     Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
     A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
@@ -236,8 +257,10 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
 
     Raises:
         TypeError: a non-int ``num_pos_feats``; a non-bool mask (with a hint on how to convert);
-            an input of another type; a non-floating output ``dtype``.
+            an input of another type; a non-floating output ``dtype``; a non-int
+            ``cache_bytes``; a non-bool ``zero_copy``.
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
+            negative ``cache_size`` or ``cache_bytes``;
             non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
             ``normalize``; an input of the wrong rank.
 
@@ -255,6 +278,9 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         offset: float = 0.0,
         eps: float = 1e-6,
         cache_size: int = 8,
+        cache_bytes: int | None = DEFAULT_MAX_BYTES,
+        *,
+        zero_copy: bool = False,
     ) -> None:
         super().__init__()
         check_num_feats(num_pos_feats)
@@ -279,8 +305,10 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             )
         if isinstance(cache_size, bool) or not isinstance(cache_size, int) or cache_size < 0:
             raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
-        self.cache_size = cache_size
-        self._cache = TensorCache(cache_size)
+        if not isinstance(zero_copy, bool):
+            raise TypeError(f"zero_copy must be a bool, got {zero_copy!r}")
+        self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
+        self.zero_copy = zero_copy
         self.num_pos_feats = num_pos_feats
         self.temperature = temperature
         self.normalize = normalize
@@ -316,8 +344,8 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
         if mask is None:
             key = ("grid", spatial, device, out_dtype) + self._params()
-            table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
-            return table.expand(batch, *table.shape[1:])
+            table, shared = self._cache.lookup(key, lambda: self._grid(spatial, device, out_dtype))
+            return expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
         rectangular = isinstance(x, NestedTensor) and x.rectangular
         if rectangular and tracing():
             # compilers and exporters: sizes read from the mask on the device, so the graph does
@@ -337,12 +365,43 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         """Drops every cached embedding."""
         self._cache.clear()
 
+    def cache_info(self) -> CacheInfo:
+        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
+
+        Returns:
+            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
+        """
+        return self._cache.info()
+
+    @property
+    def cache_size(self) -> int:
+        """int: entries kept; assigning evicts at once (0 empties and disables the cache)."""
+        return self._cache.maxsize
+
+    @cache_size.setter
+    def cache_size(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"cache_size must be an int >= 0, got {value!r}")
+        self._cache.maxsize = value
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """int or None: the cache's byte budget; assigning evicts at once."""
+        return self._cache.max_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int | None) -> None:
+        self._cache.max_bytes = check_max_bytes(value, "cache_bytes")
+
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
             f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}, "
             f"cache_size={self.cache_size}"
         )
+        if self.cache_bytes != DEFAULT_MAX_BYTES:
+            text += f", cache_bytes={self.cache_bytes}"
+        return text + (", zero_copy=True" if self.zero_copy else "")
 
     # -------------------------------------------------------------------------------- helpers
     def _params(self) -> tuple:
@@ -421,4 +480,4 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         )
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
-        return self._cache.get(key, compute, content=mask)
+        return self._cache.get(key, compute, content=mask, copy=not self.zero_copy)
