@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, NamedTuple
@@ -254,7 +253,6 @@ class TensorCache:
         self._bytes = 0
         self._hits = 0
         self._misses = 0
-        self._last: weakref.ref | None = None
 
     # ---------------------------------------------------------------------------- bounds
     @property
@@ -374,16 +372,6 @@ class TensorCache:
             return CacheInfo(
                 self._hits, self._misses, self._maxsize, len(self._entries), self._max_bytes, self._bytes
             )
-
-    # ---------------------------------------------------------------- last result (weak)
-    def remember(self, tensor: Tensor) -> None:
-        """Keeps a *weak* reference to ``tensor`` (an encoder's last result)."""
-        self._last = None if tensor is None else weakref.ref(tensor)
-
-    def last(self) -> Tensor | None:
-        """The tensor given to :meth:`remember` while someone else still holds it, else None."""
-        ref = self._last
-        return None if ref is None else ref()
 
     # ----------------------------------------------------------------------- plumbing
     def __len__(self) -> int:

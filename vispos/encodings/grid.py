@@ -17,8 +17,8 @@ What differs from the package, on purpose:
   write into a result, by any route (in place, ``.data``, ``.numpy()``, DLPack), reaches another
   call's result. ``zero_copy=True`` opts in to the package's sharing: a broadcast view of the
   cached table (no copy; results share storage and must be treated as read-only).
-  ``cached_penc`` is kept, as the last returned encoding, but by weak reference: it is None once
-  the caller drops that result, so the module holds no output-sized memory.
+  ``cached_penc`` is kept: the last returned encoding (that call's own result, never served to
+  another call; it holds one output's memory until the next call, or ``cached_penc = None``).
 * An input whose channel count differs from ``channels`` raises ``ValueError`` (the package
   silently returned fewer channels); the cache is keyed on dtype and device too (the package
   returned a tensor of the wrong dtype or device); the inverse-frequency table is a
@@ -120,6 +120,10 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         self.dtype_override = _check_dtype_override(dtype_override)
         self._tables = TensorCache(_CACHE_SIZE if cache else 0, check_max_bytes(cache_bytes, "cache_bytes"))
         self.zero_copy = zero_copy
+        #: the last returned encoding (``positional-encodings``' attribute; None before the
+        #: first call). It is that call's result itself: it holds one output's memory until the
+        #: next call or ``cached_penc = None``, and is never handed to another call.
+        self.cached_penc: Tensor | None = None
         self.register_buffer("inv_freq", self._inverse_frequencies(None), persistent=False)
 
     # ------------------------------------------------------------------------------------ api
@@ -136,7 +140,7 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         )
         out = expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
         if not tracing():
-            self._tables.remember(out)
+            self.cached_penc = out
         return out
 
     def clear_cache(self) -> None:
@@ -171,22 +175,11 @@ class _GridEncoding(DerivedBuffers, nn.Module):
     def cache_bytes(self, value: int | None) -> None:
         self._tables.max_bytes = check_max_bytes(value, "cache_bytes")
 
-    @property
-    def cached_penc(self) -> Tensor | None:
-        """Tensor or None: the last returned encoding (``positional-encodings``' attribute),
-        while the caller still holds it; None before the first call or once it is dropped (a
-        weak reference: the module keeps no output-sized memory). Assigning None forgets it."""
-        return self._tables.last()
-
-    @cached_penc.setter
-    def cached_penc(self, value: Tensor | None) -> None:
-        if value is not None and not isinstance(value, Tensor):
-            raise TypeError(f"cached_penc must be a Tensor or None, got {type(value).__name__}")
-        self._tables.remember(value)
-
     def _refresh_derived(self) -> None:
-        """Rebuilds ``inv_freq`` (float32, on its device) and empties the cache."""
+        """Rebuilds ``inv_freq`` (float32, on its device), empties the cache and forgets
+        ``cached_penc`` (built before the move or cast)."""
         self._tables.clear()
+        self.cached_penc = None
         if not self.inv_freq.is_meta:
             self.inv_freq = self._inverse_frequencies(self.inv_freq.device)
 
