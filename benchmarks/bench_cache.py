@@ -56,14 +56,15 @@ def _cache_bytes(module) -> int:
     return total
 
 
-def memory_pass(steps: int, seed: int) -> dict:
+def memory_pass(steps: int, seed: int, cache: bool = True) -> dict:
     import torch
 
     import vispos
 
     torch.set_num_threads(1)
     rng = random.Random(seed)
-    pe = vispos.PositionEmbeddingSine(128, normalize=True)
+    # cache=False: the same loop with cache_size=0, i.e. what the allocator alone keeps
+    pe = vispos.PositionEmbeddingSine(128, normalize=True, **({} if cache else {"cache_size": 0}))
     # warm-up: the allocator's and torch's own first-use memory is not the cache's
     warm = vispos.nested_tensor_from_tensor_list([torch.zeros(1, 96, 128), torch.zeros(1, 90, 120)])
     pe(warm)
@@ -166,14 +167,14 @@ def _child(pass_name: str, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=31)
-    parser.add_argument("--inner", type=int, default=5)
+    parser.add_argument("--inner", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--child", choices=("memory", "time"))
+    parser.add_argument("--child", choices=("memory", "memory-nocache", "time"))
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    if args.child == "memory":
-        print(json.dumps(memory_pass(args.steps, args.seed)))
+    if args.child in ("memory", "memory-nocache"):
+        print(json.dumps(memory_pass(args.steps, args.seed, cache=args.child == "memory")))
         return
     if args.child == "time":
         print(json.dumps(time_pass(args.repeats, args.inner)))
@@ -182,13 +183,17 @@ def main(argv: list[str] | None = None) -> None:
     import vispos
 
     mem = _child("memory", args)
+    base = _child("memory-nocache", args)
     tim = _child("time", args)
     print(f"vispos from {os.path.dirname(vispos.__file__)}")
     print(f"\n**Memory: {args.steps} batches of two stride-4 maps of random sizes (one module)**\n")
-    print("| RSS before MiB | RSS after MiB | held MiB | cache entries | cache MiB (end) | cache MiB (peak) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    print(f"| {mem['rss_before_mib']:.0f} | {mem['rss_after_mib']:.0f} | {mem['held_mib']:.1f} | "
-          f"{mem['cache_entries']} | {mem['cache_mib']:.2f} | {mem['cache_peak_mib']:.2f} |")
+    print("| module | RSS before MiB | RSS after MiB | held MiB | cache entries | cache MiB (end) "
+          "| cache MiB (peak) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, m in (("default cache", mem), ("cache_size=0 (allocator alone)", base)):
+        print(f"| {label} | {m['rss_before_mib']:.0f} | {m['rss_after_mib']:.0f} | "
+              f"{m['held_mib']:.1f} | {m['cache_entries']} | {m['cache_mib']:.2f} | "
+              f"{m['cache_peak_mib']:.2f} |")
     print(f"\n**Cost of one call, median of {tim['repeats']} interleaved repeats "
           f"(x {tim['inner']} calls), 1 thread**")
     for case, med in tim["medians_ms"].items():
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {variant} | {ms:.3f} | {tim['iqr_ms'][case][variant]:.3f} | {ms / floor:.2f} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"memory": mem, "time": tim}, f, indent=2)
+            json.dump({"memory": mem, "memory_nocache": base, "time": tim}, f, indent=2)
 
 
 if __name__ == "__main__":
