@@ -183,7 +183,9 @@ def check_max_bytes(max_bytes: object, name: str) -> int | None:
     if max_bytes is None:
         return None
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-        raise TypeError(f"{name} must be an int >= 0 or None, got {max_bytes!r} ({type(max_bytes).__name__})")
+        raise TypeError(
+            f"{name} must be an int >= 0 or None, got {max_bytes!r} ({type(max_bytes).__name__})"
+        )
     if max_bytes < 0:
         raise ValueError(f"{name} must be an int >= 0 or None (unbounded), got {max_bytes}")
     return max_bytes
@@ -331,8 +333,9 @@ class TensorCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
+                saved = entry.content
                 if entry.tensor._version == entry.version and (
-                    entry.content is None or (content is not None and torch.equal(entry.content, content))
+                    saved is None or (content is not None and torch.equal(saved, content))
                 ):
                     self._entries.move_to_end(key)
                     self._hits += 1
@@ -370,7 +373,12 @@ class TensorCache:
         """The current :class:`CacheInfo` (hits, misses, maxsize, currsize, maxbytes, currbytes)."""
         with self._lock:
             return CacheInfo(
-                self._hits, self._misses, self._maxsize, len(self._entries), self._max_bytes, self._bytes
+                self._hits,
+                self._misses,
+                self._maxsize,
+                len(self._entries),
+                self._max_bytes,
+                self._bytes,
             )
 
     # ----------------------------------------------------------------------- plumbing

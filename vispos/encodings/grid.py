@@ -118,7 +118,8 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         self.channels_per_axis = per_axis
         self.channels = per_axis  # the package's name for the per-axis count
         self.dtype_override = _check_dtype_override(dtype_override)
-        self._tables = TensorCache(_CACHE_SIZE if cache else 0, check_max_bytes(cache_bytes, "cache_bytes"))
+        budget = check_max_bytes(cache_bytes, "cache_bytes")
+        self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
         self.zero_copy = zero_copy
         #: the last returned encoding (``positional-encodings``' attribute; None before the
         #: first call). It is that call's result itself: it holds one output's memory until the
@@ -295,7 +296,8 @@ _CLASS_DOC = """Sinusoidal {n}D encoding of a {layout_word} tensor, as ``positio
         TypeError: ``channels`` is not an int; ``dtype_override`` is not a torch.dtype; the input
             is not a tensor, or is not floating and ``dtype_override`` is not given; ``cache``
             or ``zero_copy`` is not a bool; ``cache_bytes`` is not an int or None.
-        ValueError: ``channels`` <= 0; ``cache_bytes`` < 0; ``dtype_override`` is not floating; the input does not
+        ValueError: ``channels`` <= 0; ``cache_bytes`` < 0; ``dtype_override`` is not
+            floating; the input does not
             have {rank} dims or has another channel count than ``channels``.
 
     References:
