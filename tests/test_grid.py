@@ -182,8 +182,8 @@ def test_half_module_keeps_float32_angles():
 
 
 # -------------------------------------------------------------------------------------- cache
-def test_cache_reuses_one_table_without_batch_copies():
-    enc = PositionalEncoding2D(16)
+def test_zero_copy_reuses_one_table_without_batch_copies():
+    enc = PositionalEncoding2D(16, zero_copy=True)
     calls = []
     build = enc._table
     enc._table = lambda *a: calls.append(a) or build(*a)
@@ -197,8 +197,8 @@ def test_cache_reuses_one_table_without_batch_copies():
     assert len(calls) == 1
 
 
-def test_cache_in_place_write_is_refused():
-    enc = PositionalEncoding2D(16)
+def test_zero_copy_in_place_write_is_refused():
+    enc = PositionalEncoding2D(16, zero_copy=True)
     out = enc(torch.zeros(3, 5, 6, 16))
     with pytest.raises(RuntimeError, match="single memory location"):
         out.add_(1)
@@ -213,8 +213,8 @@ def test_cache_batch_of_one_gets_a_copy():
     assert_close(enc(x), peer.PositionalEncodingPermute3D(9)(x), **F32)
 
 
-def test_cache_write_through_an_item_view_is_detected():
-    enc = PositionalEncoding1D(10)
+def test_zero_copy_write_through_an_item_view_is_detected():
+    enc = PositionalEncoding1D(10, zero_copy=True)
     x = torch.zeros(2, 7, 10)
     out = enc(x)
     out[0].fill_(123.0)  # an item of the broadcast view is writable: it aliases the table
@@ -361,11 +361,16 @@ def test_fix_encoding_dtype_override_devices_and_safety():
     fixed = FixEncoding(PositionalEncoding2D(8, dtype_override=torch.float64), (3, 4))
     x = torch.zeros(2, 3, 4, 8)
     out = fixed(x)
-    assert out.dtype == torch.float64 and out.stride(0) == 0
+    assert out.dtype == torch.float64 and out.is_contiguous()  # the caller's own tensor
+    out.numpy()[:] = 5.0  # a write the version counter does not see reaches no later result
+    assert_close(fixed(x), peer.PositionalEncoding2D(8)(x.double()), rtol=0, atol=0)
+    shared = FixEncoding(PositionalEncoding2D(8, dtype_override=torch.float64, zero_copy=True), (3, 4))
+    out = shared(x)
+    assert out.stride(0) == 0  # zero_copy: the table broadcast over the batch
     with pytest.raises(RuntimeError, match="single memory location"):
         out.add_(1)
-    out[1].fill_(5.0)
-    assert_close(fixed(x), peer.PositionalEncoding2D(8)(x.double()), rtol=0, atol=0)
+    out[1].fill_(5.0)  # an in-place write through an item view: detected, the table is rebuilt
+    assert_close(shared(x), peer.PositionalEncoding2D(8)(x.double()), rtol=0, atol=0)
     assert fixed(torch.zeros(2, 3, 4, 8, device="meta")).device.type == "meta"
     assert fixed.state_dict() == {}
 

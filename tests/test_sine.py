@@ -162,13 +162,15 @@ def test_half_input_computes_angles_in_float32():
     assert (naive.float() - torch.arange(1, 3001).float()).abs().max() >= 8
 
 
-def test_unmasked_output_is_broadcast_view():
-    pe = PositionEmbeddingSine(16)
-    out = pe(torch.randn(4, 3, 5, 6))
-    assert out.shape == (4, 32, 5, 6) and out.stride(0) == 0
+def test_unmasked_output_is_owned_or_a_broadcast_view_on_request():
+    x = torch.randn(4, 3, 5, 6)
+    out = PositionEmbeddingSine(16)(x)
+    assert out.shape == (4, 32, 5, 6) and out.is_contiguous()  # the caller's own tensor
+    shared = PositionEmbeddingSine(16, zero_copy=True)(x)
+    assert shared.stride(0) == 0  # zero_copy: one table broadcast over the batch
     with pytest.raises(RuntimeError):
-        out.add_(1)
-    assert out.contiguous().add_(1).shape == out.shape
+        shared.add_(1)
+    torch.testing.assert_close(out, shared, rtol=0, atol=0)
 
 
 def test_does_not_modify_inputs():
@@ -292,16 +294,16 @@ def test_with_features_keeps_rectangular_sizes():
 
 
 def test_cache_hits_and_invalidation():
-    pe = PositionEmbeddingSine(16, normalize=True)
+    pe = PositionEmbeddingSine(16, normalize=True, zero_copy=True)
     mask = MASKS["arbitrary"]()
     a = pe(mask)
-    assert pe(mask) is a  # same content: served from the cache
+    assert pe(mask) is a  # same content: served from the cache (shared, as opted in)
     other = mask.clone()
     other[0, 0, 0] = ~other[0, 0, 0]
     b = pe(other)
     assert b is not a
     torch.testing.assert_close(b, _general(pe, other), rtol=0, atol=0)
-    a.add_(1)  # the caller modifies a cached result: the entry is dropped, not served
+    a.add_(1)  # the caller modifies a shared result in place: the entry is dropped, not served
     c = pe(mask)
     assert c is not a
     torch.testing.assert_close(c, _general(pe, mask), rtol=0, atol=0)
@@ -314,10 +316,10 @@ def test_cache_hits_and_invalidation():
 
 
 def test_cache_for_grids_and_nested_tensors():
-    pe = PositionEmbeddingSine(16, normalize=True, cache_size=2)
+    pe = PositionEmbeddingSine(16, normalize=True, cache_size=2, zero_copy=True)
     x = torch.randn(1, 3, 5, 6)
     a = pe(x)
-    a.mul_(0)  # batch of one: a writable view of the cached table; the change is detected
+    a.mul_(0)  # zero_copy, batch of one: the cached table itself; the in-place write is detected
     torch.testing.assert_close(pe(x), PositionEmbeddingSine(16, normalize=True, cache_size=0)(x), rtol=0, atol=0)
     nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])
     assert pe(nt) is pe(nt)
@@ -332,8 +334,11 @@ def test_cache_under_inference_mode_serves_autograd_later():
     with torch.inference_mode():
         first = pe(mask)
     w = torch.ones(1, requires_grad=True)
-    (pe(mask) * w).sum().backward()
-    assert w.grad is not None and not first.is_inference()
+    later = pe(mask)
+    (later * w).sum().backward()
+    assert pe.cache_info().hits == 1  # served from the entry built under inference mode
+    assert w.grad is not None and not later.is_inference()
+    torch.testing.assert_close(later, first, rtol=0, atol=0)
 
 
 @settings(max_examples=25, deadline=None)

@@ -6,6 +6,7 @@ encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join
 
 __version__ = "0.1.0"
 
+from ._cache import CacheInfo, caching, is_caching_enabled, set_caching
 from .config import build_from_config, register
 from .encodings import (
     AxialRotaryEmbedding,
@@ -36,6 +37,10 @@ from .nested_tensor import NestedTensor, interpolate_mask, nested_tensor_from_te
 
 __all__ = [
     "__version__",
+    "CacheInfo",
+    "caching",
+    "is_caching_enabled",
+    "set_caching",
     "NestedTensor",
     "nested_tensor_from_tensor_list",
     "interpolate_mask",

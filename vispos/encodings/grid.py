@@ -12,11 +12,13 @@ result cast once to the output dtype). Switching is one import::
 
 What differs from the package, on purpose:
 
-* The encoding is cached by default per (spatial shape, device, dtype) and handed out as a
-  broadcast (expanded) view over the batch: no per-batch copy, and PyTorch refuses in-place
-  writes into it. Batch size 1 gets a fresh copy, and a cached table written through any other
-  view (``out[0].add_(1)``) is detected and rebuilt, so the cache can never be corrupted.
-  Call ``.clone()`` on the result for a writable tensor.
+* One unbatched table per (spatial shape, device, dtype) is cached (LRU, 8 tables, 8 MiB by
+  default) and every call writes a new ``(B, ...)`` result from it, which the caller owns: no
+  write into a result, by any route (in place, ``.data``, ``.numpy()``, DLPack), reaches another
+  call's result. ``zero_copy=True`` opts in to the package's sharing: a broadcast view of the
+  cached table (no copy; results share storage and must be treated as read-only).
+  ``cached_penc`` is kept: the last returned encoding (that call's own result, never served to
+  another call; it holds one output's memory until the next call, or ``cached_penc = None``).
 * An input whose channel count differs from ``channels`` raises ``ValueError`` (the package
   silently returned fewer channels); the cache is keyed on dtype and device too (the package
   returned a tensor of the wrong dtype or device); the inverse-frequency table is a
@@ -38,7 +40,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._cache import DerivedBuffers, TensorCache
+from .._cache import (
+    DEFAULT_MAX_BYTES,
+    CacheInfo,
+    DerivedBuffers,
+    TensorCache,
+    check_max_bytes,
+    expand_batch,
+    tracing,
+)
 from .._checks import check_bool, check_int
 from .._sincos import frequency_divisors, sincos_embed
 
@@ -55,17 +65,6 @@ __all__ = [
 
 _TEMPERATURE = 10000.0
 _CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
-
-
-def _expand_batch(table: Tensor, batch: int) -> Tensor:
-    """``table`` (1, ...) broadcast to ``batch`` items without a copy; a copy when ``batch == 1``.
-
-    A view expanded over ``batch > 1`` items has stride 0 on the batch axis, so in-place writes
-    into it raise; with one item there is no overlap to refuse the write, hence the copy.
-    """
-    if batch == 1:
-        return table.clone()
-    return table.expand(batch, *table.shape[1:])
 
 
 def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
@@ -94,14 +93,26 @@ class _GridEncoding(DerivedBuffers, nn.Module):
     _channels_first: bool = False
 
     def __init__(
-        self, channels: int, dtype_override: torch.dtype | None = None, *, cache: bool = True
+        self,
+        channels: int,
+        dtype_override: torch.dtype | None = None,
+        *,
+        cache: bool = True,
+        cache_bytes: int | None = DEFAULT_MAX_BYTES,
+        zero_copy: bool = False,
     ) -> None:
         super().__init__()
         check_int(channels, "channels", minimum=1)
         check_bool(cache, "cache")
+        check_bool(zero_copy, "zero_copy")
         self.dtype_override = _check_dtype_override(dtype_override)
-        self.cache = cache
-        self._tables = TensorCache(_CACHE_SIZE if cache else 0)
+        budget = check_max_bytes(cache_bytes, "cache_bytes")
+        self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
+        self.zero_copy = zero_copy
+        #: the last returned encoding (``positional-encodings``' attribute; None before the
+        #: first call). It is that call's result itself: it holds one output's memory until the
+        #: next call or ``cached_penc = None``, and is never handed to another call.
+        self.cached_penc: Tensor | None = None
         self.register_buffer("inv_freq", None, persistent=False)
         self.org_channels = channels
 
@@ -125,6 +136,7 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         if old is None or not old.is_meta:
             self.inv_freq = self._inverse_frequencies(device)
         self._tables.clear()
+        self.cached_penc = None
 
     # ------------------------------------------------------------------------------------ api
     def forward(self, tensor: Tensor) -> Tensor:
@@ -134,22 +146,62 @@ class _GridEncoding(DerivedBuffers, nn.Module):
             tensor (Tensor): ``(B, *S, C)`` (channel-last classes) or ``(B, C, *S)`` (Permute).
         """
         spatial, batch, out_dtype = self._parse(tensor)
-        table = self._cached_table(spatial, tensor.device, out_dtype)
-        return _expand_batch(table, batch)
+        device = tensor.device
+        table, shared = self._tables.lookup(
+            (spatial, device, out_dtype), lambda: self._table(spatial, device, out_dtype)
+        )
+        out = expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
+        if not tracing():
+            self.cached_penc = out
+        return out
 
     def clear_cache(self) -> None:
         """Drops every cached table (they are rebuilt on demand)."""
         self._tables.clear()
 
+    def cache_info(self) -> CacheInfo:
+        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
+
+        Returns:
+            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
+        """
+        return self._tables.info()
+
+    @property
+    def cache(self) -> bool:
+        """bool: whether tables are cached; assigning False empties and disables the cache."""
+        return self._tables.maxsize > 0
+
+    @cache.setter
+    def cache(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TypeError(f"cache must be a bool, got {value!r}")
+        self._tables.maxsize = _CACHE_SIZE if value else 0
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """int or None: the cache's byte budget; assigning evicts at once."""
+        return self._tables.max_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int | None) -> None:
+        self._tables.max_bytes = check_max_bytes(value, "cache_bytes")
+
     def _refresh_derived(self) -> None:
-        """Rebuilds ``inv_freq`` (float32, on its device) and empties the cache."""
+        """Rebuilds ``inv_freq`` (float32, on its device), empties the cache and forgets
+        ``cached_penc`` (built before the move or cast)."""
         self._tables.clear()
+        self.cached_penc = None
         if not self.inv_freq.is_meta:
             self.inv_freq = self._inverse_frequencies(self.inv_freq.device)
 
     def extra_repr(self) -> str:
         text = f"channels={self.org_channels}, dtype_override={self.dtype_override}"
-        return text if self.cache else text + ", cache=False"
+        if not self.cache:
+            text += ", cache=False"
+        if self.cache_bytes != DEFAULT_MAX_BYTES:
+            text += f", cache_bytes={self.cache_bytes}"
+        return text + (", zero_copy=True" if self.zero_copy else "")
 
     # -------------------------------------------------------------------------------- helpers
     def _layout(self) -> str:
@@ -189,13 +241,6 @@ class _GridEncoding(DerivedBuffers, nn.Module):
             out_dtype = tensor.dtype
         return spatial, tensor.shape[0], out_dtype
 
-    def _cached_table(
-        self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        """``Tensor[1, *S, C]`` (or ``[1, C, *S]`` for Permute), cached; never write into it."""
-        key = (spatial, device, dtype)
-        return self._tables.get(key, lambda: self._table(spatial, device, dtype))
-
     def _table(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
         """Builds the encoding ``Tensor[1, *S, C]`` (or ``[1, C, *S]``) through the N-D core."""
         inv_freq = self.inv_freq
@@ -214,8 +259,8 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         )
         if table.shape[-1] != self.org_channels:
             table = table.narrow(-1, 0, self.org_channels).contiguous()
-        if self._channels_first:
-            table = table.movedim(-1, 1)
+        if self._channels_first:  # stored channels-first, so results are filled by a plain copy
+            table = table.movedim(-1, 1).contiguous()
         return table
 
     def _load_from_state_dict(
@@ -243,20 +288,27 @@ _CLASS_DOC = """Sinusoidal {n}D encoding of a {layout_word} tensor, as ``positio
         channels (int): the input's channel count ``C`` (positive).
         dtype_override (torch.dtype, optional): output dtype (floating); default: the input's
             dtype, which must then be floating.
-        cache (bool, keyword-only): keep the last {cache_size} tables, keyed on (spatial shape,
-            device, dtype). Default True.
+        cache (bool, keyword-only): keep the last {cache_size} unbatched tables, keyed on
+            (spatial shape, device, dtype). Default True. Assigning ``module.cache`` later
+            takes effect.
+        cache_bytes (int, optional, keyword-only): byte budget of the cache; a table larger
+            than it is not stored. Default 8 MiB; None: no byte bound.
+        zero_copy (bool, keyword-only): False (default): every call returns a new tensor the
+            caller owns. True: a broadcast view of the cached table (as the package does):
+            results of equal shapes share storage and must be treated as read-only.
 
     Shape:
         - input: ``Tensor{shape}``; only its shape, dtype and device are read.
         - output: ``Tensor{shape}``, the same shape, in ``dtype_override`` or the input's dtype
-          (angles are computed in float32 either way and cast once). For ``B > 1`` this is a
-          broadcast view over the batch of a cached table: in-place writes into it raise;
-          ``.clone()`` it for a writable copy. For ``B == 1`` it is a fresh copy.
+          (angles are computed in float32 either way and cast once). A new contiguous tensor
+          owned by the caller; with ``zero_copy=True`` a broadcast view of the cached table.
 
     Raises:
         TypeError: ``channels`` is not an int; ``dtype_override`` is not a torch.dtype; the input
-            is not a tensor, or is not floating and ``dtype_override`` is not given.
-        ValueError: ``channels`` <= 0; ``dtype_override`` is not floating; the input does not
+            is not a tensor, or is not floating and ``dtype_override`` is not given; ``cache``
+            or ``zero_copy`` is not a bool; ``cache_bytes`` is not an int or None.
+        ValueError: ``channels`` <= 0; ``cache_bytes`` < 0; ``dtype_override`` is not
+            floating; the input does not
             have {rank} dims or has another channel count than ``channels``.
 
     References:
@@ -366,8 +418,9 @@ class FixEncoding(nn.Module):
     Shape:
         - input: ``Tensor[B, *S, C]`` (or ``[B, C, *S]`` for a Permute encoding) with exactly
           this ``S`` and ``C = encoding.org_channels``; any dtype.
-        - output: ``Tensor`` of the input's shape, in ``encoding.dtype_override`` or float32. A
-          read-only broadcast view for ``B > 1``, a fresh copy for ``B == 1``.
+        - output: ``Tensor`` of the input's shape, in ``encoding.dtype_override`` or float32: a
+          new tensor owned by the caller, or a broadcast view of the table when the encoding
+          was built with ``zero_copy=True``.
 
     Raises:
         TypeError: ``encoding`` is not one of the grid encodings above; ``shape`` is not a
@@ -402,8 +455,9 @@ class FixEncoding(nn.Module):
         self.shape = tuple(shape)
         self.dim = n
         self._dtype = encoding.dtype_override or torch.float32
-        self._tables = TensorCache(4)
-        self._tables.get(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
+        # one table per device, whatever its size: the shape is fixed by the caller
+        self._tables = TensorCache(4, max_bytes=None)
+        self._tables.lookup(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
 
     def _build(self, device: torch.device) -> Tensor:
         return self.pos_encoder._table(self.shape, device, self._dtype)
@@ -426,8 +480,8 @@ class FixEncoding(nn.Module):
                 f"(layout {enc._layout()}), got shape {tuple(tensor.shape)}"
             )
         device = tensor.device
-        table = self._tables.get(device, lambda: self._build(device))
-        return _expand_batch(table, tensor.shape[0])
+        table, shared = self._tables.lookup(device, lambda: self._build(device))
+        return expand_batch(table, tensor.shape[0], shared=shared, zero_copy=enc.zero_copy)
 
     def extra_repr(self) -> str:
         return f"shape={self.shape}"

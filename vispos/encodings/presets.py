@@ -255,7 +255,9 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
             ``normalize``.
         offset (float): added before normalising (mmdet's ``offset``). Default 0.
         eps (float): added to the denominator when normalising. Default 1e-6.
-        cache_size (int): embeddings kept per module (0: no cache). Default 8.
+        cache_size, cache_bytes, zero_copy: the cache, as for
+            :class:`~vispos.PositionEmbeddingSine` (results are the caller's own unless
+            ``zero_copy=True``).
 
     A sibling of :class:`~vispos.PositionEmbeddingSine` over the same base
     (:class:`~vispos.encodings.sine.SineEmbeddingBase`): the same validation, output-dtype
@@ -267,8 +269,7 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
         - input: a :class:`NestedTensor` ``(B, C, D, H, W)`` (or DETR's own ``NestedTensor``); a bool mask ``Tensor[B, D, H, W]``
           (True = padding); or a feature map ``Tensor[B, C, D, H, W]`` meaning "no padding".
         - output: ``Tensor[B, 2 * num_pos_feats, D, H, W]``, channels-first, float32 unless
-          ``dtype`` is given. For an unmasked input it is an expanded (read-only) view over the
-          batch.
+          ``dtype`` is given. A new tensor owned by the caller (unless ``zero_copy=True``).
 
     Raises:
         TypeError: non-int ``num_pos_feats``; non-number options; a non-bool mask (with a hint);

@@ -14,7 +14,14 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .._cache import DerivedBuffers, TensorCache
+from .._cache import (
+    DEFAULT_MAX_BYTES,
+    CacheInfo,
+    DerivedBuffers,
+    TensorCache,
+    check_max_bytes,
+    expand_batch,
+)
 from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
 from .._sincos import (
     check_num_feats,
@@ -127,15 +134,16 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
     (``n_spatial``, None = 1 to 3).
 
     Args:
-        num_pos_feats, temperature, normalize, scale, offset, eps, cache_size: see
-            :class:`PositionEmbeddingSine`.
+        num_pos_feats, temperature, normalize, scale, offset, eps, cache_size, cache_bytes,
+            zero_copy: see :class:`PositionEmbeddingSine`.
 
     Raises:
         TypeError: a non-int ``num_pos_feats`` / ``cache_size``; a non-bool ``normalize``;
-            non-number ``scale`` / ``offset`` / ``eps``.
+            non-number ``scale`` / ``offset`` / ``eps``; a non-int ``cache_bytes``; a non-bool
+            ``zero_copy``.
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
             non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
-            ``normalize``; negative ``cache_size``.
+            ``normalize``; negative ``cache_size`` or ``cache_bytes``.
 
     References:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
@@ -152,6 +160,9 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
         offset: float = 0.0,
         eps: float = 1e-6,
         cache_size: int = 8,
+        cache_bytes: int | None = DEFAULT_MAX_BYTES,
+        *,
+        zero_copy: bool = False,
     ) -> None:
         super().__init__()
         check_num_feats(num_pos_feats)
@@ -170,8 +181,9 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
                 "valid count 0 + eps, so eps=0 would give NaN (DETR uses 1e-6)"
             )
         check_int(cache_size, "cache_size", minimum=0)
-        self.cache_size = cache_size
-        self._cache = TensorCache(cache_size)
+        check_bool(zero_copy, "zero_copy")
+        self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
+        self.zero_copy = zero_copy
         self.num_pos_feats = num_pos_feats
         self.temperature = temperature
         self.normalize = normalize
@@ -219,8 +231,8 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
         if mask is None:
             key = ("grid", spatial, device, out_dtype) + self._params()
-            table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
-            return table.expand(batch, *table.shape[1:])
+            table, shared = self._cache.lookup(key, lambda: self._grid(spatial, device, out_dtype))
+            return expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
         if inp.rectangular and tracing():
             # compilers and exporters: sizes read from the mask on the device, so the graph does
             # not depend on (and is not re-specialised for) the batch's host-side image_sizes
@@ -239,12 +251,42 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
         """Drops every cached embedding."""
         self._cache.clear()
 
+    def cache_info(self) -> CacheInfo:
+        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
+
+        Returns:
+            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
+        """
+        return self._cache.info()
+
+    @property
+    def cache_size(self) -> int:
+        """int: entries kept; assigning evicts at once (0 empties and disables the cache)."""
+        return self._cache.maxsize
+
+    @cache_size.setter
+    def cache_size(self, value: int) -> None:
+        check_int(value, "cache_size", minimum=0)
+        self._cache.maxsize = value
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """int or None: the cache's byte budget; assigning evicts at once."""
+        return self._cache.max_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int | None) -> None:
+        self._cache.max_bytes = check_max_bytes(value, "cache_bytes")
+
     def extra_repr(self) -> str:
-        return (
+        text = (
             f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature}, "
             f"normalize={self.normalize}, scale={self.scale}, offset={self.offset}, eps={self.eps}, "
             f"cache_size={self.cache_size}"
         )
+        if self.cache_bytes != DEFAULT_MAX_BYTES:
+            text += f", cache_bytes={self.cache_bytes}"
+        return text + (", zero_copy=True" if self.zero_copy else "")
 
     # -------------------------------------------------------------------------------- helpers
     def _params(self) -> tuple:
@@ -322,7 +364,7 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
         return self._embed(positions, tuple(mask.shape), dtype, mask.device)
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
-        return self._cache.get(key, compute, content=mask)
+        return self._cache.get(key, compute, content=mask, copy=not self.zero_copy)
 
 
 class PositionEmbeddingSine(SineEmbeddingBase):
@@ -344,7 +386,19 @@ class PositionEmbeddingSine(SineEmbeddingBase):
             given. Only valid with ``normalize=True``.
         offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
         eps (float): added to the denominator when normalising (DETR: 1e-6).
-        cache_size (int): embeddings kept per module (0: no cache). Default 8.
+        cache_size (int): results kept per module (LRU), keyed on shape, device, dtype,
+            parameters, the ``NestedTensor``'s sizes and (CPU masks) the mask's content. 0
+            disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
+        cache_bytes (int, optional): byte budget of the cache (entries plus the mask copies
+            they are keyed on); an entry larger than it is not stored. Default 8 MiB
+            (``vispos._cache.DEFAULT_MAX_BYTES``); None: no byte bound.
+        zero_copy (bool, keyword-only): opt in to shared results. False (default): every call
+            returns a tensor of its own (a hit is copied out of the cache), so writing into one
+            result, by any route, changes no other. True: a hit returns the cached tensor
+            itself, and an unmasked map a broadcast view of one cached table; results of equal
+            inputs then share storage and must be treated as read-only (an in-place write is
+            detected and the entry rebuilt; a write through ``.data``, ``.numpy()`` or DLPack
+            is not, and reaches every later result).
 
     Shape:
         - input: a :class:`NestedTensor` ``(B, C, *S)`` (or DETR's own ``NestedTensor``: any
@@ -353,8 +407,8 @@ class PositionEmbeddingSine(SineEmbeddingBase):
           1 to 3 axes.
         - output: ``Tensor[B, n * num_pos_feats, *S]``, channels-first, ``n = len(S)``; float32
           unless ``forward(..., dtype=...)`` says otherwise (angles are computed in float32 in
-          any case and cast once). For an unmasked feature map the result is a broadcast
-          (expanded, read-only) view over the batch; call ``.contiguous()`` for a writable copy.
+          any case and cast once). A new, contiguous tensor owned by the caller, unless
+          ``zero_copy=True`` (then an unmasked feature map gives a broadcast view over the batch).
 
     Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
     A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
