@@ -881,16 +881,17 @@ def plot_normalized_coords(
     """How DETR's ``normalize`` maps each item's valid cells to ``[0, scale]`` whatever its padding.
 
     One row per item: its mask, then the normalised row (``y``) and column (``x``) coordinates
-    from :func:`~vispos.encodings.sine.cumulative_positions`, then the mask-blind ``x``: the
-    same formula on an all-valid mask, which stretches the whole padded canvas instead, so a
-    small item only reaches a fraction of ``scale``. Shared colour scale ``[0, scale]``.
+    from :func:`~vispos.encodings.sine.cumulative_positions`, then the mask-blind ``y`` and
+    ``x``: the same formula on an all-valid mask, which stretches the whole padded canvas
+    instead, so an item smaller than the canvas only reaches a fraction of ``scale`` (its valid
+    region is outlined in cyan). Shared colour scale ``[0, scale]``.
 
     Args:
         mask (Tensor[B, H, W], bool): True marks padding.
         scale, offset, eps (float): as in :class:`~vispos.PositionEmbeddingSine`.
 
     Returns:
-        matplotlib.figure.Figure: ``4 * B`` axes plus a colorbar.
+        matplotlib.figure.Figure: ``5 * B`` axes plus a colorbar.
 
     Raises:
         TypeError: ``mask`` is not a bool tensor.
@@ -908,23 +909,24 @@ def plot_normalized_coords(
         raise ValueError(f"mask must have shape (B, H, W) with B >= 1, got {tuple(mask.shape)}")
     mask = mask.cpu()
     py, px = cumulative_positions(mask, normalize=True, scale=scale, offset=offset, eps=eps)
-    _, blind = cumulative_positions(torch.zeros_like(mask), normalize=True, scale=scale, offset=offset, eps=eps)
+    by, bx = cumulative_positions(torch.zeros_like(mask), normalize=True, scale=scale, offset=offset, eps=eps)
     b, h, w = mask.shape
-    fig = _figure(4 * min(2.6, 2.2 * w / h) + 1.0, 2.3 * b + 0.6)
-    axes = fig.subplots(b, 4, squeeze=False)
+    fig = _figure(5 * min(2.4, 2.0 * w / h) + 1.0, 2.1 * b + 0.6)
+    axes = fig.subplots(b, 5, squeeze=False)
     im = None
     for i in range(b):
         m = mask[i].numpy()
         axes[i, 0].imshow(m, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
         axes[i, 0].set_title(f"item {i} mask (white = padding)", fontsize=8)
-        for ax, val, name in ((axes[i, 1], py[i], "normalised y"), (axes[i, 2], px[i], "normalised x"),
-                              (axes[i, 3], blind[i], "mask-blind x")):
-            shown = np.ma.masked_array(val.numpy(), mask=m if name != "mask-blind x" else np.zeros_like(m))
+        panels = ((py[i], "normalised y", True), (px[i], "normalised x", True),
+                  (by[i], "mask-blind y", False), (bx[i], "mask-blind x", False))
+        for ax, (val, name, masked) in zip(axes[i, 1:], panels):
+            shown = np.ma.masked_array(val.numpy(), mask=m if masked else np.zeros_like(m))
             im = ax.imshow(shown, cmap="magma", vmin=0, vmax=scale, interpolation="nearest")
             valid = val.numpy()[~m]
             top = float(valid.max()) if valid.size else 0.0
-            ax.set_title(f"{name}: max on valid {top:.2f}", fontsize=8)
-            if name == "mask-blind x" and m.any():
+            ax.set_title(f"{name}: valid max {top:.2f}", fontsize=8)
+            if not masked and m.any():
                 ax.contour(m.astype(float), levels=[0.5], colors="cyan", linewidths=1.2)
         for ax in axes[i]:
             ax.set_xticks([])
