@@ -259,7 +259,7 @@ def plot_volume_similarity(
     block_rows = -(-b // per_row)
     fig = Figure(figsize=(5.4 * per_row + 0.9, (1.75 * n_rows + 0.45) * block_rows + 0.5), layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.subfigures(block_rows, per_row + 1, squeeze=False, width_ratios=[1.0] * per_row + [0.14])
+    grid = fig.subfigures(block_rows, per_row + 1, squeeze=False, width_ratios=[1.0] * per_row + [0.2])
     subfigs = grid[:, :per_row].ravel()
     vols = batch.tensors.detach().float().cpu()[:, 0].numpy()
     mask = None if batch.mask is None else batch.mask.cpu().numpy()
@@ -323,7 +323,7 @@ def plot_volume_similarity(
         sub.set_visible(False)
     if last_im is not None:
         bar = grid[0, per_row]
-        cax = bar.add_axes((0.1, 0.15, 0.3, 0.7))
+        cax = bar.add_axes((0.08, 0.15, 0.22, 0.7))
         bar.colorbar(last_im, cax=cax, label="cosine similarity")
     else:
         grid[0, per_row].set_visible(False)
