@@ -493,7 +493,7 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
 
     Returns:
         Tensor[F] | None: float64, the wavelength of channels ``0 .. F-1`` of the first axis
-        block (``F`` channels); ``None`` for an encoder without fixed frequencies (learned).
+            block (``F`` channels); ``None`` for an encoder without fixed frequencies (learned).
 
     Raises:
         ValueError: ``length < 1``.
@@ -547,7 +547,7 @@ def plot_channels(
 
     Returns:
         matplotlib.figure.Figure: 1 heatmap axes plus a colorbar in 1D; one axes per channel plus
-        a colorbar in 2D. Never shown; save it with ``fig.savefig(path)``.
+            a colorbar in 2D. Never shown; save it with ``fig.savefig(path)``.
 
     Raises:
         TypeError: ``pos`` is not a tensor; ``channels`` does not hold ints.
@@ -684,7 +684,7 @@ def plot_wavelengths(
 
     Returns:
         matplotlib.figure.Figure: ``len(ladders)`` axes sharing the y axis, each with
-        ``len(temperatures)`` lines of ``F / 2`` points.
+            ``len(temperatures)`` lines of ``F / 2`` points.
 
     Raises:
         TypeError: ``num_feats`` is not an int; a temperature is not a number.
@@ -742,7 +742,7 @@ def plot_similarity(
 
     Returns:
         matplotlib.figure.Figure: ``len(queries)`` axes (2D) or ``3 * len(queries)`` (3D), plus
-        a colorbar.
+            a colorbar.
 
     Raises:
         TypeError: ``pos`` is not a tensor; ``mask`` is not a bool tensor.

@@ -1,0 +1,33 @@
+"""mkdocs hook: under ``--strict`` a public object of vispos without a docstring fails the build.
+
+mkdocstrings renders an undocumented object silently; this hook warns for each one (and mkdocs'
+strict mode turns warnings into a failed build). Public means listed in ``__all__`` of the
+modules the API pages render.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+
+log = logging.getLogger("mkdocs.hooks.vispos")
+
+MODULES = ("vispos", "vispos.backbones", "vispos.data", "vispos.config", "vispos.viz", "vispos.encodings")
+
+
+def on_pre_build(config, **kwargs) -> None:
+    """Warns once for every module or public class / function of ``MODULES`` without a docstring."""
+    missing = []
+    for name in MODULES:
+        module = importlib.import_module(name)
+        if not (module.__doc__ or "").strip():
+            missing.append(name)
+        for attr in getattr(module, "__all__", []):
+            obj = getattr(module, attr)
+            if attr.startswith("__") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not (inspect.getdoc(obj) or "").strip():
+                missing.append(f"{name}.{attr}")
+    for qualname in sorted(set(missing)):
+        log.warning("public object without a docstring: %s", qualname)
