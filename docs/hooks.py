@@ -10,8 +10,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import re
 
 log = logging.getLogger("mkdocs.hooks.vispos")
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]*)</code>")
 
 MODULES = ("vispos", "vispos.backbones", "vispos.data", "vispos.config", "vispos.viz", "vispos.encodings")
 
@@ -31,3 +34,16 @@ def on_pre_build(config, **kwargs) -> None:
                 missing.append(f"{name}.{attr}")
     for qualname in sorted(set(missing)):
         log.warning("public object without a docstring: %s", qualname)
+
+
+def on_page_content(html: str, **kwargs) -> str:
+    """Docstrings use Sphinx roles (``:class:`~vispos.X```); show them as plain code, last name only
+    when the reference starts with ``~`` (as Sphinx does)."""
+
+    def plain(match: re.Match) -> str:
+        full = match.group(0)
+        target = match.group(1)
+        name = target.rsplit(".", 1)[-1] if "<code>~" in full else target
+        return f"<code>{name}</code>"
+
+    return _ROLE.sub(plain, html)

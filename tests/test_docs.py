@@ -110,3 +110,11 @@ def test_hook_warns_on_undocumented_public_object(monkeypatch, caplog):
         hooks.on_pre_build(config=None)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["public object without a docstring: vispos_fake_public.undocumented"]
+
+
+def test_hook_strips_sphinx_roles():
+    spec = importlib.util.spec_from_file_location("vispos_docs_hooks2", os.path.join(ROOT, "docs", "hooks.py"))
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    html_in = "see :func:<code>cumulative_positions</code> and :class:<code>~vispos.backbones.Joiner</code>."
+    assert hooks.on_page_content(html_in) == "see <code>cumulative_positions</code> and <code>Joiner</code>."
