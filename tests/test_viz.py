@@ -389,3 +389,19 @@ def test_cli_plot_bad_kind_exits_2(capsys):
         main(["plot", "histogram"])
     assert info.value.code == 2
     assert "invalid choice: 'histogram'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n_levels", [1, 4])
+def test_image_figure_width_does_not_grow_with_levels(tmp_path, n_levels):
+    """The 2D main-job figure keeps 1 + n_queries columns; levels add rows, not columns."""
+    from vispos.viz import plot_position_similarity
+
+    nt = vispos.nested_tensor_from_tensor_list([torch.rand(3, 16, 20), torch.rand(3, 12, 20)])
+    pe = vispos.PositionEmbeddingSine(8, normalize=True)
+    levels = [nt] * n_levels
+    path = plot_position_similarity(nt, levels, [pe(nt)] * n_levels, tmp_path / "f.png", normalized=False,
+                                    strides=list(range(n_levels)))
+    with Image.open(path) as im:
+        w, h = im.size
+    assert w <= 1000
+    assert 2 * n_levels * 150 < h < 2 * n_levels * 260

@@ -103,7 +103,9 @@ def plot_position_similarity(
     """Writes one PNG: each image with its padding shaded, then for every level the cosine
     similarity of the position embedding at ``n_queries`` query cells to every other cell.
 
-    One row per image. Padding is hatched grey in every panel; the query cell is a white star.
+    One row per image and level (the image, or the level's mask, then the ``n_queries`` maps), so
+    the figure grows downwards with the number of levels instead of sideways. Padding is hatched
+    grey in every panel; the query cell is a white star.
 
     Args:
         batch (NestedTensor[B, 3, H, W]): the input batch.
@@ -130,10 +132,12 @@ def plot_position_similarity(
     if batch.n_spatial != 2:
         raise ValueError(f"plot_position_similarity draws 2D batches, got {batch.n_spatial} spatial axes")
     b = len(batch)
-    cols = 1 + len(levels) * n_queries
-    fig = Figure(figsize=(2.6 * cols, 2.3 * b), layout="constrained")
+    n_levels = max(1, len(levels))
+    cols = 1 + n_queries
+    # one row per (image, level): the width stays 1 + n_queries panels whatever the number of levels
+    fig = Figure(figsize=(2.6 * cols + 0.8, 2.3 * b * n_levels + 0.4), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(b, cols, squeeze=False)
+    axes = fig.subplots(b * n_levels, cols, squeeze=False)
     images = batch.tensors.detach().float().cpu()
     if normalized:
         mean = torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
@@ -156,20 +160,31 @@ def plot_position_similarity(
     vmin = min([v[3] for v in panels.values()] + [0.99])
     last_im = None
     for i in range(b):
-        ax = axes[i, 0]
-        ax.imshow(images[i].permute(1, 2, 0).numpy())
-        if mask is not None:
-            overlay = np.zeros((*mask.shape[1:], 4))
-            overlay[mask[i].numpy()] = grey
-            ax.imshow(overlay)
         title = names[i] if names is not None else f"image {i}"
         h, w = batch.image_sizes[i]
-        ax.set_title(f"{title} {h}x{w}\n(padding shaded)", fontsize=8)
-        ax.set_axis_off()
-        for lvl in range(len(levels)):
+        for lvl in range(n_levels):
+            row = i * n_levels + lvl
+            ax = axes[row, 0]
+            if lvl == 0:
+                ax.imshow(images[i].permute(1, 2, 0).numpy())
+                if mask is not None:
+                    overlay = np.zeros((*mask.shape[1:], 4))
+                    overlay[mask[i].numpy()] = grey
+                    ax.imshow(overlay)
+                ax.set_title(f"{title} {h}x{w}\n(padding shaded)", fontsize=9)
+            elif levels[lvl].mask is not None:
+                ax.imshow(levels[lvl].mask[i].cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
+                ax.set_title("level mask (white = padding)", fontsize=8)
+                ax.set_xticks([])  # keep the frame: white padding would vanish into the background
+                ax.set_yticks([])
+            if lvl == 0 or levels[lvl].mask is None:
+                ax.set_axis_off()
+            if lvl >= len(levels):
+                continue
+            stride = f"stride {strides[lvl]}" if strides is not None else f"level {lvl}"
             for qn in range(n_queries):
                 q, sim, lmask, _ = panels[i, lvl, qn]
-                ax = axes[i, 1 + lvl * n_queries + qn]
+                ax = axes[row, 1 + qn]
                 last_im = ax.imshow(sim, cmap="viridis", vmin=vmin, vmax=1, interpolation="nearest")
                 if lmask is not None and bool(lmask.any()):
                     ax.contourf(
@@ -180,8 +195,7 @@ def plot_position_similarity(
                     overlay[lmask.numpy()] = grey
                     ax.imshow(overlay, interpolation="nearest")
                 ax.plot([q[1]], [q[0]], marker="*", color="white", markersize=9, markeredgecolor="black")
-                stride = f"stride {strides[lvl]}" if strides is not None else f"level {lvl}"
-                ax.set_title(f"{stride}, query {q}", fontsize=8)
+                ax.set_title(f"{stride}, query {q}", fontsize=9)
                 ax.set_axis_off()
     if last_im is not None:
         fig.colorbar(last_im, ax=axes[:, 1:].ravel().tolist(), shrink=0.6, label="cosine similarity")
