@@ -10,13 +10,24 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import re
+import sys
 
 log = logging.getLogger("mkdocs.hooks.vispos")
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]*)</code>")
 
 MODULES = ("vispos", "vispos.backbones", "vispos.data", "vispos.config", "vispos.viz", "vispos.encodings")
+
+
+def on_config(config, **kwargs):
+    """Documents this checkout: its root goes first on ``sys.path`` (before any installed copy),
+    since API pages import vispos (``force_inspection``) and so does :func:`on_pre_build`."""
+    root = os.path.dirname(os.path.abspath(config.config_file_path))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return config
 
 
 def on_pre_build(config, **kwargs) -> None:
