@@ -24,3 +24,19 @@ def test_demo_main(tmp_path, capsys, demo, argv):
     assert "wrote" in capsys.readouterr().out
     with Image.open(out) as im:
         assert im.format == "PNG" and im.size[0] > 300
+
+
+@pytest.mark.slow
+def test_gallery_writes_every_figure(tmp_path, capsys):
+    from demos import gallery
+
+    assert gallery.main(["--small", "--dpi", "40", "--out", str(tmp_path)]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([
+        "channels_1d.png", "channels_2d.png", "curves.png", "wavelengths.png", "similarity_2d.png",
+        "similarity_3d.png", "padded_batch.png", "normalized_coords.png", "rotary.png", "volume_similarity.png",
+    ])
+    assert capsys.readouterr().out.count("wrote ") == len(names)
+    for name in names:
+        with Image.open(tmp_path / name) as im:
+            assert im.format == "PNG" and min(im.size) > 100

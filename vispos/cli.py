@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ._plot_command import add_plot_parser, run_plot
 from .config import build_from_config, load_config
 from .data import (
     SAMPLE_IMAGES,
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     inputs = run.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--images", nargs="+", help="image files")
     inputs.add_argument("--volumes", nargs="+", help="NIfTI volumes (.nii / .nii.gz)")
+    add_plot_parser(sub)
     return parser
 
 
@@ -316,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
+    if args.command == "plot":
+        return run_plot(args)
     if args.out is None:
         volumes = getattr(args, "volume", False) or getattr(args, "volumes", None)
         base = "vispos-demo" if args.command == "demo" else "vispos-out"

@@ -98,7 +98,8 @@ class NestedTensor:
             take their fast path and cache on the host-known sizes without reading the mask.
 
     Attributes:
-        tensors (Tensor[B, C, *S]), mask (Tensor[B, *S] or None).
+        tensors (Tensor[B, C, *S]): the padded batch.
+        mask (Tensor[B, *S] or None): bool, True marks padding.
 
     Raises:
         TypeError: ``tensors`` is not a tensor; ``mask`` is not a bool tensor; ``image_sizes`` is

@@ -63,9 +63,11 @@ class VolumeBackbone(_GraphBackbone):
             :class:`~vispos.backbones.FrozenBatchNorm3d`.
 
     Attributes:
-        num_channels (list[int]); level_strides (list[tuple[int, int, int]]) per axis ``(D, H, W)``;
-        strides (list[int | tuple]): an int when the three axes agree; n_spatial (int): 3;
-        load_report (dict | None).
+        num_channels (list[int]): channels of each level.
+        level_strides (list[tuple[int, int, int]]): each level's stride per axis ``(D, H, W)``.
+        strides (list[int | tuple]): an int when the three axes agree.
+        n_spatial (int): 3.
+        load_report (dict | None): what a checkpoint loaded and ignored.
 
     Shape:
         - input: NestedTensor ``(B, in_chans, D, H, W)``, mask ``(B, D, H, W)`` bool (or none).

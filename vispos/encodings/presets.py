@@ -100,8 +100,9 @@ def timm_sincos_2d(
         temperature, reverse_coord, interleave_sin_cos)``.
 
     Raises:
-        TypeError: non-int sizes / ``dim``; non-bool flags. ValueError: ``feat_shape`` not two
-        positive ints; ``dim`` not a positive multiple of 4; non-positive ``temperature``.
+        TypeError: non-int sizes / ``dim``; non-bool flags.
+        ValueError: ``feat_shape`` not two positive ints; ``dim`` not a positive multiple of 4;
+            non-positive ``temperature``.
 
     References:
         timm ``layers/pos_embed_sincos.py``; Chen et al., MoCo v3, ICCV 2021.
@@ -148,8 +149,9 @@ def mae_sincos_2d(
         Tensor[(1 +) H * W, embed_dim].
 
     Raises:
-        TypeError: non-int sizes; non-bool ``cls_token``. ValueError: bad ``grid_size``;
-        ``embed_dim`` not a positive multiple of 4; non-positive ``temperature``.
+        TypeError: non-int sizes; non-bool ``cls_token``.
+        ValueError: bad ``grid_size``; ``embed_dim`` not a positive multiple of 4; non-positive
+            ``temperature``.
 
     References:
         He et al., Masked Autoencoders Are Scalable Vision Learners, CVPR 2022
@@ -194,9 +196,9 @@ def monai_sincos(
         ``nn.Parameter``; register it as a buffer instead to keep it out of checkpoints).
 
     Raises:
-        TypeError: non-int sizes. ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``;
-        ``embed_dim`` not a positive multiple of ``2 * spatial_dims``; non-positive
-        ``temperature``.
+        TypeError: non-int sizes.
+        ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``; ``embed_dim`` not a positive
+            multiple of ``2 * spatial_dims``; non-positive ``temperature``.
 
     References:
         MONAI ``networks/blocks/pos_embed_utils.py``; SelfMedMAE ``lib/models/mae3d.py``.
