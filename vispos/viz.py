@@ -463,9 +463,9 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         if mask is not None:
             raise TypeError(f"{type(encoder).__name__} takes no mask; pass mask=None")
         if isinstance(encoder, _GridEncoding):
-            if len(shape) != encoder._n_axes:
+            if len(shape) != encoder.n_spatial:
                 raise ValueError(
-                    f"{type(encoder).__name__} encodes {encoder._n_axes} spatial axes, got shape {shape}"
+                    f"{type(encoder).__name__} encodes {encoder.n_spatial} spatial axes, got shape {shape}"
                 )
             if encoder._channels_first:
                 return encoder(torch.zeros(1, encoder.org_channels, *shape))[0].float().contiguous()
