@@ -33,14 +33,16 @@ TORCH_CLASSES = {
 }
 # spatial shapes: long axes (large angles), unit axes, non-square
 SHAPES = {
-    1: [(2, 7), (1, 1000), (3, 1)],
-    2: [(2, 5, 9), (1, 64, 33), (1, 1, 1)],
-    3: [(2, 3, 4, 5), (1, 17, 9, 24), (1, 1, 2, 1)],
+    1: [(2, 7), (1, 1000), (3, 1), (4, 257)],
+    2: [(2, 5, 9), (1, 64, 33), (1, 1, 1), (2, 128, 3)],
+    3: [(2, 3, 4, 5), (1, 17, 9, 24), (1, 1, 2, 1), (1, 40, 2, 3)],
 }
 CHANNELS = list(range(1, 42)) + [64, 65, 130]
 # positional-encodings' TF classes retrace their tf.function for every instance and shape
 PEER_CHANNELS = list(range(1, 14)) + [16, 17, 23, 31, 40, 41, 65, 130]
 REPORT = os.environ.get("VISPOS_KERAS_REPORT")
+# JAX has float64 only with jax_enable_x64 (it truncates to float32 otherwise)
+WIDE = [] if BACKEND == "jax" and not __import__("jax").config.jax_enable_x64 else ["float64"]
 
 
 def _report(kind: str, diff: float) -> None:
@@ -63,18 +65,18 @@ def _torch_encoding(n: int, channels: int, shape, dtype=torch.float32) -> np.nda
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("channels", CHANNELS)
 def test_torch_parity(n, channels):
-    worst = 0.0
-    for shape in SHAPES[n]:
-        x = np.zeros((*shape, channels), dtype=np.float32)
-        got = _np(KERAS_CLASSES[n](channels)(x))
-        want = _torch_encoding(n, channels, shape)
-        assert got.shape == x.shape and got.dtype == np.float32
-        torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), rtol=0, atol=1e-5)
-        worst = max(worst, float(np.abs(got - want).max()))
-    _report(f"torch-{n}d", worst)
+    # one shape per channel count, in turn: each shape meets about 15 channel counts (every
+    # backend compiles each op per shape; JAX's eager dispatch makes a full cross costly)
+    shape = SHAPES[n][channels % len(SHAPES[n])]
+    x = np.zeros((*shape, channels), dtype=np.float32)
+    got = _np(KERAS_CLASSES[n](channels)(x))
+    want = _torch_encoding(n, channels, shape)
+    assert got.shape == x.shape and got.dtype == np.float32
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), rtol=0, atol=1e-5)
+    _report(f"torch-{n}d", float(np.abs(got - want).max()))
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", *WIDE])
 def test_dtype_policy(dtype):
     """``dtype`` is the output dtype; angles stay float32 (as vispos' ``dtype_override``)."""
     layer = TFPositionalEncoding2D(12, dtype=dtype)
@@ -109,7 +111,7 @@ def test_input_is_not_modified_and_results_are_fresh():
 
 
 # ------------------------------------------------------------------------------------ TFSummer
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", *WIDE])
 def test_summer_adds_in_input_dtype(dtype):
     rng = np.random.default_rng(1)
     x32 = rng.normal(size=(2, 5, 7, 9)).astype(np.float32)
@@ -214,9 +216,9 @@ def test_channels_attributes_follow_the_package():
 # ------------------------------------------------------------------------------- serialization
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_config_round_trip(n):
-    layer = KERAS_CLASSES[n](7, dtype="float64", name=f"pe{n}")
+    layer = KERAS_CLASSES[n](7, dtype="float16", name=f"pe{n}")
     clone = KERAS_CLASSES[n].from_config(layer.get_config())
-    assert (clone.org_channels, clone.name, clone.compute_dtype) == (7, f"pe{n}", "float64")
+    assert (clone.org_channels, clone.name, clone.compute_dtype) == (7, f"pe{n}", "float16")
     summer = TFSummer(layer)
     clone_summer = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(summer))
     assert isinstance(clone_summer, TFSummer) and isinstance(clone_summer.penc, KERAS_CLASSES[n])
@@ -252,7 +254,7 @@ if BACKEND == "tensorflow":
     def test_positional_encodings_tf_parity(n):
         worst = 0.0
         for channels in PEER_CHANNELS:
-            for shape in SHAPES[n]:
+            for shape in SHAPES[n][channels % 2 :: 2]:
                 x = tf.zeros((*shape, channels))
                 peer = PEER[n](channels)
                 want = peer(x)
@@ -260,8 +262,13 @@ if BACKEND == "tensorflow":
                 # the package's shape contract: the input's shape, float32
                 assert tuple(got.shape) == tuple(want.shape) == tuple(x.shape)
                 assert got.dtype == want.dtype == tf.float32
+                # the package rounds w_k from float64, vispos (and the package's torch classes)
+                # compute it in float32: one ulp of w_k, times the largest position p, moves an
+                # angle by up to p * 2^-23 (the package's own TF and torch classes differ by
+                # 6.1e-5 at p = 999)
+                atol = 1e-6 + max(shape[1:]) * 2.0**-23
                 torch.testing.assert_close(
-                    torch.from_numpy(got.numpy()), torch.from_numpy(want.numpy()), rtol=0, atol=1e-4
+                    torch.from_numpy(got.numpy()), torch.from_numpy(want.numpy()), rtol=0, atol=atol
                 )
                 worst = max(worst, float(np.abs(got.numpy() - want.numpy()).max()))
                 assert KERAS_CLASSES[n](channels).channels == peer.channels
