@@ -32,6 +32,7 @@ IoU of matched boxes and AP50 every ``--eval-every`` steps), ``OUT/curves.png`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -64,7 +65,13 @@ POS_ARMS = ("none", "grid", "sine")
 
 # ----------------------------------------------------------------------------------------- data
 def load_photos(names: Sequence[str], max_size: int) -> list[Tensor]:
-    """Real photographs as ``Tensor[3, H, W]`` float32 in [0, 1], longer side ``max_size``."""
+    """Real photographs as ``Tensor[3, H, W]`` float32 in [0, 1], longer side ``max_size``
+    (read once per process; callers get their own copies)."""
+    return [t.clone() for t in _load_photos(tuple(names), max_size)]
+
+
+@functools.lru_cache(maxsize=4)
+def _load_photos(names: tuple[str, ...], max_size: int) -> tuple[Tensor, ...]:
     out = []
     for name in names:
         if name == "grace_hopper":
@@ -74,7 +81,7 @@ def load_photos(names: Sequence[str], max_size: int) -> list[Tensor]:
             out.append(load_image(path, max_size=max_size))
         else:
             out.append(sample_images([name], max_size=max_size)[0][1])
-    return out
+    return tuple(out)
 
 
 def draw_objects(
