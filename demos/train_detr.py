@@ -25,7 +25,7 @@ Writes ``OUT/<arm>/metrics.json`` (per-step losses, seconds and resident memory;
 IoU of matched boxes and AP50 every ``--eval-every`` steps), ``OUT/curves.png`` and
 ``OUT/ablation.md``.
 
-    python -m demos.train_detr --steps 3000 --out runs/detr --pos none grid sine
+    python -m demos.train_detr --steps 2400 --out runs/detr --pos sine grid none --threads 1
     python -m demos.train_detr --steps 20 --out /tmp/detr-tiny --tiny    # seconds, for CI
 """
 
@@ -224,22 +224,28 @@ class SmallDetr(nn.Module):
         )
         self.encoder = DetrEncoder(hidden, nhead, enc_layers, ffn, dropout=0.0)
         layer = nn.TransformerDecoderLayer(hidden, nhead, ffn, dropout=0.0, batch_first=True)
-        self.decoder = nn.TransformerDecoder(layer, dec_layers)
+        self.decoder = nn.TransformerDecoder(layer, dec_layers, norm=nn.LayerNorm(hidden))
         self.query = nn.Embedding(num_queries, hidden)
         self.class_head = nn.Linear(hidden, num_classes + 1)
         self.box_head = nn.Sequential(
             nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 4)
         )
 
-    def forward(self, x: vispos.NestedTensor) -> tuple[Tensor, Tensor]:
+    def forward(self, x: vispos.NestedTensor, aux: bool = False) -> Any:
+        """``(logits, boxes)`` of the last decoder layer; with ``aux=True`` a list of them, one
+        per decoder layer (DETR's auxiliary decoding losses), last layer last."""
         features, pos = self.joiner(x)
         flat = self.joiner.flatten(features, pos)
         memory = self.encoder(flat)
         # nn.TransformerDecoder has no separate key position: the embedding joins the memory
         memory = memory + flat.pos
-        queries = self.query.weight[None].expand(memory.shape[0], -1, -1)
-        hs = self.decoder(queries, memory, memory_key_padding_mask=flat.key_padding_mask)
-        return self.class_head(hs), self.box_head(hs).sigmoid()
+        out = self.query.weight[None].expand(memory.shape[0], -1, -1)
+        outputs = []
+        for layer in self.decoder.layers:  # the stack of nn.TransformerDecoder, intermediates kept
+            out = layer(out, memory, memory_key_padding_mask=flat.key_padding_mask)
+            hs = self.decoder.norm(out)
+            outputs.append((self.class_head(hs), self.box_head(hs).sigmoid()))
+        return outputs if aux else outputs[-1]
 
 
 # ------------------------------------------------------------------------------ matching, loss
@@ -400,10 +406,11 @@ def train_arm(arm: str, args: argparse.Namespace, out_dir: str, log: Any = print
     t_prev = time.perf_counter()
     for step, (nested, targets) in enumerate(loader, start=1):
         nested = nested.to(device, non_blocking=True)
-        logits, boxes = model(nested)
-        losses = detr_loss(logits, boxes, targets)
+        per_layer = [detr_loss(lg, bx, targets) for lg, bx in model(nested, aux=True)]
+        losses = dict(per_layer[-1])  # logged: the last layer's; optimised: the sum over layers
+        losses["loss_total"] = sum(pl["loss"] for pl in per_layer)
         optim.zero_grad(set_to_none=True)
-        losses["loss"].backward()
+        losses["loss_total"].backward()
         nn.utils.clip_grad_norm_(model.parameters(), 0.1)
         optim.step()
         sched.step()
@@ -475,7 +482,7 @@ def plot_curves(all_metrics: dict[str, dict[str, Any]], path: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--out", default="runs/train_detr")
     p.add_argument("--device", default="cpu")
     p.add_argument("--pos", nargs="+", choices=POS_ARMS, default=list(POS_ARMS))
@@ -484,24 +491,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--photo-size", type=int, default=160, help="longer side of the photographs")
-    p.add_argument("--scales", type=int, nargs="+", default=[96, 112, 128, 144, 160],
+    p.add_argument("--photo-size", type=int, default=96, help="longer side of the photographs")
+    p.add_argument("--scales", type=int, nargs="+", default=[64, 72, 80, 88, 96],
                    help="multi-scale resize: longer sides")
     p.add_argument("--photos", type=int, default=len(TRAIN_PHOTOS), help="training photographs used")
-    p.add_argument("--max-objects", type=int, default=3)
-    p.add_argument("--min-object", type=int, default=16)
-    p.add_argument("--max-object", type=int, default=56)
+    p.add_argument("--max-objects", type=int, default=2)
+    p.add_argument("--min-object", type=int, default=14)
+    p.add_argument("--max-object", type=int, default=40)
     p.add_argument("--size-divisibility", type=int, default=0)
     p.add_argument("--backbone", default="test_resnet", help="timm model (pretrained=False)")
     p.add_argument("--out-index", type=int, default=3, help="timm feature index (3: stride 16)")
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--queries", type=int, default=8)
+    p.add_argument("--queries", type=int, default=5)
     p.add_argument("--enc-layers", type=int, default=2)
     p.add_argument("--dec-layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=128)
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--eval-images", type=int, default=64)
+    p.add_argument("--eval-every", type=int, default=300)
+    p.add_argument("--eval-images", type=int, default=48)
     p.add_argument("--memory-warmup", type=int, default=50, help="step after which memory should be flat")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--tiny", action="store_true", help="CI settings: small images, few eval images")

@@ -225,3 +225,7 @@ def test_small_detr_output_shapes():
     logits, boxes = model(nested)
     assert logits.shape == (2, 5, 4) and boxes.shape == (2, 5, 4)
     assert ((boxes > 0) & (boxes < 1)).all()
+    per_layer = model(nested, aux=True)  # one (logits, boxes) per decoder layer, last = forward()
+    assert len(per_layer) == 1
+    torch.testing.assert_close(per_layer[-1][0], logits)
+    torch.testing.assert_close(per_layer[-1][1], boxes)
