@@ -138,3 +138,174 @@ def test_round_trip_property(n_axes, data):
         assert all(s % div == 0 for s in nt.tensors.shape[2:])
     rebuilt = NestedTensor(nt.tensors, nt.mask)
     assert rebuilt.image_sizes == [tuple(s) for s in shapes]
+
+
+# ------------------------------------------------------------------ DataLoader collation (issue 13)
+import pickle  # noqa: E402
+
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  # noqa: E402
+
+from vispos import PaddedCollate, collate_fn  # noqa: E402
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+class _VariableSizeItems(Dataset):
+    """Item i: an image (3, H_i, W_i) or volume (1, D_i, H_i, W_i) with a target dict; the
+    content depends only on i, so every worker process builds the same item."""
+
+    def __init__(self, n: int, n_spatial: int = 2) -> None:
+        self.n, self.n_spatial = n, n_spatial
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        g = torch.Generator().manual_seed(1000 + i)
+        size = [int(s) for s in torch.randint(3, 12, (self.n_spatial,), generator=g)]
+        channels = 3 if self.n_spatial == 2 else 1
+        image = torch.randn(channels, *size, generator=g)
+        target = {"labels": torch.randint(0, 3, (i % 3 + 1,), generator=g), "boxes": torch.rand(i % 3 + 1, 4, generator=g), "id": i}
+        return image, target
+
+
+def _assert_same_batch(a, b):
+    (na, ta), (nb, tb) = a, b
+    torch.testing.assert_close(na.tensors, nb.tensors, rtol=0, atol=0)
+    assert torch.equal(na.mask, nb.mask)
+    assert na.image_sizes == nb.image_sizes and na.rectangular == nb.rectangular
+    assert len(ta) == len(tb)
+    for x, y in zip(ta, tb):
+        assert x["id"] == y["id"]
+        torch.testing.assert_close(x["labels"], y["labels"], rtol=0, atol=0)
+        torch.testing.assert_close(x["boxes"], y["boxes"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_spatial", [2, 3])
+@pytest.mark.parametrize("divisibility, pad_value", [(0, 0.0), (4, -1.5)])
+def test_padded_collate_matches_nested_tensor_from_tensor_list(n_spatial, divisibility, pad_value):
+    ds = _VariableSizeItems(5, n_spatial)
+    batch = [ds[i] for i in range(5)]
+    copies = [(img.clone(), {k: v.clone() if torch.is_tensor(v) else v for k, v in t.items()}) for img, t in batch]
+    nested, targets = PaddedCollate(divisibility, pad_value)(batch)
+    ref = nested_tensor_from_tensor_list([img for img, _ in batch], divisibility, pad_value)
+    _assert_same_batch((nested, targets), (ref, tuple(t for _, t in batch)))
+    assert isinstance(targets, tuple) and all(t is b[1] for t, b in zip(targets, batch))  # passed through
+    assert nested.rectangular and nested.image_sizes == [tuple(img.shape[1:]) for img, _ in batch]
+    for (img, t), (ci, ct) in zip(batch, copies):  # inputs untouched
+        assert torch.equal(img, ci) and torch.equal(t["boxes"], ct["boxes"])
+    if divisibility == 0 and pad_value == 0.0:
+        _assert_same_batch(collate_fn(batch), (nested, targets))
+
+
+def test_padded_collate_takes_tv_tensors_and_returns_plain_tensors():
+    tv_tensors = pytest.importorskip("torchvision.tv_tensors")
+    batch = [(tv_tensors.Image(torch.rand(3, 4, 6)), None), (tv_tensors.Image(torch.rand(3, 5, 2)), None)]
+    nested, targets = collate_fn(batch)
+    assert type(nested.tensors) is torch.Tensor and targets == (None, None)
+    ref = nested_tensor_from_tensor_list([b[0].as_subclass(torch.Tensor) for b in batch])
+    torch.testing.assert_close(nested.tensors, ref.tensors, rtol=0, atol=0)
+
+
+def test_padded_collate_pickles_and_repr():
+    collate = PaddedCollate(size_divisibility=8, pad_value=2)
+    clone = pickle.loads(pickle.dumps(collate))
+    assert repr(clone) == "PaddedCollate(size_divisibility=8, pad_value=2.0)" == repr(collate)
+    batch = [_VariableSizeItems(2)[i] for i in range(2)]
+    _assert_same_batch(clone(batch), collate(batch))
+    assert pickle.loads(pickle.dumps(collate_fn)) is collate_fn
+
+
+def test_padded_collate_errors():
+    with pytest.raises(TypeError, match="size_divisibility must be a non-negative int, got 2.0"):
+        PaddedCollate(2.0)
+    with pytest.raises(ValueError, match="size_divisibility must be >= 0, got -1"):
+        PaddedCollate(-1)
+    with pytest.raises(TypeError, match="pad_value must be a real number, got '0'"):
+        PaddedCollate(0, "0")
+    img = torch.zeros(3, 4, 4)
+    with pytest.raises(TypeError, match="batch must be a list of \\(image, target\\) pairs, got Tensor"):
+        collate_fn(img)
+    with pytest.raises(ValueError, match="at least one"):
+        collate_fn([])
+    with pytest.raises(TypeError, match=r"batch\[0\] must be an \(image, target\) pair, got Tensor"):
+        collate_fn([img])
+    with pytest.raises(ValueError, match=r"batch\[1\] must be an \(image, target\) pair, got 3 elements"):
+        collate_fn([(img, None), (img, None, None)])
+    with pytest.raises(TypeError, match=r"batch\[0\]\[0\] \(the image\) must be a torch.Tensor"):
+        collate_fn([("image.png", None)])
+    with pytest.raises(ValueError, match=r"tensors\[1\] has 1 channels"):
+        collate_fn([(img, None), (torch.zeros(1, 4, 4), None)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collate", [collate_fn, PaddedCollate(size_divisibility=4, pad_value=-1.0)])
+def test_dataloader_two_workers_equals_in_process_collation(collate):
+    ds = _VariableSizeItems(10)
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate, pin_memory=torch.cuda.is_available())
+    batches = list(loader)
+    expected = [collate([ds[i] for i in range(s, min(s + 3, len(ds)))]) for s in range(0, len(ds), 3)]
+    assert len(batches) == len(expected) == 4
+    for got, want in zip(batches, expected):
+        assert isinstance(got[0], NestedTensor)
+        _assert_same_batch((got[0].to("cpu"), got[1]), want)
+        if torch.cuda.is_available():
+            assert got[0].tensors.is_pinned() and got[0].mask.is_pinned()
+
+
+def test_pin_memory_is_what_the_dataloader_calls(monkeypatch):
+    """Without CUDA nothing can be pinned, so Tensor.pin_memory is replaced by a marking copy: the
+    DataLoader's own pin routine must reach NestedTensor.pin_memory and pin tensors and mask."""
+    pinned = []
+
+    def fake_pin(self, *args, **kwargs):
+        out = self.clone()
+        pinned.append(out)
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    nested, targets = collate_fn([_VariableSizeItems(3)[i] for i in range(3)])
+    before = (nested.tensors.clone(), nested.mask.clone())
+    out, out_targets = torch_pin_memory((nested, targets))
+    assert isinstance(out, NestedTensor) and out is not nested
+    assert any(out.tensors is p for p in pinned) and any(out.mask is p for p in pinned)
+    _assert_same_batch((out, out_targets), (nested, targets))
+    assert out.rectangular and out._image_sizes == nested._image_sizes
+    assert torch.equal(nested.tensors, before[0]) and torch.equal(nested.mask, before[1])
+    unmasked = NestedTensor(nested.tensors, None).pin_memory()
+    assert unmasked.mask is None and any(unmasked.tensors is p for p in pinned)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_pin_memory_and_non_blocking_copy_on_cuda():
+    nested, _ = collate_fn([_VariableSizeItems(3)[i] for i in range(3)])
+    pinned = nested.pin_memory()
+    assert pinned.tensors.is_pinned() and pinned.mask.is_pinned() and not nested.tensors.is_pinned()
+    moved = pinned.to("cuda", non_blocking=True)
+    assert moved.rectangular and moved._image_sizes == nested._image_sizes
+    torch.testing.assert_close(moved.tensors.cpu(), nested.tensors, rtol=0, atol=0)
+    assert torch.equal(moved.mask.cpu(), nested.mask)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [(("cpu",), {"non_blocking": True}), ((torch.float64,), {"non_blocking": True}), (("cpu", torch.float64, True), {})],
+)
+def test_to_keeps_sizes_and_rectangular_flag(args, kwargs, monkeypatch):
+    nested, _ = collate_fn([_VariableSizeItems(3)[i] for i in range(3)])
+    seen = []
+    original = torch.Tensor.to
+
+    def spy(self, *a, **k):
+        if self.dtype == torch.bool:
+            seen.append(k.get("non_blocking"))
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    moved = nested.to(*args, **kwargs)
+    assert moved is not nested and moved.rectangular and moved._image_sizes == nested._image_sizes
+    assert seen == [True]  # the mask is copied with the caller's non_blocking
+    torch.testing.assert_close(moved.tensors, nested.tensors.to(*args, **kwargs), rtol=0, atol=0)
+    assert moved.mask.dtype == torch.bool and torch.equal(moved.mask, nested.mask)

@@ -33,7 +33,13 @@ from .encodings import (
     Summer,
     resample_abs_pos_embed,
 )
-from .nested_tensor import NestedTensor, interpolate_mask, nested_tensor_from_tensor_list
+from .nested_tensor import (
+    NestedTensor,
+    PaddedCollate,
+    collate_fn,
+    interpolate_mask,
+    nested_tensor_from_tensor_list,
+)
 
 __all__ = [
     "__version__",
@@ -44,6 +50,8 @@ __all__ = [
     "NestedTensor",
     "nested_tensor_from_tensor_list",
     "interpolate_mask",
+    "collate_fn",
+    "PaddedCollate",
     "PositionEmbeddingSine",
     "PositionEmbeddingLearned",
     "PositionalEncoding1D",

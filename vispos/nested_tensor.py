@@ -214,13 +214,39 @@ class NestedTensor:
     def to(self, *args: Any, **kwargs: Any) -> "NestedTensor":
         """Returns a new ``NestedTensor`` with ``tensors.to(*args, **kwargs)``.
 
-        The mask follows to the new device and stays ``torch.bool``; the original is untouched.
+        The mask follows to the new device (with the same ``non_blocking``, given by keyword or
+        positionally as :meth:`torch.Tensor.to` takes it) and stays ``torch.bool``; the image
+        sizes and the ``rectangular`` flag are kept (they are host facts, so a non-blocking copy
+        needs no synchronisation to carry them). The original is untouched.
         """
         tensors = self.tensors.to(*args, **kwargs)
         mask = None
         if self.mask is not None:
-            non_blocking = kwargs.get("non_blocking", False)
+            non_blocking = bool(kwargs.get("non_blocking", _positional_non_blocking(args)))
             mask = self.mask.to(device=tensors.device, non_blocking=non_blocking)
+        return NestedTensor(tensors, mask, self._image_sizes, self.rectangular)
+
+    def pin_memory(self, device: Any = None) -> "NestedTensor":
+        """Returns a new ``NestedTensor`` whose tensors and mask are in page-locked host memory.
+
+        ``DataLoader(pin_memory=True)`` calls this on every batch (torch pins any object that has
+        a ``pin_memory`` method), so a later ``.to("cuda", non_blocking=True)`` is asynchronous.
+        The image sizes and the ``rectangular`` flag are kept; the original is untouched.
+
+        Args:
+            device (ignored): accepted for the DataLoader's calling convention.
+
+        Returns:
+            NestedTensor: pinned ``tensors`` ``(B, C, *S)`` and ``mask`` ``(B, *S)`` bool.
+
+        Raises:
+            RuntimeError: from torch, when no accelerator is available to pin for.
+
+        References:
+            PyTorch ``torch.utils.data`` "Memory Pinning" (custom batch types).
+        """
+        tensors = self.tensors.pin_memory()
+        mask = None if self.mask is None else self.mask.pin_memory()
         return NestedTensor(tensors, mask, self._image_sizes, self.rectangular)
 
     def with_features(self, tensors: Tensor) -> "NestedTensor":
@@ -439,3 +465,107 @@ def parse_spatial_input(x: Any) -> SpatialInput:
             f"{tuple(x.shape)}; pass a bool mask (B, *S) to embed padded positions"
         )
     return SpatialInput(None, tuple(x.shape[2:]), x.shape[0], x.device)
+
+
+# ------------------------------------------------------------------------ DataLoader collation
+__all__ += ["collate_fn", "PaddedCollate"]
+
+def _positional_non_blocking(args: tuple[Any, ...]) -> bool:
+    """``non_blocking`` when given positionally to ``Tensor.to`` (the first bool argument:
+    ``to(device, dtype, non_blocking)``, ``to(dtype, non_blocking)``, ``to(other, non_blocking)``)."""
+    return next((a for a in args if isinstance(a, bool)), False)
+
+
+class PaddedCollate:
+    """A picklable ``collate_fn`` for ``DataLoader``: pads ``(image, target)`` pairs into a batch.
+
+    Follows DETR's contract (``util/misc.py``, ``collate_fn``): a list of ``(image, target)``
+    pairs in, ``(NestedTensor, tuple_of_targets)`` out. Images are 2D ``(C, H, W)`` or 3D
+    ``(C, D, H, W)`` (1D ``(C, L)`` too), each at its own size; they are padded at the end of
+    every axis by :func:`nested_tensor_from_tensor_list`, so the batch is ``rectangular`` and
+    carries its image sizes on the host. Targets are passed through untouched (any object: a
+    dict of tensors, a ``tv_tensors.BoundingBoxes``, ``None``). A plain class instance with two
+    attributes, so it pickles into ``DataLoader`` worker processes under every start method.
+
+    Args:
+        size_divisibility (int): pad every spatial axis to a multiple of this (0: no rounding).
+        pad_value (float): value written into the padding of the images.
+
+    Shape:
+        - input: ``list[(Tensor[C, *S_i], target_i)]``, ``B`` pairs, same rank, channels, dtype.
+        - output: ``(NestedTensor(Tensor[B, C, *S_max], mask Tensor[B, *S_max] bool), tuple of B
+          targets)``.
+
+    Raises:
+        TypeError: (construction) a non-int ``size_divisibility`` or a non-number ``pad_value``;
+            (call) ``batch`` is not a list/tuple of ``(image, target)`` pairs, or an image is not
+            a tensor.
+        ValueError: (construction) negative ``size_divisibility``; (call) an empty batch, a pair
+            of another length than 2, or images that cannot be padded together (rank, channels,
+            dtype, device, a zero-size axis; see :func:`nested_tensor_from_tensor_list`).
+
+    References:
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
+        (``util/misc.py``: ``collate_fn``); detectron2 ``ImageList.from_tensors``.
+    """
+
+    def __init__(self, size_divisibility: int = 0, pad_value: float = 0.0) -> None:
+        check_int(size_divisibility, "size_divisibility", minimum=0)
+        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
+            raise TypeError(f"pad_value must be a real number, got {pad_value!r} ({type(pad_value).__name__})")
+        self.size_divisibility = size_divisibility
+        self.pad_value = float(pad_value)
+
+    def __call__(self, batch: Sequence[tuple[Tensor, Any]]) -> tuple[NestedTensor, tuple[Any, ...]]:
+        if isinstance(batch, (str, bytes, Tensor)) or not isinstance(batch, Sequence):
+            raise TypeError(
+                f"batch must be a list of (image, target) pairs, got {type(batch).__name__}"
+            )
+        if len(batch) == 0:
+            raise ValueError("batch must hold at least one (image, target) pair, got an empty sequence")
+        images, targets = [], []
+        for i, pair in enumerate(batch):
+            if isinstance(pair, (str, bytes, Tensor)) or not isinstance(pair, Sequence):
+                raise TypeError(
+                    f"batch[{i}] must be an (image, target) pair, got {type(pair).__name__}; "
+                    "a Dataset for this collate returns `image, target`"
+                )
+            if len(pair) != 2:
+                raise ValueError(f"batch[{i}] must be an (image, target) pair, got {len(pair)} elements")
+            image, target = pair
+            if not isinstance(image, Tensor):
+                raise TypeError(
+                    f"batch[{i}][0] (the image) must be a torch.Tensor (C, *S), got {type(image).__name__}"
+                )
+            images.append(image.as_subclass(Tensor) if type(image) is not Tensor else image)
+            targets.append(target)
+        nested = nested_tensor_from_tensor_list(images, self.size_divisibility, self.pad_value)
+        return nested, tuple(targets)
+
+    def __repr__(self) -> str:
+        return f"PaddedCollate(size_divisibility={self.size_divisibility}, pad_value={self.pad_value})"
+
+
+def collate_fn(batch: Sequence[tuple[Tensor, Any]]) -> tuple[NestedTensor, tuple[Any, ...]]:
+    """DETR's ``collate_fn``: ``(image, target)`` pairs -> ``(NestedTensor, tuple_of_targets)``.
+
+    Equal to ``PaddedCollate()(batch)`` (no size rounding, zero padding); a module-level function,
+    so it pickles into ``DataLoader`` workers.
+
+    Args:
+        batch (list of (Tensor[C, *S_i], target)): images or volumes each at its own size.
+
+    Returns:
+        tuple: ``(NestedTensor(Tensor[B, C, *S_max], mask Tensor[B, *S_max] bool, True =
+        padding), tuple of the B targets)``.
+
+    Raises:
+        TypeError, ValueError: as :class:`PaddedCollate`.
+
+    References:
+        Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``).
+    """
+    return _DEFAULT_COLLATE(batch)
+
+
+_DEFAULT_COLLATE = PaddedCollate()
