@@ -14,13 +14,13 @@ import copy
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from ._io import Terminated, write_files
 from .config import build_from_config, load_config
 from .data import (
     SAMPLE_IMAGES,
@@ -173,31 +173,13 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
-    """Writes every output or none: each ``writer(tmp_path)`` fills a hidden temporary file in
-    ``folder``; only when all succeeded are they renamed into place. On failure the temporaries
-    are removed, and so is ``folder`` when this call created it."""
-    created = not os.path.isdir(folder)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise CLIError(f"--out {folder!r} cannot be created: {exc.strerror or exc}") from None
-    temps: list[str] = []
-    try:
-        for path, writer in outputs:
-            suffix = os.path.splitext(path)[1]
-            fd, tmp = tempfile.mkstemp(prefix=".vispos-", suffix=suffix, dir=folder)
-            os.close(fd)
-            temps.append(tmp)
-            writer(tmp)
-        for (path, _), tmp in zip(outputs, temps):
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp in temps:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        if created and os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
-        raise
+    """Writes every output or none (see :func:`vispos._io.write_files`): each ``writer(tmp_path)``
+    fills a hidden temporary file, every target is checked before any is replaced, a failed
+    rename puts the old files back, and on an error, SIGINT or SIGTERM the temporaries and the
+    folders this call created are removed."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise CLIError(f"--out {folder!r} exists and is not a folder")
+    write_files(outputs, make_dirs=True)
 
 
 def _fmt_size(size) -> str:
@@ -331,6 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vispos: error: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"vispos: error: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except Exception as exc:  # noqa: BLE001 - the command never shows a traceback
         print(f"vispos: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
