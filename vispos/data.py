@@ -427,7 +427,7 @@ def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
     shape = tuple(int(n) for n in img.shape)
     dtype = img.get_data_dtype()
     if len(shape) not in (3, 4):
-        raise ValueError(f"volume file {path!r} must be 3-D or 4-D, its header says shape {shape}")
+        raise ValueError(f"volume file {path!r} must be 3-D or 4-D, got shape {shape} (from its header)")
     if 0 in shape:
         raise ValueError(f"volume file {path!r} has an empty axis: its header says shape {shape}")
     if dtype.fields is not None or dtype.kind not in "biuf":
