@@ -448,6 +448,12 @@ def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
     data_file = img.file_map["image"].filename if "image" in img.file_map else None
     if data_file and os.path.isfile(data_file) and not data_file.endswith((".gz", ".bz2", ".zst")):
         offset = int(getattr(img.dataobj, "offset", 0))
+        header_bytes = int(getattr(img.header, "sizeof_hdr", 0))
+        if os.path.samefile(data_file, path) and offset < header_bytes:
+            raise ValueError(
+                f"volume file {path!r} is corrupt: its voxels would start at byte {offset}, inside "
+                f"its {header_bytes}-byte header (vox_offset)"
+            )
         needed = offset + voxels * dtype.itemsize
         found = os.path.getsize(data_file)
         if found < needed:
