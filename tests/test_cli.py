@@ -269,3 +269,26 @@ def _sigterm_in_subprocess(tmp_path, hook, after, existing):
         assert (out / "figure.png").read_text() == "old figure"
     else:
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--queries", "100000"], "--queries must be <= 16, got 100000"),
+        (["--size-divisibility", "100000"], "--size-divisibility must be <= 4096, got 100000"),
+        (["--repeats", "10000000"], "--repeats must be <= 1000, got 10000000"),
+        (["--out", ""], "--out must name a folder, got an empty string"),
+        (["--device", "meta"], "--device 'meta' holds no data; use cpu or cuda"),
+    ],
+)
+def test_flags_that_would_exhaust_memory_or_misplace_outputs(tmp_path, capsys, monkeypatch, flags, match):
+    """Adversarial pass: --queries 100000 drew until the machine ran out of memory,
+    --size-divisibility 100000 asked for 120 GB (exit 1), --device meta failed in .item()
+    (exit 1), --out '' wrote into the working folder."""
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    monkeypatch.chdir(tmp_path)
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
+    rc = main(["run", "--images", img, *out, *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == f"vispos: error: {match}"
+    assert sorted(os.listdir(tmp_path)) == ["img0.png"]

@@ -182,6 +182,23 @@ def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
     write_files(outputs, make_dirs=True)
 
 
+#: upper bounds of the integer flags (each value above is a typo or a way to exhaust memory:
+#: --queries draws one figure panel per query and item, --size-divisibility pads every axis)
+_FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuses flag values that would exhaust memory or write somewhere unexpected."""
+    for flag, limit in _FLAG_LIMITS.items():
+        value = getattr(args, flag)
+        if value > limit:
+            raise CLIError(f"--{flag.replace('_', '-')} must be <= {limit}, got {value}")
+    if not args.out.strip():
+        raise CLIError("--out must name a folder, got an empty string")
+    if args.device.strip().lower().startswith("meta"):
+        raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
+
+
 def _fmt_size(size) -> str:
     return "x".join(str(s) for s in size)
 
@@ -295,6 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = "vispos-demo" if args.command == "demo" else "vispos-out"
         args.out = f"{base}-volume" if volumes else base
     try:
+        _check_args(args)
         normalize = None if args.normalize == "None" else args.normalize
         if args.command == "demo" and args.volume:
             samples = sample_volumes(max_size=args.max_size or 64, normalize=normalize)
