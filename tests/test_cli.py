@@ -234,12 +234,16 @@ def test_sigterm_keeps_old_outputs(tmp_path, capsys, monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(vio, "_backup", backup_then_term)
-    rc = main(["run", "--config", str(cfg), "--images", img, "--out", str(out), "--repeats", "1"])
+    saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an earlier test may have set its own
+    try:
+        rc = main(["run", "--config", str(cfg), "--images", img, "--out", str(out), "--repeats", "1"])
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, saved)
     assert rc == 143 and capsys.readouterr().err.strip() == "vispos: error: terminated by SIGTERM"
     assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
     assert (out / "embeddings.pt").read_text() == "old embeddings"
     assert (out / "figure.png").read_text() == "old figure"
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def _sigterm_in_subprocess(tmp_path, hook, after, existing):

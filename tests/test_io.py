@@ -25,6 +25,18 @@ def _mode(path):
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+@pytest.fixture(autouse=True)
+def default_signals():
+    """Each test starts with Python's default SIGINT / SIGTERM handlers (an earlier test in the
+    session, e.g. a distributed one, may have installed its own), restored afterwards."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
 @pytest.fixture
 def umask():
     """Sets the process umask for one test and restores it."""
@@ -161,9 +173,13 @@ def test_signal_rolls_back(tmp_path, monkeypatch, signum, exc, when):
     if when == "renaming":
         real = os.replace
 
-        def replace_then_signal(src, dst):
+        sent = []
+
+        def replace_then_signal(src, dst):  # one signal, after the first rename only
             real(src, dst)
-            os.kill(os.getpid(), signum)
+            if not sent:
+                sent.append(signum)
+                os.kill(os.getpid(), signum)
 
         monkeypatch.setattr(vio.os, "replace", replace_then_signal)
         writers = [(tmp_path / "a", _writer("new a")), (tmp_path / "b", _writer("new b"))]

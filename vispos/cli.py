@@ -303,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every error is printed to stderr as one line ``vispos: error: ...`` (no traceback) and no
     output file is left behind, whole or partial. Returns the exit status: 0 ok, 2 a user
     error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
-    1 any other failure (named by its exception type), 130 on Ctrl-C. argparse's own usage
+    1 any other failure (named by its exception type), 130 on Ctrl-C, 128 + the signal
+    number on SIGTERM / SIGHUP while the outputs are written (143 for SIGTERM). argparse's own usage
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
