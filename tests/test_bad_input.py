@@ -473,3 +473,139 @@ def test_registered_lists_only_types():
 def test_directory_as_volume_says_so(tmp_path):
     with pytest.raises(IsADirectoryError, match=r"volume file .* is a directory, not a NIfTI file"):
         load_volume(tmp_path)
+
+
+# ============================================================ issue 12: files, images, configs
+@pytest.fixture(scope="module")
+def files12(tmp_path_factory):
+    """Hostile files of issue 12: a PNG bomb, odd NIfTI headers, YAML bombs, bad keys."""
+    import struct
+    import zlib
+
+    import nibabel as nib
+
+    d = tmp_path_factory.mktemp("bad_input_12")
+    p = {}
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    for name, side in (("bomb", 100_000), ("big", 10_000)):
+        (d / f"{name}.png").write_bytes(
+            b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+        p[f"{name}_png"] = str(d / f"{name}.png")
+    Image.fromarray(np.full((4, 4), np.nan, np.float32), mode="F").save(d / "nan.tif")
+    p["nan_tif"] = str(d / "nan.tif")
+    Image.fromarray(np.full((4, 4), 70000, np.int32), mode="I").save(d / "int32.tif")
+    p["int32_tif"] = str(d / "int32.tif")
+    rgb = np.zeros((4, 5, 6), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    nib.save(nib.Nifti1Image(rgb, np.eye(4)), d / "rgb24.nii")
+    p["rgb_nii"] = str(d / "rgb24.nii")
+    nib.save(nib.Nifti1Image(np.zeros((4, 5, 6), np.complex64), np.eye(4)), d / "complex.nii.gz")
+    p["complex_nii"] = str(d / "complex.nii.gz")
+
+    def forged(name, shape, data=b"", vox_offset=352):
+        hdr = nib.Nifti1Header()
+        hdr.set_data_shape(shape)
+        hdr.set_data_dtype(np.float32)
+        hdr["vox_offset"] = vox_offset
+        (d / name).write_bytes(hdr.binaryblock + b"\0" * 4 + data)
+        p[name.replace(".", "_")] = str(d / name)
+
+    forged("huge.nii", (4000, 4000, 4000), b"\0" * 64)
+    forged("short.nii", (40, 40, 40), b"\0" * 64)
+    forged("empty_axis.nii", (4, 0, 6))
+    forged("offset0.nii", (2, 2, 2), b"\0" * 32, vox_offset=0)
+    bomb = ["type: PositionEmbeddingSine", "a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    bomb += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 8)]
+    (d / "bomb.yaml").write_text("\n".join([*bomb, "num_pos_feats: *a7"]))
+    p["bomb_yaml"] = str(d / "bomb.yaml")
+    (d / "int_key.yaml").write_text("type: PositionEmbeddingSine\n1: 2\nfoo: 3\n")
+    p["int_key_yaml"] = str(d / "int_key.yaml")
+    (d / "null_key.yaml").write_text("type: PositionEmbeddingSine\nnull: 2\n")
+    p["null_key_yaml"] = str(d / "null_key.yaml")
+    (d / "self.yaml").write_text("type: PositionEmbeddingSine\nnum_pos_feats: &a [*a]\n")
+    p["self_yaml"] = str(d / "self.yaml")
+    (d / "deep.yaml").write_text("type: PositionEmbeddingSine\nnum_pos_feats: " + "[" * 2000 + "]" * 2000 + "\n")
+    p["deep_yaml"] = str(d / "deep.yaml")
+    p["dir"] = str(d)
+    return p
+
+
+def _write_group(paths):
+    from vispos._io import write_files
+
+    return write_files([(q, lambda tmp: open(tmp, "w").close()) for q in paths])
+
+
+CASES_12 = [
+    # ---- images (items 4-6)
+    ("12/image bomb over Pillow's limit", lambda f: load_image(f["bomb_png"]), ValueError,
+     r"bomb.png' declares 100000x100000 = 10000000000 pixels, more than Pillow's limit of \d+ pixels"),
+    ("12/image over max_pixels", lambda f: load_image(f["big_png"]), ValueError,
+     r"big.png' declares 10000x10000 = 100000000 pixels, more than max_pixels=89478485"),
+    ("12/images over max_pixels", lambda f: load_images([f["big_png"]], max_pixels=99), ValueError, r"more than max_pixels=99"),
+    ("12/max_pixels bool", lambda f: load_image(f["big_png"], max_pixels=True), ValueError, r"max_pixels must be a positive int or None, got True"),
+    ("12/max_size checked first", lambda f: load_image(f["bomb_png"], max_size=-1), ValueError, r"max_size must be a positive int or None, got -1"),
+    ("12/float image NaN", lambda f: load_image(f["nan_tif"]), ValueError, r"nan.tif' holds non-finite values"),
+    ("12/int32 image over 16 bits", lambda f: load_image(f["int32_tif"]), ValueError,
+     r"int32.tif' holds I integers from 70000 to 70000; .* at most 16 bits"),
+    # ---- volumes (item 6)
+    ("12/nifti RGB24", lambda f: load_volume(f["rgb_nii"]), ValueError, r"rgb24.nii' stores RGB voxels .*real scalar voxels"),
+    ("12/nifti complex", lambda f: load_volume(f["complex_nii"]), ValueError, r"complex.nii.gz' stores complex64 voxels"),
+    ("12/nifti 4000^3 header", lambda f: load_volume(f["huge_nii"]), ValueError,
+     r"huge.nii' declares shape \(4000, 4000, 4000\) = 64000000000 voxels, more than max_voxels=268435456"),
+    ("12/nifti max_voxels", lambda f: load_volumes([f["short_nii"]], max_voxels=10), ValueError, r"= 64000 voxels, more than max_voxels=10"),
+    ("12/nifti max_voxels zero", lambda f: load_volume(f["short_nii"], max_voxels=0), ValueError, r"max_voxels must be a positive int or None, got 0"),
+    ("12/nifti shorter than header says", lambda f: load_volume(f["short_nii"]), ValueError, r"short.nii' is truncated: its header declares shape \(40, 40, 40\)"),
+    ("12/nifti empty axis", lambda f: load_volume(f["empty_axis_nii"]), ValueError, r"empty_axis.nii' has an empty axis"),
+    ("12/nifti voxels inside header", lambda f: load_volume(f["offset0_nii"]), ValueError, r"offset0.nii' is corrupt: its voxels would start at byte 0"),
+    ("12/nifti bad normalize before reading", lambda f: load_volume(f["huge_nii"], normalize="z"), ValueError, r"normalize must be one of .* got 'z'"),
+    # ---- configs (items 7-8)
+    ("12/yaml bomb", lambda f: load_config(f["bomb_yaml"]), ValueError, r"bomb.yaml: the config expands to more than 10000 values"),
+    ("12/yaml self alias", lambda f: build_from_config(f["self_yaml"]), ValueError, r"self.yaml: the config contains itself"),
+    ("12/yaml too deep for the parser", lambda f: load_config(f["deep_yaml"]), ValueError, r"deep.yaml' nests too deeply for the YAML parser"),
+    ("12/int key", lambda f: build_from_config(f["int_key_yaml"]), TypeError, r"\(PositionEmbeddingSine\): keys must be strings .*got 1$"),
+    ("12/null key", lambda f: build_from_config(f["null_key_yaml"]), TypeError, r"keys must be strings .*got None \(YAML reads"),
+    ("12/dict with int key", lambda f: build_from_config({"type": "PositionEmbeddingSine", 7: 1}), TypeError, r"config \(PositionEmbeddingSine\): keys must be strings .*got 7"),
+    ("12/long type value cut", lambda f: build_from_config({"type": "x" * 10**6}), ValueError, r"unknown type 'x{27}\.\.\.x{28}'; registered"),
+    ("12/constructor error says where", lambda f: build_from_config({"type": "PositionEmbeddingSine", "num_pos_feats": 7}), ValueError,
+     r"^config \(PositionEmbeddingSine\): num_pos_feats must be a positive even int"),
+    # ---- group writes (items 1-3)
+    ("12/write into a directory", lambda f: _write_group([os.path.join(f["dir"], "a.pt"), f["dir"]]), IsADirectoryError, r"it is a directory"),
+    ("12/write one file twice", lambda f: _write_group([os.path.join(f["dir"], "a"), os.path.join(f["dir"], ".", "a")]), ValueError, r"are the same file"),
+    ("12/write into a missing folder", lambda f: _write_group([os.path.join(f["dir"], "no", "a")]), FileNotFoundError, r"folder .*no' does not exist"),
+]
+
+
+@pytest.mark.parametrize("call, exc, match", [c[1:] for c in CASES_12], ids=[c[0] for c in CASES_12])
+def test_issue12_bad_input_is_answered_clearly(call, exc, match, files12):
+    with pytest.raises(exc, match=match):
+        call(files12)
+    assert not [n for n in os.listdir(files12["dir"]) if n.startswith(".vispos-")]
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["run", "--images", "{bomb_png}"], "declares 100000x100000 = 10000000000 pixels"),
+        (["run", "--volumes", "{rgb_nii}"], "rgb24.nii' stores RGB voxels"),
+        (["run", "--volumes", "{huge_nii}"], "= 64000000000 voxels, more than max_voxels="),
+        (["run", "--images", "{nan_tif}", "--config", "{bomb_yaml}"], "holds non-finite values"),
+        (["run", "--images", "{big_png}", "--max-size", "0"], "max_size must be a positive int or None, got 0"),
+        (["demo", "--samples", "camera", "--config", "{bomb_yaml}"], "expands to more than 10000 values"),
+        (["demo", "--samples", "camera", "--config", "{int_key_yaml}"], "keys must be strings"),
+        (["demo", "--samples", "camera", "--out", "{bomb_png}"], "exists and is not a folder"),
+    ],
+)
+def test_issue12_cli_errors_are_one_line(tmp_path, capsys, files12, argv, match):
+    """Exit 2 (a user error, not 1 with a foreign exception name), one line, no output."""
+    argv = [a.format(**files12) for a in argv]
+    out = [] if "--out" in argv else ["--out", str(tmp_path / "out")]
+    rc = main([*argv, *out, "--max-size", "16", "--repeats", "1"] if "--max-size" not in argv else [*argv, *out])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("vispos: error:") and match in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

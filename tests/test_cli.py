@@ -148,3 +148,151 @@ def test_volume_errors(tmp_path, capsys):
     assert rc == 2 and "volume file" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # --images and --volumes are exclusive (argparse usage error)
         main(["run", "--images", img, "--volumes", img])
+
+
+# ------------------------------------------------------------------ outputs (issue 12, items 1-3)
+def test_directory_in_place_of_the_figure_keeps_the_old_embeddings(tmp_path, capsys):
+    """Item 1: ``out/figure.png`` a directory and an old ``out/embeddings.pt``: exit 2, the old
+    file untouched, nothing else written."""
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out"
+    (out / "figure.png").mkdir(parents=True)
+    (out / "embeddings.pt").write_text("earlier run")
+    rc = main(["run", "--config", str(cfg), "--images", img, "--out", str(out), "--repeats", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "figure.png': it is a directory" in err, err
+    assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
+    assert (out / "embeddings.pt").read_text() == "earlier run"
+
+
+def test_outputs_get_the_mode_open_gives(tmp_path, capsys):
+    """Item 3: 0644 under umask 022 (not mkstemp's 0600), also when old outputs are replaced."""
+    import stat
+
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out"
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):  # fresh, then over the first run's files
+            assert main(["run", "--config", str(cfg), "--images", img, "--out", str(out), "--repeats", "1"]) == 0
+            modes = {p: stat.S_IMODE(os.stat(out / p).st_mode) for p in os.listdir(out)}
+            assert modes == {"embeddings.pt": 0o644, "figure.png": 0o644}
+    finally:
+        os.umask(old)
+
+
+_SIGNAL_SCRIPT = """
+import os, signal, sys
+import vispos._io as vio
+
+real = getattr(vio, sys.argv[1])
+calls = []
+
+def hooked(*args):
+    out = real(*args)
+    calls.append(args)
+    if len(calls) == int(sys.argv[2]):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+setattr(vio, sys.argv[1], hooked)
+from vispos.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_in_a_subprocess_leaves_no_temporary_and_no_folder(tmp_path):
+    """Item 2: SIGTERM, sent deterministically from inside the write (a hook in a subprocess,
+    after both temporaries were written), exits 143 with one line and removes the temporaries
+    and the folders the run created."""
+    _sigterm_in_subprocess(tmp_path, "_fsync", 2, existing=False)
+
+
+def test_sigterm_keeps_old_outputs(tmp_path, capsys, monkeypatch):
+    """Item 2, in process (pytest keeps SIGTERM's default handler, so write_files handles it):
+    a SIGTERM while the old outputs are being backed up leaves them as they were."""
+    import signal
+
+    import vispos._io as vio
+
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "embeddings.pt").write_text("old embeddings")
+    (out / "figure.png").write_text("old figure")
+    real = vio._backup
+
+    def backup_then_term(*args):
+        real(*args)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(vio, "_backup", backup_then_term)
+    saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an earlier test may have set its own
+    try:
+        rc = main(["run", "--config", str(cfg), "--images", img, "--out", str(out), "--repeats", "1"])
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    assert rc == 143 and capsys.readouterr().err.strip() == "vispos: error: terminated by SIGTERM"
+    assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
+    assert (out / "embeddings.pt").read_text() == "old embeddings"
+    assert (out / "figure.png").read_text() == "old figure"
+
+
+def _sigterm_in_subprocess(tmp_path, hook, after, existing):
+    import subprocess
+    import sys
+
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    out = tmp_path / "out" / "nested"
+    if existing:
+        out.mkdir(parents=True)
+        (out / "embeddings.pt").write_text("old embeddings")
+        (out / "figure.png").write_text("old figure")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_SCRIPT, hook, str(after), "run", "--config", str(cfg),
+         "--images", img, "--out", str(out), "--repeats", "1"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "vispos: error: terminated by SIGTERM"
+    if existing:
+        assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
+        assert (out / "embeddings.pt").read_text() == "old embeddings"
+        assert (out / "figure.png").read_text() == "old figure"
+    else:
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--queries", "100000"], "--queries must be <= 16, got 100000"),
+        (["--size-divisibility", "100000"], "--size-divisibility must be <= 4096, got 100000"),
+        (["--repeats", "10000000"], "--repeats must be <= 1000, got 10000000"),
+        (["--out", ""], "--out must name a folder, got an empty string"),
+        (["--device", "meta"], "--device 'meta' holds no data; use cpu or cuda"),
+    ],
+)
+def test_flags_that_would_exhaust_memory_or_misplace_outputs(tmp_path, capsys, monkeypatch, flags, match):
+    """Adversarial pass: --queries 100000 drew until the machine ran out of memory,
+    --size-divisibility 100000 asked for 120 GB (exit 1), --device meta failed in .item()
+    (exit 1), --out '' wrote into the working folder."""
+    (img,) = _write_images(tmp_path, [(32, 32)])
+    monkeypatch.chdir(tmp_path)
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
+    rc = main(["run", "--images", img, *out, *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == f"vispos: error: {match}"
+    assert sorted(os.listdir(tmp_path)) == ["img0.png"]

@@ -123,3 +123,105 @@ def test_register_custom():
     assert isinstance(obj.a, PositionEmbeddingSine) and obj.b == 2
     with pytest.raises(ValueError, match="already registered"):
         vispos.register(int, name="CustomForTest")
+
+
+# -------------------------------------------------------------- hostile configs (issue 12, 7-8)
+def _bomb(depth):
+    """A "billion laughs" YAML: 9**depth strings under ``num_pos_feats`` in ~60*depth bytes."""
+    lines = ["type: PositionEmbeddingSine", "a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, depth)]
+    return "\n".join([*lines, f"num_pos_feats: *a{depth - 1}"])
+
+
+@pytest.mark.parametrize("depth", [7, 8])
+def test_yaml_bomb_is_refused_at_once(tmp_path, depth):
+    """Item 7: depth 8 (a 460-byte file, 43 million strings) took 72 s and a MemoryError; now
+    load_config and build_from_config refuse it in milliseconds."""
+    import time
+
+    from vispos.config import load_config
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_bomb(depth))
+    assert path.stat().st_size < 600
+    vispos.config.registered()  # the registry's imports are not part of the timing
+    for fn in (load_config, build_from_config):
+        t0 = time.perf_counter()
+        with pytest.raises(ValueError, match=r"bomb.yaml: the config expands to more than 10000 values"):
+            fn(path)
+        assert time.perf_counter() - t0 < 1.0
+
+
+def test_aliases_within_the_cap_still_work(tmp_path):
+    """Anchors, aliases and merge keys are allowed while the config stays small."""
+    path = tmp_path / "ok.yaml"
+    path.write_text("type: Joiner\n"
+                    "backbone: {type: TimmBackbone, model_name: resnet18, out_indices: &idx [4]}\n"
+                    "position_embedding:\n  <<: {type: PositionEmbeddingSine, num_pos_feats: 16}\n  normalize: true\n")
+    obj = build_from_config(path)
+    assert obj.position_embedding.num_pos_feats == 16 and obj.position_embedding.normalize
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("type: PositionEmbeddingSine\nnum_pos_feats: &a [1, *a]\n", "the config contains itself"),
+        ("type: PositionEmbeddingSine\nnum_pos_feats: " + "[" * 60 + "]" * 60 + "\n", "nests deeper than 50 levels"),
+        ("type: PositionEmbeddingSine\nnum_pos_feats: " + "[" * 3000 + "]" * 3000 + "\n",
+         "nests too deeply for the YAML parser"),
+    ],
+)
+def test_self_containing_and_deep_configs(tmp_path, text, match):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        build_from_config(path)
+
+
+def test_large_config_file_is_refused(tmp_path):
+    from vispos.config import MAX_CONFIG_BYTES, load_config
+
+    path = tmp_path / "big.yaml"
+    path.write_text("type: PositionEmbeddingSine\n" + "#" * MAX_CONFIG_BYTES + "\n")
+    with pytest.raises(ValueError, match=rf"big.yaml' has {MAX_CONFIG_BYTES + 29} bytes, more than the {MAX_CONFIG_BYTES}"):
+        load_config(path)
+
+
+def test_long_values_are_cut_in_messages(tmp_path):
+    """Item 7: a message prints at most a few hundred characters of a value, however long."""
+    path = tmp_path / "long.yaml"
+    path.write_text("type: PositionEmbeddingSine\nnum_pos_feats: [" + ", ".join(["12345"] * 3000) + "]\n")
+    with pytest.raises(TypeError, match=r"long.yaml \(PositionEmbeddingSine\): num_pos_feats .*\.\.\. \(\d+ characters\)$") as info:
+        build_from_config(path)
+    assert len(str(info.value)) - len(str(path)) < 600
+    path.write_text("type: [" + ", ".join(["12345"] * 3000) + "]\n")
+    with pytest.raises(ValueError, match=r"unknown type \[12345, 12345, 12345, 12345, 12345, 12345, \.\.\.\]; registered"):
+        build_from_config(path)
+    with pytest.raises(ValueError, match=r"dtype_override: 'x{27}\.\.\.x{28}' is not a torch dtype"):
+        build_from_config({"type": "PositionalEncoding2D", "channels": 8, "dtype_override": "x" * 100_000})
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("type: PositionEmbeddingSine\n1: 2\nfoo: 3\n", r"keys must be strings \(the constructor's keyword names\), got 1$"),
+        ("type: PositionEmbeddingSine\n~: 2\n", r"got None \(YAML reads unquoted yes/no/on/off/true/false as booleans"),
+        ("type: PositionEmbeddingSine\non: 2\n", r"got True \(YAML reads"),
+        ("type: Joiner\nbackbone: {type: TimmBackbone, model_name: resnet18, 3.5: 1, null: 2}\n"
+         "position_embedding: {type: PositionEmbeddingSine}\n", r"c.yaml.backbone \(TimmBackbone\): keys must be strings.*got 3.5, None"),
+    ],
+)
+def test_non_string_keys_are_named(tmp_path, text, match):
+    """Item 8: before, ``TypeError: '<' not supported between instances of 'str' and 'int'``."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(TypeError, match=match):
+        build_from_config(path)
+
+
+def test_config_dict_with_shared_references_is_measured_too():
+    inner = [1] * 100
+    for _ in range(4):
+        inner = [inner] * 100
+    with pytest.raises(ValueError, match="config: the config expands to more than 10000 values"):
+        build_from_config({"type": "PositionEmbeddingSine", "num_pos_feats": inner})

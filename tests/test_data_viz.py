@@ -148,3 +148,209 @@ def test_plot_volume_similarity(tmp_path):
     with pytest.raises(ValueError, match="draws 3D batches"):
         img = nested_tensor_from_tensor_list([torch.rand(3, 8, 8)])
         plot_volume_similarity(img, [img], [pe(img)], tmp_path / "w.png")
+
+
+# --------------------------------------------------------- reading as stored (issue 12, 3-6)
+def _bomb_png(path, width, height):
+    """A valid PNG header declaring ``width x height`` with almost no data (a few hundred bytes)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path
+
+
+def test_plot_writes_with_the_mode_open_gives(tmp_path):
+    """Item 3: the figure gets 0666 & ~umask (not mkstemp's 0600), and an old file keeps its mode."""
+    import os
+    import stat
+
+    nt = nested_tensor_from_tensor_list([torch.rand(3, 16, 16)])
+    pe = PositionEmbeddingSine(8, normalize=True)
+    old = os.umask(0o022)
+    try:
+        path = plot_position_similarity(nt, [nt], [pe(nt)], tmp_path / "f.png", n_queries=1)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+        os.chmod(path, 0o664)
+        plot_position_similarity(nt, [nt], [pe(nt)], tmp_path / "f.png", n_queries=1)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o664
+    finally:
+        os.umask(old)
+    assert os.listdir(tmp_path) == ["f.png"]
+
+
+def test_16_bit_png_is_read_at_its_depth(tmp_path):
+    """Item 4: a 0..65535 gradient reads as value / 65535 (before: 99.6% of pixels were 1.0)."""
+    arr = np.linspace(0, 65535, 40 * 70).round().astype(np.uint16).reshape(40, 70)
+    Image.fromarray(arr).save(tmp_path / "g16.png")  # grey, mode I;16
+    img = load_image(tmp_path / "g16.png")
+    assert img.dtype == torch.float32 and img.shape == (3, 40, 70)
+    torch.testing.assert_close(img, torch.from_numpy(np.stack([arr] * 3) / 65535).float())
+
+
+def test_16_bit_rgb_png_is_read_at_its_depth(tmp_path):
+    """Item 4, RGB: a 16-bit RGB PNG (Pillow cannot write one: its rows are written here, big
+    endian as the PNG specification says) reads as value / 65535 per channel."""
+    import struct
+    import zlib
+
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 65536, (9, 11, 3), dtype=np.uint16)
+    raw = b"".join(b"\0" + arr[r].astype(">u2").tobytes() for r in range(arr.shape[0]))
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    (tmp_path / "rgb16.png").write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 11, 9, 16, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    )
+    img = load_image(tmp_path / "rgb16.png")
+    torch.testing.assert_close(img, torch.from_numpy(arr.transpose(2, 0, 1).astype(np.float64) / 65535).float())
+
+
+def test_float_tiff_is_read_as_stored(tmp_path):
+    """Item 4: a float32 TIFF in [0, 1] keeps its values (before: max 0.0039); values outside
+    [0, 1] are clipped with a warning naming the file; NaN is refused."""
+    arr = np.linspace(0, 1, 20 * 30, dtype=np.float32).reshape(20, 30)
+    Image.fromarray(arr, mode="F").save(tmp_path / "f.tif")
+    img = load_image(tmp_path / "f.tif")
+    torch.testing.assert_close(img, torch.from_numpy(np.stack([arr] * 3)))
+    Image.fromarray(arr * 4 - 1, mode="F").save(tmp_path / "wide.tif")
+    with pytest.warns(UserWarning, match=r"wide.tif' holds floats from -1 to 3; .* clips them"):
+        wide = load_image(tmp_path / "wide.tif")
+    torch.testing.assert_close(wide, torch.from_numpy(np.clip(np.stack([arr * 4 - 1] * 3), 0, 1)))
+    arr[3, 4] = np.nan
+    Image.fromarray(arr, mode="F").save(tmp_path / "nan.tif")
+    with pytest.raises(ValueError, match="nan.tif' holds non-finite values"):
+        load_image(tmp_path / "nan.tif")
+
+
+def test_16_bit_tiff_is_read_at_its_depth(tmp_path):
+    arr = np.arange(0, 65535, 1000, dtype=np.uint16)[None].repeat(4, 0)
+    Image.fromarray(arr).save(tmp_path / "g16.tif")
+    torch.testing.assert_close(load_image(tmp_path / "g16.tif")[0], torch.from_numpy(arr / 65535).float())
+
+
+@pytest.mark.parametrize("fmt", ["jpg", "tif"])
+@pytest.mark.parametrize(
+    "orientation, transpose",
+    [(1, None), (3, Image.Transpose.ROTATE_180), (6, Image.Transpose.ROTATE_270), (8, Image.Transpose.ROTATE_90)],
+)
+def test_exif_orientation_is_applied(tmp_path, fmt, orientation, transpose):
+    """Item 5: a 20x60 image stored with orientation 6 loads as the 60x20 image viewers show.
+    The reference is Pillow's ``transpose`` of the stored pixels (JPEG: of the decoded ones)."""
+    rng = np.random.default_rng(orientation)
+    stored = Image.fromarray(rng.integers(0, 255, (20, 60, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"o{orientation}.{fmt}"
+    stored.save(path, exif=exif.tobytes(), **({"quality": 95} if fmt == "jpg" else {}))
+    if fmt == "jpg":  # lossy: the reference rotates the decoded pixels (Pillow leaves them as stored)
+        with Image.open(path) as im:
+            source = im.convert("RGB")
+    else:  # lossless: the pixels written (Pillow's TIFF reader may rotate them itself)
+        source = stored
+    upright = source if transpose is None else source.transpose(transpose)
+    expected = torch.from_numpy(np.asarray(upright).copy()).permute(2, 0, 1).float() / 255
+    img = load_image(path)
+    assert img.shape == expected.shape == ((3, 20, 60) if orientation in (1, 3) else (3, 60, 20))
+    # torchvision's and Pillow's JPEG decoders may differ by a grey level or two
+    torch.testing.assert_close(img, expected, atol=3 / 255 if fmt == "jpg" else 0, rtol=0)
+
+
+def test_decompression_bomb_is_refused_from_the_header(tmp_path):
+    """Item 6: a ~100-byte PNG declaring 100000x100000 (above Pillow's own limit) and one
+    declaring 10000x10000 (above ours) answer ValueError naming the file, the size and the limit."""
+    big = _bomb_png(tmp_path / "bomb.png", 100_000, 100_000)
+    with pytest.raises(ValueError, match=r"bomb.png' declares 100000x100000 = 10000000000 pixels, more than Pillow's limit"):
+        load_image(big)
+    medium = _bomb_png(tmp_path / "medium.png", 10_000, 10_000)
+    with pytest.raises(ValueError, match=r"medium.png' declares 10000x10000 = 100000000 pixels, more than max_pixels=89478485"):
+        load_image(medium)
+    with pytest.raises(ValueError, match=r"declares 10000x10000 = 100000000 pixels, more than max_pixels=1000"):
+        load_image(medium, max_pixels=1000)
+    with pytest.raises(ValueError, match="max_pixels must be a positive int or None, got 0"):
+        load_image(medium, max_pixels=0)
+
+
+def test_animated_gif_gives_its_first_frame(tmp_path):
+    frames = [Image.fromarray(np.full((10, 12, 3), 40 * i, np.uint8)) for i in range(1, 4)]
+    frames[0].save(tmp_path / "a.gif", save_all=True, append_images=frames[1:])
+    with Image.open(tmp_path / "a.gif") as im:
+        first = torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
+    torch.testing.assert_close(load_image(tmp_path / "a.gif"), first)
+
+
+def _forged_nifti(path, shape, dtype=np.float32, data=b"", vox_offset=352):
+    """A NIfTI-1 file written byte by byte: nibabel's header for ``shape`` and ``dtype``,
+    followed by ``data`` (which need not match)."""
+    import nibabel as nib
+
+    hdr = nib.Nifti1Header()
+    hdr.set_data_shape(shape)
+    hdr.set_data_dtype(dtype)
+    hdr["vox_offset"] = vox_offset  # 352: the voxels follow the header and its 4 extension bytes
+    path.write_bytes(hdr.binaryblock + b"\0" * 4 + data)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+def test_nifti_header_checks_before_reading(tmp_path, suffix):
+    """Item 6: an RGB24 file and a header claiming 4000^3 voxels answer a ValueError naming
+    the file and what was found, before any voxel is read (before: numpy's
+    DTypePromotionError without the file; a bare MemoryError)."""
+    import nibabel as nib
+
+    from vispos.data import load_volume
+
+    rgb = np.zeros((4, 5, 6), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    nib.save(nib.Nifti1Image(rgb, np.eye(4)), tmp_path / f"rgb{suffix}")
+    with pytest.raises(ValueError, match=r"rgb.nii(.gz)?' stores RGB voxels .* real scalar voxels"):
+        load_volume(tmp_path / f"rgb{suffix}")
+    nib.save(nib.Nifti1Image(np.zeros((4, 5, 6), np.complex64), np.eye(4)), tmp_path / f"c{suffix}")
+    with pytest.raises(ValueError, match=r"c.nii(.gz)?' stores complex64 voxels"):
+        load_volume(tmp_path / f"c{suffix}")
+    big = _forged_nifti(tmp_path / "big.nii", (4000, 4000, 4000), data=b"\0" * 64)
+    with pytest.raises(ValueError, match=r"big.nii' declares shape \(4000, 4000, 4000\) = 64000000000 voxels, "
+                                         r"more than max_voxels=268435456; refused before reading"):
+        load_volume(big)
+    small = _forged_nifti(tmp_path / "small.nii", (4, 5, 6), data=np.arange(120, dtype=np.float32).tobytes())
+    with pytest.raises(ValueError, match=r"declares shape \(4, 5, 6\) = 120 voxels, more than max_voxels=100"):
+        load_volume(small, max_voxels=100)
+    torch.testing.assert_close(load_volume(small, normalize=None, canonical=False, max_voxels=120)[0],
+                               torch.arange(120, dtype=torch.float32).reshape(6, 5, 4).permute(2, 1, 0))
+
+
+def test_nifti_truncated_empty_and_corrupt_headers(tmp_path):
+    import nibabel as nib
+
+    from vispos.data import load_volume
+
+    trunc = _forged_nifti(tmp_path / "trunc.nii", (40, 40, 40), data=b"\0" * 100)
+    with pytest.raises(ValueError, match=r"trunc.nii' is truncated: its header declares shape \(40, 40, 40\) of "
+                                         r"float32 \(256352 bytes with the header\) but .* has 452 bytes"):
+        load_volume(trunc)
+    inside = _forged_nifti(tmp_path / "inside.nii", (4, 5, 6), data=b"\0" * 480, vox_offset=0)
+    with pytest.raises(ValueError, match=r"inside.nii' is corrupt: its voxels would start at byte 0, inside its "
+                                         r"348-byte header"):
+        load_volume(inside)
+    empty = _forged_nifti(tmp_path / "empty.nii", (4, 0, 6))
+    with pytest.raises(ValueError, match=r"empty.nii' has an empty axis: its header says shape \(4, 0, 6\)"):
+        load_volume(empty)
+    nib.save(nib.Nifti1Image(np.zeros((4, 5, 6, 1, 3), np.float32), np.eye(4)), tmp_path / "five.nii")
+    with pytest.raises(ValueError, match=r"five.nii' must be 3-D or 4-D, got shape \(4, 5, 6, 1, 3\)"):
+        load_volume(tmp_path / "five.nii")
+    hdr = nib.Nifti1Header()
+    hdr.set_data_shape((4, 5, 6))
+    hdr["pixdim"][1:4] = np.nan
+    hdr["qform_code"] = hdr["sform_code"] = 0
+    hdr["vox_offset"] = 352
+    (tmp_path / "nan_affine.nii").write_bytes(hdr.binaryblock + b"\0" * 4 + b"\0" * 480)
+    with pytest.raises(ValueError, match=r"nan_affine.nii' could not be read as a NIfTI volume: LinAlgError"):
+        load_volume(tmp_path / "nan_affine.nii")

@@ -14,7 +14,6 @@ import copy
 import os
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._io import Terminated, write_files
 from ._plot_command import add_plot_parser, run_plot
 from .config import build_from_config, load_config
 from .data import (
@@ -146,31 +146,30 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
-    """Writes every output or none: each ``writer(tmp_path)`` fills a hidden temporary file in
-    ``folder``; only when all succeeded are they renamed into place. On failure the temporaries
-    are removed, and so is ``folder`` when this call created it."""
-    created = not os.path.isdir(folder)
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as exc:
-        raise CLIError(f"--out {folder!r} cannot be created: {exc.strerror or exc}") from None
-    temps: list[str] = []
-    try:
-        for path, writer in outputs:
-            suffix = os.path.splitext(path)[1]
-            fd, tmp = tempfile.mkstemp(prefix=".vispos-", suffix=suffix, dir=folder)
-            os.close(fd)
-            temps.append(tmp)
-            writer(tmp)
-        for (path, _), tmp in zip(outputs, temps):
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp in temps:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        if created and os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
-        raise
+    """Writes every output or none (see :func:`vispos._io.write_files`): each ``writer(tmp_path)``
+    fills a hidden temporary file, every target is checked before any is replaced, a failed
+    rename puts the old files back, and on an error, SIGINT or SIGTERM the temporaries and the
+    folders this call created are removed."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise CLIError(f"--out {folder!r} exists and is not a folder")
+    write_files(outputs, make_dirs=True)
+
+
+#: upper bounds of the integer flags (each value above is a typo or a way to exhaust memory:
+#: --queries draws one figure panel per query and item, --size-divisibility pads every axis)
+_FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Refuses flag values that would exhaust memory or write somewhere unexpected."""
+    for flag, limit in _FLAG_LIMITS.items():
+        value = getattr(args, flag)
+        if value > limit:
+            raise CLIError(f"--{flag.replace('_', '-')} must be <= {limit}, got {value}")
+    if not args.out.strip():
+        raise CLIError("--out must name a folder, got an empty string")
+    if args.device.strip().lower().startswith("meta"):
+        raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
 
 
 def _fmt_size(size) -> str:
@@ -314,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every error is printed to stderr as one line ``vispos: error: ...`` (no traceback) and no
     output file is left behind, whole or partial. Returns the exit status: 0 ok, 2 a user
     error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
-    1 any other failure (named by its exception type), 130 on Ctrl-C. argparse's own usage
+    1 any other failure (named by its exception type), 130 on Ctrl-C, 128 + the signal
+    number on SIGTERM / SIGHUP while the outputs are written (143 for SIGTERM). argparse's own usage
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
@@ -325,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = "vispos-demo" if args.command == "demo" else "vispos-out"
         args.out = f"{base}-volume" if volumes else base
     try:
+        _check_args(args)
         normalize = None if args.normalize == "None" else args.normalize
         if args.command == "demo" and args.volume:
             samples = sample_volumes(max_size=args.max_size or 64, normalize=normalize)
@@ -343,6 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vispos: error: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"vispos: error: {exc}", file=sys.stderr)
+        return 128 + exc.signum
     except Exception as exc:  # noqa: BLE001 - the command never shows a traceback
         print(f"vispos: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,6 +22,30 @@ __all__ = ["build_from_config", "register", "registered", "load_config"]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 _BUILTINS_DONE = False
+
+#: the largest config file :func:`load_config` reads (bytes); real configs are a few hundred
+MAX_CONFIG_BYTES = 1 << 20
+#: the most nodes a config may hold with every YAML alias expanded (a "billion laughs" file
+#: of a few hundred bytes expands to millions), and how deeply it may nest
+MAX_CONFIG_NODES = 10_000
+MAX_CONFIG_DEPTH = 50
+#: the longest error message a constructor's error may add (its values can be long)
+_MAX_MESSAGE = 500
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def _short(value: Any) -> str:
+    """A bounded ``repr`` for messages: long strings and containers are cut with ``...``, and
+    the cost does not grow with the value (reprlib stops early)."""
+    return _REPR.repr(value)
+
+
+def _clip(text: str, limit: int = _MAX_MESSAGE) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def register(obj: Callable[..., Any] | None = None, *, name: str | None = None):
@@ -51,27 +76,84 @@ def registered() -> list[str]:
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Reads a YAML config file into a dict.
 
+    YAML anchors and aliases (and ``<<`` merge keys) are allowed, but the config they expand
+    to is measured without expanding it: more than :data:`MAX_CONFIG_NODES` values, deeper than
+    :data:`MAX_CONFIG_DEPTH` levels, or a config containing itself is refused at once.
+
+    Args:
+        path (str | PathLike): a YAML file of at most :data:`MAX_CONFIG_BYTES` bytes.
+
+    Returns:
+        dict: the top-level mapping.
+
     Raises:
         FileNotFoundError: ``path`` does not exist or is a directory.
-        ValueError: the file is not UTF-8 text or not valid YAML, or its top level is not a
-            mapping.
+        ValueError: the file is larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 text or not
+            valid YAML; its top level is not a mapping; it expands too far (see above).
+
+    References:
+        YAML 1.1 (anchors, aliases, merge keys); PyYAML ``safe_load``; the "billion laughs"
+        entity-expansion attack (CVE-2003-1564).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise FileNotFoundError(f"config file {path!r} is a directory, expected a YAML file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config file {path!r} has {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
     with open(path, encoding="utf-8") as fh:
         try:
             data = yaml.safe_load(fh)
         except yaml.YAMLError as exc:
-            first = " ".join(str(exc).split())
+            first = _clip(" ".join(str(exc).split()))
             raise ValueError(f"config file {path!r} is not valid YAML: {first}") from None
         except UnicodeDecodeError as exc:
             raise ValueError(f"config file {path!r} is not UTF-8 text (YAML expected): {exc}") from None
+        except RecursionError:
+            raise ValueError(
+                f"config file {path!r} nests too deeply for the YAML parser (at most {MAX_CONFIG_DEPTH} levels)"
+            ) from None
     if not isinstance(data, Mapping):
         raise ValueError(f"config file {path!r} must hold a mapping with a 'type' key, got {type(data).__name__}")
+    _check_size(data, path)
     return dict(data)
+
+
+def _check_size(data: Any, where: str) -> None:
+    """Refuses a config that expands (YAML aliases, shared Python objects) to more than
+    :data:`MAX_CONFIG_NODES` nodes, nests deeper than :data:`MAX_CONFIG_DEPTH`, or contains
+    itself. Each distinct container is measured once, so the check costs the size of the file,
+    not of its expansion."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Any, depth: int) -> int:
+        if not isinstance(node, (Mapping, list, tuple)):
+            return 1
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise ValueError(f"{where}: the config contains itself (a YAML alias to one of its own ancestors)")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ValueError(f"{where}: the config nests deeper than {MAX_CONFIG_DEPTH} levels")
+        open_.add(key)
+        children = [x for kv in node.items() for x in kv] if isinstance(node, Mapping) else node
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > MAX_CONFIG_NODES:
+                raise ValueError(
+                    f"{where}: the config expands to more than {MAX_CONFIG_NODES} values (YAML "
+                    "aliases repeat what they refer to: a 'billion laughs' file?); refused"
+                )
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    size(data, 0)
 
 
 def _register_builtins() -> None:
@@ -102,7 +184,15 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     kind = cfg["type"]
     allowed_types = [k for k in sorted(_REGISTRY) if not k.startswith("_")]
     if not isinstance(kind, str) or kind not in allowed_types:
-        raise ValueError(f"{where}: unknown type {kind!r}; registered types are {allowed_types}")
+        raise ValueError(f"{where}: unknown type {_short(kind)}; registered types are {allowed_types}")
+    bad_keys = [k for k in cfg if not isinstance(k, str)]
+    if bad_keys:
+        hint = (" (YAML reads unquoted yes/no/on/off/true/false as booleans and ~/null as None: "
+                "quote such keys)" if any(k is None or isinstance(k, bool) for k in bad_keys) else "")
+        raise TypeError(
+            f"{where} ({kind}): keys must be strings (the constructor's keyword names), got "
+            f"{', '.join(_short(k) for k in bad_keys[:10])}{hint}"
+        )
     target = _REGISTRY[kind]
     params = inspect.signature(target).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
@@ -121,7 +211,14 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     for k, v in built.items():
         if "dtype" in k and isinstance(v, str):
             built[k] = _dtype(v, f"{where}.{k}")
-    return target(**built)
+    try:
+        return target(**built)
+    except (TypeError, ValueError) as exc:
+        if type(exc) not in (TypeError, ValueError):
+            raise
+        # the constructor's message, prefixed with where it comes from and cut to a readable
+        # length (a constructor may print a long value in full)
+        raise type(exc)(f"{where} ({kind}): {_clip(str(exc))}") from exc
 
 
 def _dtype(name: str, where: str):
@@ -129,7 +226,7 @@ def _dtype(name: str, where: str):
 
     value = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"{where}: {name!r} is not a torch dtype (e.g. 'float16', 'bfloat16', 'float32')")
+        raise ValueError(f"{where}: {_short(name)} is not a torch dtype (e.g. 'float16', 'bfloat16', 'float32')")
     return value
 
 
@@ -146,8 +243,11 @@ def build_from_config(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> An
     Raises:
         FileNotFoundError: the file does not exist.
         TypeError: ``path_or_dict`` is neither a path nor a mapping.
+        TypeError: a key that is not a string (the message names them).
         ValueError: invalid YAML; no ``type``; an unknown type (the message lists the registered
-            ones); an unknown or missing key (the message lists the allowed ones).
+            ones); an unknown or missing key (the message lists the allowed ones); a config that
+            expands (aliases included) to more than :data:`MAX_CONFIG_NODES` values, nests deeper
+            than :data:`MAX_CONFIG_DEPTH` or contains itself. Values are cut short in messages.
     """
     _register_builtins()
     if isinstance(path_or_dict, (str, os.PathLike)):
@@ -157,6 +257,7 @@ def build_from_config(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> An
         cfg, where = path_or_dict, "config"
     else:
         raise TypeError(f"path_or_dict must be a path or a mapping, got {type(path_or_dict).__name__}")
+    _check_size(cfg, where)
     if "type" not in cfg:
         raise ValueError(f"{where}: a config needs a 'type' key; registered types are {registered()}")
     return _build_mapping(cfg, where)

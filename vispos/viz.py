@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ._io import write_files
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .nested_tensor import NestedTensor
 from .padding import mask_sizes
@@ -77,16 +77,7 @@ def _valid_size(mask: Tensor | None, shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _save_atomic(fig, path: str | os.PathLike, dpi: int) -> None:
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".vispos-", suffix=".png", dir=folder)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=dpi, format="png")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    write_files([(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))])
 
 
 def plot_position_similarity(
