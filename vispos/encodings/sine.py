@@ -15,10 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import (
+    _embed_axis,
     check_num_feats,
+    check_out,
     check_temperature,
     frequency_divisors,
     sincos_embed,
+    sincos_embed_indexed,
     sincos_embed_lines,
 )
 from .._cache import DerivedBuffers, TensorCache, tracing
@@ -27,6 +30,7 @@ from ..nested_tensor import NestedTensor, _check_mask, parse_spatial_input
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
 _MAX_SPATIAL = 3
+_GATHER_MIN = 1 << 20  # elements of an axis block from which the masked path may gather
 
 SineInput = Union[NestedTensor, Tensor]
 
@@ -94,9 +98,20 @@ def _detr_position(
     Every path (masked, rectangular fast path, unmasked grid) goes through this one function so
     that all give bit-identical float32 values.
     """
-    if normalize:
-        return (count + offset) / (last + eps) * scale
-    return count + offset if offset else count
+    if offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
+        count = count + offset
+    return count / (last + eps) * scale if normalize else count
+
+
+def _host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small tensor from host values, on ``device`` without a host synchronisation.
+
+    On CUDA the values go through pinned memory and a non-blocking copy (a blocking copy from
+    pageable memory would synchronise the stream).
+    """
+    if device.type == "cuda":
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 def _grid_positions(
@@ -293,45 +308,70 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         self._dim_t_params = (num_pos_feats, temperature)
 
     # ------------------------------------------------------------------------------------ api
-    def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(
+        self, x: SineInput, dtype: torch.dtype | None = None, *, out: Tensor | None = None
+    ) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
 
         Args:
             x (NestedTensor | Tensor[B, *S] bool | Tensor[B, C, *S] float): what to embed.
             dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
                 Angles are computed in float32 and rounded once to ``dtype``.
+            out (Tensor[B, n * num_pos_feats, *S], optional, keyword-only): a preallocated
+                buffer of the output's shape, dtype (``dtype`` or float32) and device, written
+                in place and returned (the cache is bypassed). With a ``NestedTensor`` or a
+                feature map on CUDA this makes the call capturable by a CUDA graph: no
+                allocation, no host synchronisation.
 
         Returns:
-            Tensor[B, n * num_pos_feats, *S] in ``dtype``. An empty batch or a zero-size spatial
-            axis gives an empty tensor of that shape.
+            Tensor[B, n * num_pos_feats, *S] in ``dtype`` (``out`` when given). An empty batch
+            or a zero-size spatial axis gives an empty tensor of that shape.
 
         Raises:
-            TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``.
-            ValueError: ``x`` of the wrong rank.
+            TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``; ``out``
+                not a tensor.
+            ValueError: ``x`` of the wrong rank; ``out`` of another shape, dtype or device, or
+                requiring grad.
         """
         mask, spatial, batch, device = parse_spatial_input(x)
         out_dtype = torch.float32 if dtype is None else check_output_dtype(dtype)
+        if out is not None:
+            shape = (batch, len(spatial) * self.num_pos_feats, *spatial)
+            check_out(out, shape, out_dtype, torch.device(device))
         if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result
             channels = len(spatial) * self.num_pos_feats
+            if out is not None:
+                return out
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
+        traced = tracing()
         if mask is None:
+            if out is not None:
+                return out.copy_(self._grid(spatial, device, out_dtype).expand(out.shape))
             key = ("grid", spatial, device, out_dtype) + self._params()
             table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
             return table.expand(batch, *table.shape[1:])
         rectangular = isinstance(x, NestedTensor) and x.rectangular
-        if rectangular and tracing():
+        if rectangular and traced:
             # compilers and exporters: sizes read from the mask on the device, so the graph does
             # not depend on (and is not re-specialised for) the batch's host-side image_sizes
-            return self._rectangular(mask, out_dtype)
+            return self._rectangular(mask, out_dtype, traced=True, out=out)
         if rectangular:
             sizes_key = tuple(x.image_sizes)
+            if out is not None:
+                return self._rectangular(mask, out_dtype, sizes_key, traced=False, out=out)
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
-            return self._cached(key, None, lambda: self._rectangular(mask, out_dtype, sizes_key))
+            return self._cached(
+                key, None, lambda: self._rectangular(mask, out_dtype, sizes_key, traced=False)
+            )
         key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
-        if mask.device.type == "cpu" and not tracing():
+        if mask.device.type == "cpu" and not traced:
             # on the host the check is one pass over the mask, and no synchronisation
-            return self._cached(key, mask, lambda: self._masked(mask, out_dtype, check=True))
-        return self._masked(mask, out_dtype, check=False)
+            if out is not None:
+                return self._masked(mask, out_dtype, check=True, traced=False, out=out)
+            return self._cached(
+                key, mask, lambda: self._masked(mask, out_dtype, check=True, traced=False)
+            )
+        return self._masked(mask, out_dtype, check=False, traced=traced, out=out)
 
     def clear_cache(self) -> None:
         """Drops every cached embedding."""
@@ -377,48 +417,113 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         )
 
     def _rectangular(
-        self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        host_sizes: tuple | None = None,
+        sizes: Tensor | None = None,
+        out: Tensor | None = None,
+        traced: bool | None = None,
     ) -> Tensor:
-        """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`."""
+        """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`.
+
+        Every axis' lines come from one table ``[B, n, max S + 1]`` built from the sizes
+        (column 0 the padding-only line: count 0 over a valid length 0, DETR's value there).
+        """
         spatial = tuple(mask.shape[1:])
-        n = len(spatial)
         device = mask.device
-        if sizes is None:
-            sizes = rectangular_sizes(mask)
-        valid_along = _rectangular_valid(sizes, spatial)
-        lines, inside, pads = [], [], []
-        zero = torch.zeros(1, device=device, dtype=torch.float32)
-        for i, size in enumerate(spatial):
-            count = torch.arange(1, size + 1, device=device, dtype=torch.float32)
-            last = sizes[:, i : i + 1].to(torch.float32)
-            lines.append(self._position(torch.minimum(count, last), last))
-            pads.append(self._position(zero, zero))
-            cond = None
-            for j in range(n):
-                if j == i:
-                    continue
-                view = [mask.shape[0], 1] + [1] * n
-                view[2 + j] = spatial[j]
-                c = valid_along[j].view(view)
-                cond = c if cond is None else cond & c
-            inside.append(cond)
+        if traced is None:
+            traced = tracing()
+        rows = None
+        if sizes is None and host_sizes is not None and not traced:
+            items = host_sizes
+            if len(spatial) == 1:  # 1-D: items of one length share their line (the whole row)
+                unique = sorted(set(host_sizes))
+                if len(unique) < len(host_sizes):
+                    where = {size: k for k, size in enumerate(unique)}
+                    rows = _host_tensor([where[size] for size in host_sizes], torch.int64, device)
+                    items = unique
+            sizes_f = _host_tensor(items, torch.float32, device)
+        else:
+            if sizes is None:
+                sizes = rectangular_sizes(mask)
+            sizes_f = sizes.to(torch.float32)
+        count = torch.arange(max(spatial) + 1, device=device, dtype=torch.float32)
+        last = sizes_f.unsqueeze(-1)  # [B, n, 1]
+        capped = torch.minimum(count, last)  # DETR's count: 1-based, stopped at the last valid cell
+        if self.normalize and self.offset:
+            # the padding-only column (count 0) has a valid length of 0; with offset 0 its
+            # position is 0 over any length, so the item's own length gives the same bits
+            lines = self._position(capped, last * count.clamp(max=1))
+        else:
+            lines = self._position(capped, last)
+        valid = None
+        if host_sizes is None or traced or device.type != "cpu":
+            valid = count[1:] <= last  # [B, n, max S]: cell c lies within the item
         return sincos_embed_lines(
-            lines, inside, pads, self.num_pos_feats, dtype=dtype, divisors=self._divisors(device),
-            host_sizes=host_sizes,
+            lines, spatial, self._divisors(device)[0], valid=valid, host_sizes=host_sizes,
+            rows=rows, dtype=dtype, out=out, traced=traced,
         )
 
-    def _masked(self, mask: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
+    def _masked(
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        check: bool,
+        traced: bool | None = None,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Any mask: the rectangular fast path when ``check`` finds the padding rectangular,
+        else DETR's cumulative counts, cell by cell (see :func:`cumulative_positions`)."""
+        if traced is None:
+            traced = tracing()
         if check:
             sizes = rectangular_sizes(mask)
             if _matches_rectangle(mask, sizes):
-                return self._rectangular(mask, dtype, tuple(map(tuple, sizes.tolist())), sizes)
-        positions = cumulative_positions(
-            mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
-        )
-        return sincos_embed(
-            positions, self.num_pos_feats, shape=tuple(mask.shape), dtype=dtype,
-            divisors=self._divisors(mask.device),
-        )
+                host = tuple(map(tuple, sizes.tolist()))
+                return self._rectangular(mask, dtype, host, traced=traced, out=out)
+        spatial = tuple(mask.shape[1:])
+        f = self.num_pos_feats
+        device = mask.device
+        shape = (mask.shape[0], len(spatial) * f, *spatial)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        div = self._divisors(device)[0]
+        valid = ~mask
+        # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
+        # the block is large (and the table small, checked below); small maps take fewer ops
+        gather = not traced and device.type == "cpu" and out[:, :f].numel() >= _GATHER_MIN
+        for i, size in enumerate(spatial):
+            axis = i + 1
+            if gather and self._gathered(valid, axis, size, div, out, i * f, dtype):
+                continue
+            count = valid.cumsum(axis, dtype=torch.float32)
+            pos = self._position(count, count.narrow(axis, size - 1, 1))
+            _embed_axis(out, 1, i * f, f, "interleaved", pos, div, traced=traced)
+        return out
+
+    def _gathered(
+        self, valid: Tensor, axis: int, size: int, div: Tensor, out: Tensor, start: int, dtype
+    ) -> bool:
+        """Writes one axis block by gathering from the distinct (count, valid length) pairs;
+        False (nothing written) when there are too many of them to pay off."""
+        count = valid.cumsum(axis)  # int64, 1-based
+        cells = count.numel()
+        if self.normalize:  # the position depends on the count and on the line's valid length
+            last = count.narrow(axis, size - 1, 1)
+            lengths, inverse = torch.unique(last, return_inverse=True)
+            if 4 * lengths.numel() * (size + 1) > cells:
+                return False
+            index = inverse * (size + 1) + count
+            counts = torch.arange(size + 1, device=valid.device, dtype=torch.float32)
+            values = self._position(counts, lengths.to(torch.float32).unsqueeze(1))
+        else:
+            if 4 * (size + 1) > cells:
+                return False
+            index = count
+            values = self._position(torch.arange(size + 1, device=valid.device, dtype=torch.float32), None)
+        sincos_embed_indexed(values, index, div, out, start, traced=False)
+        return True
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
         return self._cache.get(key, compute, content=mask)
