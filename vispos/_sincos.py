@@ -135,6 +135,14 @@ def frequency_divisors(
     raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
 
 
+def host_side(device: torch.device) -> bool:
+    """True where tensors live in host memory (CPU): reading them (sizes, a mask check) costs no
+    synchronisation, and per-item slicing beats one select there. Every branch that reads
+    tensor values on the host asks this one function (a test forces the device branch on CPU
+    and checks that it reads nothing)."""
+    return device.type == "cpu"
+
+
 def _write(dst: Tensor, fn, angles: Tensor, traced: bool) -> None:
     """``dst[...] = fn(angles)``, broadcasting, casting once, without a temporary when possible."""
     if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad and not traced:
@@ -435,7 +443,8 @@ def sincos_embed_lines(
             torch.index_select(table, 0, rows, out=out)
         return out
     table = sincos_table(line_positions, divisors, layout=layout, traced=traced)  # [B, n, F, M]
-    if table.dtype != dtype and (host_sizes is None or traced or device.type != "cpu"):
+    on_host = host_sizes is not None and not traced and host_side(device)
+    if table.dtype != dtype and not on_host:
         table = table.to(dtype)  # the select needs one dtype; copies cast as they write
     padded = [
         host_sizes is None or any(size[j] < spatial[j] for size in host_sizes) for j in range(n)
@@ -449,7 +458,7 @@ def sincos_embed_lines(
             block.copy_(inside.expand(block.shape))
             continue
         outside = lines[:, :, 0].reshape(lines.shape[0], f, *([1] * n))
-        if host_sizes is not None and not traced and device.type == "cpu":
+        if on_host:
             # a broadcast copy, then the padding-only lines overwritten item by item (2.6x
             # faster than a three-way select on CPU)
             block.copy_(inside.expand(block.shape))

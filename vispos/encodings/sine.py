@@ -14,6 +14,7 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
+from .. import _sincos
 from .._sincos import (
     _embed_axis,
     check_num_feats,
@@ -346,9 +347,9 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         traced = tracing()
         if mask is None:
             if out is not None:
-                return out.copy_(self._grid(spatial, device, out_dtype).expand(out.shape))
+                return out.copy_(self._grid(spatial, device, out_dtype, traced).expand(out.shape))
             key = ("grid", spatial, device, out_dtype) + self._params()
-            table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype))
+            table = self._cached(key, None, lambda: self._grid(spatial, device, out_dtype, traced))
             return table.expand(batch, *table.shape[1:])
         rectangular = isinstance(x, NestedTensor) and x.rectangular
         if rectangular and traced:
@@ -364,7 +365,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
                 key, None, lambda: self._rectangular(mask, out_dtype, sizes_key, traced=False)
             )
         key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
-        if mask.device.type == "cpu" and not traced:
+        if _sincos.host_side(mask.device) and not traced:
             # on the host the check is one pass over the mask, and no synchronisation
             if out is not None:
                 return self._masked(mask, out_dtype, check=True, traced=False, out=out)
@@ -407,7 +408,13 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
         return [dim_t] * _MAX_SPATIAL
 
-    def _grid(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    def _grid(
+        self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype, traced: bool = True
+    ) -> Tensor:
+        """``Tensor[1, n * F, *S]``: no padding. Eager: one item of full size through the line
+        table; traced: broadcast ``arange`` positions (sizes stay symbolic, nothing is baked)."""
+        if not traced:
+            return self._lines(spatial, device, dtype, (spatial,), None, None, False)
         positions = _grid_positions(
             spatial, device, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
@@ -430,12 +437,26 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         Every axis' lines come from one table ``[B, n, max S + 1]`` built from the sizes
         (column 0 the padding-only line: count 0 over a valid length 0, DETR's value there).
         """
-        spatial = tuple(mask.shape[1:])
-        device = mask.device
         if traced is None:
             traced = tracing()
+        if sizes is None and (host_sizes is None or traced):
+            sizes = rectangular_sizes(mask)
+        return self._lines(tuple(mask.shape[1:]), mask.device, dtype, host_sizes, sizes, out, traced)
+
+    def _lines(
+        self,
+        spatial: tuple[int, ...],
+        device: torch.device,
+        dtype: torch.dtype,
+        host_sizes: tuple | None,
+        sizes: Tensor | None,
+        out: Tensor | None,
+        traced: bool,
+    ) -> Tensor:
+        """The line table of every axis from the sizes (``sizes`` on the device, else
+        ``host_sizes``), embedded by :func:`sincos_embed_lines`."""
         rows = None
-        if sizes is None and host_sizes is not None and not traced:
+        if sizes is None:
             items = host_sizes
             if len(spatial) == 1:  # 1-D: items of one length share their line (the whole row)
                 unique = sorted(set(host_sizes))
@@ -445,8 +466,6 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
                     items = unique
             sizes_f = _host_tensor(items, torch.float32, device)
         else:
-            if sizes is None:
-                sizes = rectangular_sizes(mask)
             sizes_f = sizes.to(torch.float32)
         count = torch.arange(max(spatial) + 1, device=device, dtype=torch.float32)
         last = sizes_f.unsqueeze(-1)  # [B, n, 1]
@@ -458,7 +477,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         else:
             lines = self._position(capped, last)
         valid = None
-        if host_sizes is None or traced or device.type != "cpu":
+        if host_sizes is None or traced or not _sincos.host_side(device):
             valid = count[1:] <= last  # [B, n, max S]: cell c lies within the item
         return sincos_embed_lines(
             lines, spatial, self._divisors(device)[0], valid=valid, host_sizes=host_sizes,
@@ -492,7 +511,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         valid = ~mask
         # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
         # the block is large (and the table small, checked below); small maps take fewer ops
-        gather = not traced and device.type == "cpu" and out[:, :f].numel() >= _GATHER_MIN
+        gather = not traced and _sincos.host_side(device) and out[:, :f].numel() >= _GATHER_MIN
         for i, size in enumerate(spatial):
             axis = i + 1
             if gather and self._gathered(valid, axis, size, div, out, i * f, dtype):
