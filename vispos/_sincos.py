@@ -475,6 +475,7 @@ def sincos_embed_lines(
         for j in others:
             v = _axis_view(valid[:, j : j + 1, : spatial[j]], j, n)
             cond = v if cond is None else cond & v
+        inside = inside.expand(block.shape)  # cond may leave an unpadded axis at size 1
         if traced:  # compilers take no ``out=`` views; they fuse where + copy into one kernel
             block.copy_(torch.where(cond, inside, outside))
         else:
