@@ -115,6 +115,13 @@ def _host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tens
     return torch.tensor(values, dtype=dtype, device=device)
 
 
+def _capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is being captured on ``device``: host values must not be copied
+    in then (a replay would read the pinned staging buffer again, long after it was reused), so
+    sizes are read from the mask on the device instead."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def _grid_positions(
     spatial: tuple[int, ...],
     device: torch.device,
@@ -413,7 +420,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
     ) -> Tensor:
         """``Tensor[1, n * F, *S]``: no padding. Eager: one item of full size through the line
         table; traced: broadcast ``arange`` positions (sizes stay symbolic, nothing is baked)."""
-        if not traced:
+        if not traced and not _capturing(device):
             return self._lines(spatial, device, dtype, (spatial,), None, None, False)
         positions = _grid_positions(
             spatial, device, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
@@ -439,6 +446,8 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
         """
         if traced is None:
             traced = tracing()
+        if _capturing(mask.device):  # a replay sees other sizes: nothing from the host
+            host_sizes = None
         if sizes is None and (host_sizes is None or traced):
             sizes = rectangular_sizes(mask)
         return self._lines(tuple(mask.shape[1:]), mask.device, dtype, host_sizes, sizes, out, traced)
