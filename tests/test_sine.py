@@ -425,3 +425,14 @@ def test_out_buffer_errors():
 def test_out_buffer_with_an_empty_batch():
     out = torch.empty(0, 32, 5, 6)
     assert PositionEmbeddingSine(16)(torch.zeros(0, 5, 6, dtype=torch.bool), out=out) is out
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-8, 1e-12, 7.7e-7, 3.3e-5, 1e-3, 0.1, 1.0])
+def test_host_rounded_denominator_equals_the_device_sum(eps):
+    from vispos.encodings.sine import _float32_lengths
+
+    sizes = [[v, v + 1] for v in range(0, 70000, 3)]
+    lengths, denominators = _float32_lengths(sizes, eps)
+    device = torch.tensor(sizes, dtype=torch.float32) + eps
+    torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(lengths), torch.tensor(sizes, dtype=torch.float32), rtol=0, atol=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -92,16 +93,36 @@ def cumulative_positions(
 
 
 def _detr_position(
-    count: Tensor, last: Tensor, normalize: bool, scale: float, offset: float, eps: float
+    count: Tensor,
+    last: Tensor,
+    normalize: bool,
+    scale: float,
+    offset: float,
+    eps: float,
+    denominator: Tensor | None = None,
 ) -> Tensor:
     """DETR's position from a 1-based valid count and the line's final count (float32 ops).
 
     Every path (masked, rectangular fast path, unmasked grid) goes through this one function so
-    that all give bit-identical float32 values.
+    that all give bit-identical float32 values. ``denominator``, when given, is ``last + eps``
+    already rounded to float32 (on the host, see :func:`_float32_lengths`).
     """
     if offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
         count = count + offset
-    return count / (last + eps) * scale if normalize else count
+    if not normalize:
+        return count
+    return count / (last + eps if denominator is None else denominator) * scale
+
+
+def _float32_lengths(sizes, eps: float) -> list:
+    """``[sizes, sizes + eps]`` with the sum rounded as torch rounds ``float32 + eps`` (both
+    operands in float32, one IEEE addition), so that a host-side denominator is bit for bit the
+    device's ``last + eps``."""
+    eps32 = np.float32(eps)
+    return [
+        [list(map(float, item)) for item in sizes],
+        [[float(np.float32(v) + eps32) for v in item] for item in sizes],
+    ]
 
 
 def _host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -473,9 +494,14 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
                     where = {size: k for k, size in enumerate(unique)}
                     rows = _host_tensor([where[size] for size in host_sizes], torch.int64, device)
                     items = unique
-            sizes_f = _host_tensor(items, torch.float32, device)
+            denominator = None
+            if self.normalize and not self.offset:  # ``length + eps`` from the host: one op less
+                both = _host_tensor(_float32_lengths(items, self.eps), torch.float32, device)
+                sizes_f, denominator = both[0], both[1].unsqueeze(-1)
+            else:
+                sizes_f = _host_tensor(items, torch.float32, device)
         else:
-            sizes_f = sizes.to(torch.float32)
+            sizes_f, denominator = sizes.to(torch.float32), None
         count = torch.arange(max(spatial) + 1, device=device, dtype=torch.float32)
         last = sizes_f.unsqueeze(-1)  # [B, n, 1]
         capped = torch.minimum(count, last)  # DETR's count: 1-based, stopped at the last valid cell
@@ -484,7 +510,9 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             # position is 0 over any length, so the item's own length gives the same bits
             lines = self._position(capped, last * count.clamp(max=1))
         else:
-            lines = self._position(capped, last)
+            lines = _detr_position(
+                capped, last, self.normalize, self.scale, self.offset, self.eps, denominator
+            )
         valid = None
         if host_sizes is None or traced or not _sincos.host_side(device):
             valid = count[1:] <= last  # [B, n, max S]: cell c lies within the item
