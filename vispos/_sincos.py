@@ -18,6 +18,21 @@ Positions are passed per axis as tensors *broadcastable* to the output's non-cha
 grid axis passed as ``arange`` shaped ``(1, .., S_i, .., 1)`` costs ``S_i * F`` sin/cos
 evaluations, not ``prod(S) * F``: the table is broadcast into the output as it is written.
 
+The fixed cost per call is counted in dispatched ops (each one at least a kernel launch on a
+GPU; ``tests/test_op_counts.py`` pins them). The entry points used by the encoders keep it small:
+
+* :func:`sincos_table` embeds any table of positions in four ops (allocate, angles into the
+  sine slots, cosines from there, sines in place), so the lines of every axis go in one call;
+* :func:`sincos_embed_lines` writes a separable (rectangular-padded) grid from one line table:
+  one op per axis block plus, on CPU with sizes known on the host, one slice copy per padded
+  item (one select per block on CUDA or when traced);
+* :func:`sincos_embed_indexed` writes a block whose cells take few distinct positions by a
+  gather from their table (CPU: about half the cost of sin/cos per cell).
+
+They validate nothing: modules validate their parameters once, at construction, and
+:func:`sincos_embed` validates for direct callers. Every branch that reads tensor values on the
+host asks :func:`host_side`, so the device branch provably reads nothing back.
+
 References:
     Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5);
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (2D extension);
@@ -43,6 +58,7 @@ __all__ = [
     "sincos_table",
     "check_num_feats",
     "check_out",
+    "host_side",
 ]
 
 Layout = Literal["interleaved", "split"]
