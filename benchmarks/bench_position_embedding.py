@@ -12,8 +12,8 @@ Three passes, in this order, each over every workload:
    about 2 ms); the table shows the median over ``--repeats`` samples. On CUDA a sample is timed
    with CUDA events around the ``k`` calls.
 2. **Compute ops per call.** One call under a ``TorchDispatchMode`` that counts the aten ops
-   dispatched, views (``func.is_view``) excluded: a device-independent proxy for the kernel
-   launches the call costs on a GPU.
+   dispatched, views (``func.is_view``) and metadata-only ops (``detach_``) excluded: a
+   device-independent proxy for the kernel launches the call costs on a GPU.
 3. **Peak memory, one call, outputs included.** On CPU the resident high-water mark (``VmHWM``
    after resetting it through ``/proc/self/clear_refs``) minus the resident size before the
    call, with glibc told (only for this pass) to serve every block over 128 KiB by a fresh
@@ -115,15 +115,19 @@ def time_sample(fn: Callable[[], object], device: torch.device, k: int = 1) -> f
     return (time.perf_counter() - t0) * 1e3 / k
 
 
+# metadata-only ops that launch nothing (``torch.tensor`` under inference mode detaches in place)
+_NOT_COMPUTE = {"detach_", "detach", "alias", "lift_fresh"}
+
+
 class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it, views excluded."""
+    """Counts the aten ops dispatched inside it, views and metadata-only ops excluded."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if not func.is_view and func.overloadpacket.__name__ not in _NOT_COMPUTE:
             self.ops[str(func.overloadpacket.__name__)] += 1
         return func(*args, **(kwargs or {}))
 
@@ -401,6 +405,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
     parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -408,6 +413,14 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device available", file=sys.stderr)
         return 2
+    if args.ops_only:
+        with torch.inference_mode():
+            for wl in build_workloads(device, args.quick):
+                print(f"\n### {wl.name}\n")
+                for name, fn in wl.impls.items():
+                    fn()  # first calls (lazy imports, module tables) are not the steady state
+                    print(f"| {name} | {count_ops(fn)[0]} |")
+        return 0
     if args.peak_pass:  # the child process of pass 3
         print(json.dumps(peak_pass(device, args.quick)))
         return 0

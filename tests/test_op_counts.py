@@ -72,11 +72,13 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_ops_per_uncached_call_do_not_grow(case):
+def test_ops_per_uncached_call_do_not_grow(case, inference):
     make_module, make_input, pinned = CASES[case]
     module, x = make_module(), make_input()
-    n, ops = count_ops(lambda: module(x))
+    with torch.inference_mode(inference):
+        n, ops = count_ops(lambda: module(x))
     assert n <= pinned, f"{case}: {n} ops per call, pinned at {pinned}: {dict(ops)}"
 
 
