@@ -385,6 +385,7 @@ def sincos_embed_lines(
     *,
     valid: Tensor | None = None,
     host_sizes: Sequence[Sequence[int]] | None = None,
+    window: tuple[int, int] | None = None,
     rows: Tensor | None = None,
     layout: Layout = "interleaved",
     dtype: torch.dtype = torch.float32,
@@ -413,8 +414,12 @@ def sincos_embed_lines(
             launches than one copy per padded item).
         host_sizes (sequence of tuples, optional): each item's valid size along every axis,
             known on the host, consistent with ``valid``.
-        rows (Tensor[B], int64, optional): 1-D only: item ``b`` takes line table row
-            ``rows[b]`` (items of one length share a row, so it is embedded once and copied).
+        window (tuple of int, optional), rows (Tensor[B - W], int64, optional): 1-D only.
+            ``line_positions`` holds the ``W = stop - start`` items ``start .. stop - 1``,
+            embedded straight into their rows of the output; every other item, in order, is a
+            copy of window row ``rows[k]`` (items of one length share a row: it is embedded
+            once and copied, with no table besides the output). Without a window every row is
+            embedded straight into the output.
             Without it a 1-D line table is embedded straight into the output.
         layout (str): as in :func:`sincos_embed`.
         dtype (torch.dtype): output dtype; angles are float32, cast once.
@@ -436,7 +441,7 @@ def sincos_embed_lines(
     n = len(spatial)
     f = 2 * divisors.shape[0]
     if rows is not None:
-        batch = rows.shape[0]
+        batch = line_positions.shape[0] + rows.shape[0]
     else:
         batch = max(line_positions.shape[0], 1 if valid is None else valid.shape[0])
     device = line_positions.device
@@ -449,14 +454,19 @@ def sincos_embed_lines(
         traced = tracing()
     if n == 1:  # every line is a whole row: no padding-only lines, no copy
         cells = line_positions[:, 0, 1 : 1 + spatial[0]]
-        if rows is None:
+        if window is None or rows is None:
             _embed_axis(out, 1, 0, f, layout, cells, divisors, traced=traced)
             return out
-        table = sincos_table(cells, divisors, layout=layout, traced=traced).to(dtype)  # [U, F, S]
-        if traced:
-            out.copy_(table.index_select(0, rows))
-        else:
-            torch.index_select(table, 0, rows, out=out)
+        start, stop = window
+        inner = out.narrow(0, start, stop - start)
+        _embed_axis(inner, 1, 0, f, layout, cells, divisors, traced=traced)
+        for first, count, index in ((0, start, rows[:start]), (stop, batch - stop, rows[start:])):
+            if count:  # the window's rows are read, rows outside it written: no overlap
+                dst = out.narrow(0, first, count)
+                if traced:
+                    dst.copy_(inner.index_select(0, index))
+                else:
+                    torch.index_select(inner, 0, index, out=dst)
         return out
     table = sincos_table(line_positions, divisors, layout=layout, traced=traced)  # [B, n, F, M]
     on_host = host_sizes is not None and not traced and host_side(device)

@@ -9,6 +9,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Union
 
 import numpy as np
@@ -134,6 +135,22 @@ def _host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tens
     if device.type == "cuda":
         return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
     return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _shortest_window(values: Sequence) -> tuple[int, int]:
+    """The shortest range ``[start, stop)`` of ``values`` that holds each distinct value."""
+    need = len(set(values))
+    seen: dict = {}
+    best = (0, len(values))
+    start = 0
+    for stop, v in enumerate(values, 1):
+        seen[v] = seen.get(v, 0) + 1
+        while seen[values[start]] > 1:
+            seen[values[start]] -= 1
+            start += 1
+        if len(seen) == need and stop - start < best[1] - best[0]:
+            best = (start, stop)
+    return best
 
 
 def _capturing(device: torch.device) -> bool:
@@ -485,15 +502,18 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
     ) -> Tensor:
         """The line table of every axis from the sizes (``sizes`` on the device, else
         ``host_sizes``), embedded by :func:`sincos_embed_lines`."""
-        rows = None
+        rows = window = None
         if sizes is None:
             items = host_sizes
             if len(spatial) == 1:  # 1-D: items of one length share their line (the whole row)
-                unique = sorted(set(host_sizes))
-                if len(unique) < len(host_sizes):
-                    where = {size: k for k, size in enumerate(unique)}
-                    rows = _host_tensor([where[size] for size in host_sizes], torch.int64, device)
-                    items = unique
+                start, stop = _shortest_window(host_sizes)
+                if stop - start < len(host_sizes):
+                    first: dict = {}
+                    for k in range(start, stop):
+                        first.setdefault(host_sizes[k], k - start)
+                    outside = [first[s] for k, s in enumerate(host_sizes) if not start <= k < stop]
+                    rows = _host_tensor(outside, torch.int64, device)
+                    items, window = host_sizes[start:stop], (start, stop)
             denominator = None
             if self.normalize and not self.offset:  # ``length + eps`` from the host: one op less
                 both = _host_tensor(_float32_lengths(items, self.eps), torch.float32, device)
@@ -518,7 +538,7 @@ class PositionEmbeddingSine(DerivedBuffers, nn.Module):
             valid = count[1:] <= last  # [B, n, max S]: cell c lies within the item
         return sincos_embed_lines(
             lines, spatial, self._divisors(device)[0], valid=valid, host_sizes=host_sizes,
-            rows=rows, dtype=dtype, out=out, traced=traced,
+            window=window, rows=rows, dtype=dtype, out=out, traced=traced,
         )
 
     def _masked(
