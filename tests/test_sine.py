@@ -370,7 +370,7 @@ def _formula_path(pe, mask, dtype=torch.float32):
 @pytest.mark.parametrize("normalize, offset", [(True, 0.0), (True, -0.5), (False, 0.0), (False, -1.0)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_large_arbitrary_mask_gather_path_is_bit_exact(shape, feats, normalize, offset, dtype):
-    """Blocks of 2^20+ cells take the gather from the distinct (count, length) positions."""
+    """Large blocks take the gather from the distinct (count, length) positions."""
     g = torch.Generator().manual_seed(0)
     mask = torch.rand(shape, generator=g) < 0.05
     mask[0, ..., -7:] = True  # some padding, and lines that are padding only

@@ -33,7 +33,7 @@ from ..nested_tensor import NestedTensor, _check_mask, parse_spatial_input
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
 _MAX_SPATIAL = 3
-_GATHER_MIN = 1 << 20  # elements of an axis block from which the masked path may gather
+_GATHER_MIN = 1 << 16  # elements of an axis block from which the masked path may gather
 
 SineInput = Union[NestedTensor, Tensor]
 
