@@ -393,7 +393,8 @@ def format_table(results) -> str:
         lines.append("| implementation | median ms | x floor | ops / call | peak MiB | x output |")
         lines.append("|---|---:|---:|---:|---:|---:|")
         for name, med, ratio, ops, peak, pratio in rows:
-            lines.append(f"| {name} | {med:.3f} | {ratio:.2f} | {ops} | {peak:.1f} | {pratio:.2f} |")
+            mem = "- | -" if math.isnan(peak) else f"{peak:.1f} | {pratio:.2f}"  # --no-peak
+            lines.append(f"| {name} | {med:.3f} | {ratio:.2f} | {ops} | {mem} |")
     return "\n".join(lines)
 
 
