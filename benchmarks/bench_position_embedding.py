@@ -2,45 +2,64 @@
 
 Run:  python benchmarks/bench_position_embedding.py [--device cpu|cuda] [--repeats N] [--quick]
 
-For every workload each implementation runs in one process, interleaved (A B C A B C ...), so
-that machine drift hits all alike. Reported per implementation:
+Three passes, in this order, each over every workload:
 
-* median time (ms) and its ratio to the floor (allocate the output and fill it once);
-* peak memory of one call, outputs included, and its ratio to the output's size. On CPU this is
-  the resident high-water mark (``VmHWM`` after resetting it through ``/proc/self/clear_refs``)
-  minus the resident size before the call, with glibc told to serve large blocks by ``mmap`` so
-  that freed memory leaves the process; on CUDA ``torch.cuda.max_memory_allocated``.
-* "cached" rows call a warm module with the same input again.
+1. **Time, steady state.** The allocator keeps its default behaviour (glibc's on CPU, the caching
+   allocator on CUDA), so freed blocks are reused as in a training or inference loop. Every
+   implementation is warmed up, then the implementations run interleaved (A B C A B C ...) so
+   that drift and the other processes on a shared machine hit all alike. One sample is the mean
+   of ``k`` back-to-back calls (``k`` chosen per workload so that one sample of the floor takes
+   about 2 ms); the table shows the median over ``--repeats`` samples. On CUDA a sample is timed
+   with CUDA events around the ``k`` calls.
+2. **Compute ops per call.** One call under a ``TorchDispatchMode`` that counts the aten ops
+   dispatched, views (``func.is_view``) and metadata-only ops (``detach_``) excluded: a
+   device-independent proxy for the kernel launches the call costs on a GPU.
+3. **Peak memory, one call, outputs included.** On CPU the resident high-water mark (``VmHWM``
+   after resetting it through ``/proc/self/clear_refs``) minus the resident size before the
+   call, with glibc told (only for this pass) to serve every block over 128 KiB by a fresh
+   ``mmap``, so that freed memory leaves the process and the high-water mark sees each block;
+   on CUDA ``torch.cuda.max_memory_allocated``.
 
-Peers that ignore the mask (positional-encodings, timm, MONAI) compute an unmasked grid of the
-padded size; timm and MONAI build one grid without a batch axis. Timings are not tests.
+Reported per implementation: median ms, its ratio to the floor (allocate the output and fill it
+once), ops per call, peak MiB and its ratio to the output's size. "cached" rows call a warm
+module with the same input again. Peers that ignore the mask (positional-encodings, timm, MONAI)
+compute an unmasked grid of the padded size; timm and MONAI build one grid without a batch
+axis. Timings are not tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import gc
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import vispos  # noqa: E402
 from vispos import PositionEmbeddingSine, nested_tensor_from_tensor_list  # noqa: E402
 
+FLOOR = "floor (alloc + fill)"
 IMAGES = [(800, 1066), (800, 1201), (736, 1333), (800, 1088)]
 
 
 def _malloc_setup() -> None:
-    """Large blocks via mmap (returned to the OS on free), so RSS tracks live memory."""
+    """Large blocks via mmap (returned to the OS on free), so RSS tracks live memory.
+
+    Only for the peak-memory pass: every such allocation then page-faults, which is not how a
+    loop runs (and would make the page faults most of the measured time)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixed, disables the dynamic threshold)
@@ -78,25 +97,47 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return peak * 1024
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def time_once(fn: Callable[[], object], device: torch.device) -> float:
+def time_sample(fn: Callable[[], object], device: torch.device, k: int = 1) -> float:
+    """Mean ms of ``k`` back-to-back calls, each result dropped before the next (steady state)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        out = fn()
+        for _ in range(k):
+            out = fn()
+            del out
         end.record()
         torch.cuda.synchronize()
-        del out
-        return start.elapsed_time(end)
+        return start.elapsed_time(end) / k
     t0 = time.perf_counter()
-    out = fn()
-    ms = (time.perf_counter() - t0) * 1e3
+    for _ in range(k):
+        out = fn()
+        del out
+    return (time.perf_counter() - t0) * 1e3 / k
+
+
+# metadata-only ops that launch nothing (``torch.tensor`` under inference mode detaches in place)
+_NOT_COMPUTE = {"detach_", "detach", "alias", "lift_fresh"}
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it, views and metadata-only ops excluded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view and func.overloadpacket.__name__ not in _NOT_COMPUTE:
+            self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> tuple[int, collections.Counter]:
+    """Compute ops (non-view aten ops) one call of ``fn`` dispatches, and their names."""
+    with _OpCounter() as counter:
+        out = fn()
     del out
-    return ms
+    return sum(counter.ops.values()), counter.ops
 
 
 @dataclass
@@ -194,13 +235,15 @@ def _peers_2d(wl: Workload, levels, feats, temperature, normalize, offset, devic
 def _vispos_rows(wl: Workload, levels, feats, temperature, normalize, offset, device, arbitrary=True):
     pe = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=0).to(device)
     wl.impls["vispos (NestedTensor, rectangular)"] = lambda: [pe(lv) for lv in levels]
+    rect = [lv.mask for lv in levels]
+    wl.impls["vispos (bool mask, rectangular)"] = lambda: [pe(m) for m in rect]
     if arbitrary:
         masks = [_arbitrary(lv.mask) for lv in levels]
         wl.impls["vispos (arbitrary mask)"] = lambda: [pe(m) for m in masks]
     cached = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=16).to(device)
     for lv in levels:
         cached(lv)
-    wl.impls["vispos cached"] = lambda: [cached(lv) for lv in levels]
+    wl.impls["vispos cached (NestedTensor)"] = lambda: [cached(lv) for lv in levels]
 
 
 def _grid_rows(wl: Workload, levels, channels, device):
@@ -226,7 +269,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     levels = _level_masks(imgs, [32], device)
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("DETR C5: 4 images, stride 32, 256 ch, normalize", sum(math.prod(s) * 4 for s in shapes))
-    wl.impls["floor (alloc + fill)"] = _fill_floor(shapes, device)
+    wl.impls[FLOOR] = _fill_floor(shapes, device)
     _vispos_rows(wl, levels, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
@@ -235,7 +278,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     levels = _level_masks(imgs[:2], [8, 16, 32, 64], device)
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("Deformable-DETR: 2 images, strides 8-64, offset -0.5", sum(math.prod(s) * 4 for s in shapes))
-    wl.impls["floor (alloc + fill)"] = _fill_floor(shapes, device)
+    wl.impls[FLOOR] = _fill_floor(shapes, device)
     _vispos_rows(wl, levels, 128, 10000, True, -0.5, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, -0.5, device)
@@ -244,7 +287,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     levels = _level_masks(imgs[:2], [4], device)
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("stride 4: 2 images, 256 ch, normalize", sum(math.prod(s) * 4 for s in shapes))
-    wl.impls["floor (alloc + fill)"] = _fill_floor(shapes, device)
+    wl.impls[FLOOR] = _fill_floor(shapes, device)
     _vispos_rows(wl, levels, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
@@ -255,7 +298,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     levels = [nt]
     shapes = [(2, 96, *nt.tensors.shape[2:])]
     wl = Workload("3D volumes: 64^3 + 48x64x56, 32 feats/axis", sum(math.prod(s) * 4 for s in shapes))
-    wl.impls["floor (alloc + fill)"] = _fill_floor(shapes, device)
+    wl.impls[FLOOR] = _fill_floor(shapes, device)
     _vispos_rows(wl, levels, 32, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 96, device)
     try:
@@ -283,7 +326,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     nt = nested_tensor_from_tensor_list(seqs).to(device)
     shapes = [(16, 1024, length)]
     wl = Workload("1D: 16 x 4096, half padded to 3000, 1024 ch", sum(math.prod(s) * 4 for s in shapes))
-    wl.impls["floor (alloc + fill)"] = _fill_floor(shapes, device)
+    wl.impls[FLOOR] = _fill_floor(shapes, device)
     _vispos_rows(wl, [nt], 1024, 10000, False, 0.0, device)
     _grid_rows(wl, [nt], 1024, device)
     try:
@@ -298,24 +341,48 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     return wls
 
 
-def run(device: torch.device, repeats: int, quick: bool) -> list[tuple[str, list[tuple]]]:
-    results = []
-    for wl in build_workloads(device, quick):
-        names = list(wl.impls)
-        with torch.inference_mode():
-            for name in names:  # warm-up
-                time_once(wl.impls[name], device)
+def _inner_calls(fn: Callable[[], object], device: torch.device, target_ms: float = 2.0) -> int:
+    """Calls per sample so that one sample of ``fn`` takes about ``target_ms``."""
+    ms = min(time_sample(fn, device) for _ in range(3))
+    return max(1, min(200, round(target_ms / max(ms, 1e-3))))
+
+
+def peak_pass(device: torch.device, quick: bool) -> list[dict[str, int]]:
+    """Peak bytes of one call of every implementation; run in a fresh process (see the module doc)."""
+    _malloc_setup()
+    workloads = build_workloads(device, quick)
+    with torch.inference_mode():
+        for wl in workloads:  # first calls (lazy imports, module tables) are not the steady state
+            for fn in wl.impls.values():
+                fn()
+        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items()} for wl in workloads]
+
+
+def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None):
+    workloads = build_workloads(device, quick)
+    timed = []
+    with torch.inference_mode():
+        for wl in workloads:  # pass 1: steady-state time, default allocator
+            names = list(wl.impls)
+            for name in names:  # warm-up: first-call costs, caches, allocator pools
+                for _ in range(3):
+                    time_sample(wl.impls[name], device)
+            k = _inner_calls(wl.impls[FLOOR], device)
             times: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(repeats):
                 for name in names:  # interleaved: A B C A B C ...
-                    times[name].append(time_once(wl.impls[name], device))
-            peaks = {n: peak_bytes(wl.impls[n], device) for n in names}
-        floor = statistics.median(times["floor (alloc + fill)"])
+                    times[name].append(time_sample(wl.impls[name], device, k))
+            ops = {n: count_ops(wl.impls[n])[0] for n in names}  # pass 2: op counts
+            timed.append((wl, k, times, ops))
+    results = []
+    for i, (wl, k, times, ops) in enumerate(timed):
+        floor = statistics.median(times[FLOOR])
         rows = []
-        for name in names:
+        for name in wl.impls:
             med = statistics.median(times[name])
-            rows.append((name, med, med / floor, peaks[name] / 2**20, peaks[name] / wl.out_bytes))
-        results.append((f"{wl.name} (output {wl.out_bytes / 2**20:.1f} MiB)", rows))
+            peak = peaks[i].get(name, math.nan) if peaks else math.nan
+            rows.append((name, med, med / floor, ops[name], peak / 2**20, peak / wl.out_bytes))
+        results.append((f"{wl.name} (output {wl.out_bytes / 2**20:.1f} MiB, {k} calls per sample)", rows))
     return results
 
 
@@ -323,29 +390,53 @@ def format_table(results) -> str:
     lines = []
     for title, rows in results:
         lines.append(f"\n### {title}\n")
-        lines.append("| implementation | median ms | x floor | peak MiB | x output |")
-        lines.append("|---|---:|---:|---:|---:|")
-        for name, med, ratio, peak, pratio in rows:
-            lines.append(f"| {name} | {med:.2f} | {ratio:.2f} | {peak:.1f} | {pratio:.2f} |")
+        lines.append("| implementation | median ms | x floor | ops / call | peak MiB | x output |")
+        lines.append("|---|---:|---:|---:|---:|---:|")
+        for name, med, ratio, ops, peak, pratio in rows:
+            mem = "- | -" if math.isnan(peak) else f"{peak:.1f} | {pratio:.2f}"  # --no-peak
+            lines.append(f"| {name} | {med:.3f} | {ratio:.2f} | {ops} | {mem} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
+    parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
+    parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
     args = parser.parse_args(argv)
-    _malloc_setup()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device available", file=sys.stderr)
         return 2
-    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, repeats {args.repeats}")
-    print(format_table(run(device, args.repeats, args.quick)))
+    if args.ops_only:
+        with torch.inference_mode():
+            for wl in build_workloads(device, args.quick):
+                print(f"\n### {wl.name}\n")
+                for name, fn in wl.impls.items():
+                    fn()  # first calls (lazy imports, module tables) are not the steady state
+                    print(f"| {name} | {count_ops(fn)[0]} |")
+        return 0
+    if args.peak_pass:  # the child process of pass 3
+        print(json.dumps(peak_pass(device, args.quick)))
+        return 0
+    peaks = None
+    if not args.no_peak:  # a fresh process: the timing pass must not run under mallopt
+        cmd = [sys.executable, os.path.abspath(__file__), "--peak-pass", "--device", args.device]
+        cmd += ["--quick"] if args.quick else []
+        cmd += ["--threads", str(args.threads)] if args.threads else []
+        peaks = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs"
+    print(
+        f"torch {torch.__version__}, device {device} ({name}), threads {torch.get_num_threads()}, "
+        f"repeats {args.repeats} (median of interleaved samples)"
+    )
+    print(format_table(run(device, args.repeats, args.quick, peaks)))
     return 0
 
 

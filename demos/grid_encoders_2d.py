@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 
 import vispos
 from vispos.data import sample_images

@@ -87,3 +87,63 @@ def test_errors(kwargs, exc, match):
     positions = kwargs.pop("positions")
     with pytest.raises(exc, match=match):
         sincos_embed(positions, **kwargs)
+
+
+# ---------------------------------------------------------------- tables, gathers, out buffers
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split"])
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_sincos_table_equals_sincos_embed(layout, reciprocal):
+    from vispos._sincos import sincos_table
+
+    torch.manual_seed(0)
+    positions = torch.rand(3, 2, 11) * 50
+    div = frequency_divisors(8, 100.0)
+    div = 1.0 / div if reciprocal else div
+    table = sincos_table(positions, div, layout=layout, reciprocal=reciprocal)  # [3, 2, 8, 11]
+    ref = sincos_embed(
+        [positions.reshape(6, 11)], 8, layout=layout, reciprocal=reciprocal, divisors=[div]
+    )  # [6, 8, 11]
+    torch.testing.assert_close(table.reshape(6, 8, 11), ref, rtol=0, atol=0)
+    formula = _slow([positions.reshape(6, 11)], (8,), 100.0, layout)
+    torch.testing.assert_close(table.reshape(6, 8, 11), formula.float(), rtol=0, atol=2e-6)
+
+
+def test_sincos_table_rejects_a_scalar():
+    from vispos._sincos import sincos_table
+
+    with pytest.raises(ValueError, match="at least one dim"):
+        sincos_table(torch.tensor(1.0), frequency_divisors(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_sincos_embed_indexed_equals_embedding_the_gathered_positions(dtype):
+    from vispos._sincos import sincos_embed_indexed
+
+    torch.manual_seed(0)
+    values = torch.rand(13) * 7
+    index = torch.randint(0, 13, (2, 5, 6))
+    div = frequency_divisors(6, 50.0)
+    out = torch.full((2, 10, 5, 6), float("nan"), dtype=dtype)
+    sincos_embed_indexed(values, index, div, out, 4)
+    ref = sincos_embed([values[index]], 6, temperature=50.0, dtype=dtype)
+    torch.testing.assert_close(out[:, 4:], ref, rtol=0, atol=0)
+    assert torch.isnan(out[:, :4]).all()  # other channels untouched
+    with pytest.raises(ValueError, match="does not match out"):
+        sincos_embed_indexed(values, index[:, :4], div, out, 4)
+
+
+def test_check_out_errors():
+    from vispos._sincos import check_out
+
+    good = torch.empty(2, 3)
+    assert check_out(good, (2, 3), torch.float32, good.device) is good
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got list"):
+        check_out([0.0], (2, 3), torch.float32, good.device)
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\).*got shape \(2, 3\)"):
+        check_out(good, (2, 4), torch.float32, good.device)
+    with pytest.raises(ValueError, match="dtype torch.float16.*dtype torch.float32"):
+        check_out(good, (2, 3), torch.float16, good.device)
+    with pytest.raises(ValueError, match="must not require grad"):
+        check_out(torch.empty(2, 3, requires_grad=True), (2, 3), torch.float32, good.device)

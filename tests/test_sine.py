@@ -356,3 +356,88 @@ def test_property_rectangular_fast_path_equals_formula(data):
     pe = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=0)
     assert nt.rectangular
     assert_matches_reference(pe(nt), slow_reference(nt.mask, feats, temperature, normalize, offset=offset))
+
+
+# ---------------------------------------------------------------- fixed-cost paths (issue 14)
+
+
+def _formula_path(pe, mask, dtype=torch.float32):
+    """DETR's cumulative counts, cell by cell, through the validated core: the reference every
+    faster path must equal bit for bit."""
+    from vispos._sincos import sincos_embed
+    from vispos.encodings.sine import cumulative_positions
+
+    positions = cumulative_positions(mask, normalize=pe.normalize, scale=pe.scale, offset=pe.offset, eps=pe.eps)
+    return sincos_embed(positions, pe.num_pos_feats, dtype=dtype, divisors=[pe.dim_t] * len(positions))
+
+
+@pytest.mark.parametrize("shape, feats", [((2, 120, 151), 64), ((3, 9000), 128), ((2, 40, 40, 40), 32)])
+@pytest.mark.parametrize("normalize, offset", [(True, 0.0), (True, -0.5), (False, 0.0), (False, -1.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_large_arbitrary_mask_gather_path_is_bit_exact(shape, feats, normalize, offset, dtype):
+    """Large blocks take the gather from the distinct (count, length) positions."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(shape, generator=g) < 0.05
+    mask[0, ..., -7:] = True  # some padding, and lines that are padding only
+    pe = PositionEmbeddingSine(feats, 10000, normalize, offset=offset, cache_size=0)
+    torch.testing.assert_close(pe(mask, dtype), _formula_path(pe, mask, dtype), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("lengths", [[64, 40, 64, 17, 40, 64], [5, 5, 5, 7], [7, 5, 5, 5], [9, 9], [3, 8, 6]])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_1d_items_sharing_a_length_share_a_row(normalize, lengths):
+    nt = nested_tensor_from_tensor_list([torch.zeros(2, n) for n in lengths])
+    pe = PositionEmbeddingSine(32, normalize=normalize, offset=-0.5, cache_size=0)
+    torch.testing.assert_close(pe(nt), _formula_path(pe, nt.mask), rtol=0, atol=0)
+    torch.testing.assert_close(pe(nt, torch.float16), _formula_path(pe, nt.mask, torch.float16), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["nested", "mask", "arbitrary", "features"])
+def test_out_buffer_is_written_and_returned(kind):
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 9, 12), torch.zeros(1, 12, 7)])
+    x = {
+        "nested": nt,
+        "mask": nt.mask,
+        "arbitrary": MASKS["arbitrary"](),
+        "features": torch.zeros(2, 3, 12, 12),
+    }[kind]
+    pe = PositionEmbeddingSine(16, normalize=True, offset=-0.5)
+    expected = pe(x).clone()
+    out = torch.full_like(expected, float("nan"))
+    assert pe(x, out=out) is out
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    out.add_(1)  # the buffer is the caller's: the cache never saw it
+    torch.testing.assert_close(pe(x), expected, rtol=0, atol=0)
+    half = torch.empty_like(expected, dtype=torch.float16)
+    torch.testing.assert_close(pe(x, torch.float16, out=half), expected.half(), rtol=0, atol=0)
+
+
+def test_out_buffer_errors():
+    pe = PositionEmbeddingSine(16)
+    mask = torch.zeros(2, 5, 6, dtype=torch.bool)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got ndarray"):
+        pe(mask, out=torch.empty(2, 32, 5, 6).numpy())
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 32, 5, 6\)"):
+        pe(mask, out=torch.empty(2, 32, 6, 5))
+    with pytest.raises(ValueError, match="dtype torch.float32"):
+        pe(mask, out=torch.empty(2, 32, 5, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="dtype torch.float16"):
+        pe(mask, torch.float16, out=torch.empty(2, 32, 5, 6))
+    with pytest.raises(ValueError, match="must not require grad"):
+        pe(mask, out=torch.empty(2, 32, 5, 6, requires_grad=True))
+
+
+def test_out_buffer_with_an_empty_batch():
+    out = torch.empty(0, 32, 5, 6)
+    assert PositionEmbeddingSine(16)(torch.zeros(0, 5, 6, dtype=torch.bool), out=out) is out
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-8, 1e-12, 7.7e-7, 3.3e-5, 1e-3, 0.1, 1.0])
+def test_host_rounded_denominator_equals_the_device_sum(eps):
+    from vispos.encodings.sine import _float32_lengths
+
+    sizes = [[v, v + 1] for v in range(0, 70000, 3)]
+    lengths, denominators = _float32_lengths(sizes, eps)
+    device = torch.tensor(sizes, dtype=torch.float32) + eps
+    torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
+    torch.testing.assert_close(torch.tensor(lengths), torch.tensor(sizes, dtype=torch.float32), rtol=0, atol=0)

@@ -18,6 +18,21 @@ Positions are passed per axis as tensors *broadcastable* to the output's non-cha
 grid axis passed as ``arange`` shaped ``(1, .., S_i, .., 1)`` costs ``S_i * F`` sin/cos
 evaluations, not ``prod(S) * F``: the table is broadcast into the output as it is written.
 
+The fixed cost per call is counted in dispatched ops (each one at least a kernel launch on a
+GPU; ``tests/test_op_counts.py`` pins them). The entry points used by the encoders keep it small:
+
+* :func:`sincos_table` embeds any table of positions in four ops (allocate, angles into the
+  sine slots, cosines from there, sines in place), so the lines of every axis go in one call;
+* :func:`sincos_embed_lines` writes a separable (rectangular-padded) grid from one line table:
+  one op per axis block plus, on CPU with sizes known on the host, one slice copy per padded
+  item (one select per block on CUDA or when traced);
+* :func:`sincos_embed_indexed` writes a block whose cells take few distinct positions by a
+  gather from their table (CPU: about half the cost of sin/cos per cell).
+
+They validate nothing: modules validate their parameters once, at construction, and
+:func:`sincos_embed` validates for direct callers. Every branch that reads tensor values on the
+host asks :func:`host_side`, so the device branch provably reads nothing back.
+
 References:
     Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5);
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (2D extension);
@@ -35,7 +50,16 @@ from torch import Tensor
 
 from ._tracing import tracing
 
-__all__ = ["frequency_divisors", "sincos_embed", "sincos_embed_lines", "check_num_feats"]
+__all__ = [
+    "frequency_divisors",
+    "sincos_embed",
+    "sincos_embed_lines",
+    "sincos_embed_indexed",
+    "sincos_table",
+    "check_num_feats",
+    "check_out",
+    "host_side",
+]
 
 Layout = Literal["interleaved", "split"]
 Ladder = Literal["standard", "t2t"]
@@ -127,9 +151,17 @@ def frequency_divisors(
     raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
 
 
-def _write(dst: Tensor, fn, angles: Tensor) -> None:
+def host_side(device: torch.device) -> bool:
+    """True where tensors live in host memory (CPU): reading them (sizes, a mask check) costs no
+    synchronisation, and per-item slicing beats one select there. Every branch that reads
+    tensor values on the host asks this one function (a test forces the device branch on CPU
+    and checks that it reads nothing)."""
+    return device.type == "cpu"
+
+
+def _write(dst: Tensor, fn, angles: Tensor, traced: bool) -> None:
     """``dst[...] = fn(angles)``, broadcasting, casting once, without a temporary when possible."""
-    if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad and not tracing():
+    if angles.shape == dst.shape and angles.dtype == dst.dtype and not angles.requires_grad and not traced:
         fn(angles, out=dst)
     else:
         dst.copy_(fn(angles))
@@ -155,6 +187,7 @@ def _embed_axis(
     pos: Tensor,
     div: Tensor,
     reciprocal: bool = False,
+    traced: bool | None = None,
 ) -> None:
     """Writes one axis block: ``sin``/``cos`` of ``pos / div`` (or ``pos * div``) into ``out``.
 
@@ -165,24 +198,27 @@ def _embed_axis(
     """
     half = f // 2
     rank = pos.dim()
+    if traced is None:
+        traced = tracing()
     if channel_dim == 1:
         pos = pos.unsqueeze(1)
         div = div.view(half, *([1] * (rank - 1)))
+        angle_shape = (*pos.shape[:1], half, *pos.shape[2:])
     else:
         pos = pos.unsqueeze(-1)
+        angle_shape = (*pos.shape[:-1], half)
     sin_dst = _block(out, channel_dim, start, f, layout, "sin")
-    angle_shape = torch.broadcast_shapes(pos.shape, div.shape)
-    in_place = angle_shape == sin_dst.shape and out.dtype == pos.dtype and not pos.requires_grad
+    in_place = angle_shape == tuple(sin_dst.shape) and out.dtype == pos.dtype and not pos.requires_grad
     # compilers refuse ``out=`` on strided views: they fuse the plain form into one kernel anyway
-    if in_place and not tracing():
+    if in_place and not traced:
         torch.mul(pos, div, out=sin_dst) if reciprocal else torch.div(pos, div, out=sin_dst)
         torch.cos(sin_dst, out=_block(out, channel_dim, start, f, layout, "cos"))
         sin_dst.sin_()
     else:
         angles = pos * div if reciprocal else pos / div
         # views are taken right before each write so autograd sees fresh views of ``out``
-        _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles)
-        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles)
+        _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles, traced)
+        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles, traced)
 
 
 def sincos_embed(
@@ -276,6 +312,7 @@ def sincos_embed(
             raise ValueError(f"positions[{i}] of shape {tuple(p.shape)} does not broadcast to shape {shape}")
 
     device = positions[0].device
+    traced = tracing()
     total = sum(feats)
     if channel_dim == 1:
         out = torch.empty((shape[0], total, *shape[1:]), dtype=dtype, device=device)
@@ -290,106 +327,249 @@ def sincos_embed(
             div = frequency_divisors(f, temperature, ladder=ladder, device=device, dtype=compute_dtype)
             if reciprocal:
                 div = 1.0 / div
-        _embed_axis(out, channel_dim, start, f, layout, pos.to(compute_dtype), div, reciprocal)
+        _embed_axis(out, channel_dim, start, f, layout, pos.to(compute_dtype), div, reciprocal, traced)
         start += f
     return out
 
 
-def sincos_embed_lines(
-    line_positions: Sequence[Tensor],
-    line_valid: Sequence[Tensor | None],
-    pad_positions: Sequence[Tensor | float],
-    num_feats: int | Sequence[int],
+def sincos_table(
+    positions: Tensor,
+    divisors: Tensor,
     *,
-    temperature: float = 10000.0,
     layout: Layout = "interleaved",
-    dtype: torch.dtype = torch.float32,
-    divisors: Sequence[Tensor] | None = None,
-    out: Tensor | None = None,
-    host_sizes: Sequence[Sequence[int]] | None = None,
+    reciprocal: bool = False,
+    traced: bool | None = None,
 ) -> Tensor:
-    """Channels-first embedding of a separable padded grid, written to the output once.
+    """Sin/cos of a table of positions, channels before positions: ``(..., L) -> (..., F, L)``.
 
-    The fast path for rectangular padding: along axis ``i`` every line that crosses an item's
-    valid region holds the same positions (``line_positions[i][b]``), and every line outside it
-    (a line of padding only) holds one value (``pad_positions[i]``). So sin/cos are evaluated on
-    tables of ``B * S_i`` positions, and each output cell is written once by selecting between
-    the broadcast table and the padding vector. Same float32 operations, hence the same
-    numbers, as :func:`sincos_embed` on the full position tensors.
+    Four ops whatever the table's size (allocate, the angles into the sine slots, the cosines
+    from there, the sines in place), so one call can embed the lines of every axis at once.
 
     Args:
-        line_positions (sequence of Tensor[B or 1, S_i]): positions along each axis.
-        line_valid (sequence of Tensor or None): for axis ``i``, a bool tensor broadcastable to
-            ``(B, 1, *S)`` with size 1 on channels and on axis ``i``: True where the line crosses
-            the valid region. ``None``: every line does.
-        pad_positions (sequence of float or 0-d Tensor): the position of padding-only lines.
-        num_feats (int or sequence of int): channels per axis (positive, even).
-        temperature (float), layout (str): as in :func:`sincos_embed`.
-        dtype (torch.dtype): output dtype; angles are float32.
-        divisors (sequence of Tensor, optional): float32 :func:`frequency_divisors` per axis.
-        out (Tensor[B, sum F_i, *S], optional): where to write.
-        host_sizes (sequence of tuples, optional): each item's valid size along every axis, known
-            on the host, with ``line_valid[i]`` equal to "every other axis below its size". Lets
-            the padding lines be written by slicing instead of a three-way select.
+        positions (Tensor[..., L], float32 or float64): the positions, at least 1-D.
+        divisors (Tensor[F // 2]): :func:`frequency_divisors` (or inverse frequencies when
+            ``reciprocal``), in ``positions``' dtype and on its device.
+        layout (str), reciprocal (bool): as in :func:`sincos_embed`.
+        traced (bool, optional): the caller's :func:`vispos._cache.tracing` (asked when None).
 
     Returns:
-        Tensor[B, sum F_i, *S] in ``dtype``, axis blocks in the given order.
+        Tensor[..., F, L] in ``positions``' dtype.
 
     Raises:
-        ValueError: inconsistent lengths or shapes.
+        ValueError: ``positions`` is 0-d.
+
+    References:
+        Vaswani et al. 2017 (sec. 3.5).
+    """
+    if positions.dim() == 0:
+        raise ValueError("positions must have at least one dim (the positions of a line)")
+    f = 2 * divisors.shape[0]
+    lead, length = tuple(positions.shape[:-1]), positions.shape[-1]
+    table = torch.empty((*lead, f, length), dtype=positions.dtype, device=positions.device)
+    flat = table.view(-1, f, length)
+    _embed_axis(flat, 1, 0, f, layout, positions.reshape(-1, length), divisors, reciprocal, traced)
+    return table
+
+
+def _axis_view(t: Tensor, axis: int, n: int) -> Tensor:
+    """``Tensor[B, F, S_i]`` viewed as ``[B, F, 1, .., S_i, .., 1]`` (``S_i`` at spatial ``axis``)."""
+    shape = [t.shape[0], t.shape[1]] + [1] * n
+    shape[2 + axis] = t.shape[2]
+    return t.view(shape)
+
+
+def sincos_embed_lines(
+    line_positions: Tensor,
+    spatial: Sequence[int],
+    divisors: Tensor,
+    *,
+    valid: Tensor | None = None,
+    host_sizes: Sequence[Sequence[int]] | None = None,
+    window: tuple[int, int] | None = None,
+    rows: Tensor | None = None,
+    layout: Layout = "interleaved",
+    dtype: torch.dtype = torch.float32,
+    out: Tensor | None = None,
+    traced: bool | None = None,
+) -> Tensor:
+    """Channels-first embedding of a separable padded grid: every axis from one line table.
+
+    The fast path for rectangular padding (item ``b`` valid on ``[0, size_b)`` along every
+    axis). Along axis ``i`` every line that crosses item ``b``'s valid region holds the same
+    positions, and every line of padding only holds one value. ``line_positions[b, i]`` holds
+    both: column 0 the padding-only line, column ``1 + c`` cell ``c``. One :func:`sincos_table`
+    call embeds the lines of every axis (``B * n * (max S + 1)`` positions, not ``B * prod(S)``);
+    then each axis block of the output is written once: a broadcast copy, plus either one select
+    (``valid``) or, with sizes known on the host, the padding-only lines overwritten by slicing
+    (faster on CPU, one op per padded item and axis). Same float ops, hence the same numbers, as
+    :func:`sincos_embed` on the full position tensors.
+
+    Args:
+        line_positions (Tensor[B or 1, n, M], float32): the line table, ``M > max S``.
+        spatial (sequence of int): ``S``, the output's spatial shape (``n`` axes).
+        divisors (Tensor[F // 2], float32): :func:`frequency_divisors`, shared by every axis.
+        valid (Tensor[B, n, M'] bool, optional): ``valid[b, j, c]``: cell ``c`` of axis ``j``
+            lies within item ``b`` (``M' >= max S``). Needed when an axis has padding and
+            ``host_sizes`` is not given (or on CUDA, where one select per axis is fewer
+            launches than one copy per padded item).
+        host_sizes (sequence of tuples, optional): each item's valid size along every axis,
+            known on the host, consistent with ``valid``.
+        window (tuple of int, optional), rows (Tensor[B - W], int64, optional): 1-D only.
+            ``line_positions`` holds the ``W = stop - start`` items ``start .. stop - 1``,
+            embedded straight into their rows of the output; every other item, in order, is a
+            copy of window row ``rows[k]`` (items of one length share a row: it is embedded
+            once and copied, with no table besides the output). Without a window every row is
+            embedded straight into the output.
+            Without it a 1-D line table is embedded straight into the output.
+        layout (str): as in :func:`sincos_embed`.
+        dtype (torch.dtype): output dtype; angles are float32, cast once.
+        out (Tensor[B, n * F, *S], optional): where to write (e.g. a buffer a CUDA graph
+            captured); must have ``dtype`` and ``line_positions``' device.
+        traced (bool, optional): the caller's :func:`vispos._cache.tracing` (asked when None).
+
+    Returns:
+        Tensor[B, n * F, *S] in ``dtype`` (``out`` when given), axis blocks in axis order.
+
+    Raises:
+        ValueError: ``out`` of the wrong shape, dtype or device; padding with neither ``valid``
+            nor ``host_sizes``.
 
     References:
         Carion et al., DETR (ECCV 2020): the cumulative-count positions are separable when the
         padding is rectangular.
     """
-    n = len(line_positions)
-    if not (len(line_valid) == len(pad_positions) == n):
-        raise ValueError("line_positions, line_valid and pad_positions need one entry per axis")
-    feats = [num_feats] * n if isinstance(num_feats, int) else list(num_feats)
-    if len(feats) != n:
-        raise ValueError(f"num_feats has {len(feats)} entries for {n} axes")
-    for f in feats:
-        check_num_feats(f, "num_feats")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-    device = line_positions[0].device
-    batch = max(p.shape[0] for p in line_positions)
-    spatial = [p.shape[1] for p in line_positions]
-    total = sum(feats)
+    n = len(spatial)
+    f = 2 * divisors.shape[0]
+    if rows is not None:
+        batch = line_positions.shape[0] + rows.shape[0]
+    else:
+        batch = max(line_positions.shape[0], 1 if valid is None else valid.shape[0])
+    device = line_positions.device
+    shape = (batch, n * f, *spatial)
     if out is None:
-        out = torch.empty((batch, total, *spatial), dtype=dtype, device=device)
-    start = 0
-    for axis, (pos, valid, pad, f) in enumerate(zip(line_positions, line_valid, pad_positions, feats)):
-        div = divisors[axis] if divisors is not None else frequency_divisors(f, temperature, device=device)
-        view = [pos.shape[0]] + [1] * n
-        view[1 + axis] = spatial[axis]
-        pos = pos.float()
-        if valid is None:  # every line crosses the valid region: a broadcast write
-            _embed_axis(out, 1, start, f, layout, pos.view(view), div)
-            start += f
+        out = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        check_out(out, shape, dtype, device)
+    if traced is None:
+        traced = tracing()
+    if n == 1:  # every line is a whole row: no padding-only lines, no copy
+        cells = line_positions[:, 0, 1 : 1 + spatial[0]]
+        if window is None or rows is None:
+            _embed_axis(out, 1, 0, f, layout, cells, divisors, traced=traced)
+            return out
+        start, stop = window
+        inner = out.narrow(0, start, stop - start)
+        _embed_axis(inner, 1, 0, f, layout, cells, divisors, traced=traced)
+        for first, count, index in ((0, start, rows[:start]), (stop, batch - stop, rows[start:])):
+            if count:  # the window's rows are read, rows outside it written: no overlap
+                dst = out.narrow(0, first, count)
+                if traced:
+                    dst.copy_(inner.index_select(0, index))
+                else:
+                    torch.index_select(inner, 0, index, out=dst)
+        return out
+    table = sincos_table(line_positions, divisors, layout=layout, traced=traced)  # [B, n, F, M]
+    on_host = host_sizes is not None and not traced and host_side(device)
+    if table.dtype != dtype and not on_host:
+        table = table.to(dtype)  # the select needs one dtype; copies cast as they write
+    padded = [
+        host_sizes is None or any(size[j] < spatial[j] for size in host_sizes) for j in range(n)
+    ]
+    for i in range(n):
+        lines = table[:, i]
+        inside = _axis_view(lines[:, :, 1 : 1 + spatial[i]], i, n)
+        block = out.narrow(1, i * f, f)
+        others = [j for j in range(n) if j != i and padded[j]]
+        if not others:  # every line along axis i crosses the valid region
+            block.copy_(inside.expand(block.shape))
             continue
-        # the table's last column is the padding-only line
-        pad_t = torch.as_tensor(pad, dtype=torch.float32, device=device).reshape(1, 1)
-        pos = torch.cat([pos, pad_t.expand(pos.shape[0], 1)], dim=1)
-        table = torch.empty(pos.shape[0], f, pos.shape[1], dtype=torch.float32, device=device)
-        _embed_axis(table, 1, 0, f, layout, pos, div)
-        table = table.to(dtype)
-        inside = table[:, :, : spatial[axis]].reshape(view[:1] + [f] + view[1:])
-        outside = table[:, :, -1].reshape(table.shape[0], f, *([1] * n))  # -1, not S: no guard
-        block = out.narrow(1, start, f)
-        if tracing():  # compilers take no ``out=`` views; they fuse where + copy into one kernel
-            block.copy_(torch.where(valid, inside, outside))
-        elif host_sizes is not None:
-            # sizes known on the host: a broadcast copy, then the padding-only lines overwritten
-            # item by item (2.6x faster than a three-way ``where`` on CPU)
+        outside = lines[:, :, 0].reshape(lines.shape[0], f, *([1] * n))
+        if on_host:
+            # a broadcast copy, then the padding-only lines overwritten item by item (2.6x
+            # faster than a three-way select on CPU)
             block.copy_(inside.expand(block.shape))
             for b, size in enumerate(host_sizes):
                 src = outside[b if outside.shape[0] > 1 else 0]
-                for j, (s_j, full) in enumerate(zip(size, spatial)):
-                    if j != axis and s_j < full:
-                        dst = block[b].narrow(1 + j, s_j, full - s_j)
+                for j in others:
+                    if size[j] < spatial[j]:
+                        dst = block[b].narrow(1 + j, size[j], spatial[j] - size[j])
                         dst.copy_(src.expand(dst.shape))
+            continue
+        if valid is None:
+            raise ValueError("an axis has padding: pass valid or host_sizes")
+        cond = None
+        for j in others:
+            v = _axis_view(valid[:, j : j + 1, : spatial[j]], j, n)
+            cond = v if cond is None else cond & v
+        inside = inside.expand(block.shape)  # cond may leave an unpadded axis at size 1
+        if traced:  # compilers take no ``out=`` views; they fuse where + copy into one kernel
+            block.copy_(torch.where(cond, inside, outside))
         else:
-            torch.where(valid, inside, outside, out=block)
-        start += f
+            torch.where(cond, inside, outside, out=block)
+    return out
+
+
+def sincos_embed_indexed(
+    values: Tensor,
+    index: Tensor,
+    divisors: Tensor,
+    out: Tensor,
+    start: int,
+    *,
+    layout: Layout = "interleaved",
+    traced: bool | None = None,
+) -> None:
+    """Writes one channels-first axis block from a table of distinct positions and an index.
+
+    When the cells of a block take few distinct positions (DETR's counts take at most
+    ``S_i + 1`` values per valid length), sin/cos are evaluated once per distinct value
+    (``K * F``) and every cell gathers its ``F`` channels: a gather costs about half as much
+    as evaluating sin and cos per cell on CPU. Same float ops, hence the same numbers.
+
+    Args:
+        values (Tensor[K], float32): the distinct positions.
+        index (Tensor[B, *S], int64): for every cell, the index of its position in ``values``.
+        divisors (Tensor[F // 2], float32): :func:`frequency_divisors`.
+        out (Tensor[B, C, *S]): the output; channels ``start .. start + F`` are written.
+        start (int): the block's first channel.
+        layout (str): as in :func:`sincos_embed`.
+        traced (bool, optional): the caller's :func:`vispos._cache.tracing` (asked when None).
+
+    Raises:
+        ValueError: ``index`` does not match ``out``'s batch and spatial shape.
+
+    References:
+        Vaswani et al. 2017 (sec. 3.5).
+    """
+    f = 2 * divisors.shape[0]
+    if index.shape[0] != out.shape[0] or index.shape[1:] != out.shape[2:]:
+        raise ValueError(f"index of shape {tuple(index.shape)} does not match out {tuple(out.shape)}")
+    table = sincos_table(values.reshape(1, -1), divisors, layout=layout, traced=traced)
+    table = table.to(out.dtype)  # [1, F, K]
+    batch = out.shape[0]
+    block = out.narrow(1, start, f).flatten(2)  # [B, F, N]: the spatial axes are contiguous
+    src = table.expand(batch, f, table.shape[-1])
+    idx = index.reshape(batch, 1, -1).expand(block.shape)
+    if traced if traced is not None else tracing():
+        block.copy_(torch.gather(src, 2, idx))
+    else:
+        torch.gather(src, 2, idx, out=block)
+
+
+def check_out(out: object, shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Validates a preallocated output buffer: a tensor of exactly this shape, dtype and device.
+
+    Raises:
+        TypeError: ``out`` is not a tensor.
+        ValueError: another shape, dtype or device; or ``out`` needs grad.
+    """
+    if not isinstance(out, Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device:
+        raise ValueError(
+            f"out must have shape {tuple(shape)}, dtype {dtype} and device {device}, got shape "
+            f"{tuple(out.shape)}, dtype {out.dtype}, device {out.device}"
+        )
+    if out.requires_grad:
+        raise ValueError("out must not require grad (it is written in place)")
     return out

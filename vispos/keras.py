@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
 
 try:
     import keras

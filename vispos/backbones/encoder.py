@@ -14,15 +14,12 @@ References:
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_int
-from ..nested_tensor import NestedTensor
 from .joiner import FlatLevels
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]

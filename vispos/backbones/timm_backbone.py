@@ -12,7 +12,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from torch import nn
 
 from .base import BackboneBase
 from ._common import (

@@ -29,8 +29,7 @@ from torch import Tensor
 
 from .._checks import check_bool, check_multiple, check_sizes
 from .._sincos import check_temperature, sincos_embed
-from ..padding import rectangular_sizes, rectangular_valid
-from .sine import PositionEmbeddingSine, SineEmbeddingBase, SineInput
+from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
 __all__ = [
     "timm_sincos_2d",
@@ -296,31 +295,3 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
         plane = sincos_embed([pos_y, pos_x], self.num_pos_feats, shape=shape, temperature=self.temperature)
         depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
         return (plane + depth).to(dtype)
-
-    def _rectangular(
-        self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
-    ) -> Tensor:
-        """Fast path for rectangular padding: each axis' positions from the per-item sizes
-        (no cumulative sum), equal bit for bit to :func:`cumulative_positions` of the mask."""
-        spatial = tuple(mask.shape[1:])
-        batch, n = mask.shape[0], len(spatial)
-        if sizes is None:
-            sizes = rectangular_sizes(mask)
-        valid = rectangular_valid(sizes, spatial)
-        zero = torch.zeros((), device=mask.device, dtype=torch.float32)
-        positions = []
-        for i, size in enumerate(spatial):
-            count = torch.arange(1, size + 1, device=mask.device, dtype=torch.float32)
-            last = sizes[:, i : i + 1].to(torch.float32)
-            view = [batch] + [1] * n
-            view[1 + i] = size
-            line = self._position(torch.minimum(count, last), last).view(view)
-            inside = None
-            for j in range(n):
-                if j != i:
-                    v = [batch] + [1] * n
-                    v[1 + j] = spatial[j]
-                    c = valid[j].view(v)
-                    inside = c if inside is None else inside & c
-            positions.append(torch.where(inside, line, self._position(zero, zero)))
-        return self._embed(positions, tuple(mask.shape), dtype, mask.device)

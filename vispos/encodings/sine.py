@@ -9,8 +9,10 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -23,11 +25,15 @@ from .._cache import (
     expand_batch,
 )
 from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
+from .. import _sincos
 from .._sincos import (
+    _embed_axis,
     check_num_feats,
+    check_out,
     check_temperature,
     frequency_divisors,
     sincos_embed,
+    sincos_embed_indexed,
     sincos_embed_lines,
 )
 from .._tracing import tracing
@@ -45,6 +51,7 @@ from ..padding import (
 __all__ = ["PositionEmbeddingSine", "cumulative_positions", "is_rectangular", "rectangular_sizes"]
 
 _KIND = {1: "sequences", 2: "images", 3: "volumes"}
+_GATHER_MIN = 1 << 16  # elements of an axis block from which the masked path may gather
 
 SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
@@ -89,16 +96,70 @@ def cumulative_positions(
 
 
 def _detr_position(
-    count: Tensor, last: Tensor, normalize: bool, scale: float, offset: float, eps: float
+    count: Tensor,
+    last: Tensor,
+    normalize: bool,
+    scale: float,
+    offset: float,
+    eps: float,
+    denominator: Tensor | None = None,
 ) -> Tensor:
     """DETR's position from a 1-based valid count and the line's final count (float32 ops).
 
     Every path (masked, rectangular fast path, unmasked grid) goes through this one function so
-    that all give bit-identical float32 values.
+    that all give bit-identical float32 values. ``denominator``, when given, is ``last + eps``
+    already rounded to float32 (on the host, see :func:`_float32_lengths`).
     """
-    if normalize:
-        return (count + offset) / (last + eps) * scale
-    return count + offset if offset else count
+    if offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
+        count = count + offset
+    if not normalize:
+        return count
+    return count / (last + eps if denominator is None else denominator) * scale
+
+
+def _float32_lengths(sizes, eps: float) -> list:
+    """``[sizes, sizes + eps]`` with the sum rounded as torch rounds ``float32 + eps`` (both
+    operands in float32, one IEEE addition), so that a host-side denominator is bit for bit the
+    device's ``last + eps``."""
+    eps32 = np.float32(eps)
+    return [
+        [list(map(float, item)) for item in sizes],
+        [[float(np.float32(v) + eps32) for v in item] for item in sizes],
+    ]
+
+
+def _host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small tensor from host values, on ``device`` without a host synchronisation.
+
+    On CUDA the values go through pinned memory and a non-blocking copy (a blocking copy from
+    pageable memory would synchronise the stream).
+    """
+    if device.type == "cuda":
+        return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def _shortest_window(values: Sequence) -> tuple[int, int]:
+    """The shortest range ``[start, stop)`` of ``values`` that holds each distinct value."""
+    need = len(set(values))
+    seen: dict = {}
+    best = (0, len(values))
+    start = 0
+    for stop, v in enumerate(values, 1):
+        seen[v] = seen.get(v, 0) + 1
+        while seen[values[start]] > 1:
+            seen[values[start]] -= 1
+            start += 1
+        if len(seen) == need and stop - start < best[1] - best[0]:
+            best = (start, stop)
+    return best
+
+
+def _capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is being captured on ``device``: host values must not be copied
+    in then (a replay would read the pinned staging buffer again, long after it was reused), so
+    sizes are read from the mask on the device instead."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _grid_positions(
@@ -200,7 +261,9 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
         """Channels of the output for an input with ``n_axes`` spatial axes."""
         raise NotImplementedError
 
-    def forward(self, x: SineInput, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(
+        self, x: SineInput, dtype: torch.dtype | None = None, *, out: Tensor | None = None
+    ) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
 
         Args:
@@ -208,14 +271,21 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
                 what to embed.
             dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
                 Angles are computed in float32 and rounded once to ``dtype``.
+            out (Tensor[B, out_channels(n), *S], optional, keyword-only): a preallocated
+                buffer of the output's shape, dtype (``dtype`` or float32) and device, written
+                in place and returned (the cache is bypassed). With a ``NestedTensor`` or a
+                feature map on CUDA this makes :class:`PositionEmbeddingSine`'s call capturable
+                by a CUDA graph: no allocation, no host synchronisation.
 
         Returns:
-            Tensor[B, out_channels(n), *S] in ``dtype``. An empty batch or a zero-size spatial
-            axis gives an empty tensor of that shape.
+            Tensor[B, out_channels(n), *S] in ``dtype`` (``out`` when given). An empty batch or
+            a zero-size spatial axis gives an empty tensor of that shape.
 
         Raises:
-            TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``.
-            ValueError: ``x`` of the wrong rank.
+            TypeError: ``x`` of another type; an integer mask; a non-floating ``dtype``; ``out``
+                not a tensor.
+            ValueError: ``x`` of the wrong rank; ``out`` of another shape, dtype or device, or
+                requiring grad.
         """
         inp = parse_spatial_input(x)
         mask, spatial, batch, device = inp.mask, inp.spatial, inp.batch, inp.device
@@ -226,26 +296,43 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
                 f"NestedTensor (B, C, *S), a mask (B, *S) or a feature map (B, C, *S); got spatial "
                 f"shape {spatial}"
             )
+        channels = self.out_channels(len(spatial))
+        if out is not None:
+            check_out(out, (batch, channels, *spatial), out_dtype, torch.device(device))
         if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result
-            channels = self.out_channels(len(spatial))
+            if out is not None:
+                return out
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
+        traced = tracing()
         if mask is None:
+            if out is not None:
+                return out.copy_(self._grid(spatial, device, out_dtype, traced).expand(out.shape))
             key = ("grid", spatial, device, out_dtype) + self._params()
-            table, shared = self._cache.lookup(key, lambda: self._grid(spatial, device, out_dtype))
+            table, shared = self._cache.lookup(
+                key, lambda: self._grid(spatial, device, out_dtype, traced)
+            )
             return expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
-        if inp.rectangular and tracing():
+        if inp.rectangular and traced:
             # compilers and exporters: sizes read from the mask on the device, so the graph does
             # not depend on (and is not re-specialised for) the batch's host-side image_sizes
-            return self._rectangular(mask, out_dtype)
+            return self._rectangular(mask, out_dtype, traced=True, out=out)
         if inp.rectangular:
             sizes_key = inp.host_sizes
+            if out is not None:
+                return self._rectangular(mask, out_dtype, sizes_key, traced=False, out=out)
             key = ("rect", tuple(mask.shape), sizes_key, device, out_dtype) + self._params()
-            return self._cached(key, None, lambda: self._rectangular(mask, out_dtype, sizes_key))
-        key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
-        if mask.device.type == "cpu" and not tracing():
+            return self._cached(
+                key, None, lambda: self._rectangular(mask, out_dtype, sizes_key, traced=False)
+            )
+        if _sincos.host_side(mask.device) and not traced:
             # on the host the check is one pass over the mask, and no synchronisation
-            return self._cached(key, mask, lambda: self._masked(mask, out_dtype, check=True))
-        return self._masked(mask, out_dtype, check=False)
+            if out is not None:
+                return self._masked(mask, out_dtype, check=True, traced=False, out=out)
+            key = ("mask", tuple(mask.shape), device, out_dtype) + self._params()
+            return self._cached(
+                key, mask, lambda: self._masked(mask, out_dtype, check=True, traced=False)
+            )
+        return self._masked(mask, out_dtype, check=False, traced=traced, out=out)
 
     def clear_cache(self) -> None:
         """Drops every cached embedding."""
@@ -316,52 +403,73 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
         (float32, broadcastable to ``shape``)."""
         raise NotImplementedError
 
-    def _grid(self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> Tensor:
+    @staticmethod
+    def _written(result: Tensor, out: Tensor | None) -> Tensor:
+        return result if out is None else out.copy_(result)
+
+    def _grid(
+        self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype, traced: bool = True
+    ) -> Tensor:
+        """``Tensor[1, C, *S]``: no padding (broadcast positions, sizes stay symbolic)."""
         positions = _grid_positions(
             spatial, device, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
         return self._embed(positions, (1, *spatial), dtype, device)
 
     def _rectangular(
-        self, mask: Tensor, dtype: torch.dtype, host_sizes: tuple | None = None, sizes: Tensor | None = None
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        host_sizes: tuple | None = None,
+        sizes: Tensor | None = None,
+        out: Tensor | None = None,
+        traced: bool | None = None,
     ) -> Tensor:
-        """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`."""
+        """Rectangular padding: each axis' positions from the per-item sizes (no cumulative
+        sum), equal bit for bit to :func:`cumulative_positions` of the mask, then :meth:`_embed`.
+        :class:`PositionEmbeddingSine` replaces this with the separable line-table path."""
         spatial = tuple(mask.shape[1:])
-        n = len(spatial)
-        device = mask.device
+        batch, n = mask.shape[0], len(spatial)
         if sizes is None:
             sizes = rectangular_sizes(mask)
-        valid_along = rectangular_valid(sizes, spatial)
-        lines, inside, pads = [], [], []
-        zero = torch.zeros(1, device=device, dtype=torch.float32)
+        valid = rectangular_valid(sizes, spatial)
+        zero = torch.zeros((), device=mask.device, dtype=torch.float32)
+        positions = []
         for i, size in enumerate(spatial):
-            count = torch.arange(1, size + 1, device=device, dtype=torch.float32)
+            count = torch.arange(1, size + 1, device=mask.device, dtype=torch.float32)
             last = sizes[:, i : i + 1].to(torch.float32)
-            lines.append(self._position(torch.minimum(count, last), last))
-            pads.append(self._position(zero, zero))
-            cond = None
+            view = [batch] + [1] * n
+            view[1 + i] = size
+            line = self._position(torch.minimum(count, last), last).view(view)
+            inside = None
             for j in range(n):
-                if j == i:
-                    continue
-                view = [mask.shape[0], 1] + [1] * n
-                view[2 + j] = spatial[j]
-                c = valid_along[j].view(view)
-                cond = c if cond is None else cond & c
-            inside.append(cond)
-        return sincos_embed_lines(
-            lines, inside, pads, self.num_pos_feats, dtype=dtype, divisors=self._divisors(device),
-            host_sizes=host_sizes,
-        )
+                if j != i:
+                    v = [batch] + [1] * n
+                    v[1 + j] = spatial[j]
+                    c = valid[j].view(v)
+                    inside = c if inside is None else inside & c
+            positions.append(line if inside is None else torch.where(inside, line, self._position(zero, zero)))
+        return self._written(self._embed(positions, tuple(mask.shape), dtype, mask.device), out)
 
-    def _masked(self, mask: Tensor, dtype: torch.dtype, check: bool) -> Tensor:
+    def _masked(
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        check: bool,
+        traced: bool | None = None,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Any mask: the rectangular path when ``check`` finds the padding rectangular, else
+        DETR's cumulative counts (:func:`cumulative_positions`) and :meth:`_embed`."""
         if check:
             sizes = rectangular_sizes(mask)
             if matches_rectangle(mask, sizes):
-                return self._rectangular(mask, dtype, tuple(map(tuple, sizes.tolist())), sizes)
+                host = tuple(map(tuple, sizes.tolist()))
+                return self._rectangular(mask, dtype, host, sizes, out=out, traced=traced)
         positions = cumulative_positions(
             mask, normalize=self.normalize, scale=self.scale, offset=self.offset, eps=self.eps
         )
-        return self._embed(positions, tuple(mask.shape), dtype, mask.device)
+        return self._written(self._embed(positions, tuple(mask.shape), dtype, mask.device), out)
 
     def _cached(self, key: tuple, mask: Tensor | None, compute) -> Tensor:
         return self._cache.get(key, compute, content=mask, copy=not self.zero_copy)
@@ -446,3 +554,145 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         return sincos_embed(
             positions, self.num_pos_feats, shape=shape, dtype=dtype, divisors=self._divisors(device)
         )
+
+    def _grid(
+        self, spatial: tuple[int, ...], device: torch.device, dtype: torch.dtype, traced: bool = True
+    ) -> Tensor:
+        """``Tensor[1, n * F, *S]``: no padding. Eager: one item of full size through the line
+        table; traced: broadcast ``arange`` positions (sizes stay symbolic, nothing is baked)."""
+        if not traced and not _capturing(device):
+            return self._lines(spatial, device, dtype, (spatial,), None, None, False)
+        return super()._grid(spatial, device, dtype, traced)
+
+    def _rectangular(
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        host_sizes: tuple | None = None,
+        sizes: Tensor | None = None,
+        out: Tensor | None = None,
+        traced: bool | None = None,
+    ) -> Tensor:
+        """Fast path: rectangular padding is separable, see :func:`sincos_embed_lines`.
+
+        Every axis' lines come from one table ``[B, n, max S + 1]`` built from the sizes
+        (column 0 the padding-only line: count 0 over a valid length 0, DETR's value there).
+        """
+        if traced is None:
+            traced = tracing()
+        if _capturing(mask.device):  # a replay sees other sizes: nothing from the host
+            host_sizes = None
+        if sizes is None and (host_sizes is None or traced):
+            sizes = rectangular_sizes(mask)
+        return self._lines(tuple(mask.shape[1:]), mask.device, dtype, host_sizes, sizes, out, traced)
+
+    def _lines(
+        self,
+        spatial: tuple[int, ...],
+        device: torch.device,
+        dtype: torch.dtype,
+        host_sizes: tuple | None,
+        sizes: Tensor | None,
+        out: Tensor | None,
+        traced: bool,
+    ) -> Tensor:
+        """The line table of every axis from the sizes (``sizes`` on the device, else
+        ``host_sizes``), embedded by :func:`sincos_embed_lines`."""
+        rows = window = None
+        if sizes is None:
+            items = host_sizes
+            if len(spatial) == 1:  # 1-D: items of one length share their line (the whole row)
+                start, stop = _shortest_window(host_sizes)
+                if stop - start < len(host_sizes):
+                    first: dict = {}
+                    for k in range(start, stop):
+                        first.setdefault(host_sizes[k], k - start)
+                    outside = [first[s] for k, s in enumerate(host_sizes) if not start <= k < stop]
+                    rows = _host_tensor(outside, torch.int64, device)
+                    items, window = host_sizes[start:stop], (start, stop)
+            denominator = None
+            if self.normalize and not self.offset:  # ``length + eps`` from the host: one op less
+                both = _host_tensor(_float32_lengths(items, self.eps), torch.float32, device)
+                sizes_f, denominator = both[0], both[1].unsqueeze(-1)
+            else:
+                sizes_f = _host_tensor(items, torch.float32, device)
+        else:
+            sizes_f, denominator = sizes.to(torch.float32), None
+        count = torch.arange(max(spatial) + 1, device=device, dtype=torch.float32)
+        last = sizes_f.unsqueeze(-1)  # [B, n, 1]
+        capped = torch.minimum(count, last)  # DETR's count: 1-based, stopped at the last valid cell
+        if self.normalize and self.offset:
+            # the padding-only column (count 0) has a valid length of 0; with offset 0 its
+            # position is 0 over any length, so the item's own length gives the same bits
+            lines = self._position(capped, last * count.clamp(max=1))
+        else:
+            lines = _detr_position(
+                capped, last, self.normalize, self.scale, self.offset, self.eps, denominator
+            )
+        valid = None
+        if host_sizes is None or traced or not _sincos.host_side(device):
+            valid = count[1:] <= last  # [B, n, max S]: cell c lies within the item
+        return sincos_embed_lines(
+            lines, spatial, self._divisors(device)[0], valid=valid, host_sizes=host_sizes,
+            window=window, rows=rows, dtype=dtype, out=out, traced=traced,
+        )
+
+    def _masked(
+        self,
+        mask: Tensor,
+        dtype: torch.dtype,
+        check: bool,
+        traced: bool | None = None,
+        out: Tensor | None = None,
+    ) -> Tensor:
+        """Any mask: the rectangular fast path when ``check`` finds the padding rectangular,
+        else DETR's cumulative counts, cell by cell (see :func:`cumulative_positions`)."""
+        if traced is None:
+            traced = tracing()
+        if check:
+            sizes = rectangular_sizes(mask)
+            if matches_rectangle(mask, sizes):
+                host = tuple(map(tuple, sizes.tolist()))
+                return self._rectangular(mask, dtype, host, traced=traced, out=out)
+        spatial = tuple(mask.shape[1:])
+        f = self.num_pos_feats
+        device = mask.device
+        shape = (mask.shape[0], len(spatial) * f, *spatial)
+        if out is None:
+            out = torch.empty(shape, dtype=dtype, device=device)
+        div = self._divisors(device)[0]
+        valid = ~mask
+        # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
+        # the block is large (and the table small, checked below); small maps take fewer ops
+        gather = not traced and _sincos.host_side(device) and out[:, :f].numel() >= _GATHER_MIN
+        for i, size in enumerate(spatial):
+            axis = i + 1
+            if gather and self._gathered(valid, axis, size, div, out, i * f, dtype):
+                continue
+            count = valid.cumsum(axis, dtype=torch.float32)
+            pos = self._position(count, count.narrow(axis, size - 1, 1))
+            _embed_axis(out, 1, i * f, f, "interleaved", pos, div, traced=traced)
+        return out
+
+    def _gathered(
+        self, valid: Tensor, axis: int, size: int, div: Tensor, out: Tensor, start: int, dtype
+    ) -> bool:
+        """Writes one axis block by gathering from the distinct (count, valid length) pairs;
+        False (nothing written) when there are too many of them to pay off."""
+        count = valid.cumsum(axis)  # int64, 1-based
+        cells = count.numel()
+        if self.normalize:  # the position depends on the count and on the line's valid length
+            last = count.narrow(axis, size - 1, 1)
+            lengths, inverse = torch.unique(last, return_inverse=True)
+            if 4 * lengths.numel() * (size + 1) > cells:
+                return False
+            index = inverse * (size + 1) + count
+            counts = torch.arange(size + 1, device=valid.device, dtype=torch.float32)
+            values = self._position(counts, lengths.to(torch.float32).unsqueeze(1))
+        else:
+            if 4 * (size + 1) > cells:
+                return False
+            index = count
+            values = self._position(torch.arange(size + 1, device=valid.device, dtype=torch.float32), None)
+        sincos_embed_indexed(values, index, div, out, start, traced=False)
+        return True

@@ -1,0 +1,198 @@
+"""Dispatched compute ops per call (a device-independent proxy for GPU kernel launches), and
+host reads: the device branch of every encoder reads nothing back from the device.
+
+Counts are taken with the benchmark's own counter (``benchmarks/bench_position_embedding.py``,
+a ``TorchDispatchMode`` that counts aten ops, views excluded) so that the numbers pinned here
+are the numbers the benchmark table prints.
+"""
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import vispos._sincos as core
+from benchmarks.bench_position_embedding import count_ops
+from vispos import (
+    PositionalEncodingPermute2D,
+    PositionEmbeddingSine,
+    nested_tensor_from_tensor_list,
+)
+
+# DETR's C5 level of four COCO-sized images (the issue's workload)
+IMAGES = [(800, 1066), (800, 1201), (736, 1333), (800, 1088)]
+
+
+def _c5():
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, *s) for s in IMAGES])
+    size = [math.ceil(v / 32) for v in nt.tensors.shape[2:]]
+    return nt.with_features(torch.empty(len(IMAGES), 1, *size))
+
+
+def _holes(mask, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return mask | (torch.rand(mask.shape, generator=g) < 0.05)
+
+
+def _volume():
+    return nested_tensor_from_tensor_list([torch.zeros(1, 16, 12, 10), torch.zeros(1, 9, 12, 7)])
+
+
+def _sequence():
+    return nested_tensor_from_tensor_list([torch.zeros(1, 64)] * 3 + [torch.zeros(1, 40)] * 3)
+
+
+def test_counter_counts_compute_ops_not_views():
+    x = torch.arange(6.0)
+    n, ops = count_ops(lambda: (x.view(2, 3).t() + 1).sum())
+    assert n == 2 and ops == {"add": 1, "sum": 1}
+
+
+# (case, module, input, pinned ops per uncached call). The issue's starting point for C5 was
+# 52 (NestedTensor) / 60 (bool mask); transformers' DETR dispatches 26.
+CASES = {
+    "C5 NestedTensor": (lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: _c5(), 15),
+    "C5 bool mask": (lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: _c5().mask, 26),
+    # on CPU an arbitrary mask gathers from its distinct positions: more ops, half the time;
+    # the device branch (no gather, no check) is counted below
+    "C5 arbitrary mask": (
+        lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: _holes(_c5().mask), 41,
+    ),
+    "C5 Deformable (offset -0.5)": (
+        lambda: PositionEmbeddingSine(128, normalize=True, offset=-0.5, cache_size=0), lambda: _c5(), 19,
+    ),
+    # the unbatched table (11 ops) is written into an output of the caller's own (empty + copy_:
+    # results never alias, see _cache.expand_batch); zero_copy=True returns the broadcast view
+    "C5 feature map (no mask)": (
+        lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: torch.zeros(4, 8, 25, 42), 13,
+    ),
+    "C5 feature map (no mask), zero_copy": (
+        lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0, zero_copy=True),
+        lambda: torch.zeros(4, 8, 25, 42), 11,
+    ),
+    "3D NestedTensor": (lambda: PositionEmbeddingSine(32, normalize=True, cache_size=0), _volume, 16),
+    "1D NestedTensor": (lambda: PositionEmbeddingSine(64, cache_size=0), _sequence, 8),
+    "1D bool mask": (lambda: PositionEmbeddingSine(64, cache_size=0), lambda: _sequence().mask, 15),
+    "PositionalEncodingPermute2D": (
+        # the unbatched table broadcast into a (B, ...) output the caller owns (issue 11)
+        lambda: PositionalEncodingPermute2D(256, cache=False), lambda: torch.zeros(4, 256, 25, 42), 16,
+    ),
+}
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_ops_per_uncached_call_do_not_grow(case, inference):
+    make_module, make_input, pinned = CASES[case]
+    module, x = make_module(), make_input()
+    with torch.inference_mode(inference):
+        n, ops = count_ops(lambda: module(x))
+    assert n <= pinned, f"{case}: {n} ops per call, pinned at {pinned}: {dict(ops)}"
+
+
+@pytest.mark.parametrize(
+    "make_input, pinned",
+    [(_c5, 12), (lambda: _c5().mask, 16), (lambda: _holes(_c5().mask), 16)],
+    ids=["nested", "rectangular mask", "arbitrary mask"],
+)
+def test_device_branch_ops_per_call(monkeypatch, make_input, pinned):
+    """What a GPU launches for DETR's C5 (counted on CPU with the device branch forced)."""
+    pe, x = PositionEmbeddingSine(128, normalize=True, cache_size=0), make_input()
+    monkeypatch.setattr(core, "host_side", lambda device: False)
+    n, ops = count_ops(lambda: pe(x))
+    assert n <= pinned, f"{n} ops per call, pinned at {pinned}: {dict(ops)}"
+
+
+@pytest.mark.parametrize("make_input", [_c5, lambda: torch.zeros(4, 8, 25, 42)], ids=["nested", "features"])
+def test_cache_hit_dispatches_one_copy_or_nothing(make_input):
+    """A hit costs one copy into the caller's own output by default (results never alias) and
+    nothing at all with the zero-copy opt-in."""
+    x = make_input()
+    for zero_copy, most in ((False, 2), (True, 0)):
+        pe = PositionEmbeddingSine(128, normalize=True, zero_copy=zero_copy)
+        first = pe(x)
+        n, ops = count_ops(lambda: pe(x))
+        assert n <= most, (zero_copy, dict(ops))
+        assert set(ops) <= {"clone", "empty", "copy_"}, dict(ops)
+        torch.testing.assert_close(pe(x), first, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- no host synchronisation
+
+# aten ops whose result is read on the host (a Python scalar, a data-dependent shape): each one
+# synchronises a CUDA stream
+_HOST_READS = {
+    "_local_scalar_dense", "equal", "nonzero", "_unique2", "unique_dim", "unique_consecutive",
+    "masked_select", "is_nonzero", "allclose",
+}
+
+
+class _ForbidHostReads(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in _HOST_READS:
+            raise AssertionError(f"the device branch read a tensor on the host: aten.{name}")
+        return func(*args, **(kwargs or {}))
+
+
+def _inputs():
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 9, 12), torch.zeros(1, 12, 7), torch.zeros(1, 5, 5)])
+    seq = _sequence()
+    return {
+        "nested 2D": nt,
+        "rectangular bool mask": nt.mask,
+        "arbitrary bool mask": _holes(nt.mask),
+        "features": torch.zeros(3, 4, 12, 12),
+        "nested 3D": _volume(),
+        "nested 1D (shared rows)": seq,
+        "1D bool mask": seq.mask,
+        "large arbitrary mask": _holes(torch.zeros(2, 128, 130, dtype=torch.bool)),
+    }
+
+
+@pytest.mark.parametrize("normalize, offset", [(True, 0.0), (True, -0.5), (False, 0.0)])
+@pytest.mark.parametrize("name", list(_inputs()))
+def test_device_branch_reads_nothing_from_the_device(monkeypatch, name, normalize, offset):
+    """On CPU, with every host-side shortcut switched off (``host_side`` is the one switch the
+    CUDA branch takes), no op reads a tensor back and no ``tolist`` runs; the results equal the
+    host branch's bit for bit."""
+    x = _inputs()[name]
+    pe = PositionEmbeddingSine(64, normalize=normalize, offset=offset, cache_size=0)
+    expected = pe(x)
+    monkeypatch.setattr(core, "host_side", lambda device: False)
+
+    def no_tolist(self):
+        raise AssertionError("the device branch called Tensor.tolist")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", no_tolist)
+    with _ForbidHostReads():
+        got = pe(x)
+    monkeypatch.undo()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_forbid_host_reads_catches_a_read():
+    with pytest.raises(AssertionError, match="aten.equal"), _ForbidHostReads():
+        torch.equal(torch.zeros(2), torch.zeros(2))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cache_size", [0, 8])
+@pytest.mark.parametrize("name", list(_inputs()))
+def test_no_host_sync_on_cuda(name, cache_size):
+    x = _inputs()[name].to("cuda")
+    pe = PositionEmbeddingSine(64, normalize=True, offset=-0.5, cache_size=cache_size).cuda()
+    pe(x)  # first call: lazy CUDA initialisation may synchronise
+    out = torch.empty_like(pe(x))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = pe(x)
+        pe(x, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    cpu = PositionEmbeddingSine(64, normalize=True, offset=-0.5, cache_size=0)(_inputs()[name])
+    torch.testing.assert_close(got.cpu(), cpu, rtol=0, atol=2e-6)
+    torch.testing.assert_close(out.cpu(), cpu, rtol=0, atol=2e-6)
