@@ -253,14 +253,14 @@ class _GridEncoding(DerivedBuffers, nn.Module):
             view = [1] * (n + 1)
             view[axis + 1] = size
             positions.append(torch.arange(size, device=device, dtype=torch.float32).view(view))
+        # written in the class's own layout, so results are filled by a plain copy
+        channel_dim = 1 if self._channels_first else -1
         table = sincos_embed(
             positions, self.channels_per_axis, shape=(1, *spatial), reciprocal=True,
-            channel_dim=-1, dtype=dtype, divisors=[inv_freq] * n,
+            channel_dim=channel_dim, dtype=dtype, divisors=[inv_freq] * n,
         )
-        if table.shape[-1] != self.org_channels:
-            table = table.narrow(-1, 0, self.org_channels).contiguous()
-        if self._channels_first:  # stored channels-first, so results are filled by a plain copy
-            table = table.movedim(-1, 1).contiguous()
+        if table.shape[channel_dim] != self.org_channels:
+            table = table.narrow(channel_dim, 0, self.org_channels).contiguous()
         return table
 
     def _load_from_state_dict(
