@@ -29,7 +29,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["KINDS", "add_plot_parser", "run_plot"]
+from ._errors import CLIError
+
+__all__ = ["KINDS", "add_plot_parser", "write_plot"]
 
 #: kind -> (one-line help, default encoder config)
 KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
@@ -92,7 +94,6 @@ def _value(text: str) -> Any:
 
 
 def _encoder(args: argparse.Namespace) -> torch.nn.Module:
-    from .cli import CLIError
     from .config import build_from_config, load_config
 
     if args.config is not None and (args.encoder is not None or args.kw):
@@ -117,7 +118,6 @@ def _encoder(args: argparse.Namespace) -> torch.nn.Module:
 
 
 def _shape(args: argparse.Namespace) -> tuple[int, ...]:
-    from .cli import CLIError
 
     shape = tuple(args.shape) if args.shape else _DEFAULT_SHAPES[args.kind]
     if not 1 <= len(shape) <= 3 or any(s < 1 for s in shape):
@@ -126,7 +126,6 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def _queries(args: argparse.Namespace) -> list[tuple[int, ...]] | None:
-    from .cli import CLIError
 
     if not args.queries:
         return None
@@ -149,7 +148,6 @@ def _batch(args: argparse.Namespace):
 
 def _figure(args: argparse.Namespace):
     from . import viz
-    from .cli import CLIError
     from .encodings import PositionEmbeddingSine
     from .nested_tensor import interpolate_mask
 
@@ -192,36 +190,28 @@ def _figure(args: argparse.Namespace):
     return viz.plot_similarity(pos, _queries(args), title=f"{name}: cosine similarity to query cells")
 
 
-def run_plot(args: argparse.Namespace) -> int:
-    """Runs ``vispos plot``: builds the figure, writes it atomically, prints its path.
+def write_plot(args: argparse.Namespace) -> str:
+    """Runs ``vispos plot``: builds the figure and writes it atomically (:mod:`vispos._io`).
 
-    Returns the exit status: 0 ok, 2 a user error (one line ``vispos: error: ...`` on stderr),
-    1 any other failure.
+    Args:
+        args (argparse.Namespace): the parsed ``vispos plot`` arguments.
+
+    Returns:
+        str: the path written (``--out``, default ``vispos-plot-KIND.png``).
+
+    Raises:
+        CLIError, ValueError, TypeError, OSError: a bad argument or file; :func:`vispos.cli.main`
+            prints them as one line and exits with 2.
     """
-    import sys
-
-    from .cli import CLIError, _one_line
     from .viz import _save_atomic
 
     out = args.out or f"vispos-plot-{args.kind}.png"
-    try:
-        if not out.lower().endswith(".png"):
-            raise CLIError(f"--out must name a .png file, got {out!r}")
-        folder = os.path.dirname(os.path.abspath(out))
-        if not os.path.isdir(folder):
-            raise CLIError(f"--out {out!r}: folder {folder!r} does not exist")
-        if args.dpi < 10:
-            raise CLIError(f"--dpi must be >= 10, got {args.dpi}")
-        fig = _figure(args)
-        _save_atomic(fig, out, args.dpi)
-    except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
-        print(f"vispos: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("vispos: error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 - the command never shows a traceback
-        print(f"vispos: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}")
-    return 0
+    if not out.lower().endswith(".png"):
+        raise CLIError(f"--out must name a .png file, got {out!r}")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        raise CLIError(f"--out {out!r}: folder {folder!r} does not exist")
+    if args.dpi < 10:
+        raise CLIError(f"--dpi must be >= 10, got {args.dpi}")
+    _save_atomic(_figure(args), out, args.dpi)
+    return out

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from ._errors import CLIError
 from ._io import Terminated, write_files
-from ._plot_command import add_plot_parser, run_plot
+from ._plot_command import add_plot_parser, write_plot
 from .config import build_from_config, load_config
 from .data import (
     SAMPLE_IMAGES,
@@ -51,10 +52,6 @@ DEFAULT_CONFIG: dict[str, Any] = _packaged_config("detr_resnet50.yaml")
 
 #: the default for volumes: the packaged ``configs/volume_r3d18.yaml`` itself
 DEFAULT_VOLUME_CONFIG: dict[str, Any] = _packaged_config("volume_r3d18.yaml")
-
-
-class CLIError(Exception):
-    """A user-facing error: printed as one line, exit status 2."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -318,13 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
-    if args.command == "plot":
-        return run_plot(args)
-    if args.out is None:
+    if args.command != "plot" and args.out is None:
         volumes = getattr(args, "volume", False) or getattr(args, "volumes", None)
         base = "vispos-demo" if args.command == "demo" else "vispos-out"
         args.out = f"{base}-volume" if volumes else base
     try:
+        if args.command == "plot":
+            print(f"wrote {write_plot(args)}")
+            return 0
         _check_args(args)
         normalize = None if args.normalize == "None" else args.normalize
         if args.command == "demo" and args.volume:
