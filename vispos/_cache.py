@@ -45,6 +45,7 @@ from ._tracing import tracing
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "CacheInfo",
+    "CacheOwner",
     "DerivedBuffers",
     "TensorCache",
     "caching",
@@ -365,6 +366,38 @@ class TensorCache:
 
     def __deepcopy__(self, memo: dict) -> "TensorCache":
         return TensorCache(self._maxsize, self._max_bytes)
+
+
+class CacheOwner:
+    """The cache API every caching encoder shows, over the :class:`TensorCache` held in the
+    attribute named by ``_cache_attr``: :meth:`cache_info`, :meth:`clear_cache` and the
+    ``cache_bytes`` budget (assigning it evicts at once)."""
+
+    _cache_attr = "_cache"
+
+    def _owned_cache(self) -> TensorCache:
+        return getattr(self, self._cache_attr)
+
+    def clear_cache(self) -> None:
+        """Drops every cached entry (they are rebuilt on demand)."""
+        self._owned_cache().clear()
+
+    def cache_info(self) -> CacheInfo:
+        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
+
+        Returns:
+            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
+        """
+        return self._owned_cache().info()
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """int or None: the cache's byte budget; assigning evicts at once."""
+        return self._owned_cache().max_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int | None) -> None:
+        self._owned_cache().max_bytes = check_max_bytes(value, "cache_bytes")
 
 
 class DerivedBuffers:

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from .._cache import (
     DEFAULT_MAX_BYTES,
-    CacheInfo,
+    CacheOwner,
     DerivedBuffers,
     TensorCache,
     check_max_bytes,
@@ -83,7 +83,7 @@ def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
     return dtype_override
 
 
-class _GridEncoding(DerivedBuffers, nn.Module):
+class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
     """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
 
     Subclasses set only ``n_spatial`` (1, 2 or 3) and ``_channels_first``.
@@ -91,6 +91,7 @@ class _GridEncoding(DerivedBuffers, nn.Module):
 
     n_spatial: int = 0
     _channels_first: bool = False
+    _cache_attr = "_tables"
 
     def __init__(
         self,
@@ -155,18 +156,6 @@ class _GridEncoding(DerivedBuffers, nn.Module):
             self.cached_penc = out
         return out
 
-    def clear_cache(self) -> None:
-        """Drops every cached table (they are rebuilt on demand)."""
-        self._tables.clear()
-
-    def cache_info(self) -> CacheInfo:
-        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
-
-        Returns:
-            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
-        """
-        return self._tables.info()
-
     @property
     def cache(self) -> bool:
         """bool: whether tables are cached; assigning False empties and disables the cache."""
@@ -177,15 +166,6 @@ class _GridEncoding(DerivedBuffers, nn.Module):
         if not isinstance(value, bool):
             raise TypeError(f"cache must be a bool, got {value!r}")
         self._tables.maxsize = _CACHE_SIZE if value else 0
-
-    @property
-    def cache_bytes(self) -> int | None:
-        """int or None: the cache's byte budget; assigning evicts at once."""
-        return self._tables.max_bytes
-
-    @cache_bytes.setter
-    def cache_bytes(self, value: int | None) -> None:
-        self._tables.max_bytes = check_max_bytes(value, "cache_bytes")
 
     def _refresh_derived(self) -> None:
         """Rebuilds ``inv_freq`` (float32, on its device), empties the cache and forgets

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from .._cache import (
     DEFAULT_MAX_BYTES,
-    CacheInfo,
+    CacheOwner,
     DerivedBuffers,
     TensorCache,
     check_max_bytes,
@@ -186,7 +186,7 @@ def _grid_positions(
     return out
 
 
-class SineEmbeddingBase(DerivedBuffers, nn.Module):
+class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     """What every DETR-style sine embedding over :mod:`vispos._sincos` shares: the constructor's
     validation, the reading of the input (:func:`~vispos.nested_tensor.parse_spatial_input`),
     the output dtype check, empty inputs, the cache and the three paths (unmasked grid,
@@ -334,18 +334,6 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
             )
         return self._masked(mask, out_dtype, check=False, traced=traced, out=out)
 
-    def clear_cache(self) -> None:
-        """Drops every cached embedding."""
-        self._cache.clear()
-
-    def cache_info(self) -> CacheInfo:
-        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
-
-        Returns:
-            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
-        """
-        return self._cache.info()
-
     @property
     def cache_size(self) -> int:
         """int: entries kept; assigning evicts at once (0 empties and disables the cache)."""
@@ -355,15 +343,6 @@ class SineEmbeddingBase(DerivedBuffers, nn.Module):
     def cache_size(self, value: int) -> None:
         check_int(value, "cache_size", minimum=0)
         self._cache.maxsize = value
-
-    @property
-    def cache_bytes(self) -> int | None:
-        """int or None: the cache's byte budget; assigning evicts at once."""
-        return self._cache.max_bytes
-
-    @cache_bytes.setter
-    def cache_bytes(self, value: int | None) -> None:
-        self._cache.max_bytes = check_max_bytes(value, "cache_bytes")
 
     def extra_repr(self) -> str:
         text = (
