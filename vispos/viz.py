@@ -202,6 +202,13 @@ def _plane_axes(axis: int) -> tuple[int, int]:
     return i, j
 
 
+def _shade(ax, mask: np.ndarray, rgba) -> None:
+    """Overlays ``rgba`` on the cells where ``mask`` (bool, ``[rows, cols]``) is True."""
+    overlay = np.zeros((*mask.shape, 4))
+    overlay[mask] = rgba
+    ax.imshow(overlay, origin="lower", interpolation="nearest")
+
+
 def _slice(arr: np.ndarray, axis: int, index: int) -> np.ndarray:
     """A 2-D slice of a 3-D array, transposed for ``imshow(origin='lower')``: the higher axis
     runs up (superior / anterior up for RAS+ volumes)."""
@@ -297,9 +304,7 @@ def plot_volume_similarity(
                       origin="lower", interpolation="nearest")
             if mask is not None:
                 m = _slice(mask[i], axis, centre[axis])
-                overlay = np.zeros((*m.shape, 4))
-                overlay[m] = grey
-                ax.imshow(overlay, origin="lower", interpolation="nearest")
+                _shade(ax, m, grey)
             ax.set_title(_PLANES[axis], fontsize=9)
         axes[0, 0].set_ylabel("input", fontsize=9)
         for lvl in range(len(levels)):
@@ -311,9 +316,7 @@ def plot_volume_similarity(
                 if lmask is not None:
                     m = _slice(lmask.numpy(), axis, q[axis])
                     if m.any():
-                        overlay = np.zeros((*m.shape, 4))
-                        overlay[m] = grey
-                        ax.imshow(overlay, origin="lower", interpolation="nearest")
+                        _shade(ax, m, grey)
                         ax.contourf(m.astype(float), levels=[0.5, 1.5], colors="none", hatches=["////"],
                                     origin="lower")
                 h, v = _plane_axes(axis)
@@ -807,9 +810,7 @@ def plot_similarity(
                 if lmask is not None:
                     m = _slice(lmask.numpy(), axis, q[axis])
                     if m.any():
-                        overlay = np.zeros((*m.shape, 4))
-                        overlay[m] = grey
-                        ax.imshow(overlay, origin="lower", interpolation="nearest")
+                        _shade(ax, m, grey)
                 h, v = _plane_axes(axis)
                 ax.plot([q[h]], [q[v]], marker="*", color="white", markersize=10, markeredgecolor="black")
                 ax.set_title(f"query {q}, {_PLANES[axis]}" if axis == 0 else _PLANES[axis], fontsize=9)
