@@ -253,7 +253,9 @@ W_CLASS, W_L1, W_GIOU, EOS_COEF = 1.0, 5.0, 2.0, 0.1
 
 
 @torch.no_grad()
-def hungarian_match(logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]]) -> list[tuple[Tensor, Tensor]]:
+def hungarian_match(
+    logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]], w_class: float = W_CLASS,
+) -> list[tuple[Tensor, Tensor]]:
     """DETR's matcher: per image, (query indices, target indices) minimising class + L1 + GIoU cost."""
     from scipy.optimize import linear_sum_assignment
 
@@ -265,7 +267,7 @@ def hungarian_match(logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, T
             out.append((empty, empty))
             continue
         cost = (
-            -W_CLASS * prob[b][:, tgt["labels"]]
+            -w_class * prob[b][:, tgt["labels"]]
             + W_L1 * torch.cdist(boxes[b], tgt["boxes"], p=1)
             - W_GIOU * generalized_box_iou(box_convert(boxes[b], "cxcywh", "xyxy"), box_convert(tgt["boxes"], "cxcywh", "xyxy"))
         )
@@ -274,10 +276,13 @@ def hungarian_match(logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, T
     return out
 
 
-def detr_loss(logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """DETR's set loss: CE (no-object weight ``EOS_COEF``) + L1 + GIoU over matched pairs."""
+def detr_loss(
+    logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]], w_class: float = W_CLASS,
+    eos_coef: float = EOS_COEF,
+) -> dict[str, Tensor]:
+    """DETR's set loss: CE (weight ``w_class``, no-object weight ``eos_coef``) + L1 + GIoU over matched pairs."""
     num_classes = logits.shape[-1] - 1
-    matches = hungarian_match(logits, boxes, targets)
+    matches = hungarian_match(logits, boxes, targets, w_class)
     target_classes = torch.full(logits.shape[:2], num_classes, dtype=torch.int64, device=logits.device)
     src_boxes, tgt_boxes = [], []
     for b, (rows, cols) in enumerate(matches):
@@ -285,14 +290,14 @@ def detr_loss(logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]
         src_boxes.append(boxes[b, rows])
         tgt_boxes.append(targets[b]["boxes"][cols].to(boxes.device))
     weight = torch.ones(num_classes + 1, device=logits.device)
-    weight[-1] = EOS_COEF
+    weight[-1] = eos_coef
     loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, weight)
     src, tgt = torch.cat(src_boxes), torch.cat(tgt_boxes)
     n = max(float(tgt.shape[0]), 1.0)
     loss_l1 = F.l1_loss(src, tgt, reduction="sum") / n
     giou = torch.diag(generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")))
     loss_giou = (1 - giou).sum() / n
-    total = W_CLASS * loss_ce + W_L1 * loss_l1 + W_GIOU * loss_giou
+    total = w_class * loss_ce + W_L1 * loss_l1 + W_GIOU * loss_giou
     return {"loss": total, "loss_ce": loss_ce, "loss_l1": loss_l1, "loss_giou": loss_giou}
 
 
@@ -406,7 +411,9 @@ def train_arm(arm: str, args: argparse.Namespace, out_dir: str, log: Any = print
     t_prev = time.perf_counter()
     for step, (nested, targets) in enumerate(loader, start=1):
         nested = nested.to(device, non_blocking=True)
-        per_layer = [detr_loss(lg, bx, targets) for lg, bx in model(nested, aux=True)]
+        per_layer = [
+            detr_loss(lg, bx, targets, args.class_weight, args.eos_coef) for lg, bx in model(nested, aux=True)
+        ]
         losses = dict(per_layer[-1])  # logged: the last layer's; optimised: the sum over layers
         losses["loss_total"] = sum(pl["loss"] for pl in per_layer)
         optim.zero_grad(set_to_none=True)
@@ -507,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dec-layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--ffn", type=int, default=128)
+    p.add_argument("--class-weight", type=float, default=W_CLASS, help="class loss and matching cost weight")
+    p.add_argument("--eos-coef", type=float, default=EOS_COEF, help="cross-entropy weight of the no-object class")
     p.add_argument("--eval-every", type=int, default=300)
     p.add_argument("--eval-images", type=int, default=48)
     p.add_argument("--memory-warmup", type=int, default=50, help="step after which memory should be flat")
