@@ -44,6 +44,12 @@ def test_cli_runs_tiny(tmp_path):
     assert [row.split("|")[1].strip() for row in table[2:]] == list(T.POS_ARMS)
     with Image.open(out / "curves.png") as im:
         assert im.format == "PNG" and im.size[0] > 600
+    # --report rebuilds the same table from the metrics files alone (arms run as separate processes)
+    (out / "ablation.md").unlink()
+    (out / "curves.png").unlink()
+    assert T.main(["--report", "--tiny", "--steps", "20", "--out", str(out)]) == 0
+    assert (out / "ablation.md").read_text().splitlines() == table
+    assert (out / "curves.png").stat().st_size > 0
 
 
 def test_draw_objects_boxes_are_exact():
@@ -106,19 +112,20 @@ def _random_targets(g, n):
     return {"labels": torch.randint(0, 3, (n,), generator=g), "boxes": box_convert(torch.cat([xy, xy + wh], 1), "xyxy", "cxcywh")}
 
 
-def test_hungarian_match_is_the_brute_force_optimum():
+@pytest.mark.parametrize("w_class", [T.W_CLASS, 2.0])
+def test_hungarian_match_is_the_brute_force_optimum(w_class):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 5, 4, generator=g)
     boxes = torch.rand(2, 5, 4, generator=g) * 0.5 + 0.2
     targets = [_random_targets(g, 3), _random_targets(g, 2)]
-    for b, (rows, cols) in enumerate(T.hungarian_match(logits, boxes, targets)):
+    for b, (rows, cols) in enumerate(T.hungarian_match(logits, boxes, targets, w_class)):
         prob = logits[b].softmax(-1)
         pred_xyxy = box_convert(boxes[b], "cxcywh", "xyxy")
         tgt_xyxy = box_convert(targets[b]["boxes"], "cxcywh", "xyxy")
 
         def cost(q, t):
             return (
-                -prob[q, targets[b]["labels"][t]]
+                -w_class * prob[q, targets[b]["labels"][t]]
                 + 5 * (boxes[b][q] - targets[b]["boxes"][t]).abs().sum()
                 - 2 * generalized_box_iou(pred_xyxy[q : q + 1], tgt_xyxy[t : t + 1])[0, 0]
             )
@@ -130,7 +137,8 @@ def test_hungarian_match_is_the_brute_force_optimum():
         torch.testing.assert_close(torch.tensor(got), torch.tensor(best))
 
 
-def test_detr_loss_against_reference():
+@pytest.mark.parametrize("w_class, eos_coef", [(T.W_CLASS, T.EOS_COEF), (2.0, 0.25)])
+def test_detr_loss_against_reference(w_class, eos_coef):
     g = torch.Generator().manual_seed(1)
     targets = [_random_targets(g, 2), _random_targets(g, 1)]
     logits = torch.randn(2, 4, 4, generator=g)
@@ -139,17 +147,17 @@ def test_detr_loss_against_reference():
     for b, q in ((0, 1), (0, 3), (1, 2)):  # make those queries confident of the right class
         logits[b, q] = -5.0
     logits[0, 1, targets[0]["labels"][0]] = logits[0, 3, targets[0]["labels"][1]] = logits[1, 2, targets[1]["labels"][0]] = 5.0
-    losses = T.detr_loss(logits, boxes, targets)
+    losses = T.detr_loss(logits, boxes, targets, w_class, eos_coef)
     torch.testing.assert_close(losses["loss_l1"], torch.tensor(0.0))
     torch.testing.assert_close(losses["loss_giou"], torch.tensor(0.0), atol=1e-6, rtol=0)
     target_classes = torch.full((2, 4), 3)
     target_classes[0, 1], target_classes[0, 3] = targets[0]["labels"]
     target_classes[1, 2] = targets[1]["labels"][0]
-    weight = torch.tensor([1.0, 1.0, 1.0, T.EOS_COEF])
+    weight = torch.tensor([1.0, 1.0, 1.0, eos_coef])
     logp = logits.log_softmax(-1)
     nll = -logp.gather(-1, target_classes[..., None])[..., 0] * weight[target_classes]
     torch.testing.assert_close(losses["loss_ce"], nll.sum() / weight[target_classes].sum())
-    torch.testing.assert_close(losses["loss"], losses["loss_ce"] * T.W_CLASS, atol=1e-6, rtol=0)
+    torch.testing.assert_close(losses["loss"], losses["loss_ce"] * w_class, atol=1e-6, rtol=0)
 
 
 def _slow_ap50(preds, gts, num_classes):
