@@ -105,7 +105,7 @@ def test_pos_goes_to_queries_and_keys_only():
     [
         (lambda e: e(torch.randn(1, 4, 8)), ValueError, r"src must be a Tensor\[B, N, 16\]"),
         (lambda e: e(torch.randn(1, 4, 16), torch.randn(1, 3, 16)), ValueError, "pos must have src's shape"),
-        (lambda e: e(torch.randn(1, 4, 16), None, torch.zeros(1, 4)), TypeError, "key_padding_mask must be a bool"),
+        (lambda e: e(torch.randn(1, 4, 16), None, torch.zeros(1, 4)), TypeError, "key_padding_mask must have dtype torch.bool"),
         (lambda e: e(torch.randn(1, 4, 16), None, torch.zeros(1, 5, dtype=torch.bool)), ValueError, r"key_padding_mask must have shape \(1, 4\)"),
     ],
 )

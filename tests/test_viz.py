@@ -81,7 +81,7 @@ def test_encode_grid_errors():
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (2, 2, 2, 2))
     with pytest.raises(TypeError, match="shape must hold ints"):
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (2.0, 3))
-    with pytest.raises(TypeError, match="mask must be a bool"):
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (4,), mask=torch.zeros(4))
     with pytest.raises(ValueError, match=r"mask must have shape \(4,\)"):
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (4,), mask=torch.zeros(5, dtype=torch.bool))
@@ -219,7 +219,7 @@ def test_plot_similarity_errors():
         viz.plot_similarity(pos, [])
     with pytest.raises(ValueError, match=r"mask must have the spatial shape \(5, 6\)"):
         viz.plot_similarity(pos, mask=torch.zeros(5, 5, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask must be a bool"):
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
         viz.plot_similarity(pos, mask=torch.zeros(5, 6, dtype=torch.uint8))
     with pytest.raises(ValueError, match="2 or 3 spatial axes"):
         viz.plot_similarity(torch.rand(4, 5))
@@ -259,7 +259,7 @@ def test_plot_normalized_coords_matches_formula(offset):
     # the valid cells reach (n + offset) / n * scale whatever the padding; the mask-blind grid does not
     assert row[2].get_title() == f"normalised x: valid max {(3 + offset) / 3 * 2 * math.pi:.2f}"
     assert row[4].get_title() == f"mask-blind x: valid max {float(blind_x[1, 0, 2]):.2f}"
-    with pytest.raises(TypeError, match="mask must be a bool"):
+    with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
         viz.plot_normalized_coords(mask.float())
     with pytest.raises(ValueError, match=r"mask must have shape \(B, H, W\)"):
         viz.plot_normalized_coords(mask[0])

@@ -17,7 +17,7 @@ from torch import Tensor
 from ._io import write_files
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .nested_tensor import NestedTensor
-from .padding import mask_sizes
+from .padding import check_mask, mask_sizes
 
 __all__ = ["cosine_similarity_map", "query_cells", "plot_position_similarity", "plot_volume_similarity"]
 
@@ -446,8 +446,7 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
 
     shape = _check_shape(shape)
     if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool Tensor[*S] (True = padding), got {getattr(mask, 'dtype', type(mask))}")
+        check_mask(mask)
         if tuple(mask.shape) != shape:
             raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     with torch.no_grad():
@@ -764,8 +763,7 @@ def plot_similarity(
     spatial = tuple(pos.shape[1:])
     lmask = None
     if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool Tensor[*S] (True = padding), got {getattr(mask, 'dtype', type(mask))}")
+        check_mask(mask)
         if tuple(mask.shape) != spatial:
             raise ValueError(f"mask must have the spatial shape {spatial}, got {tuple(mask.shape)}")
         lmask = mask.cpu()
@@ -910,8 +908,7 @@ def plot_normalized_coords(
     """
     from .encodings.sine import cumulative_positions
 
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool Tensor[B, H, W] (True = padding), got {getattr(mask, 'dtype', type(mask))}")
+    check_mask(mask)
     if mask.dim() != 3 or mask.shape[0] < 1:
         raise ValueError(f"mask must have shape (B, H, W) with B >= 1, got {tuple(mask.shape)}")
     mask = mask.cpu()

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import copy
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_int
+from ..padding import check_mask
 from .joiner import FlatLevels
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]
@@ -117,11 +117,7 @@ def _check_inputs(src: Tensor, pos: Tensor | None, mask: Tensor | None, d_model:
         got = tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__
         raise ValueError(f"pos must have src's shape {tuple(src.shape)}, got {got}")
     if mask is not None:
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise TypeError(
-                "key_padding_mask must be a bool Tensor[B, N] with True marking padding, got "
-                f"{getattr(mask, 'dtype', type(mask).__name__)}"
-            )
+        check_mask(mask, "key_padding_mask")
         if tuple(mask.shape) != tuple(src.shape[:2]):
             raise ValueError(f"key_padding_mask must have shape {tuple(src.shape[:2])}, got {tuple(mask.shape)}")
 
