@@ -320,11 +320,9 @@ def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     References:
         Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
     """
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.dim() < 2:
-        got = (
-            f"{mask.dtype} tensor of shape {tuple(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
-        )
-        raise TypeError(f"mask must be a bool Tensor[B, *S] (True = padding), got {got}")
+    check_mask(mask)
+    if mask.dim() < 2:
+        raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
     spatial = mask.shape[1:]
     sizes = rectangular_sizes(mask).to(dtype)
     ratios = [sizes[:, i] / spatial[i] if spatial[i] else sizes[:, i] for i in range(len(spatial))]

@@ -18,7 +18,7 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..padding import check_mask
 from .joiner import FlatLevels
 
@@ -70,8 +70,7 @@ class DetrEncoderLayer(nn.Module):
             raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        if not isinstance(normalize_before, bool):
-            raise TypeError(f"normalize_before must be a bool, got {normalize_before!r}")
+        check_bool(normalize_before, "normalize_before")
         self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward
         self.dropout_p, self.activation_name, self.normalize_before = float(dropout), activation, normalize_before
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)

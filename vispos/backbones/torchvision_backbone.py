@@ -21,7 +21,7 @@ from typing import Any, Union
 
 from torch import nn
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from .base import BackboneBase
 from ._common import (
     adapt_stem,
@@ -246,8 +246,7 @@ class TorchvisionBackbone(_GraphBackbone):
         import torchvision
 
         for name, value in (("return_interm_layers", return_interm_layers), ("dilation", dilation)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool, got {value!r}")
+            check_bool(value, name)
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         kwargs = dict(model_kwargs or {})
         if isinstance(name_or_model, str):

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_num_feats, check_temperature, sincos_embed
-from .._checks import check_int
+from .._checks import check_bool, check_int
 
 __all__ = ["sine_embed_coords", "CoordSineEmbedding"]
 
@@ -94,8 +94,7 @@ def sine_embed_coords(
     check_num_feats(num_pos_feats)
     check_temperature(temperature)
     scale = _check_scale(scale)
-    if not isinstance(swap_xy, bool):
-        raise TypeError(f"swap_xy must be a bool, got {swap_xy!r}")
+    check_bool(swap_xy, "swap_xy")
     compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
     # scale in float32 first, exactly as the peers do, then divide (sincos_embed's default).
     scaled = coords.to(compute) * scale
@@ -175,8 +174,7 @@ class CoordSineEmbedding(nn.Module):
         check_int(hidden_dim, "hidden_dim", minimum=1)
         check_temperature(temperature)
         scale = _check_scale(scale)
-        if not isinstance(swap_xy, bool):
-            raise TypeError(f"swap_xy must be a bool, got {swap_xy!r}")
+        check_bool(swap_xy, "swap_xy")
         self.num_coords = num_coords
         self.d_model = d_model
         self.num_pos_feats = num_pos_feats

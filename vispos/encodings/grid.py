@@ -163,8 +163,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     @cache.setter
     def cache(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"cache must be a bool, got {value!r}")
+        check_bool(value, "cache")
         self._tables.maxsize = _CACHE_SIZE if value else 0
 
     def _refresh_derived(self) -> None:

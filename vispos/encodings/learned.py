@@ -292,8 +292,7 @@ def resample_abs_pos_embed(
             f"num_prefix_tokens must be in [0, N={num_tokens}] for posemb of shape "
             f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
         )
-    if not isinstance(antialias, bool):
-        raise TypeError(f"antialias must be a bool, got {antialias!r}")
+    check_bool(antialias, "antialias")
     if mode not in _MODES[rank]:
         hint = ""
         if rank == 3 and mode in ("bilinear", "bicubic"):

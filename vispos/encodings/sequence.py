@@ -22,16 +22,10 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
-from .._checks import check_int, check_number
+from .._checks import check_bool, check_int, check_number
 from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return value
 
 
 def _check_dropout(value: object) -> float:
@@ -71,7 +65,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
             raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
         if ladder == "t2t" and d_model < 4:
             raise ValueError(f"ladder='t2t' needs d_model >= 4 (two frequencies at least), got {d_model}")
-        _check_bool(batch_first, "batch_first")
+        check_bool(batch_first, "batch_first")
         check_temperature(temperature)
         self.d_model = d_model
         self.max_len = max_len
@@ -295,9 +289,9 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
             d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
-        _check_bool(emb_scale, "emb_scale")
-        _check_bool(emb_layernorm, "emb_layernorm")
-        _check_bool(learnable_scale, "learnable_scale")
+        check_bool(emb_scale, "emb_scale")
+        check_bool(emb_layernorm, "emb_layernorm")
+        check_bool(learnable_scale, "learnable_scale")
         check_number(init_alpha, "init_alpha")
         if not learnable_scale and init_alpha != 1.0:
             raise ValueError(
