@@ -119,11 +119,7 @@ def _fsync(path: str) -> None:
 
 def _fsync_dir(folder: str) -> None:
     with contextlib.suppress(OSError):  # not every platform / file system syncs a folder
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(folder)
 
 
 def _remove(path: str) -> None:
