@@ -85,8 +85,8 @@ def test_changing_bounds_evicts_at_once():
     [
         (dict(maxsize=-1), ValueError, r"cache size must be an int >= 0, got -1"),
         (dict(maxsize=True), ValueError, r"cache size must be an int >= 0, got True"),
-        (dict(maxsize=2, max_bytes=-5), ValueError, r"max_bytes must be an int >= 0 or None.*got -5"),
-        (dict(maxsize=2, max_bytes=1.5), TypeError, r"max_bytes must be an int >= 0 or None, got 1.5"),
+        (dict(maxsize=2, max_bytes=-5), ValueError, r"max_bytes must be >= 0, got -5"),
+        (dict(maxsize=2, max_bytes=1.5), TypeError, r"max_bytes must be a non-negative int or None, got 1.5"),
     ],
 )
 def test_bad_bounds(kwargs, exc, match):
@@ -97,10 +97,10 @@ def test_bad_bounds(kwargs, exc, match):
 @pytest.mark.parametrize(
     "make, exc, match",
     [
-        (lambda: PositionEmbeddingSine(8, cache_bytes=-1), ValueError, r"cache_bytes must be an int >= 0 or None.*-1"),
-        (lambda: PositionEmbeddingSine(8, cache_bytes="8M"), TypeError, r"cache_bytes must be an int >= 0 or None, got '8M'"),
+        (lambda: PositionEmbeddingSine(8, cache_bytes=-1), ValueError, r"cache_bytes must be >= 0, got -1"),
+        (lambda: PositionEmbeddingSine(8, cache_bytes="8M"), TypeError, r"cache_bytes must be a non-negative int or None, got '8M'"),
         (lambda: PositionEmbeddingSine(8, zero_copy=1), TypeError, r"zero_copy must be a bool, got 1"),
-        (lambda: PositionalEncoding2D(8, cache_bytes=-2), ValueError, r"cache_bytes must be an int >= 0 or None.*-2"),
+        (lambda: PositionalEncoding2D(8, cache_bytes=-2), ValueError, r"cache_bytes must be >= 0, got -2"),
         (lambda: PositionalEncoding2D(8, zero_copy="yes"), TypeError, r"zero_copy must be a bool, got 'yes'"),
     ],
 )
@@ -113,7 +113,7 @@ def test_bad_assignments():
     pe, enc = PositionEmbeddingSine(8), PositionalEncoding2D(8)
     with pytest.raises(ValueError, match=r"cache_size must be >= 0, got -3"):
         pe.cache_size = -3
-    with pytest.raises(TypeError, match=r"cache_bytes must be an int >= 0 or None, got 2.0"):
+    with pytest.raises(TypeError, match=r"cache_bytes must be a non-negative int or None, got 2.0"):
         pe.cache_bytes = 2.0
     with pytest.raises(TypeError, match=r"cache must be a bool, got 0"):
         enc.cache = 0

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from ._checks import check_bool, check_int
 from ._tracing import tracing
 
 __all__ = [
@@ -81,8 +82,7 @@ def set_caching(enabled: bool) -> None:
         ``functools.lru_cache`` (the behaviour of ``maxsize=0``).
     """
     global _global_enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {enabled!r} ({type(enabled).__name__})")
+    check_bool(enabled, "enabled")
     _global_enabled = enabled
 
 
@@ -92,6 +92,12 @@ def is_caching_enabled() -> bool:
     Returns:
         bool: the innermost :func:`caching` block of this thread, else the process-wide
         :func:`set_caching` setting.
+
+    Raises:
+        Nothing: it only reads the setting.
+
+    References:
+        ``torch.is_grad_enabled`` (the same thread-local reading).
     """
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else _global_enabled
@@ -110,11 +116,13 @@ def caching(enabled: bool = False) -> Iterator[None]:
     Raises:
         TypeError: ``enabled`` is not a bool.
 
+    Yields:
+        None: the block runs with the setting; the previous one is restored on exit.
+
     References:
         ``torch.no_grad`` (the same thread-local, nestable pattern).
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {enabled!r} ({type(enabled).__name__})")
+    check_bool(enabled, "enabled")
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
@@ -136,6 +144,12 @@ class CacheInfo(NamedTuple):
         currsize (int): entries held now.
         maxbytes (int or None): the byte budget (None: unbounded).
         currbytes (int): bytes held now (entries plus the content tensors they are keyed on).
+
+    Raises:
+        Nothing: a plain named tuple, made by :meth:`TensorCache.info`.
+
+    References:
+        ``functools._CacheInfo`` (hits, misses, maxsize, currsize), with the byte fields added.
     """
 
     hits: int
@@ -153,15 +167,8 @@ def _check_maxsize(maxsize: object, name: str) -> int:
 
 
 def check_max_bytes(max_bytes: object, name: str) -> int | None:
-    if max_bytes is None:
-        return None
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
-        raise TypeError(
-            f"{name} must be an int >= 0 or None, got {max_bytes!r} ({type(max_bytes).__name__})"
-        )
-    if max_bytes < 0:
-        raise ValueError(f"{name} must be an int >= 0 or None (unbounded), got {max_bytes}")
-    return max_bytes
+    """A byte budget: an int >= 0, or None for no bound (see :mod:`vispos._checks`)."""
+    return check_int(max_bytes, name, minimum=0, optional=True)
 
 
 def _nbytes(tensor: Tensor | None) -> int:

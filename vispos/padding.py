@@ -79,8 +79,14 @@ def check_mask(mask: Any, name: str = "mask", peer: str = "pixel_mask", cells: s
         peer, cells (str): the transformers-style "1 = valid" mask the hint mentions
             (``pixel_mask`` / pixels for images, ``attention_mask`` / tokens for sequences).
 
+    Returns:
+        Tensor: ``mask`` itself (not copied).
+
     Raises:
         TypeError: not a tensor; not ``torch.bool`` (with a hint on how to convert).
+
+    References:
+        DETR's convention (True = padding); transformers' ``pixel_mask`` is its inverse.
     """
     if not isinstance(mask, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
@@ -149,6 +155,10 @@ def rectangular_sizes(mask: Tensor) -> Tensor:
         Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item or along a
         zero-size axis). Only meaningful for rectangular masks (see :func:`is_rectangular`).
 
+    Raises:
+        Nothing beyond torch's own errors: callers validate ``mask`` with :func:`check_mask`
+        first (this runs on the hot path).
+
     References:
         The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
     """
@@ -174,6 +184,13 @@ def rectangular_valid(sizes: Tensor, spatial: Sequence[int]) -> list[Tensor]:
 
     Returns:
         list of Tensor[B, S_i], bool.
+
+    Raises:
+        Nothing beyond torch's own errors (an internal helper of the fast paths; inputs come
+        from :func:`rectangular_sizes`).
+
+    References:
+        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
     """
     return [torch.arange(s, device=sizes.device) < sizes[:, i : i + 1] for i, s in enumerate(spatial)]
 
@@ -187,6 +204,12 @@ def matches_rectangle(mask: Tensor, sizes: Tensor) -> bool:
 
     Returns:
         bool (reads one value on the host).
+
+    Raises:
+        Nothing beyond torch's own errors (callers validate ``mask`` with :func:`check_mask`).
+
+    References:
+        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
     """
     spatial = tuple(mask.shape[1:])
     n = len(spatial)
