@@ -37,6 +37,7 @@ from .encodings import (
     Summer,
     resample_abs_pos_embed,
 )
+from .padding import attn_mask_from_padding
 from .nested_tensor import (
     NestedTensor,
     PaddedCollate,
@@ -78,6 +79,7 @@ __all__ = [
     "MixedRotaryEmbedding",
     "init_mixed_freqs",
     "apply_rot_embed_cat",
+    "attn_mask_from_padding",
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",

@@ -12,7 +12,8 @@ caller (the batch container, the encoders, the Joiner, the figures):
   :func:`resize_image_sizes`);
 * what fraction of each axis is valid? (:func:`valid_ratios`, Deformable-DETR);
 * what did an encoder receive? (:class:`SpatialInput`, the record
-  :func:`vispos.nested_tensor.parse_spatial_input` returns).
+  :func:`vispos.nested_tensor.parse_spatial_input` returns);
+* which keys may a token attend to? (:func:`attn_mask_from_padding`).
 
 Empty inputs (an empty batch, a zero-size axis) give empty results of the documented shape.
 
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL
+from ._checks import MAX_SPATIAL, check_int
 from ._tracing import tracing
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "interpolate_mask",
     "resize_image_sizes",
     "valid_ratios",
+    "attn_mask_from_padding",
 ]
 
 
@@ -350,3 +352,38 @@ def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     sizes = rectangular_sizes(mask).to(dtype)
     ratios = [sizes[:, i] / spatial[i] if spatial[i] else sizes[:, i] for i in range(len(spatial))]
     return torch.stack(ratios[::-1], -1)
+
+
+def attn_mask_from_padding(mask: Tensor, num_prefix_tokens: int = 0) -> Tensor:
+    """The attention mask that keeps padding tokens out of every token's attention.
+
+    For the flattened tokens of a padded grid, after ``num_prefix_tokens`` tokens that are
+    always valid (a class token, registers), as timm's ViT / Eva order them. The result is in
+    PyTorch's ``scaled_dot_product_attention`` convention (bool, True = takes part) and
+    broadcasts over heads and queries; timm's ``forward_features(x, attn_mask=...)`` passes it
+    to every block.
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding (at the token grid, e.g.
+            :func:`interpolate_mask` of a pixel mask to the patch grid).
+        num_prefix_tokens (int): leading always-valid tokens. Default 0.
+
+    Returns:
+        Tensor[B, 1, 1, num_prefix_tokens + prod(S)], bool: True where the key is attended to.
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor; ``num_prefix_tokens`` not an int.
+        ValueError: ``num_prefix_tokens`` negative; ``mask`` without a spatial axis.
+
+    References:
+        PyTorch ``torch.nn.functional.scaled_dot_product_attention`` (``attn_mask``); DETR's
+        ``key_padding_mask`` (the same mask, True = padding, inverted here).
+    """
+    check_mask(mask)
+    check_int(num_prefix_tokens, "num_prefix_tokens", minimum=0)
+    if mask.dim() < 2:
+        raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
+    keep = ~mask.flatten(1)
+    if num_prefix_tokens:
+        keep = torch.cat([keep.new_ones(keep.shape[0], num_prefix_tokens), keep], dim=1)
+    return keep[:, None, None, :]

@@ -27,7 +27,9 @@ References:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 import torch
@@ -52,7 +54,31 @@ __all__ = [
     "sum_axes",
     "identity_at_padding",
     "wide_dtype",
+    "padded_scope",
+    "scoped_padding",
 ]
+
+# (module id, padding) pairs of the ``with module.padded(mask):`` blocks entered in this thread /
+# task: a context variable, so concurrent threads and tasks never see each other's batches
+_SCOPES: ContextVar[tuple[tuple[int, Any], ...]] = ContextVar("vispos_rope_padding", default=())
+
+
+@contextmanager
+def padded_scope(module: object, padding: Any) -> Iterator[None]:
+    """Within the block, ``scoped_padding(module)`` returns ``padding`` (innermost block wins)."""
+    token = _SCOPES.set(_SCOPES.get() + ((id(module), padding),))
+    try:
+        yield
+    finally:
+        _SCOPES.reset(token)
+
+
+def scoped_padding(module: object) -> Any:
+    """The padding of the innermost ``padded_scope`` entered for ``module``, or None."""
+    for key, padding in reversed(_SCOPES.get()):
+        if key == id(module):
+            return padding
+    return None
 
 
 def wide_dtype(dtype: torch.dtype | None) -> torch.dtype:

@@ -234,7 +234,7 @@ class DinoV3RotaryEmbedding(nn.Module):
             parts.append((axis, grid.line_view(part, axis, n)))
         out = torch.empty((batch, *spatial, width), dtype=out_dtype, device=device)
         grid.sum_axes([p for _, p in sorted(parts, key=lambda ap: ap[0])], out)  # D + H first, then W
-        out = out.view(batch, -1, width)
+        out = out.view(batch, math.prod(spatial), width)
         grid.identity_at_padding(out.unsqueeze(0).unsqueeze(2), boxes.valid)
         return out if batched else out[0]
 
@@ -260,8 +260,10 @@ class DinoV3RotaryEmbedding(nn.Module):
 
         Returns:
             Tensor[prod(S), 2 * dim] without ``mask``; Tensor[B, prod(S), 2 * dim] with it
-            (row-major tokens; sin 0 / cos 1 at padding). A new tensor on every call (the cached
-            table is copied out). In training mode with augmentation, one draw per call.
+            (row-major tokens; sin 0 / cos 1 at padding); inside :meth:`padded` without ``mask``,
+            the scope's batch as Tensor[B, 1, prod(S), 2 * dim]. A new tensor on every call (the
+            cached table is copied out). In training mode with augmentation, one draw per call,
+            shared by every item of a batch (as DINOv3 draws once per batch).
 
         Raises:
             TypeError: a non-int size; a non-bool mask; a non-floating ``dtype``.
@@ -269,11 +271,17 @@ class DinoV3RotaryEmbedding(nn.Module):
                 that disagrees with ``mask``'s grid.
         """
         check_float_dtype(dtype, optional=True)
-        if mask is not None:
-            boxes = grid.read_padding(mask, self.num_axes)
+        padding = mask if mask is not None else grid.scoped_padding(self)
+        if padding is not None:
+            boxes = grid.read_padding(padding, self.num_axes)
             if shape is not None and self._check_shape(shape) != list(boxes.spatial):
                 raise ValueError(f"shape {list(shape)} disagrees with mask's grid {list(boxes.spatial)}")
-            return self._create_embed(boxes.spatial, boxes=boxes, dtype=dtype)
+            embed = self._create_embed(boxes.spatial, boxes=boxes, dtype=dtype)
+            return embed if mask is not None else embed.unsqueeze(1)
+        return self._grid_embed(shape, dtype)
+
+    def _grid_embed(self, shape: Any, dtype: torch.dtype | None) -> Tensor:
+        """The table of one unpadded grid (``shape``, or the cached ``feat_shape``)."""
         if shape is not None:
             return self._create_embed(self._check_shape(shape), dtype=dtype)
         if self.feat_shape is None:
@@ -282,6 +290,32 @@ class DinoV3RotaryEmbedding(nn.Module):
             return self._create_embed(self.feat_shape, dtype=dtype)
         cached = self.pos_embed_cached
         return cached.to(dtype) if dtype is not None and dtype != cached.dtype else cached.clone()
+
+    def padded(self, mask: Any):
+        """A ``with`` block in which the module serves a padded batch to code that only passes a
+        grid: every ``get_embed(shape)`` / ``get_embed()`` call inside it (timm's Eva calls it
+        with the patch grid) returns the per-item tables of ``mask`` instead, as
+        ``Tensor[B, 1, prod(S), 2 * dim]`` (the head axis that timm's attention broadcasts). Nested blocks: the innermost wins. Safe under threads and asyncio tasks (a
+        context variable, not module state).
+
+        Example (a padded batch through an unmodified timm Eva; see docs/encoders/rotary.md)::
+
+            tokens = vispos.interpolate_mask(pixel_mask, grid)  # (B, h, w), True = padding
+            with model.rope.padded(tokens):
+                feats = model.forward_features(images, attn_mask=vispos.attn_mask_from_padding(
+                    tokens, model.num_prefix_tokens))
+
+        Args:
+            mask (Tensor[B, *S] bool): True marks padding, at the token grid.
+
+        Returns:
+            a context manager.
+
+        Raises:
+            TypeError / ValueError: as :meth:`get_embed` for ``mask`` (checked on entry).
+        """
+        grid.read_padding(mask, self.num_axes)
+        return grid.padded_scope(self, mask)
 
     def get_batch_embeds(
         self,
@@ -306,7 +340,8 @@ class DinoV3RotaryEmbedding(nn.Module):
         """
         if not shapes:
             return []
-        embeds = [self.get_embed(self._check_shape(s, "shapes[i]"), dtype=dtype) for s in shapes]
+        check_float_dtype(dtype, optional=True)
+        embeds = [self._grid_embed(self._check_shape(s, "shapes[i]"), dtype) for s in shapes]
         if seq_len is None:
             return embeds
         check_int(seq_len, "seq_len", minimum=0)
@@ -340,7 +375,7 @@ class DinoV3RotaryEmbedding(nn.Module):
                 f"x must have shape (B, dim={self.dim}, *S) with {self.num_axes} spatial axes, got {tuple(x.shape)}"
             )
         if mask is None:
-            embed = self.get_embed(list(x.shape[2:]))
+            embed = self._grid_embed(list(x.shape[2:]), None)
         else:
             embed = self.get_embed(list(x.shape[2:]), mask=mask)
             if embed.shape[0] != x.shape[0]:

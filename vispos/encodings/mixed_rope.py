@@ -275,7 +275,9 @@ class MixedRotaryEmbedding(nn.Module):
     def _check_shape(self, shape: Any, name: str = "shape") -> list[int]:
         return list(check_sizes(shape, name, ranks=(self.num_axes,)))
 
-    def _resolve(self, shape: Any, mask: Any) -> tuple[tuple[int, ...], grid.ItemBoxes | None]:
+    def _resolve(self, shape: Any, mask: Any, scoped: bool = False) -> tuple[tuple[int, ...], grid.ItemBoxes | None]:
+        if mask is None and scoped:
+            mask = grid.scoped_padding(self)
         if mask is not None:
             boxes = grid.read_padding(mask, self.num_axes)
             if shape is not None and self._check_shape(shape) != list(boxes.spatial):
@@ -300,7 +302,8 @@ class MixedRotaryEmbedding(nn.Module):
 
         Returns:
             Tensor[depth, heads, prod(S), 2 * head_dim] without ``mask``;
-            Tensor[depth, B, heads, prod(S), 2 * head_dim] with it. Differentiable in ``freqs``.
+            Tensor[depth, B, heads, prod(S), 2 * head_dim] with it (or inside :meth:`padded`).
+            Differentiable in ``freqs``.
 
         Raises:
             TypeError: a non-int size, a non-bool mask, a non-floating dtype.
@@ -308,9 +311,35 @@ class MixedRotaryEmbedding(nn.Module):
                 that disagrees with the mask's.
         """
         check_float_dtype(dtype, optional=True)
-        spatial, boxes = self._resolve(shape, mask)
+        spatial, boxes = self._resolve(shape, mask, scoped=True)
         out = self._create_embed(spatial, boxes, dtype, self.freqs)
         return out if boxes is not None else out[:, 0]
+
+    def padded(self, mask: Any):
+        """A ``with`` block in which the module serves a padded batch to code that only passes a
+        grid: every ``get_embed(shape)`` / ``get_embed()`` call inside it (timm's Eva calls it
+        with the patch grid) returns the per-item tables of ``mask`` instead, as
+        ``Tensor[depth, B, num_heads, prod(S), 2 * head_dim]`` (Eva indexes a block). Nested blocks: the innermost wins. Safe under threads and asyncio tasks (a
+        context variable, not module state).
+
+        Example (a padded batch through an unmodified timm Eva; see docs/encoders/rotary.md)::
+
+            tokens = vispos.interpolate_mask(pixel_mask, grid)  # (B, h, w), True = padding
+            with model.rope.padded(tokens):
+                feats = model.forward_features(images, attn_mask=vispos.attn_mask_from_padding(
+                    tokens, model.num_prefix_tokens))
+
+        Args:
+            mask (Tensor[B, *S] bool): True marks padding, at the token grid.
+
+        Returns:
+            a context manager.
+
+        Raises:
+            TypeError / ValueError: as :meth:`get_embed` for ``mask`` (checked on entry).
+        """
+        grid.read_padding(mask, self.num_axes)
+        return grid.padded_scope(self, mask)
 
     def get_batch_embeds(
         self, shapes: list[tuple[int, ...]], seq_len: int | None = None, dtype: torch.dtype | None = None
@@ -331,7 +360,10 @@ class MixedRotaryEmbedding(nn.Module):
         """
         if not shapes:
             return []
-        embeds = [self.get_embed(self._check_shape(s, "shapes[i]"), dtype=dtype) for s in shapes]
+        check_float_dtype(dtype, optional=True)
+        embeds = [
+            self._create_embed(tuple(self._check_shape(s, "shapes[i]")), None, dtype, self.freqs)[:, 0] for s in shapes
+        ]
         if seq_len is None:
             return embeds
         check_int(seq_len, "seq_len", minimum=0)
@@ -374,7 +406,7 @@ class MixedRotaryEmbedding(nn.Module):
         embed = self._create_embed(spatial, boxes, None, self.freqs[:, block_index : block_index + 1])[0]
         b, heads = x.shape[0], self.num_heads
         xh = x.reshape(b, heads, self.dim // heads, -1).transpose(-2, -1)  # (B, heads, N, hd)
-        out = apply_rot_embed_cat(xh, embed.transpose(0, 1) if boxes is not None else embed[0])
+        out = apply_rot_embed_cat(xh, embed)  # embed: (B or 1, heads, N, 2 hd)
         return out.transpose(-2, -1).reshape(x.shape)
 
     @classmethod
