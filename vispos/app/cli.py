@@ -25,7 +25,7 @@ import torch
 from ._errors import CLIError
 from ._io import Terminated, write_files
 from ._plot_command import add_plot_parser, write_plot
-from .config import build_from_config, load_config
+from ..config import build_from_config, load_config
 from .data import (
     SAMPLE_IMAGES,
     VOLUME_NORMALIZATIONS,
@@ -35,8 +35,8 @@ from .data import (
     sample_images,
     sample_volumes,
 )
-from .backbones import Joiner
-from .nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from ..backbones import Joiner
+from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
 
 __all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"]
 
@@ -143,7 +143,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
-    """Writes every output or none (see :func:`vispos._io.write_files`): each ``writer(tmp_path)``
+    """Writes every output or none (see :func:`vispos.app._io.write_files`): each ``writer(tmp_path)``
     fills a hidden temporary file, every target is checked before any is replaced, a failed
     rename puts the old files back, and on an error, SIGINT or SIGTERM the temporaries and the
     folders this call created are removed."""
@@ -248,9 +248,14 @@ def _report(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run
               f"level_start_index {flat.level_start_index.tolist()}")
 
 
+#: resolution of ``figure.png`` for images and for volumes (their figures hold more panels)
+_IMAGE_DPI, _VOLUME_DPI = 90, 80
+
+
 def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: _Run) -> None:
     """Writes ``embeddings.pt`` and ``figure.png`` together through :func:`_write_outputs`."""
-    from .viz import plot_position_similarity, plot_volume_similarity
+    from . import figures
+    from .png import png_writer
 
     volume = _is_volume(args)
     batch, strides = run.batch, run.strides
@@ -278,12 +283,13 @@ def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: 
 
     def write_figure(path: str) -> None:
         if volume:
-            plot_volume_similarity(batch.to("cpu"), cpu_levels, cpu_pos, path, names=names, strides=strides)
+            fig = figures.plot_volume_level_similarity(batch.to("cpu"), cpu_levels, cpu_pos, names=names,
+                                                       strides=strides)
+            png_writer(fig, _VOLUME_DPI)(path)
         else:
-            plot_position_similarity(
-                batch.to("cpu"), cpu_levels, cpu_pos, path,
-                names=names, strides=strides, n_queries=args.queries,
-            )
+            fig = figures.plot_level_similarity(batch.to("cpu"), cpu_levels, cpu_pos, names=names,
+                                                strides=strides, n_queries=args.queries)
+            png_writer(fig, _IMAGE_DPI)(path)
 
     _write_outputs(args.out, [(emb_path, lambda path: torch.save(saved, path)), (fig_path, write_figure)])
     print(f"wrote {emb_path}")
