@@ -113,8 +113,8 @@ def test_eval_equals_transformers(shape, theta):
     cos, sin = peer(torch.zeros(1, 3, 16 * shape[0], 16 * shape[1]))
     ours = DinoV3RotaryEmbedding(64, temperature=theta).get_embed(list(shape))
     # transformers multiplies by 1 / base^e where timm and vispos divide by base^e: float32 rounding
-    assert_close(ours[:, :64], sin, rtol=0, atol=5e-6)
-    assert_close(ours[:, 64:], cos, rtol=0, atol=5e-6)
+    assert_close(ours[:, :64], sin, rtol=0, atol=2e-6)
+    assert_close(ours[:, 64:], cos, rtol=0, atol=2e-6)
 
 
 def test_training_equals_transformers_under_one_seed():
@@ -126,8 +126,8 @@ def test_training_equals_transformers_under_one_seed():
         cos, sin = peer(torch.zeros(1, 3, 16 * 6, 16 * 7))
         torch.manual_seed(seed)
         table = ours.get_embed([6, 7])
-        assert_close(table[:, :64], sin, rtol=0, atol=2e-5)
-        assert_close(table[:, 64:], cos, rtol=0, atol=2e-5)
+        assert_close(table[:, :64], sin, rtol=0, atol=5e-6)
+        assert_close(table[:, 64:], cos, rtol=0, atol=5e-6)
 
 
 AUGS = [dict(shift_coords=0.5), dict(jitter_coords=1.5), dict(rescale_coords=2.0),

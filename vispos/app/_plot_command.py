@@ -13,7 +13,11 @@ Kinds (one per :mod:`vispos.app.figures` figure function):
   (:func:`vispos.app.figures.plot_padded_batch`);
 * ``coords``: DETR's normalised coordinates of those items at a feature stride, next to a
   mask-blind grid (:func:`vispos.app.figures.plot_normalized_coords`);
-* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.app.figures.plot_rotary_invariance`).
+* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.app.figures.plot_rotary_invariance`);
+* ``rope``: a vision RoPE (DINOv3, RoPE-Mixed) on the padded batch of sample photos, mask-blind
+  against mask-aware against each item alone (:func:`vispos.app.figures.plot_rope_padding`);
+* ``rope-periods``: the period bands of axial RoPE, DINOv3 (both schedules) and RoPE-Mixed at a
+  token grid (:func:`vispos.app.figures.plot_rope_periods`).
 
 The encoder is chosen by a registered name and keyword arguments
 (``--encoder PositionEmbeddingSine --kw normalize=true``) or by a config file (``--config``; a
@@ -47,9 +51,12 @@ KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
                {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
     "rotary": ("rotary embeddings: q . k depends on the offset only",
                {"type": "RotaryEmbedding", "dim": 32}),
+    "rope": ("vision RoPE on a padded batch of sample photos: mask-blind, mask-aware, each item alone",
+             {"type": "DinoV3RotaryEmbedding", "dim": 64}),
+    "rope-periods": ("period bands of axial RoPE, DINOv3 and RoPE-Mixed at a token grid", None),
 }
 
-_DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48)}
+_DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48), "rope-periods": (32, 32)}
 
 
 def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -79,6 +86,9 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-size", type=int, default=192, help="longest side of the photos (batch, coords)")
     p.add_argument("--stride", type=int, default=16, help="feature stride of the mask (coords)")
     p.add_argument("--length", type=int, default=64, help="positions (rotary)")
+    p.add_argument("--pad", choices=["end", "symmetric"], default="end",
+                   help="where items sit in the padded canvas (rope): at the origin as DETR pads, "
+                   "or centred as MONAI's SpatialPad pads")
     p.add_argument("--dpi", type=int, default=100, help="resolution of the PNG")
     p.add_argument("--out", help="the PNG to write (default: vispos-plot-KIND.png)")
     return p
@@ -150,6 +160,7 @@ def _figure(args: argparse.Namespace):
     from . import figures
     from ..encodings import PositionEmbeddingSine
     from ..nested_tensor import interpolate_mask
+    from ..padding import mask_sizes
 
     kind = args.kind
     if kind == "wavelengths":
@@ -157,10 +168,26 @@ def _figure(args: argparse.Namespace):
     if kind == "batch":
         names, batch = _batch(args)
         return figures.plot_padded_batch(batch, names=names)
+    if kind == "rope-periods":
+        return figures.plot_rope_periods(figures.rope_variants(), _shape(args))
     encoder = _encoder(args)
     name = type(encoder).__name__
     if kind == "rotary":
         return figures.plot_rotary_invariance(encoder, args.length)
+    if kind == "rope":
+        if args.stride < 1:
+            raise CLIError(f"--stride must be >= 1, got {args.stride}")
+        if getattr(encoder, "num_axes", None) != 2 or not hasattr(encoder, "get_batch_embeds"):
+            raise CLIError(f"rope draws a 2D DinoV3RotaryEmbedding or MixedRotaryEmbedding, got {name}")
+        names, batch = _batch(args)
+        h, w = batch.tensors.shape[-2:]
+        mask = interpolate_mask(batch.mask, (max(1, h // args.stride), max(1, w // args.stride)))
+        if args.pad == "symmetric":  # each item's valid box moved to the canvas centre
+            for b, (rows, cols) in enumerate(mask_sizes(mask)):
+                mask[b] = True
+                top, left = (mask.shape[1] - rows) // 2, (mask.shape[2] - cols) // 2
+                mask[b, top : top + rows, left : left + cols] = False
+        return figures.plot_rope_padding(encoder, mask, names=names)
     if kind == "coords":
         if args.stride < 1:
             raise CLIError(f"--stride must be >= 1, got {args.stride}")

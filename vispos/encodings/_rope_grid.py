@@ -196,21 +196,23 @@ def coordinate_lines(
     n = len(perm)
     length = max(boxes.spatial) if boxes.spatial else 0
     device = start.device
-    index = list(perm)
+    if list(perm) != list(range(n)):
+        start, size = start[:, list(perm)], size[:, list(perm)]
     cells = torch.arange(length, device=device, dtype=torch.float32)
-    first = start[:, index].to(torch.float32).unsqueeze(-1)  # [B, n, 1]
-    lines = cells - first
+    lines = cells - start.to(torch.float32).unsqueeze(-1)  # [B, n, M]
     if not centered:
         return lines + grid_offset if grid_offset else lines
-    extent = size[:, index].to(torch.float32)
+    extent = size.to(torch.float32)
     if normalize_coords == "min":
         extent = extent.amin(1, keepdim=True).expand(-1, n)
     elif normalize_coords == "max":
         extent = extent.amax(1, keepdim=True).expand(-1, n)
     # an item with no valid cell: any finite denominator (every token gets the identity)
     denom = extent.clamp_min(1.0).unsqueeze(-1)
-    t = (lines + 0.5 + grid_offset) / denom
-    return 2.0 * t - 1.0
+    t = lines + 0.5
+    if grid_offset:  # (i + 0.5) + offset, timm's order; adding 0.0 would change nothing
+        t = t + grid_offset
+    return 2.0 * (t / denom) - 1.0
 
 
 def check_coord_augs(shift: Any, jitter: Any, rescale: Any) -> tuple[float | None, float | None, float | None]:
