@@ -224,7 +224,8 @@ def check_coord_augs(shift: Any, jitter: Any, rescale: Any) -> tuple[float | Non
             ``rescale_coords`` below 1 (they are multiplicative factors) or not finite.
     """
     out = []
-    for name, value, low in (("shift_coords", shift, 0.0), ("jitter_coords", jitter, 1.0), ("rescale_coords", rescale, 1.0)):
+    checks = (("shift_coords", shift, 0.0), ("jitter_coords", jitter, 1.0), ("rescale_coords", rescale, 1.0))
+    for name, value, low in checks:
         if value is None:
             out.append(None)
             continue

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, check_sizes
 from .._sincos import check_temperature, frequency_divisors, sincos_table
 from . import _rope_grid as grid
+from ._vision_rope import VisionRope
 from .rotary import apply_rot_embed_cat
 
 __all__ = ["DinoV3RotaryEmbedding"]
@@ -30,7 +31,7 @@ _NORMALIZE = ("separate", "min", "max")
 _INDEXING = ("ij", "xy")
 
 
-class DinoV3RotaryEmbedding(nn.Module):
+class DinoV3RotaryEmbedding(VisionRope):
     """DINOv3's RoPE: patch centres normalized to ``[-1, 1]``, per-axis period ladders.
 
     Token ``i`` along axis ``a`` of an ``S_a``-cell grid has the coordinate
@@ -140,10 +141,7 @@ class DinoV3RotaryEmbedding(nn.Module):
         self.min_period = min_period
         self.max_period = max_period
         self.normalize_coords = normalize_coords
-        self.shift_coords, self.jitter_coords, self.rescale_coords = grid.check_coord_augs(
-            shift_coords, jitter_coords, rescale_coords
-        )
-        self.aug_active = any(v is not None for v in (self.shift_coords, self.jitter_coords, self.rescale_coords))
+        self._init_augs(shift_coords, jitter_coords, rescale_coords)
         self.feat_shape = feat_shape
         self.grid_offset = grid_offset
         self.grid_indexing = grid_indexing
@@ -157,14 +155,6 @@ class DinoV3RotaryEmbedding(nn.Module):
         self.reset_parameters()
 
     # -- buffers (timm's names and life cycle) -------------------------------------------------
-    def reset_parameters(self) -> None:
-        """Fills the non-persistent buffers (``periods``, ``pos_embed_cached``)."""
-        self._init_buffers()
-
-    def init_non_persistent_buffers(self) -> None:
-        """Fills the non-persistent buffers, e.g. after materializing a meta-device module."""
-        self._init_buffers()
-
     def _init_buffers(self) -> None:
         self.periods.copy_(self._compute_periods())
         if self.feat_shape is not None and self.pos_embed_cached is not None:
@@ -219,9 +209,8 @@ class DinoV3RotaryEmbedding(nn.Module):
         lines = grid.coordinate_lines(
             boxes, perm, centered=True, normalize_coords=self.normalize_coords, grid_offset=self.grid_offset
         )
-        if not no_aug and self.training and self.aug_active:
-            draws = grid.draw_coord_augs(n, self.shift_coords, self.jitter_coords, self.rescale_coords, device)
-            lines = grid.augment_lines(lines, draws)
+        if not no_aug:
+            lines = self._augment(lines)
         out_dtype = dtype if dtype is not None else cdtype
         # angles 2 * pi * p / P_k in timm's float order, once per line cell: [B, n, 2q, M]
         table = sincos_table((2 * math.pi) * lines.to(cdtype), self.periods, layout="split")
@@ -237,9 +226,6 @@ class DinoV3RotaryEmbedding(nn.Module):
         out = out.view(batch, math.prod(spatial), width)
         grid.identity_at_padding(out.unsqueeze(0).unsqueeze(2), boxes.valid)
         return out if batched else out[0]
-
-    def _check_shape(self, shape: Any, name: str = "shape") -> list[int]:
-        return list(check_sizes(shape, name, ranks=(self.num_axes,)))
 
     def get_embed(
         self,
@@ -271,11 +257,9 @@ class DinoV3RotaryEmbedding(nn.Module):
                 that disagrees with ``mask``'s grid.
         """
         check_float_dtype(dtype, optional=True)
-        padding = mask if mask is not None else grid.scoped_padding(self)
+        padding = mask if mask is not None else self._scoped()
         if padding is not None:
-            boxes = grid.read_padding(padding, self.num_axes)
-            if shape is not None and self._check_shape(shape) != list(boxes.spatial):
-                raise ValueError(f"shape {list(shape)} disagrees with mask's grid {list(boxes.spatial)}")
+            boxes = self._read(shape, padding)
             embed = self._create_embed(boxes.spatial, boxes=boxes, dtype=dtype)
             return embed if mask is not None else embed.unsqueeze(1)
         return self._grid_embed(shape, dtype)
@@ -290,32 +274,6 @@ class DinoV3RotaryEmbedding(nn.Module):
             return self._create_embed(self.feat_shape, dtype=dtype)
         cached = self.pos_embed_cached
         return cached.to(dtype) if dtype is not None and dtype != cached.dtype else cached.clone()
-
-    def padded(self, mask: Any):
-        """A ``with`` block in which the module serves a padded batch to code that only passes a
-        grid: every ``get_embed(shape)`` / ``get_embed()`` call inside it (timm's Eva calls it
-        with the patch grid) returns the per-item tables of ``mask`` instead, as
-        ``Tensor[B, 1, prod(S), 2 * dim]`` (the head axis that timm's attention broadcasts). Nested blocks: the innermost wins. Safe under threads and asyncio tasks (a
-        context variable, not module state).
-
-        Example (a padded batch through an unmodified timm Eva; see docs/encoders/rotary.md)::
-
-            tokens = vispos.interpolate_mask(pixel_mask, grid)  # (B, h, w), True = padding
-            with model.rope.padded(tokens):
-                feats = model.forward_features(images, attn_mask=vispos.attn_mask_from_padding(
-                    tokens, model.num_prefix_tokens))
-
-        Args:
-            mask (Tensor[B, *S] bool): True marks padding, at the token grid.
-
-        Returns:
-            a context manager.
-
-        Raises:
-            TypeError / ValueError: as :meth:`get_embed` for ``mask`` (checked on entry).
-        """
-        grid.read_padding(mask, self.num_axes)
-        return grid.padded_scope(self, mask)
 
     def get_batch_embeds(
         self,
@@ -341,17 +299,7 @@ class DinoV3RotaryEmbedding(nn.Module):
         if not shapes:
             return []
         check_float_dtype(dtype, optional=True)
-        embeds = [self._grid_embed(self._check_shape(s, "shapes[i]"), dtype) for s in shapes]
-        if seq_len is None:
-            return embeds
-        check_int(seq_len, "seq_len", minimum=0)
-        longest = max(e.shape[0] for e in embeds)
-        if seq_len < longest:
-            raise ValueError(f"seq_len must be at least the largest grid's token count {longest}, got {seq_len}")
-        out = embeds[0].new_zeros((len(embeds), seq_len, embeds[0].shape[-1]))
-        for i, e in enumerate(embeds):
-            out[i, : e.shape[0]] = e
-        return out
+        return self._stack([self._grid_embed(self._check_shape(s, "shapes[i]"), dtype) for s in shapes], seq_len)
 
     def forward(self, x: Tensor, *, mask: Any = None) -> Tensor:
         """Rotates a channels-first map ``x`` (``Tensor[B, dim, *S]``) at its own grid.
@@ -368,12 +316,7 @@ class DinoV3RotaryEmbedding(nn.Module):
             TypeError: ``x`` not a floating tensor. ValueError: another rank or channel count;
                 a mask of another grid or batch.
         """
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError(f"x must be a floating Tensor (B, dim, *S), got {getattr(x, 'dtype', type(x).__name__)}")
-        if x.dim() != 2 + self.num_axes or x.shape[1] != self.dim:
-            raise ValueError(
-                f"x must have shape (B, dim={self.dim}, *S) with {self.num_axes} spatial axes, got {tuple(x.shape)}"
-            )
+        self._check_input(x)
         if mask is None:
             embed = self._grid_embed(list(x.shape[2:]), None)
         else:
@@ -408,12 +351,8 @@ class DinoV3RotaryEmbedding(nn.Module):
             f"min_period={self.min_period}, max_period={self.max_period}"
             if self.min_period is not None else f"temperature={self.temperature}"
         )
-        augs = "".join(
-            f", {k}={v}" for k, v in (("shift_coords", self.shift_coords), ("jitter_coords", self.jitter_coords),
-                                     ("rescale_coords", self.rescale_coords)) if v is not None
-        )
         return (
             f"dim={self.dim}, {periods}, feat_shape={self.feat_shape}, normalize_coords={self.normalize_coords!r}, "
             f"grid_offset={self.grid_offset}, grid_indexing={self.grid_indexing!r}, rotate_half={self.rotate_half}"
-            f"{augs}, num_axes={self.num_axes}"
+            f"{self._augs_repr()}, num_axes={self.num_axes}"
         )

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from .._checks import check_choice, check_float_dtype, check_index, check_int, check_number, check_sizes
 from .._sincos import sincos_inplace
 from . import _rope_grid as grid
+from ._vision_rope import VisionRope
 from .rotary import apply_rot_embed_cat
 
 __all__ = ["MixedRotaryEmbedding", "init_mixed_freqs"]
@@ -84,7 +85,7 @@ def init_mixed_freqs(
     return (frame.permute(2, 0, 1, 3).unsqueeze(-1) * mag).flatten(-2)
 
 
-class MixedRotaryEmbedding(nn.Module):
+class MixedRotaryEmbedding(VisionRope):
     """RoPE-Mixed: each block and head rotates its channel pairs by learned 2D (3D) frequencies.
 
     The token at integer grid position ``t = (t_0, .., t_{n-1})`` (channel order: ``x, y`` for
@@ -165,10 +166,7 @@ class MixedRotaryEmbedding(nn.Module):
         self.temperature = temperature
         self.feat_shape = feat_shape
         self.grid_indexing = grid_indexing
-        self.shift_coords, self.jitter_coords, self.rescale_coords = grid.check_coord_augs(
-            shift_coords, jitter_coords, rescale_coords
-        )
-        self.aug_active = any(v is not None for v in (self.shift_coords, self.jitter_coords, self.rescale_coords))
+        self._init_augs(shift_coords, jitter_coords, rescale_coords)
         head_dim = dim // num_heads
         freqs = init_mixed_freqs(head_dim, depth, num_heads, temperature, num_axes=num_axes, device=device, dtype=dtype)
         self.freqs = nn.Parameter(freqs)
@@ -200,14 +198,6 @@ class MixedRotaryEmbedding(nn.Module):
             for buf, line in zip(self._lines(), self._grid_values(self.feat_shape)):
                 buf.copy_(line)
 
-    def reset_parameters(self) -> None:
-        """Refills the position buffers (``freqs`` keeps its values, as in timm)."""
-        self._init_buffers()
-
-    def init_non_persistent_buffers(self) -> None:
-        """Refills the position buffers, e.g. after materializing a meta-device module."""
-        self._init_buffers()
-
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)
         lines = self._lines()
@@ -238,10 +228,8 @@ class MixedRotaryEmbedding(nn.Module):
             boxes = grid.grid_boxes(spatial, device)
         perm = grid.axis_order(n, self.grid_indexing)
         lines = grid.coordinate_lines(boxes, perm, centered=False)  # [B, n, M] float32
-        augmented = self.training and self.aug_active
-        if augmented:
-            draws = grid.draw_coord_augs(n, self.shift_coords, self.jitter_coords, self.rescale_coords, device)
-            lines = grid.augment_lines(lines, draws)
+        if self.training and self.aug_active:
+            lines = self._augment(lines)
             if dtype is None:
                 dtype = grid.wide_dtype(freqs.dtype)
         out_dtype = dtype if dtype is not None else freqs.dtype
@@ -272,16 +260,11 @@ class MixedRotaryEmbedding(nn.Module):
         grid.identity_at_padding(out, boxes.valid)
         return out
 
-    def _check_shape(self, shape: Any, name: str = "shape") -> list[int]:
-        return list(check_sizes(shape, name, ranks=(self.num_axes,)))
-
     def _resolve(self, shape: Any, mask: Any, scoped: bool = False) -> tuple[tuple[int, ...], grid.ItemBoxes | None]:
         if mask is None and scoped:
-            mask = grid.scoped_padding(self)
+            mask = self._scoped()
         if mask is not None:
-            boxes = grid.read_padding(mask, self.num_axes)
-            if shape is not None and self._check_shape(shape) != list(boxes.spatial):
-                raise ValueError(f"shape {list(shape)} disagrees with mask's grid {list(boxes.spatial)}")
+            boxes = self._read(shape, mask)
             return boxes.spatial, boxes
         if shape is None:
             if self.feat_shape is None:
@@ -289,7 +272,9 @@ class MixedRotaryEmbedding(nn.Module):
             return tuple(self.feat_shape), None
         return tuple(self._check_shape(shape)), None
 
-    def get_embed(self, shape: list[int] | None = None, dtype: torch.dtype | None = None, *, mask: Any = None) -> Tensor:
+    def get_embed(
+        self, shape: list[int] | None = None, dtype: torch.dtype | None = None, *, mask: Any = None
+    ) -> Tensor:
         """Every block's and head's ``[sin, cos]`` table, of a grid or of a padded batch.
 
         Args:
@@ -315,32 +300,6 @@ class MixedRotaryEmbedding(nn.Module):
         out = self._create_embed(spatial, boxes, dtype, self.freqs)
         return out if boxes is not None else out[:, 0]
 
-    def padded(self, mask: Any):
-        """A ``with`` block in which the module serves a padded batch to code that only passes a
-        grid: every ``get_embed(shape)`` / ``get_embed()`` call inside it (timm's Eva calls it
-        with the patch grid) returns the per-item tables of ``mask`` instead, as
-        ``Tensor[depth, B, num_heads, prod(S), 2 * head_dim]`` (Eva indexes a block). Nested blocks: the innermost wins. Safe under threads and asyncio tasks (a
-        context variable, not module state).
-
-        Example (a padded batch through an unmodified timm Eva; see docs/encoders/rotary.md)::
-
-            tokens = vispos.interpolate_mask(pixel_mask, grid)  # (B, h, w), True = padding
-            with model.rope.padded(tokens):
-                feats = model.forward_features(images, attn_mask=vispos.attn_mask_from_padding(
-                    tokens, model.num_prefix_tokens))
-
-        Args:
-            mask (Tensor[B, *S] bool): True marks padding, at the token grid.
-
-        Returns:
-            a context manager.
-
-        Raises:
-            TypeError / ValueError: as :meth:`get_embed` for ``mask`` (checked on entry).
-        """
-        grid.read_padding(mask, self.num_axes)
-        return grid.padded_scope(self, mask)
-
     def get_batch_embeds(
         self, shapes: list[tuple[int, ...]], seq_len: int | None = None, dtype: torch.dtype | None = None
     ) -> Tensor | list[Tensor]:
@@ -364,16 +323,7 @@ class MixedRotaryEmbedding(nn.Module):
         embeds = [
             self._create_embed(tuple(self._check_shape(s, "shapes[i]")), None, dtype, self.freqs)[:, 0] for s in shapes
         ]
-        if seq_len is None:
-            return embeds
-        check_int(seq_len, "seq_len", minimum=0)
-        longest = max(e.shape[-2] for e in embeds)
-        if seq_len < longest:
-            raise ValueError(f"seq_len must be at least the largest grid's token count {longest}, got {seq_len}")
-        out = embeds[0].new_zeros((len(embeds), *embeds[0].shape[:2], seq_len, embeds[0].shape[-1]))
-        for i, e in enumerate(embeds):
-            out[i, :, :, : e.shape[-2]] = e
-        return out
+        return self._stack(embeds, seq_len)
 
     def forward(self, x: Tensor, block_index: int = 0, *, mask: Any = None) -> Tensor:
         """Rotates a channels-first map with one block's frequencies, split into heads.
@@ -393,12 +343,7 @@ class MixedRotaryEmbedding(nn.Module):
             IndexError: ``block_index`` outside ``[-depth, depth)``.
             ValueError: another rank or channel count; a mask of another grid or batch.
         """
-        if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError(f"x must be a floating Tensor (B, dim, *S), got {getattr(x, 'dtype', type(x).__name__)}")
-        if x.dim() != 2 + self.num_axes or x.shape[1] != self.dim:
-            raise ValueError(
-                f"x must have shape (B, dim={self.dim}, *S) with {self.num_axes} spatial axes, got {tuple(x.shape)}"
-            )
+        self._check_input(x)
         block_index = check_index(block_index, self.depth, "block_index")
         spatial, boxes = self._resolve(list(x.shape[2:]), mask)
         if boxes is not None and boxes.batch != x.shape[0]:
@@ -431,12 +376,9 @@ class MixedRotaryEmbedding(nn.Module):
         return twin.train(module.training)
 
     def extra_repr(self) -> str:
-        augs = "".join(
-            f", {k}={v}" for k, v in (("shift_coords", self.shift_coords), ("jitter_coords", self.jitter_coords),
-                                     ("rescale_coords", self.rescale_coords)) if v is not None
-        )
         return (
             f"dim={self.dim}, depth={self.depth}, num_heads={self.num_heads}, temperature={self.temperature}, "
-            f"feat_shape={self.feat_shape}, grid_indexing={self.grid_indexing!r}{augs}, num_axes={self.num_axes}"
+            f"feat_shape={self.feat_shape}, grid_indexing={self.grid_indexing!r}{self._augs_repr()}, "
+            f"num_axes={self.num_axes}"
         )
 

@@ -38,6 +38,15 @@ def _rotate(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
     return torch.cat((out, x[..., rot:]), dim=-1)
 
 
+def _check_floating(**tensors: object) -> None:
+    """TypeError unless every named argument is a floating tensor."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a floating Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+
+
 def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple[Tensor, Tensor | None]:
     """Rotates the leading channels of queries and keys by precomputed angles.
 
@@ -64,13 +73,8 @@ def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple
     References:
         Su et al., RoFormer, 2021 (eq. 34, pairwise rotation).
     """
-    for name, t in (("q", q), ("k", k), ("sin", sin), ("cos", cos)):
-        if t is None and name == "k":
-            continue
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a floating Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    given = (("q", q), ("k", k), ("sin", sin), ("cos", cos))
+    _check_floating(**{name: t for name, t in given if t is not None or name != "k"})
     if sin.shape != cos.shape:
         raise ValueError(f"sin and cos must have the same shape, got {tuple(sin.shape)} and {tuple(cos.shape)}")
     rot = 2 * sin.shape[-1]
@@ -122,11 +126,7 @@ def apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
     References:
         Su et al., RoFormer, 2021; timm ``layers/pos_embed_sincos.py`` (``apply_rot_embed_cat``).
     """
-    for name, t in (("x", x), ("emb", emb)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a floating Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    _check_floating(x=x, emb=emb)
     check_bool(half, "half")
     c = x.shape[-1] if x.dim() else 0
     if x.dim() == 0 or c % 2 or emb.dim() == 0 or emb.shape[-1] != 2 * c:
@@ -137,7 +137,9 @@ def apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
     try:
         torch.broadcast_shapes(x.shape, emb.shape[:-1] + (c,))
     except RuntimeError:
-        raise ValueError(f"emb of shape {tuple(emb.shape)} does not broadcast against x of shape {tuple(x.shape)}") from None
+        raise ValueError(
+            f"emb of shape {tuple(emb.shape)} does not broadcast against x of shape {tuple(x.shape)}"
+        ) from None
     sin, cos = emb.narrow(-1, 0, c), emb.narrow(-1, c, c)
     out = torch.mul(x, cos)  # the broadcast shape: every later write is in place
     if half:
