@@ -446,3 +446,13 @@ def test_apply_rot_embed_cat_equals_timm(shape):
     emb = DinoV3RotaryEmbedding(16).get_embed(list(shape))
     for half in (True, False):
         assert_close(vispos.apply_rot_embed_cat(x, emb, half), timm_pe.apply_rot_embed_cat(x, emb, half))
+
+
+@pytest.mark.slow
+def test_compiles_fullgraph_with_a_mask():
+    """No host read on the traced path: one graph, numbers within float32 rounding."""
+    rope = DinoV3RotaryEmbedding(16)
+    spatial, boxes = PADDED[2]
+    mask = _box_mask(spatial, boxes)
+    compiled = torch.compile(lambda m: rope.get_embed(mask=m), fullgraph=True, dynamic=False)
+    assert_close(compiled(mask), rope.get_embed(mask=mask), rtol=0, atol=1e-6)

@@ -275,3 +275,14 @@ def test_constructor_errors(kwargs, exc, match):
 def test_call_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call(MixedRotaryEmbedding(32, 2, 2))
+
+
+@pytest.mark.slow
+def test_compiles_fullgraph_with_a_mask():
+    torch.manual_seed(0)
+    rope = MixedRotaryEmbedding(32, 2, 2)
+    mask = torch.zeros(2, 5, 6, dtype=torch.bool)
+    mask[1, 1:4, 2:] = True
+    compiled = torch.compile(lambda m: rope.get_embed(mask=m), fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        assert_close(compiled(mask), rope.get_embed(mask=mask), rtol=0, atol=1e-5)

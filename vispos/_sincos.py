@@ -574,7 +574,10 @@ def sincos_inplace(angles: Tensor, cos_out: Tensor) -> None:
     References:
         Vaswani et al. 2017 (sec. 3.5).
     """
-    torch.cos(angles, out=cos_out)
+    if tracing():  # compilers take no ``out=`` views; they fuse the plain form anyway
+        cos_out.copy_(torch.cos(angles))
+    else:
+        torch.cos(angles, out=cos_out)
     angles.sin_()
 
 
