@@ -69,71 +69,78 @@ def _fill(shapes, device):
 
 
 def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
+    wls = []
+    for side in (16, 32) if quick else (32, 64):
+        wls += _side_workloads(side, device)
+    return wls
+
+
+def _side_workloads(side: int, device: torch.device) -> list[Workload]:
+    """The four workloads of one grid (a function of its own: every lambda binds this side's
+    modules and tensors, not the last loop iteration's)."""
     from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3, RotaryEmbeddingMixed
     from timm.layers.pos_embed_sincos import apply_rot_embed_cat as timm_apply
 
     v_apply = vispos.apply_rot_embed_cat
-    sides = (16, 32) if quick else (32, 64)
     wls = []
-    for side in sides:
-        n = side * side
-        mask = _padded_mask(side, device)
-        shapes = [(side, side)] * BATCH
-        shapes[3] = (side * 3 // 4, side * 5 // 8)
-        t_dino, v_dino = RotaryEmbeddingDinoV3(HEAD_DIM).to(device), vispos.DinoV3RotaryEmbedding(HEAD_DIM).to(device)
-        torch.manual_seed(0)
-        t_mixed = RotaryEmbeddingMixed(HEADS * HEAD_DIM, DEPTH, HEADS).to(device)
-        v_mixed = vispos.MixedRotaryEmbedding.from_timm(t_mixed)
-        grid = [side, side]
-        masked_mixed = n <= 1024
+    n = side * side
+    mask = _padded_mask(side, device)
+    shapes = [(side, side)] * BATCH
+    shapes[3] = (side * 3 // 4, side * 5 // 8)
+    t_dino, v_dino = RotaryEmbeddingDinoV3(HEAD_DIM).to(device), vispos.DinoV3RotaryEmbedding(HEAD_DIM).to(device)
+    torch.manual_seed(0)
+    t_mixed = RotaryEmbeddingMixed(HEADS * HEAD_DIM, DEPTH, HEADS).to(device)
+    v_mixed = vispos.MixedRotaryEmbedding.from_timm(t_mixed)
+    grid = [side, side]
+    masked_mixed = n <= 1024
 
-        # -- the tables ------------------------------------------------------------------------
-        table = (BATCH, n, 2 * HEAD_DIM)
-        wl = Workload(f"DINOv3 RoPE table: batch {BATCH}, {side}x{side} grid, one item padded", math.prod(table) * 4)
-        wl.impls[FLOOR] = _fill([table], device)
-        wl.impls["timm get_embed(grid) (mask-blind, 1 table)"] = lambda: t_dino.get_embed(grid)
-        wl.impls["timm get_batch_embeds(shapes, seq_len) (packed)"] = lambda: t_dino.get_batch_embeds(shapes, seq_len=n)
-        wl.impls["vispos get_embed(grid) (mask-blind, 1 table)"] = lambda: v_dino.get_embed(grid)
-        wl.impls["vispos get_embed(mask=...)"] = lambda: v_dino.get_embed(mask=mask)
-        wls.append(wl)
+    # -- the tables ------------------------------------------------------------------------
+    table = (BATCH, n, 2 * HEAD_DIM)
+    wl = Workload(f"DINOv3 RoPE table: batch {BATCH}, {side}x{side} grid, one item padded", math.prod(table) * 4)
+    wl.impls[FLOOR] = _fill([table], device)
+    wl.impls["timm get_embed(grid) (mask-blind, 1 table)"] = lambda: t_dino.get_embed(grid)
+    wl.impls["timm get_batch_embeds(shapes, seq_len) (packed)"] = lambda: t_dino.get_batch_embeds(shapes, seq_len=n)
+    wl.impls["vispos get_embed(grid) (mask-blind, 1 table)"] = lambda: v_dino.get_embed(grid)
+    wl.impls["vispos get_embed(mask=...)"] = lambda: v_dino.get_embed(mask=mask)
+    wls.append(wl)
 
-        mixed_out = (DEPTH, BATCH if masked_mixed else 1, HEADS, n, 2 * HEAD_DIM)
-        wl = Workload(f"RoPE-Mixed table: depth {DEPTH}, {HEADS} heads, {side}x{side} grid"
-                      + (f", batch {BATCH} one padded" if masked_mixed else ""), math.prod(mixed_out) * 4)
-        wl.impls[FLOOR] = _fill([mixed_out], device)
-        wl.impls["timm get_embed(grid)"] = lambda: t_mixed.get_embed(grid)
-        wl.impls["vispos get_embed(grid)"] = lambda: v_mixed.get_embed(grid)
-        if masked_mixed:
-            wl.impls["vispos get_embed(mask=...)"] = lambda: v_mixed.get_embed(mask=mask)
-        wls.append(wl)
+    mixed_out = (DEPTH, BATCH if masked_mixed else 1, HEADS, n, 2 * HEAD_DIM)
+    wl = Workload(f"RoPE-Mixed table: depth {DEPTH}, {HEADS} heads, {side}x{side} grid"
+                  + (f", batch {BATCH} one padded" if masked_mixed else ""), math.prod(mixed_out) * 4)
+    wl.impls[FLOOR] = _fill([mixed_out], device)
+    wl.impls["timm get_embed(grid)"] = lambda: t_mixed.get_embed(grid)
+    wl.impls["vispos get_embed(grid)"] = lambda: v_mixed.get_embed(grid)
+    if masked_mixed:
+        wl.impls["vispos get_embed(mask=...)"] = lambda: v_mixed.get_embed(mask=mask)
+    wls.append(wl)
 
-        # -- tables applied to q and k -----------------------------------------------------------
-        gen = torch.Generator(device=device).manual_seed(0)
-        q = torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=gen, device=device)
-        k = torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=gen, device=device)
+    # -- tables applied to q and k -----------------------------------------------------------
+    gen = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=gen, device=device)
+    k = torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=gen, device=device)
 
-        def both(apply, emb, half):
-            return apply(q, emb, half), apply(k, emb, half)
+    def both(apply, emb, half):
+        return apply(q, emb, half), apply(k, emb, half)
 
-        wl = Workload(f"DINOv3 RoPE table + rotate q, k (8x12x{n}x64 each)", 2 * q.numel() * 4)
-        wl.impls[FLOOR] = _fill([q.shape, k.shape], device)
-        wl.impls["timm get_embed(grid) + timm apply"] = lambda: both(timm_apply, t_dino.get_embed(grid), True)
-        wl.impls["timm get_batch_embeds + timm apply"] = lambda: both(
-            timm_apply, t_dino.get_batch_embeds(shapes, seq_len=n).unsqueeze(1), True)
-        wl.impls["vispos get_embed(mask=...) + timm apply"] = lambda: both(
-            timm_apply, v_dino.get_embed(mask=mask).unsqueeze(1), True)
+    wl = Workload(f"DINOv3 RoPE table + rotate q, k (8x12x{n}x64 each)", 2 * q.numel() * 4)
+    wl.impls[FLOOR] = _fill([q.shape, k.shape], device)
+    wl.impls["timm get_embed(grid) + timm apply"] = lambda: both(timm_apply, t_dino.get_embed(grid), True)
+    wl.impls["timm get_batch_embeds + timm apply"] = lambda: both(
+        timm_apply, t_dino.get_batch_embeds(shapes, seq_len=n).unsqueeze(1), True)
+    wl.impls["vispos get_embed(mask=...) + timm apply"] = lambda: both(
+        timm_apply, v_dino.get_embed(mask=mask).unsqueeze(1), True)
+    wl.impls["vispos get_embed(mask=...) + vispos apply"] = lambda: both(
+        v_apply, v_dino.get_embed(mask=mask).unsqueeze(1), True)
+    wls.append(wl)
+
+    wl = Workload(f"RoPE-Mixed table + rotate q, k with block 0 (8x12x{n}x64 each)", 2 * q.numel() * 4)
+    wl.impls[FLOOR] = _fill([q.shape, k.shape], device)
+    wl.impls["timm get_embed(grid) + timm apply"] = lambda: both(timm_apply, t_mixed.get_embed(grid)[0], False)
+    wl.impls["vispos get_embed(grid) + vispos apply"] = lambda: both(v_apply, v_mixed.get_embed(grid)[0], False)
+    if masked_mixed:
         wl.impls["vispos get_embed(mask=...) + vispos apply"] = lambda: both(
-            v_apply, v_dino.get_embed(mask=mask).unsqueeze(1), True)
-        wls.append(wl)
-
-        wl = Workload(f"RoPE-Mixed table + rotate q, k with block 0 (8x12x{n}x64 each)", 2 * q.numel() * 4)
-        wl.impls[FLOOR] = _fill([q.shape, k.shape], device)
-        wl.impls["timm get_embed(grid) + timm apply"] = lambda: both(timm_apply, t_mixed.get_embed(grid)[0], False)
-        wl.impls["vispos get_embed(grid) + vispos apply"] = lambda: both(v_apply, v_mixed.get_embed(grid)[0], False)
-        if masked_mixed:
-            wl.impls["vispos get_embed(mask=...) + vispos apply"] = lambda: both(
-                v_apply, v_mixed.get_embed(mask=mask)[0], False)
-        wls.append(wl)
+            v_apply, v_mixed.get_embed(mask=mask)[0], False)
+    wls.append(wl)
     return wls
 
 
