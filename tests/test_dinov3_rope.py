@@ -298,14 +298,36 @@ def test_mask_property_random_boxes():
             assert torch.equal(_crop(table[b], spatial, start, size), rope.get_embed(list(size)))
 
 
-def test_device_branch_equals_host_branch(monkeypatch):
-    """The select written for devices (no host read) gives the host path's numbers."""
+def test_every_padding_route_gives_the_same_tables(monkeypatch):
+    """Boxes known on the host (a Padding from sizes, a CPU mask classified once), a mask that is
+    not boxes, and the device branch (no host read: boxes computed on the device, one select)."""
     spatial, boxes = PADDED[2]
     mask = _box_mask(spatial, boxes)
     rope = DinoV3RotaryEmbedding(16)
     host = rope.get_embed(mask=mask)
+    starts = [start for start, _ in boxes]
+    sizes = [size for _, size in boxes]
+    padding = vispos.Padding.from_sizes(sizes, spatial, starts=starts)
+    assert padding.kind == "rectangular"
+    assert torch.equal(rope.get_embed(mask=padding), host)
+    assert torch.equal(rope.get_embed(mask=vispos.Padding.from_mask(mask, classify=False)), host)
+    monkeypatch.setattr(vispos._tracing, "host_side", lambda device: False)
     monkeypatch.setattr(_rope_grid, "host_side", lambda device: False)
+    assert vispos.Padding.from_mask(mask).kind == "arbitrary"
     assert torch.equal(rope.get_embed(mask=mask), host)
+
+
+def test_symmetric_padding_object_equals_each_item_alone():
+    """MONAI-style centred boxes as padcore's Padding describes them."""
+    sizes = [(3, 4, 5), (1, 2, 2), (4, 4, 4)]
+    padding = vispos.Padding.from_sizes(sizes, (4, 5, 6), starts="symmetric")
+    rope = DinoV3RotaryEmbedding(24, num_axes=3)
+    table = rope.get_embed(mask=padding)
+    for b, size in enumerate(sizes):
+        region = padding.region(b)
+        assert torch.equal(_crop(table[b], (4, 5, 6), [r.start for r in region], size), rope.get_embed(list(size)))
+        pad = padding.mask[b].flatten()
+        assert (table[b][pad, :24] == 0).all() and (table[b][pad, 24:] == 1).all()
 
 
 def test_training_batch_shares_one_draw_with_the_item_alone():

@@ -219,6 +219,7 @@ def test_padded_scope_and_device_branch(monkeypatch):
         with rope.padded(mask):
             assert torch.equal(rope.get_embed([3, 4]), direct)
             assert torch.equal(rope.get_batch_embeds([(3, 4)])[0], plain)  # grids: never the scope's batch
+        monkeypatch.setattr(vispos._tracing, "host_side", lambda device: False)
         monkeypatch.setattr(_rope_grid, "host_side", lambda device: False)
         assert torch.equal(rope.get_embed(mask=mask), direct)
 

@@ -37,7 +37,7 @@ from .encodings import (
     Summer,
     resample_abs_pos_embed,
 )
-from .padding import attn_mask_from_padding
+from .padding import Padding, attn_mask_from_padding
 from .nested_tensor import (
     NestedTensor,
     PaddedCollate,
@@ -52,6 +52,7 @@ __all__ = [
     "caching",
     "is_caching_enabled",
     "set_caching",
+    "Padding",
     "NestedTensor",
     "nested_tensor_from_tensor_list",
     "interpolate_mask",

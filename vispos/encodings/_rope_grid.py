@@ -36,9 +36,9 @@ import torch
 from torch import Tensor
 
 from .._checks import check_number
-from .._sincos import host_side
-from .._tracing import tracing
-from ..padding import check_mask
+from .._masks import box_tensors
+from .._tracing import host_facts, host_side, tracing
+from ..padding import Padding, check_mask
 
 __all__ = [
     "ItemBoxes",
@@ -89,20 +89,23 @@ def wide_dtype(dtype: torch.dtype | None) -> torch.dtype:
 
 
 class ItemBoxes(NamedTuple):
-    """Which tokens of a (padded) grid are valid, per item.
+    """Which tokens of a (padded) grid are valid, per item (read from a :class:`~vispos.Padding`).
 
     Attributes:
         spatial (tuple[int, ...]): ``S``, the grid.
         start (Tensor[B, n], int64): first valid cell of each item along each axis.
-        size (Tensor[B, n], int64): valid extent (last valid cell - first + 1; 0 for an item
-            with no valid cell).
-        valid (Tensor[B, *S] bool or None): True = valid token; None when every token is valid.
+        size (Tensor[B, n], int64): valid extent (bounding box; 0 for an item with no valid cell).
+        valid (Tensor[B, *S] bool or None): True = valid token, when the padding is not known as
+            boxes on the host (None: no padding, or ``host`` says it all).
+        host (tuple of starts, stops, or None): the boxes on the host, when the padding is
+            exactly those boxes (``Padding.kind == "rectangular"``, host facts allowed).
     """
 
     spatial: tuple[int, ...]
     start: Tensor
     size: Tensor
     valid: Tensor | None
+    host: tuple | None = None
 
     @property
     def batch(self) -> int:
@@ -110,56 +113,55 @@ class ItemBoxes(NamedTuple):
         return self.start.shape[0]
 
 
-def grid_boxes(spatial: Sequence[int], device: torch.device) -> ItemBoxes:
-    """One unpadded item covering the whole grid ``S`` (``B = 1``)."""
+def grid_boxes(spatial: Sequence[int], device: torch.device, batch: int = 1) -> ItemBoxes:
+    """Unpadded items covering the whole grid ``S``."""
     n = len(spatial)
-    start = torch.zeros((1, n), dtype=torch.int64, device=device)
-    size = torch.tensor([list(spatial)], dtype=torch.int64, device=device)
+    start = torch.zeros((batch, n), dtype=torch.int64, device=device)
+    size = torch.tensor([list(spatial)], dtype=torch.int64, device=device).expand(batch, n)
     return ItemBoxes(tuple(spatial), start, size, None)
 
 
-def _boxes_from_mask(mask: Tensor) -> ItemBoxes:
-    """Per-item valid boxes of a bool padding mask, computed on its device (no host read)."""
-    valid = ~mask
-    batch, spatial = mask.shape[0], tuple(mask.shape[1:])
-    starts, sizes = [], []
-    for axis, s in enumerate(spatial):
-        other = [d for d in range(1, mask.dim()) if d != axis + 1]
-        along = valid.any(dim=other) if other else valid  # [B, S_axis]
-        idx = torch.arange(s, device=mask.device)
-        first = torch.where(along, idx, s).amin(1)
-        last = torch.where(along, idx, -1).amax(1)
-        starts.append(first)
-        sizes.append((last - first + 1).clamp_min(0))
-    if batch == 0 or 0 in spatial:
-        zeros = torch.zeros((batch, len(spatial)), dtype=torch.int64, device=mask.device)
-        return ItemBoxes(spatial, zeros, zeros, valid)
-    return ItemBoxes(spatial, torch.stack(starts, 1), torch.stack(sizes, 1), valid)
+def read_padding(padding: Any, num_axes: int, name: str = "mask") -> ItemBoxes:
+    """Reads a padded grid: a bool mask ``Tensor[B, *S]`` (True = padding, classified once by
+    :meth:`Padding.from_mask <vispos.Padding.from_mask>`), a :class:`~vispos.Padding`, or a
+    :class:`~vispos.NestedTensor` of token features (its ``padding``).
 
-
-def read_padding(mask: Any, num_axes: int, name: str = "mask") -> ItemBoxes:
-    """Reads a padded grid: a bool mask ``Tensor[B, *S]`` (True = padding) or anything carrying
-    one as ``.mask`` (a :class:`~vispos.NestedTensor` of token features).
+    Boxes known on the host (``kind == "rectangular"``) are used as they are; otherwise (a mask
+    on an accelerator, traced calls, masks that are not boxes) the bounding boxes are computed
+    on the device (:func:`vispos._masks.box_tensors`, no synchronisation).
 
     Raises:
-        TypeError: not a bool tensor nor an object with a ``mask``.
+        TypeError: none of those (or a mask that is not bool).
         ValueError: not ``num_axes`` spatial axes.
     """
-    carried = getattr(mask, "mask", None) if not isinstance(mask, Tensor) else None
-    if carried is not None or (not isinstance(mask, Tensor) and hasattr(mask, "tensors")):
-        tensors = getattr(mask, "tensors", None)
-        if carried is None:  # a NestedTensor without padding
-            spatial = tuple(tensors.shape[2:])
-            boxes = grid_boxes(spatial, tensors.device)
-            b = tensors.shape[0]
-            return ItemBoxes(spatial, boxes.start.expand(b, -1), boxes.size.expand(b, -1), None)
-        mask = carried
-    check_mask(mask, name)
-    if mask.dim() != num_axes + 1:
-        raise ValueError(
-            f"{name} must have shape (B, *S) with num_axes={num_axes} spatial axes, got {tuple(mask.shape)}"
+    if isinstance(padding, Tensor):
+        check_mask(padding, name)
+        if padding.dim() != num_axes + 1:
+            raise ValueError(
+                f"{name} must have shape (B, *S) with num_axes={num_axes} spatial axes, got {tuple(padding.shape)}"
+            )
+        padding = Padding.from_mask(padding)
+    elif not isinstance(padding, Padding) and isinstance(getattr(padding, "padding", None), Padding):
+        padding = padding.padding  # a NestedTensor
+    if not isinstance(padding, Padding):
+        raise TypeError(
+            f"{name} must be a bool Tensor (B, *S), a Padding or a NestedTensor, got {type(padding).__name__}"
         )
-    return _boxes_from_mask(mask)
+    if padding.n_spatial != num_axes:
+        raise ValueError(
+            f"{name} must have num_axes={num_axes} spatial axes, got a padding of grid {padding.spatial}"
+        )
+    spatial, device = padding.spatial, padding.device
+    if padding.kind == "none":
+        return grid_boxes(spatial, device, padding.batch)
+    if padding.kind == "rectangular" and host_facts(device):
+        starts, stops = padding.starts, padding.stops
+        start = torch.tensor(starts, dtype=torch.int64, device=device).view(padding.batch, num_axes)
+        stop = torch.tensor(stops, dtype=torch.int64, device=device).view(padding.batch, num_axes)
+        return ItemBoxes(spatial, start, stop - start, None, (starts, stops))
+    mask = padding.mask
+    start, stop = box_tensors(mask)
+    return ItemBoxes(spatial, start, stop - start, ~mask)
 
 
 def axis_order(num_axes: int, grid_indexing: str) -> tuple[int, ...]:
@@ -319,17 +321,37 @@ def sum_axes(parts: Sequence[Tensor], out: Tensor) -> Tensor:
     return out
 
 
-def identity_at_padding(out: Tensor, valid: Tensor | None) -> None:
+def _fill_outside_boxes(out: Tensor, boxes: ItemBoxes) -> None:
+    lead, batch, mid, _, c = out.shape
+    grid = out.view(lead, batch, mid, *boxes.spatial, 2, c // 2)
+    for b, (start, stop) in enumerate(zip(*boxes.host)):
+        item = grid[:, b]
+        for axis, (lo, hi, side) in enumerate(zip(start, stop, boxes.spatial)):
+            for a, z in ((0, lo), (hi, side - hi)) if hi > lo else ((0, side),):
+                if z:
+                    slab = item.narrow(2 + axis, a, z)
+                    slab.select(-2, 0).fill_(0.0)
+                    slab.select(-2, 1).fill_(1.0)
+            if hi <= lo:
+                break  # no valid cell: the whole item is filled
+
+
+def identity_at_padding(out: Tensor, boxes: ItemBoxes) -> None:
     """Writes the identity rotation (sin 0, cos 1) at every padding token, in place.
 
     Args:
-        out (Tensor[L, B, M, N, 2 * X]): tables, ``B`` items of ``N`` tokens (``L``, ``M``:
-            leading dims that share the padding, e.g. blocks and heads of RoPE-Mixed).
-        valid (Tensor[B, *S] bool or None): True = valid token; None: nothing to do.
+        out (Tensor[L, B, M, N, 2 * X]): tables, ``B`` items of ``N = prod(S)`` tokens (``L``,
+            ``M``: leading dims that share the padding, e.g. blocks and heads of RoPE-Mixed).
+        boxes (ItemBoxes): the padding (nothing to do without ``valid`` nor ``host``).
 
-    On the host (CPU, not traced) only the padding rows are written (an index of the padding
-    tokens, read on the host); elsewhere one select over the tables (no host read).
+    Boxes known on the host: the slabs outside each box are filled (two fills per slab, no
+    mask). A mask on the host (CPU, not traced): only the padding rows are written (an index of
+    the padding tokens). Elsewhere: one select over the tables (no host read).
     """
+    if boxes.host is not None:
+        _fill_outside_boxes(out, boxes)
+        return
+    valid = boxes.valid
     if valid is None:
         return
     lead, batch, mid, n, c = out.shape

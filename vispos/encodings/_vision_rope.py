@@ -89,7 +89,8 @@ class VisionRope(nn.Module):
                     tokens, model.num_prefix_tokens))
 
         Args:
-            mask (Tensor[B, *S] bool): True marks padding, at the token grid.
+            mask (Tensor[B, *S] bool, Padding or NestedTensor): True marks padding, at the
+                token grid.
 
         Returns:
             a context manager.

@@ -224,7 +224,7 @@ class DinoV3RotaryEmbedding(VisionRope):
         out = torch.empty((batch, *spatial, width), dtype=out_dtype, device=device)
         grid.sum_axes([p for _, p in sorted(parts, key=lambda ap: ap[0])], out)  # D + H first, then W
         out = out.view(batch, math.prod(spatial), width)
-        grid.identity_at_padding(out.unsqueeze(0).unsqueeze(2), boxes.valid)
+        grid.identity_at_padding(out.unsqueeze(0).unsqueeze(2), boxes)
         return out if batched else out[0]
 
     def get_embed(
@@ -241,8 +241,11 @@ class DinoV3RotaryEmbedding(VisionRope):
                 cached ``feat_shape`` (or ``mask``'s grid).
             dtype (torch.dtype, optional): output dtype. Default: the periods' dtype (float32),
                 or the cache's dtype for the cached table. Angles are float32 either way.
-            mask (Tensor[B, *S] bool, optional): True marks padding; or a
-                :class:`~vispos.NestedTensor` of token features (its mask is read).
+            mask (Tensor[B, *S] bool, Padding or NestedTensor, optional): True marks padding;
+                or a :class:`~vispos.Padding` (boxes anywhere, e.g. ``starts="symmetric"``), or
+                a :class:`~vispos.NestedTensor` of token features (its ``padding``). Boxes
+                known on the host are used as they are; a mask is classified once
+                (:meth:`Padding.from_mask <vispos.Padding.from_mask>`).
 
         Returns:
             Tensor[prod(S), 2 * dim] without ``mask``; Tensor[B, prod(S), 2 * dim] with it

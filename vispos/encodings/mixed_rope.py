@@ -257,7 +257,7 @@ class MixedRotaryEmbedding(VisionRope):
             sincos_inplace(angles, work.narrow(-1, hd, hd))
             out = work if out_dtype == torch.float32 else work.to(out_dtype)
         out = out.view(depth, batch, heads, tokens, 2 * hd)
-        grid.identity_at_padding(out, boxes.valid)
+        grid.identity_at_padding(out, boxes)
         return out
 
     def _resolve(self, shape: Any, mask: Any, scoped: bool = False) -> tuple[tuple[int, ...], grid.ItemBoxes | None]:
@@ -282,8 +282,9 @@ class MixedRotaryEmbedding(VisionRope):
                 ``mask``'s grid).
             dtype (torch.dtype, optional): output dtype. Default: ``freqs``' dtype (at least
                 float32 while augmenting). Angles and sin / cos are float32 whatever it is.
-            mask (Tensor[B, *S] bool, optional): True marks padding; or a
-                :class:`~vispos.NestedTensor` of token features.
+            mask (Tensor[B, *S] bool, Padding or NestedTensor, optional): True marks padding;
+                or a :class:`~vispos.Padding`, or a :class:`~vispos.NestedTensor` of token
+                features (as in :meth:`DinoV3RotaryEmbedding.get_embed`).
 
         Returns:
             Tensor[depth, heads, prod(S), 2 * head_dim] without ``mask``;
