@@ -31,7 +31,7 @@ from ..padding import check_mask
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
 
-def norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_model: int) -> Tensor:
+def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_model: int) -> Tensor:
     """``LayerNorm(x) * sqrt(d_model)``, each step optional, in speechain's order; never in place.
 
     Args:
@@ -363,7 +363,7 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         return enc if self.alpha is None else self.alpha * enc
 
     def _prepare_input(self, x: Tensor) -> Tensor:
-        return norm_then_scale(x, self.layernorm, self.emb_scale, self.d_model)
+        return _norm_then_scale(x, self.layernorm, self.emb_scale, self.d_model)
 
     def extra_repr(self) -> str:
         return (

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_choice, check_int, check_number
-from .sequence import _SequenceSinusoid, norm_then_scale
+from .sequence import _SequenceSinusoid, _norm_then_scale
 
 __all__ = ["SpeechainPositionalEncoding"]
 
@@ -146,7 +146,7 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         return self._add_encoding(emb_feat, None, None, "emb_feat")
 
     def _prepare_input(self, x: Tensor) -> Tensor:
-        return norm_then_scale(x, self._modules.get("emb_layernorm"), self.emb_scale, self.d_model)
+        return _norm_then_scale(x, self._modules.get("emb_layernorm"), self.emb_scale, self.d_model)
 
     def _shape_encoding(self, enc: Tensor) -> Tensor:
         return self.alpha * enc if self.posenc_scale else enc
