@@ -17,6 +17,7 @@ from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, 
 from .dinov3_rope import DinoV3RotaryEmbedding
 from .mixed_rope import MixedRotaryEmbedding, init_mixed_freqs
 from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
+from .speechain import SpeechainPositionalEncoding
 from .sine import PositionEmbeddingSine, cumulative_positions
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "resample_abs_pos_embed",
     "SinusoidalPositionalEncoding",
     "LearnableSinusoidalPositionalEncoding",
+    "SpeechainPositionalEncoding",
     "sine_embed_coords",
     "CoordSineEmbedding",
     "RotaryEmbedding",
