@@ -48,7 +48,9 @@ class DinoV3RotaryEmbedding(VisionRope):
     extent, so each valid token gets exactly the rotation it gets with the item alone,
     whatever side the padding is on (bottom / right as DETR pads, symmetric as MONAI's
     ``SpatialPad``). Padding tokens get the identity rotation (sin 0, cos 1). A mask that is
-    not a box (holes) uses each item's bounding box of valid cells.
+    not a box (holes) uses each item's bounding box of valid cells. ``with rope.padded(mask):``
+    makes every ``get_embed(shape)`` inside the block serve that batch, so an unmodified timm Eva
+    runs a padded batch.
 
     **Volumes / videos.** ``num_axes=3`` takes grids ``(D, H, W)``; each axis is normalized by
     its own extent (``"separate"``) and gets the same period ladder as in 2D.

@@ -98,7 +98,9 @@ class MixedRotaryEmbedding(VisionRope):
 
     **Padded batches.** ``get_embed(mask=...)`` counts every item's positions from its own first
     valid cell along each axis (the same integers as the item alone, wherever it sits in the
-    canvas) and writes the identity rotation (sin 0, cos 1) at padding tokens.
+    canvas) and writes the identity rotation (sin 0, cos 1) at padding tokens. ``with rope.padded(mask):``
+    makes every ``get_embed(shape)`` inside the block serve that batch (timm's Eva calls it with
+    the patch grid).
 
     **Volumes / videos.** ``num_axes=3`` takes grids ``(D, H, W)`` (channels ``x = W``, ``y = H``,
     ``z = D`` with ``"xy"``... swapped as timm swaps the first two axes; ``D, H, W`` with ``"ij"``).
