@@ -161,7 +161,8 @@ def _register_builtins() -> None:
     if _BUILTINS_DONE:
         return
     from . import encodings
-    from .backbones import DetrEncoder, Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
+    from .backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
+    from .transformer import DetrEncoder
 
     for cls in (TimmBackbone, TorchvisionBackbone, VolumeBackbone, Joiner, DetrEncoder):
         register(cls)

@@ -12,18 +12,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-
+from .._checks import check_int
+from ._batch_norm import freeze_batch_norm
+from ._checkpoints import load_checkpoint_state, load_state_with_report
+from ._freezing import check_freeze_args, freeze_through
 from .base import BackboneBase
-from ._common import (
-    check_freeze_args,
-    check_in_chans,
-    freeze_batch_norm,
-    freeze_through,
-    load_checkpoint_state,
-    load_state_with_report,
-)
 
-__all__ = ["TimmBackbone", "load_checkpoint_state"]
+__all__ = ["TimmBackbone"]
 
 
 class TimmBackbone(BackboneBase):
@@ -104,7 +99,7 @@ class TimmBackbone(BackboneBase):
         ) or len(out_indices) == 0:
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        check_in_chans(in_chans)
+        check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")

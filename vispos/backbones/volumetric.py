@@ -15,8 +15,9 @@ from typing import Any
 from torch import nn
 
 from .._checks import check_int
-from ._common import check_freeze_args, first_conv
-from .torchvision_backbone import ReturnNodes, _check_return_nodes, _GraphBackbone
+from ._freezing import check_freeze_args
+from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
+from ._stems import first_conv
 
 __all__ = ["VolumeBackbone", "VOLUME_MODELS"]
 
@@ -35,7 +36,7 @@ def _check_stem_stride(value: Any) -> tuple[int, int, int]:
     return (int(value[0]), int(value[1]), int(value[2]))
 
 
-class VolumeBackbone(_GraphBackbone):
+class VolumeBackbone(GraphBackbone):
     """A torchvision 3D ResNet (``r3d_18``, ``mc3_18``, ``r2plus1d_18``) for ``(B, C, D, H, W)``
     volumes, returning one 3D :class:`NestedTensor` per level.
 
@@ -132,7 +133,7 @@ class VolumeBackbone(_GraphBackbone):
         if stem_stride is not None:
             stem_stride = _check_stem_stride(stem_stride)
             stem.stride = stem_stride
-        nodes = _check_return_nodes(return_nodes)
+        nodes = check_return_nodes(return_nodes)
         self.stem_stride = stem_stride
         self._setup(
             model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,

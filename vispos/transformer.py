@@ -1,4 +1,4 @@
-"""A small DETR transformer encoder over flattened feature levels.
+"""The DETR transformer encoder over flattened feature levels (positions added to queries and keys).
 
 The encoder adds ``pos`` to queries and keys (not values) in every layer and ignores padded keys
 through ``key_padding_mask``, as DETR does; so the output on an item's valid cells does not
@@ -18,9 +18,9 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_int
-from ..padding import check_mask
-from .joiner import FlatLevels
+from ._checks import check_bool, check_int
+from .backbones.joiner import FlatLevels
+from .padding import check_mask
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]
 
