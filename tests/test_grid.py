@@ -379,10 +379,10 @@ def test_fix_encoding_dtype_override_devices_and_safety():
     "encoding, shape, exc, match",
     [
         (nn.Identity(), (3,), TypeError, "encoding must be a PositionalEncoding.*got Identity"),
-        (PositionalEncoding2D(4), (3,), ValueError, r"shape must hold 2 positive ints.*got \(3,\)"),
-        (PositionalEncoding2D(4), (3, 0), ValueError, r"shape must hold 2 positive ints.*got \(3, 0\)"),
-        (PositionalEncoding2D(4), "ab", TypeError, "shape must be a sequence of ints"),
-        (PositionalEncoding2D(4), (3.0, 2), TypeError, "shape must be a sequence of ints"),
+        (PositionalEncoding2D(4), (3,), ValueError, r"shape must hold 2 ints, got \(3,\)"),
+        (PositionalEncoding2D(4), (3, 0), ValueError, r"shape must hold positive ints, got \(3, 0\)"),
+        (PositionalEncoding2D(4), "ab", TypeError, "shape must be a sequence of 2 ints"),
+        (PositionalEncoding2D(4), (3.0, 2), TypeError, "shape must hold ints"),
     ],
 )
 def test_fix_encoding_constructor_errors(encoding, shape, exc, match):

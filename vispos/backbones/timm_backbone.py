@@ -63,10 +63,11 @@ class TimmBackbone(BackboneBase):
           masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``out_indices`` is not a sequence of ints; a non-int ``in_chans``; a non-bool
-            ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
-            NestedTensor.
-        ValueError: an unknown model name; ``out_indices`` not supported by the model;
+        TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints; a
+            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``train_backbone`` /
+            ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
+        ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
+            model;
             ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
             ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
             ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
@@ -94,10 +95,12 @@ class TimmBackbone(BackboneBase):
 
         if not isinstance(model_name, str):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
-        if isinstance(out_indices, int) or not isinstance(out_indices, Sequence) or any(
-            isinstance(i, bool) or not isinstance(i, int) for i in out_indices
-        ) or len(out_indices) == 0:
+        if isinstance(out_indices, str) or not isinstance(out_indices, Sequence):
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        for i, index in enumerate(out_indices):
+            check_int(index, f"out_indices[{i}]")
+        if len(out_indices) == 0:
+            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):

@@ -49,7 +49,7 @@ from .._cache import (
     expand_batch,
     tracing,
 )
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, check_sizes
 from .._sincos import frequency_divisors, sincos_embed
 
 __all__ = [
@@ -424,21 +424,10 @@ class FixEncoding(nn.Module):
                 "encoding must be a PositionalEncoding{1,2,3}D or "
                 f"PositionalEncodingPermute{{1,2,3}}D, got {type(encoding).__name__}"
             )
-        if isinstance(shape, torch.Size):
-            shape = tuple(shape)
-        if not isinstance(shape, Sequence) or any(
-            isinstance(s, bool) or not isinstance(s, int) for s in shape
-        ):
-            raise TypeError(f"shape must be a sequence of ints (the spatial shape), got {shape!r}")
-        n = encoding.n_spatial
-        if len(shape) != n or any(s <= 0 for s in shape):
-            raise ValueError(
-                f"shape must hold {n} positive ints (the spatial shape of "
-                f"{type(encoding).__name__}, batch and channels excluded), got {tuple(shape)}"
-            )
+        shape = check_sizes(shape, "shape", ranks=(encoding.n_spatial,))  # the spatial shape only
         self.pos_encoder = encoding
         self.shape = tuple(shape)
-        self.dim = n
+        self.dim = encoding.n_spatial
         self._dtype = encoding.dtype_override or torch.float32
         # one table per device, whatever its size: the shape is fixed by the caller
         self._tables = TensorCache(4, max_bytes=None)

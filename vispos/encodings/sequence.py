@@ -22,18 +22,10 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
-from .._checks import check_bool, check_int, check_number
+from .._checks import check_bool, check_dropout, check_int, check_number
 from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
-
-
-def _check_dropout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"dropout must be a float in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {value}")
-    return float(value)
 
 
 class _SequenceSinusoid(DerivedBuffers, nn.Module):
@@ -57,7 +49,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
     ) -> None:
         super().__init__()
         check_num_feats(d_model, "d_model")
-        _check_dropout(dropout)
+        check_dropout(dropout)
         check_int(max_len, "max_len", minimum=1)
         if layout not in _LAYOUTS:
             raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
