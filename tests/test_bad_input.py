@@ -235,7 +235,7 @@ CASES = [
     ("joiner/hidden_dim undescribed backbone", lambda f: Joiner(torch.nn.Identity(), PE, hidden_dim=16), TypeError, r"hidden_dim needs a backbone that reports num_channels, strides and n_spatial.*Identity"),
     ("sine/eps nan", lambda f: PositionEmbeddingSine(4, eps=float("nan")), ValueError, r"eps must be a finite number, got nan"),
     ("sine/offset str", lambda f: PositionEmbeddingSine(4, offset="a"), TypeError, r"offset must be a finite number, got 'a' \(str\)"),
-    ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype, got torch.int32"),
+    ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype \(sin/cos values\), got torch.int32"),
     ("grid/org_channels set to zero", lambda f: setattr(PositionalEncoding2D(4), "org_channels", 0), ValueError, r"org_channels must be a positive int, got 0"),
     ("detr-like/mask shape", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 5, dtype=torch.bool))), ValueError, r"_DetrNT.mask must have shape \(B, \*S\) = \(2, 4, 4\), got \(2, 4, 5\)"),
     ("detr-like/int mask", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 4, dtype=torch.int64))), TypeError, r"_DetrNT.mask must have dtype torch.bool"),

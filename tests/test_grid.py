@@ -261,8 +261,8 @@ def test_input_is_not_modified():
         ((-3,), ValueError, "channels must be a positive int, got -3"),
         (("8",), TypeError, r"channels must be a positive int, got '8' \(str\)"),
         ((True,), TypeError, "channels must be a positive int, got True"),
-        ((8, torch.int64), TypeError, "dtype_override must be a floating torch.dtype, got torch.int64"),
-        ((8, "float16"), TypeError, r"dtype_override must be None or a floating torch.dtype.*'float16'"),
+        ((8, torch.int64), TypeError, r"dtype_override must be a floating torch.dtype \(sin/cos values\), got torch.int64"),
+        ((8, "float16"), TypeError, r"dtype_override must be a floating torch.dtype such as torch.float16, got 'float16' \(str\)"),
     ],
 )
 def test_constructor_errors(args, exc, match):

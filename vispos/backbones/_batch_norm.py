@@ -13,6 +13,8 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from .._checks import check_int, check_number
+
 __all__ = ["FrozenBatchNorm3d", "freeze_batch_norm"]
 
 
@@ -30,9 +32,19 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
     Shape:
         input and output ``Tensor[N, C, D, H, W]``, same dtype.
 
+    Raises:
+        TypeError: a non-int ``num_features`` or a non-number ``eps``.
+        ValueError: ``num_features`` < 1 or a negative ``eps``; at forward, an input that is not
+            5-D.
+
     References:
         torchvision ``ops.misc.FrozenBatchNorm2d``; DETR ``models/backbone.py``.
     """
+
+    def __init__(self, num_features: int, eps: float = 1e-5) -> None:
+        check_int(num_features, "num_features", minimum=1)
+        check_number(eps, "eps", nonnegative=True)
+        super().__init__(num_features, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() != 5:

@@ -67,10 +67,9 @@ class TimmBackbone(BackboneBase):
             non-int ``in_chans`` / ``frozen_stages``; a non-bool ``train_backbone`` /
             ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
         ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
-            model;
-            ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
-            ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
-            ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
+            model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
+            checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
+            than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
         FileNotFoundError: ``checkpoint_path`` does not exist.
 
     References:
