@@ -179,6 +179,15 @@ TABLE: dict[str, list[Case]] = {
         ("dropout str", lambda: vispos.LearnableSinusoidalPositionalEncoding(8, dropout="0.1")),
         ("dropout negative", lambda: vispos.LearnableSinusoidalPositionalEncoding(8, dropout=-0.1)),
     ],
+    "SpeechainPositionalEncoding": [
+        ("posenc_type int", lambda: vispos.SpeechainPositionalEncoding(1)),
+        ("posenc_type unknown", lambda: vispos.SpeechainPositionalEncoding("sin")),
+        ("d_model odd", lambda: vispos.SpeechainPositionalEncoding("mix", 7)),
+        ("dropout str", lambda: vispos.SpeechainPositionalEncoding("mix", 8, dropout="0.1")),
+        ("dropout 1", lambda: vispos.SpeechainPositionalEncoding("mix", 8, dropout=1.0)),
+        ("emb_feat int", lambda: vispos.SpeechainPositionalEncoding("mix", 8)(torch.zeros(1, 4, 8, dtype=torch.int64))),
+        ("emb_feat width", lambda: vispos.SpeechainPositionalEncoding("mix", 8)(torch.zeros(1, 4, 6))),
+    ],
     "CoordSineEmbedding": [
         ("num_coords str", lambda: vispos.CoordSineEmbedding("4")),
         ("d_model zero", lambda: vispos.CoordSineEmbedding(4, 0)),
