@@ -1,4 +1,4 @@
-"""Frozen batch norm: fixed statistics and affine parameters, in 2D (torchvision, timm) and 3D.
+"""Frozen batch norm for 2D (torchvision, timm) or 3D backbones: fixed statistics, fixed affine.
 
 Private module; the public names are re-exported by :mod:`vispos.backbones`.
 

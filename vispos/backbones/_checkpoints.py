@@ -1,4 +1,4 @@
-"""Backbone checkpoints: reading a local state dict and loading it with a report of what matched.
+"""Backbone checkpoints: local state dicts, loaded with a report of what matched.
 
 Nothing is downloaded; ``.pt`` files are read with ``weights_only=True``. A wrapper prefix
 (``module.``, DETR's ``backbone.0.body.``) is stripped when that makes more keys match.

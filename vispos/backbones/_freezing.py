@@ -1,4 +1,4 @@
-"""Freezing backbone parameters: by module name up to a stage, and the adapters' freezing arguments.
+"""Frozen stages: backbone parameters frozen up to a named module, as the adapters' arguments ask.
 
 References:
     Carion et al., DETR ``models/backbone.py`` (``train_backbone``); mmdet / detectron2

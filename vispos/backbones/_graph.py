@@ -1,4 +1,4 @@
-"""torchvision feature extraction as padded levels: the machinery the 2D and 3D adapters share.
+"""torchvision feature extraction as padded levels: the machinery shared by the 2D / 3D adapters.
 
 :class:`GraphBackbone` wraps ``torchvision.models.feature_extraction.create_feature_extractor``
 and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and

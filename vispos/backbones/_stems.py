@@ -1,4 +1,4 @@
-"""Backbone stems: finding the first convolution and adapting it to the input's channel count.
+"""Backbone stems: the first convolution, adapted to the input's channel count.
 
 References:
     timm ``models/_manipulate.py`` (``adapt_input_conv``).

@@ -1,4 +1,4 @@
-"""Figures of an encoding's channels: heatmaps, sin/cos curves and the wavelength ladder.
+"""Figures of an encoding's channels: heatmaps, sin/cos curves, the wavelength ladder.
 
 :func:`encode_grid` evaluates any vispos encoder on one item's grid, channels-first, for the
 plots here and in :mod:`~vispos.app.figures.similarity`. Each ``plot_*`` function returns a
