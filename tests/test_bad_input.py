@@ -200,7 +200,7 @@ CASES = [
     ("encoder/float key_padding_mask", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 32), None, torch.zeros(1, 5)), TypeError, r"key_padding_mask must have dtype torch.bool"),
     # ---- configs
     ("config/missing file", lambda f: build_from_config(f["files"]["missing"]), FileNotFoundError, r"config file .*missing.file' does not exist"),
-    ("config/directory", lambda f: load_config(f["files"]["dir"]), FileNotFoundError, r"config file .* is a directory, expected a YAML file"),
+    ("config/directory", lambda f: load_config(f["files"]["dir"]), IsADirectoryError, r"config file .* is a directory, not a YAML file"),
     ("config/corrupt yaml", lambda f: build_from_config(f["files"]["corrupt_yaml"]), ValueError, r"config file .*corrupt.yaml' is not valid YAML"),
     ("config/binary file", lambda f: build_from_config(f["files"]["binary_yaml"]), ValueError, r"config file .*binary.yaml' is not UTF-8 text"),
     ("config/list at top", lambda f: build_from_config(f["files"]["list_yaml"]), ValueError, r"must hold a mapping with a 'type' key, got list"),

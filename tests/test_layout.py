@@ -150,5 +150,7 @@ def test_each_module_is_one_room(path):
     lines = path.read_text().count("\n")
     if _rel(path) not in OVERSIZED_PENDING:
         assert lines < 500, f"{_rel(path)} has {lines} lines (rooms stay under 500)"
+    else:
+        assert lines >= 500, f"{_rel(path)} is down to {lines} lines: remove it from OVERSIZED_PENDING"
     doc = ast.get_docstring(ast.parse(path.read_text()))
     assert doc and doc.strip(), f"{_rel(path)} has no module docstring"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_dropout",
+    "check_file",
     "check_float_dtype",
     "check_int",
     "check_multiple",
@@ -132,6 +134,26 @@ def check_dropout(value: Any, name: str = "dropout") -> float:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value}")
     return float(value)
+
+
+def check_file(path: Any, what: str, expected: str) -> str:
+    """An existing regular file (symbolic links followed), returned as ``str``.
+
+    Args:
+        path (str | PathLike): the file.
+        what (str): names it in messages, e.g. ``"image file"``.
+        expected (str): what a directory should have been, e.g. ``"an image file"``.
+
+    Raises:
+        TypeError: ``path`` is not a str or PathLike. IsADirectoryError: it is a directory.
+        FileNotFoundError: nothing is there.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path!r} is a directory, not {expected}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path!r} does not exist")
+    return path
 
 
 def check_choice(value: Any, choices: Sequence[Any], name: str) -> Any:

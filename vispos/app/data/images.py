@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_choice, check_int, check_number
+from ..._checks import check_file, check_int
 from ._args import check_paths
 
 __all__ = [
@@ -139,11 +139,7 @@ def load_image(
 
     check_int(max_size, "max_size", minimum=1, optional=True)
     check_int(max_pixels, "max_pixels", minimum=1, optional=True)
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"image file {path!r} is a directory, not an image file")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"image file {path!r} does not exist")
+    path = check_file(path, "image file", "an image file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit below

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_choice, check_int, check_number
+from ..._checks import check_choice, check_file, check_int, check_number
 from ._args import check_paths
 
 __all__ = [
@@ -245,11 +245,7 @@ def load_volume(
         import nibabel as nib
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("NIfTI volumes are read with nibabel: pip install 'vispos[medical]'") from exc
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"volume file {path!r} is a directory, not a NIfTI file")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"volume file {path!r} does not exist")
+    path = check_file(path, "volume file", "a NIfTI file")
     check_int(max_voxels, "max_voxels", minimum=1, optional=True)
     check_int(max_size, "max_size", minimum=1, optional=True)
     check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
