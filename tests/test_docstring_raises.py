@@ -208,6 +208,27 @@ TABLE: dict[str, list[Case]] = {
         ("grid_shape floats", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2.0, 3))),
         ("grid_shape product", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2, 4))),
     ],
+    "DinoV3RotaryEmbedding": [
+        ("dim odd multiple", lambda: vispos.DinoV3RotaryEmbedding(30)),
+        ("dim float", lambda: vispos.DinoV3RotaryEmbedding(32.0)),
+        ("one period", lambda: vispos.DinoV3RotaryEmbedding(32, min_period=1.0)),
+        ("normalize_coords int", lambda: vispos.DinoV3RotaryEmbedding(32, normalize_coords=1)),
+        ("jitter below 1", lambda: vispos.DinoV3RotaryEmbedding(32, jitter_coords=0.5)),
+        ("mask float", lambda: vispos.DinoV3RotaryEmbedding(32).get_embed(mask=torch.zeros(1, 4, 4))),
+        ("mask 3D for 2 axes", lambda: vispos.DinoV3RotaryEmbedding(32).get_embed(mask=_mask(1, 2, 3, 4))),
+        ("x int", lambda: vispos.DinoV3RotaryEmbedding(8)(torch.zeros(1, 8, 3, 3, dtype=torch.int64))),
+    ],
+    "MixedRotaryEmbedding": [
+        ("dim not divisible", lambda: vispos.MixedRotaryEmbedding(64, 2, 3)),
+        ("depth float", lambda: vispos.MixedRotaryEmbedding(64, 2.0, 4)),
+        ("head_dim odd axes", lambda: vispos.MixedRotaryEmbedding(24, 2, 4)),
+        ("grid_indexing int", lambda: vispos.MixedRotaryEmbedding(64, 2, 4, grid_indexing=0)),
+        ("shape rank", lambda: vispos.MixedRotaryEmbedding(64, 2, 4).get_embed([2, 2, 2])),
+        ("block_index out of range", lambda: vispos.MixedRotaryEmbedding(32, 2, 2)(torch.zeros(1, 32, 2, 2), 2)),
+    ],
+    "Padding": [
+        ("called directly", lambda: vispos.Padding()),
+    ],
     "FrozenBatchNorm3d": [
         ("num_features float", lambda: bb.FrozenBatchNorm3d(4.0)),
         ("num_features zero", lambda: bb.FrozenBatchNorm3d(0)),

@@ -90,7 +90,7 @@ class DinoV3RotaryEmbedding(VisionRope):
             3; a non-positive / non-finite period; only one of ``min_period`` / ``max_period``;
             neither a temperature nor both periods; an unknown ``normalize_coords`` /
             ``grid_indexing``; a negative shift, a jitter or rescale below 1; a ``feat_shape`` of
-            another rank.
+            another rank; at a call, a grid or mask of another rank, a mask of another grid.
 
     References:
         Simeoni et al., DINOv3, 2025; timm ``RotaryEmbeddingDinoV3``; transformers

@@ -130,7 +130,9 @@ class MixedRotaryEmbedding(VisionRope):
             temperature or augmentation strength; a non-str ``grid_indexing``.
         ValueError: ``dim`` not a multiple of ``num_heads``, ``head_dim`` not a multiple of
             ``2 * num_axes``; non-positive sizes; bad ``grid_indexing``; bad augmentation
-            strengths; a ``feat_shape`` of another rank.
+            strengths; a ``feat_shape`` of another rank; at a call, a grid or mask of another
+            rank.
+        IndexError: ``forward``'s ``block_index`` outside ``[-depth, depth)``.
 
     References:
         Heo et al., Rotary Position Embedding for Vision Transformer, ECCV 2024; timm
