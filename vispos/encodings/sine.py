@@ -272,8 +272,10 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
         eps (float): added to the denominator when normalising (DETR: 1e-6).
         cache_size (int): results kept per module (LRU), keyed on shape, device, dtype,
-            parameters, the ``NestedTensor``'s sizes and (CPU masks) the mask's content. 0
-            disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
+            parameters and the input's :class:`~vispos.Padding`: its boxes when rectangular
+            (a batch, or a CPU mask found rectangular), the mask's content for other CPU
+            masks (masks on an accelerator are not cached: comparing them would synchronise).
+            0 disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
         cache_bytes (int, optional): byte budget of the cache (entries plus the mask copies
             they are keyed on); an entry larger than it is not stored. Default 8 MiB
             (``vispos._cache.DEFAULT_MAX_BYTES``); None: no byte bound.
