@@ -200,7 +200,7 @@ CASES = [
     ("encoder/float key_padding_mask", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 32), None, torch.zeros(1, 5)), TypeError, r"key_padding_mask must have dtype torch.bool"),
     # ---- configs
     ("config/missing file", lambda f: build_from_config(f["files"]["missing"]), FileNotFoundError, r"config file .*missing.file' does not exist"),
-    ("config/directory", lambda f: load_config(f["files"]["dir"]), FileNotFoundError, r"config file .* is a directory, expected a YAML file"),
+    ("config/directory", lambda f: load_config(f["files"]["dir"]), IsADirectoryError, r"config file .* is a directory, not a YAML file"),
     ("config/corrupt yaml", lambda f: build_from_config(f["files"]["corrupt_yaml"]), ValueError, r"config file .*corrupt.yaml' is not valid YAML"),
     ("config/binary file", lambda f: build_from_config(f["files"]["binary_yaml"]), ValueError, r"config file .*binary.yaml' is not UTF-8 text"),
     ("config/list at top", lambda f: build_from_config(f["files"]["list_yaml"]), ValueError, r"must hold a mapping with a 'type' key, got list"),
@@ -215,7 +215,7 @@ CASES = [
     ("image/missing", lambda f: load_image(f["files"]["missing"]), FileNotFoundError, r"image file .*missing.file' does not exist"),
     ("image/not an image", lambda f: load_image(f["files"]["text_png"]), ValueError, r"image file .*text.png' could not be read as an image"),
     ("image/truncated", lambda f: load_image(f["files"]["truncated_png"]), ValueError, r"image file .*truncated.png' could not be read as an image"),
-    ("image/max_size zero", lambda f: load_image(f["files"]["png"], max_size=0), ValueError, r"max_size must be a positive int or None, got 0"),
+    ("image/max_size zero", lambda f: load_image(f["files"]["png"], max_size=0), ValueError, r"max_size must be a positive int, got 0"),
     ("images/single path", lambda f: load_images(f["files"]["png"]), TypeError, r"paths must be a list or tuple of file paths, got str"),
     ("imagenet_normalize/list", lambda f: imagenet_normalize([1.0]), TypeError, r"image must be a floating Tensor\[3, H, W\]"),
     ("imagenet_normalize/1 channel", lambda f: imagenet_normalize(torch.zeros(1, 4, 4)), ValueError, r"image must have shape \(3, H, W\) or \(B, 3, H, W\), got \(1, 4, 4\)"),
@@ -235,7 +235,7 @@ CASES = [
     ("joiner/hidden_dim undescribed backbone", lambda f: Joiner(torch.nn.Identity(), PE, hidden_dim=16), TypeError, r"hidden_dim needs a backbone that reports num_channels, strides and n_spatial.*Identity"),
     ("sine/eps nan", lambda f: PositionEmbeddingSine(4, eps=float("nan")), ValueError, r"eps must be a finite number, got nan"),
     ("sine/offset str", lambda f: PositionEmbeddingSine(4, offset="a"), TypeError, r"offset must be a finite number, got 'a' \(str\)"),
-    ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype, got torch.int32"),
+    ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype \(sin/cos values\), got torch.int32"),
     ("grid/org_channels set to zero", lambda f: setattr(PositionalEncoding2D(4), "org_channels", 0), ValueError, r"org_channels must be a positive int, got 0"),
     ("detr-like/mask shape", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 5, dtype=torch.bool))), ValueError, r"_DetrNT.mask must have shape \(B, \*S\) = \(2, 4, 4\), got \(2, 4, 5\)"),
     ("detr-like/int mask", lambda f: PE(_DetrNT(torch.zeros(2, 3, 4, 4), torch.zeros(2, 4, 4, dtype=torch.int64))), TypeError, r"_DetrNT.mask must have dtype torch.bool"),
@@ -388,12 +388,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys, files, argv, match, status):
 def test_cli_unexpected_error_is_one_line_and_writes_nothing(tmp_path, capsys, files, monkeypatch):
     """A failure while the figure is drawn (after the embeddings were computed) leaves no file:
     neither a half-written one nor ``embeddings.pt`` without its figure."""
-    import vispos.viz
+    import vispos.app.figures
 
     def broken(*args, **kwargs):
         raise RuntimeError("figure backend crashed\nsecond line")
 
-    monkeypatch.setattr(vispos.viz, "plot_position_similarity", broken)
+    monkeypatch.setattr(vispos.app.figures, "plot_level_similarity", broken)
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
     out = tmp_path / "out"
@@ -542,7 +542,7 @@ def files12(tmp_path_factory):
 
 
 def _write_group(paths):
-    from vispos._io import write_files
+    from vispos.app._io import write_files
 
     return write_files([(q, lambda tmp: open(tmp, "w").close()) for q in paths])
 
@@ -554,8 +554,8 @@ CASES_12 = [
     ("12/image over max_pixels", lambda f: load_image(f["big_png"]), ValueError,
      r"big.png' declares 10000x10000 = 100000000 pixels, more than max_pixels=89478485"),
     ("12/images over max_pixels", lambda f: load_images([f["big_png"]], max_pixels=99), ValueError, r"more than max_pixels=99"),
-    ("12/max_pixels bool", lambda f: load_image(f["big_png"], max_pixels=True), ValueError, r"max_pixels must be a positive int or None, got True"),
-    ("12/max_size checked first", lambda f: load_image(f["bomb_png"], max_size=-1), ValueError, r"max_size must be a positive int or None, got -1"),
+    ("12/max_pixels bool", lambda f: load_image(f["big_png"], max_pixels=True), TypeError, r"max_pixels must be a positive int or None, got True \(bool\)"),
+    ("12/max_size checked first", lambda f: load_image(f["bomb_png"], max_size=-1), ValueError, r"max_size must be a positive int, got -1"),
     ("12/float image NaN", lambda f: load_image(f["nan_tif"]), ValueError, r"nan.tif' holds non-finite values"),
     ("12/int32 image over 16 bits", lambda f: load_image(f["int32_tif"]), ValueError,
      r"int32.tif' holds I integers from 70000 to 70000; .* at most 16 bits"),
@@ -565,7 +565,7 @@ CASES_12 = [
     ("12/nifti 4000^3 header", lambda f: load_volume(f["huge_nii"]), ValueError,
      r"huge.nii' declares shape \(4000, 4000, 4000\) = 64000000000 voxels, more than max_voxels=268435456"),
     ("12/nifti max_voxels", lambda f: load_volumes([f["short_nii"]], max_voxels=10), ValueError, r"= 64000 voxels, more than max_voxels=10"),
-    ("12/nifti max_voxels zero", lambda f: load_volume(f["short_nii"], max_voxels=0), ValueError, r"max_voxels must be a positive int or None, got 0"),
+    ("12/nifti max_voxels zero", lambda f: load_volume(f["short_nii"], max_voxels=0), ValueError, r"max_voxels must be a positive int, got 0"),
     ("12/nifti shorter than header says", lambda f: load_volume(f["short_nii"]), ValueError, r"short.nii' is truncated: its header declares shape \(40, 40, 40\)"),
     ("12/nifti empty axis", lambda f: load_volume(f["empty_axis_nii"]), ValueError, r"empty_axis.nii' has an empty axis"),
     ("12/nifti voxels inside header", lambda f: load_volume(f["offset0_nii"]), ValueError, r"offset0.nii' is corrupt: its voxels would start at byte 0"),
@@ -601,7 +601,7 @@ def test_issue12_bad_input_is_answered_clearly(call, exc, match, files12):
         (["run", "--volumes", "{rgb_nii}"], "rgb24.nii' stores RGB voxels"),
         (["run", "--volumes", "{huge_nii}"], "= 64000000000 voxels, more than max_voxels="),
         (["run", "--images", "{nan_tif}", "--config", "{bomb_yaml}"], "holds non-finite values"),
-        (["run", "--images", "{big_png}", "--max-size", "0"], "max_size must be a positive int or None, got 0"),
+        (["run", "--images", "{big_png}", "--max-size", "0"], "max_size must be a positive int, got 0"),
         (["demo", "--samples", "camera", "--config", "{bomb_yaml}"], "expands to more than 10000 values"),
         (["demo", "--samples", "camera", "--config", "{int_key_yaml}"], "keys must be strings"),
         (["demo", "--samples", "camera", "--out", "{bomb_png}"], "exists and is not a folder"),

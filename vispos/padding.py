@@ -92,7 +92,9 @@ class Padding:
         batch (int): ``B``. spatial (tuple of int): ``S``. device (torch.device): of the mask.
 
     Raises:
-        TypeError: ``Padding(...)`` called directly (use the class methods).
+        TypeError: ``Padding(...)`` called directly (use the class methods); an argument of a
+            class method or of :meth:`resize` / :meth:`to` of the wrong type.
+        ValueError: sizes, starts or a target size out of range (see each method).
 
     References:
         Carion et al., DETR, ECCV 2020 (mask True = padding); detectron2 ``ImageList``
