@@ -141,6 +141,9 @@ def test_plot_wavelengths_draws_the_formula():
     np.testing.assert_allclose(t2t.lines[1].get_ydata(), 2 * np.pi * np.exp(np.log(10000.0) * k / 7), rtol=1e-12)
     freq = viz.plot_wavelengths(16, temperatures=(100,), ladders=("standard",), frequency=True)
     np.testing.assert_allclose(freq.axes[0].lines[0].get_ydata(), 100.0 ** (-2 * k / 16), rtol=1e-12)
+    cont = viz.plot_wavelengths(16, temperatures=(100,), ladders=("continued",))
+    np.testing.assert_allclose(cont.axes[0].lines[0].get_ydata(),
+                               2 * np.pi * 100.0 ** (np.concatenate([2 * k, 16 + 2 * k]) / 16), rtol=1e-6)
     with pytest.raises(ValueError, match="ladder must be one of"):
         viz.plot_wavelengths(16, ladders=("log",))
     with pytest.raises(ValueError, match="must be non-empty"):

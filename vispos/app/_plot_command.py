@@ -5,7 +5,7 @@ Kinds (one per :mod:`vispos.app.figures` figure function):
 * ``channels``: channel heatmaps over a 1D or 2D grid (:func:`vispos.app.figures.plot_channels`);
 * ``curves``: sin / cos curves of chosen channels with their wavelengths
   (:func:`vispos.app.figures.plot_sincos_curves`);
-* ``wavelengths``: wavelength against channel for several temperatures and both ladders
+* ``wavelengths``: wavelength against channel for several temperatures and ladders
   (:func:`vispos.app.figures.plot_wavelengths`);
 * ``similarity``: cosine-similarity maps of query cells, 2D or 3D slices
   (:func:`vispos.app.figures.plot_similarity`);
@@ -43,7 +43,7 @@ KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
                  {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
     "curves": ("sin/cos curves of chosen channels, wavelengths marked",
                {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
-    "wavelengths": ("wavelength against channel for several temperatures and both ladders", None),
+    "wavelengths": ("wavelength against channel for several temperatures and ladders", None),
     "similarity": ("cosine similarity of query cells to every cell (2D, or 3D slices)",
                    {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
     "batch": ("a padded batch of sample photos with its masks", None),
@@ -78,7 +78,7 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--num-feats", type=int, default=128, help="channels per axis (wavelengths)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[20.0, 100.0, 10000.0],
                    help="temperatures (wavelengths)")
-    p.add_argument("--ladders", nargs="+", default=["standard", "t2t"], choices=["standard", "t2t"],
+    p.add_argument("--ladders", nargs="+", default=["standard", "t2t"], choices=["standard", "t2t", "continued"],
                    help="frequency ladders (wavelengths)")
     p.add_argument("--frequency", action="store_true", help="plot frequency instead of wavelength")
     p.add_argument("--samples", nargs="+", default=["astronaut", "coffee", "chelsea"],

@@ -312,7 +312,9 @@ def plot_wavelengths(
     """Wavelength (or frequency) of each frequency index ``k`` for several temperatures and ladders.
 
     ``standard``: ``w_k = T^(-2k/F)`` (Vaswani et al., DETR); ``t2t``:
-    ``w_j = exp(-ln(T) j / (F/2 - 1))`` (tensor2tensor, fairseq2). The wavelength is
+    ``w_j = exp(-ln(T) j / (F/2 - 1))`` (tensor2tensor, fairseq2); ``continued``: the standard
+    ladder's ``F / 2`` frequencies for the sines, then ``w_k / T`` for the cosines, ``F`` points
+    (speechain's ``posenc_type="sep"``). The wavelength is
     ``2 pi / w_k`` (position units: cells, or normalised units with DETR's ``normalize``). One
     axes per ladder, one line per temperature, log scale. Computed with
     :func:`vispos._sincos.frequency_divisors`, the table every encoder uses.
@@ -320,12 +322,12 @@ def plot_wavelengths(
     Args:
         num_feats (int): ``F``, channels of one axis (positive, even; >= 4 for ``t2t``).
         temperatures (sequence of float): the temperatures ``T`` (each > 0).
-        ladders (sequence of str): ``"standard"`` and / or ``"t2t"``.
+        ladders (sequence of str): any of ``"standard"``, ``"t2t"``, ``"continued"``.
         frequency (bool): plot ``w_k`` (radians per unit) instead of the wavelength.
 
     Returns:
         matplotlib.figure.Figure: ``len(ladders)`` axes sharing the y axis, each with
-            ``len(temperatures)`` lines of ``F / 2`` points.
+            ``len(temperatures)`` lines of ``F / 2`` points (``F`` for ``"continued"``).
 
     Raises:
         TypeError: ``num_feats`` is not an int; a temperature is not a number; a ladder is not
@@ -352,7 +354,8 @@ def plot_wavelengths(
             ys = 1.0 / div if frequency else 2 * math.pi * div
             ax.plot(np.arange(len(div)), ys, marker=".", ms=3, lw=1.2, label=f"T = {t:g}")
         ax.set_yscale("log")
-        ax.set_xlabel(f"frequency index k (channels 2k, 2k+1 of {num_feats})")
+        ax.set_xlabel(f"frequency index k (sines then cosines, {num_feats} channels)" if ld == "continued"
+                      else f"frequency index k (channels 2k, 2k+1 of {num_feats})")
         ax.set_title(f"{ld} ladder", fontsize=10)
         ax.grid(True, which="both", color="0.9", lw=0.5)
         ax.legend(fontsize=8)
