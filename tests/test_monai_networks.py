@@ -161,6 +161,27 @@ def test_unetr_padding_invariance():
     assert (unmasked[0] - out[0]).abs().max() > 1e-2
 
 
+def test_unetr_metatensor_batch_inverts_like_monai():
+    # a MetaTensor in, a MetaTensor out: predictions decollate and invert as the images do
+    from monai.transforms import Compose, Invertd, SpatialPadd
+
+    from vispos.monai import decollate_nested_batch
+
+    pipeline = Compose([SpatialPadd("image", (16, 16, 16)), DivisiblePadd("image", k=16)])
+    affine = torch.diag(torch.tensor([1.0, 1.0, 3.0, 1.0], dtype=torch.float64))
+    originals = [{"image": MetaTensor(v, affine=affine)} for v in _volumes([(14, 20, 9), (16, 16, 16)])]
+    batch = NestedPadCollate()([pipeline(dict(d)) for d in originals])
+    net = AnySizeUNETR(**{**UNETR_KW, "img_size": 16}).eval()
+    with torch.no_grad():
+        batch["pred"] = net(batch["image"])
+    assert isinstance(batch["pred"], MetaTensor) and batch["pred"].shape[2:] == batch["image"].tensors.shape[2:]
+    for item, orig in zip(decollate_nested_batch(batch), originals):
+        assert item["pred"].shape[1:] == item["image"].shape[1:]
+        back = Invertd("pred", transform=pipeline, orig_keys="image")(item)
+        assert back["pred"].shape[1:] == orig["image"].shape[1:]
+        assert_close(back["pred"].affine, orig["image"].affine)
+
+
 @pytest.mark.parametrize("norm", [nn.BatchNorm3d(3), nn.GroupNorm(1, 3), nn.InstanceNorm3d(3, affine=True)])
 def test_masked_norms_use_valid_cells_only(norm):
     model = nn.Sequential(nn.Conv3d(3, 3, 3, padding=1), norm).train()
