@@ -8,6 +8,8 @@ extra (``pip install 'vispos[monai]'``, MONAI >= 1.5 for attention masks in ``SA
   (the collate's own and what MONAI's pad transforms recorded); and back.
 * :class:`AnySizeViT`, :class:`AnySizeUNETR`: MONAI's ``ViT`` / ``UNETR`` with the position
   embedding computed for each input's patch grid and padded patches masked out of attention.
+* :func:`meta_spacing`: each item's voxel spacing (mm) from a ``MetaTensor`` batch's affines, for
+  the ``spacing`` of vispos' position embeddings.
 
 References:
     Cardoso et al., MONAI: An open-source framework for deep learning in healthcare, 2022.
@@ -20,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .collate import NestedPadCollate, decollate_nested_batch, recorded_padding_mask
 from .networks import AnySizeUNETR, AnySizeViT
+from .spacing import meta_spacing
 
 __all__ = [
     "NestedPadCollate",
@@ -27,4 +30,5 @@ __all__ = [
     "recorded_padding_mask",
     "AnySizeViT",
     "AnySizeUNETR",
+    "meta_spacing",
 ]
