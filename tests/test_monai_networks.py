@@ -161,6 +161,23 @@ def test_unetr_padding_invariance():
     assert (unmasked[0] - out[0]).abs().max() > 1e-2
 
 
+def test_training_step_on_a_padded_batch():
+    # gradients reach every trained parameter (the learned table through its resampling) and
+    # stay finite; the padded voxels take no part in the loss
+    net = AnySizeUNETR(**UNETR_KW).train()
+    batch = nested_tensor_from_tensor_list(_volumes(UNETR_SIZES))
+    logits = net(batch)
+    loss = logits.logsumexp(1)[~batch.mask].mean()
+    loss.backward()
+    table = net.vit.patch_embedding.position_embeddings
+    assert table.grad is not None and table.grad.abs().sum() > 0
+    ref = UNETR(**UNETR_KW).train()  # which parameters MONAI's own forward trains
+    ref(torch.randn(1, 1, 32, 32, 32)).sum().backward()
+    trained = {name for name, p in ref.named_parameters() if p.grad is not None}
+    assert trained and trained == {name for name, p in net.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
 def test_unetr_metatensor_batch_inverts_like_monai():
     # a MetaTensor in, a MetaTensor out: predictions decollate and invert as the images do
     from monai.transforms import Compose, Invertd, SpatialPadd
