@@ -26,6 +26,7 @@ from ...encodings import (
     PositionEmbeddingLearned,
     PositionEmbeddingSine,
     SinusoidalPositionalEncoding,
+    SpeechainPositionalEncoding,
 )
 from ...padding import check_mask
 from ._draw import new_figure
@@ -53,7 +54,8 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
     :class:`~vispos.PositionEmbeddingLearned`) get a bool mask ``(1, *S)``; the
     ``positional-encodings`` grid classes get a zero tensor in their layout; the 1D sequence
     encoders (:class:`~vispos.SinusoidalPositionalEncoding`,
-    :class:`~vispos.LearnableSinusoidalPositionalEncoding`) get a zero sequence, so the result is
+    :class:`~vispos.LearnableSinusoidalPositionalEncoding`,
+    :class:`~vispos.SpeechainPositionalEncoding`) get a zero sequence, so the result is
     the added encoding itself (plus any LayerNorm bias).
 
     Args:
@@ -92,7 +94,9 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
             if encoder.channels_first:
                 return encoder(torch.zeros(1, encoder.org_channels, *shape))[0].float().contiguous()
             return encoder(torch.zeros(1, *shape, encoder.org_channels))[0].movedim(-1, 0).float().contiguous()
-        if isinstance(encoder, (SinusoidalPositionalEncoding, LearnableSinusoidalPositionalEncoding)):
+        if isinstance(
+            encoder, (SinusoidalPositionalEncoding, LearnableSinusoidalPositionalEncoding, SpeechainPositionalEncoding)
+        ):
             if len(shape) != 1:
                 raise ValueError(f"{type(encoder).__name__} encodes sequences (1 axis), got shape {shape}")
             x = torch.zeros(1, shape[0], encoder.d_model)
@@ -125,7 +129,8 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
         encoder (nn.Module): an encoder whose channels are fixed sinusoids:
             :class:`~vispos.PositionEmbeddingSine` (``num_pos_feats`` channels per axis,
             interleaved), the ``positional-encodings`` classes (interleaved) or
-            :class:`~vispos.SinusoidalPositionalEncoding` (its ``layout`` and ``ladder``).
+            :class:`~vispos.SinusoidalPositionalEncoding` / :class:`~vispos.SpeechainPositionalEncoding`
+            (their ``layout`` and ``ladder``).
         length (int): the line's length in cells (only used with ``normalize``), >= 1.
 
     Returns:
@@ -144,7 +149,7 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
         feats, temp, layout, ladder = encoder.num_pos_feats, encoder.temperature, "interleaved", "standard"
     elif isinstance(encoder, _GRID_CLASSES):
         feats, temp, layout, ladder = encoder.channels_per_axis, 10000.0, "interleaved", "standard"
-    elif isinstance(encoder, SinusoidalPositionalEncoding):
+    elif isinstance(encoder, (SinusoidalPositionalEncoding, SpeechainPositionalEncoding)):
         feats, temp = encoder.d_model, encoder.temperature
         layout, ladder = encoder.layout, encoder.ladder
     else:
@@ -155,6 +160,8 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
         lam = lam * (length + encoder.eps) / encoder.scale
     k = torch.arange(feats)
     index = k // 2 if layout == "interleaved" else k % (feats // 2)
+    if div.shape[0] == feats:  # the "continued" ladder: the cosines have their own divisors
+        index = index + feats // 2 * (k % 2 if layout == "interleaved" else k // (feats // 2))
     return lam[index]
 
 
