@@ -119,7 +119,7 @@ def test_sincos_table_rejects_a_scalar():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_sincos_embed_indexed_equals_embedding_the_gathered_positions(dtype):
-    from vispos._sincos import sincos_embed_indexed
+    from vispos._sincos_lines import sincos_embed_indexed
 
     torch.manual_seed(0)
     values = torch.rand(13) * 7
