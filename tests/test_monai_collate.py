@@ -61,7 +61,9 @@ def test_end_padding_mask_sizes_and_meta():
         assert_close(nested.tensors[(b, slice(None), *(slice(0, s) for s in size))].as_tensor(), items[b]["image"].as_tensor())
     assert torch.equal(nested.mask, expected)
     assert torch.equal(nested.mask, _padding_from_values(nested.tensors))
-    assert nested.rectangular and nested.image_sizes == SIZES
+    assert nested.rectangular and nested.padding.at_origin and nested.image_sizes == SIZES
+    for b in range(3):  # indexing gives each item's own volume back
+        assert torch.equal(nested[b].as_tensor(), items[b]["image"].as_tensor())
     # metadata stays per item, as MONAI's list_data_collate keeps it
     for b in range(3):
         assert_close(nested.tensors.affine[b], items[b]["image"].affine)
@@ -77,7 +79,11 @@ def test_symmetric_collate_matches_monai_and_masks_its_padding():
     theirs = pad_list_data_collate(items)  # MONAI's own symmetric collate
     assert torch.equal(ours["image"].tensors.as_tensor(), theirs["image"].as_tensor())
     assert torch.equal(ours["image"].mask, _padding_from_values(theirs["image"]))
-    assert not ours["image"].rectangular
+    padding = ours["image"].padding  # per-item boxes, away from the origin
+    assert padding.kind == "rectangular" and not padding.at_origin
+    assert padding.sizes == tuple(SIZES) and padding.starts[2] == (2, 1, 3)
+    for b, item in enumerate(_samples()):  # (MONAI's collate padded `items` in place)
+        assert torch.equal(ours["image"][b].as_tensor(), item["image"].as_tensor())
     mask = ours["image"].mask
     assert mask[0, 0].all() and mask[0, -1].all() and mask[2, 0].all()  # padded before and after
 
@@ -90,7 +96,7 @@ def test_mask_equals_padding_of_earlier_monai_transforms(method):
     nested = batch["image"]
     assert torch.equal(nested.mask, _padding_from_values(nested.tensors))
     assert nested.mask.any(dim=(1, 2))[:, 0].all()  # padding at the start of the first axis too
-    assert not nested.rectangular
+    assert nested.rectangular and not nested.padding.at_origin  # boxes, found in the mask
 
 
 def test_mask_follows_crops_flips_and_rotations():

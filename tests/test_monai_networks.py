@@ -112,11 +112,13 @@ def test_vit_other_size_equals_monai_vit_built_there(pos_embed_type):
         assert_close(net(x)[0], there(x)[0], rtol=0, atol=0)
 
 
-def test_vit_symmetric_padding_from_monai_transforms():
-    net = AnySizeViT(**VIT, pos_embed_type="sincos").eval()
+@pytest.mark.parametrize("pos_embed_type", ["learnable", "sincos"])
+def test_vit_symmetric_padding_from_monai_transforms(pos_embed_type):
+    net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type).eval()
     pad = DivisiblePadd("image", k=4)  # symmetric: the volume does not start at a patch corner
     items = [pad({"image": MetaTensor(v)}) for v in _volumes([(13, 6, 9), (7, 16, 11), (16, 3, 4)])]
     batch = NestedPadCollate(size_divisibility=4)(items)
+    assert batch["image"].rectangular and not batch["image"].padding.at_origin
     grid = [s // 4 for s in batch["image"].tensors.shape[2:]]
     with torch.no_grad():
         out, _ = net(batch["image"])

@@ -31,7 +31,7 @@ from .._sincos import check_temperature, sincos_embed
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
 from ..nested_tensor import NestedTensor, NestedTensorLike
-from ..padding import check_mask
+from ..padding import Padding, check_mask
 
 _POS_EMBED = ("auto", "sincos", "resample")
 _MODES = {2: "bicubic", 3: "trilinear"}
@@ -58,34 +58,24 @@ def _token_valid(mask: Tensor, patch: tuple[int, ...]) -> Tensor:
     return valid.reshape(shape).any(dim=tuple(range(2, len(shape), 2)))
 
 
-def _boxes(token_valid: Tensor) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Each item's bounding box ``(start, size)`` on the patch grid (reads the mask on the host)."""
-    n = token_valid.dim() - 1
-    starts, stops = [], []
-    for axis in range(n):
-        other = [d for d in range(1, n + 1) if d != axis + 1]
-        line = token_valid.any(dim=other) if other else token_valid  # (B, G_axis)
-        idx = torch.arange(line.shape[1], device=line.device)
-        starts.append(torch.where(line, idx, line.shape[1]).amin(1))
-        stops.append(torch.where(line, idx + 1, 0).amax(1))
-    start = torch.stack(starts, 1).tolist()
-    stop = torch.stack(stops, 1).tolist()
-    return [
-        (tuple(a if a < b else 0 for a, b in zip(s0, s1)), tuple(max(b - a, 1) for a, b in zip(s0, s1)))
-        for s0, s1 in zip(start, stop)
-    ]
+def _token_boxes(token_valid: Tensor) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each item's ``(start, size)`` on the patch grid: the bounding box of its valid patches
+    (:class:`~vispos.Padding` reads it from the mask, one host synchronisation)."""
+    padding = Padding.from_mask(~token_valid, classify=False)
+    return [(start, tuple(max(v, 1) for v in size)) for start, size in zip(padding.starts, padding.sizes)]
 
 
 class _Input(NamedTuple):
     """What a forward was given: ``images`` ``Tensor[B, C, *S']`` padded at the end to whole
     patches (plain tensor), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
-    the input's own ``S``, ``sizes`` the host sizes of a rectangular NestedTensor (or None),
+    the input's own ``S``, ``boxes`` each item's ``(start, stop)`` when the input's
+    :class:`~vispos.Padding` knows them on the host (or None),
     ``meta`` the input ``MetaTensor`` (or None)."""
 
     images: Tensor
     mask: Tensor | None
     spatial: tuple[int, ...]
-    sizes: Any
+    boxes: Any
     meta: Any
 
 
@@ -166,11 +156,11 @@ class _AnySize:
         """The input, read once (see :class:`_Input`)."""
         name = type(self).__name__
         n = len(self.patch_size)
-        sizes = None
+        boxes = None
         if isinstance(x, NestedTensor):
             tensors, mask = x.decompose()
-            if x.rectangular and x._image_sizes is not None:
-                sizes = x._image_sizes
+            if x.padding.kind == "rectangular":  # host facts: the positions need no mask read
+                boxes = tuple(zip(x.padding.starts, x.padding.stops))
         elif not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
             tensors, mask = x.decompose()
         elif isinstance(x, Tensor):
@@ -195,7 +185,7 @@ class _AnySize:
             grown = torch.ones((tensors.shape[0], *tensors.shape[2:]), dtype=torch.bool, device=tensors.device)
             grown[(slice(None), *(slice(0, s) for s in spatial))] = False if mask is None else mask
             mask = grown
-        return _Input(tensors, mask, spatial, sizes, meta)
+        return _Input(tensors, mask, spatial, boxes, meta)
 
     def token_mask(self, x: Any) -> Tensor:
         """The padding mask of ``x``'s patch grid: ``Tensor[B, *G]`` bool, True = padding.
@@ -213,7 +203,7 @@ class _AnySize:
         return ~_token_valid(mask, self.patch_size)
 
     # ----------------------------------------------------------------------------- encoder
-    def _positions(self, token_valid: Tensor | None, grid: tuple[int, ...], batch: int, sizes: Any) -> Tensor | None:
+    def _positions(self, token_valid: Tensor | None, grid: tuple[int, ...], batch: int, boxes: Any) -> Tensor | None:
         """``Tensor[B or 1, N, hidden]``: each item's embedding, on its own patch grid."""
         pe = self._vit().patch_embedding
         table = pe.position_embeddings
@@ -243,10 +233,15 @@ class _AnySize:
         # resample the learned (or Fourier) table to each item's own grid
         if token_valid is None:
             return self._resampled(grid).reshape(1, -1, hidden)
-        if sizes is not None:  # rectangular NestedTensor: boxes from the host sizes, no sync
-            boxes = [((0,) * n, tuple(-(-s // p) for s, p in zip(size, self.patch_size))) for size in sizes]
+        if boxes is not None:  # the voxel boxes, known on the host: the patches that touch them
+            patch = self.patch_size
+            boxes = [
+                (tuple(a // p for a, p in zip(start, patch)),
+                 tuple(max(-(-e // p) - a // p, 1) for a, e, p in zip(start, stop, patch)))
+                for start, stop in boxes
+            ]
         else:
-            boxes = _boxes(token_valid)
+            boxes = _token_boxes(token_valid)
         out = table.new_zeros((batch, *grid, hidden))
         for b, (start, size) in enumerate(boxes):
             region = tuple(slice(a, a + s) for a, s in zip(start, size))
@@ -261,7 +256,7 @@ class _AnySize:
         )
         return new.reshape(*size, table.shape[-1])
 
-    def _encode(self, images: Tensor, mask: Tensor | None, sizes: Any) -> tuple[Tensor, list[Tensor], Tensor | None]:
+    def _encode(self, images: Tensor, mask: Tensor | None, boxes: Any) -> tuple[Tensor, list[Tensor], Tensor | None]:
         """ViT's forward with per-grid positions and padded patches masked out of attention."""
         vit = self._vit()
         pe = vit.patch_embedding
@@ -271,7 +266,7 @@ class _AnySize:
         x = pe.patch_embeddings(images)
         if pe.proj_type == "conv":
             x = x.flatten(2).transpose(-1, -2)
-        pos = self._positions(token_valid, grid, batch, sizes)
+        pos = self._positions(token_valid, grid, batch, boxes)
         if pos is not None:
             x = x + pos
         x = pe.dropout(x)

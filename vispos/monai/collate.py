@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .._checks import check_choice, check_int
 from ..nested_tensor import NestedTensor
+from ..padding import Padding
 
 __all__ = ["NestedPadCollate", "decollate_nested_batch", "recorded_padding_mask"]
 
@@ -152,28 +153,6 @@ def recorded_padding_mask(img: Tensor) -> Tensor:
     return ~valid
 
 
-def _box(valid: Tensor) -> tuple[slice, ...] | None:
-    """The bounding box of the True cells of ``valid`` (``Tensor[*S]``), or None when there are none."""
-    if not bool(valid.any()):
-        return None
-    box = []
-    for axis in range(valid.dim()):
-        other = [d for d in range(valid.dim()) if d != axis]
-        idx = (valid.any(dim=other) if other else valid).nonzero()
-        box.append(slice(int(idx.min()), int(idx.max()) + 1))
-    return tuple(box)
-
-
-def _origin_size(valid: Tensor | None, spatial: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The size of ``valid`` when it is a box at the origin, else None."""
-    if valid is None:
-        return spatial
-    box = _box(valid)
-    if box is None or any(b.start for b in box) or not bool(valid[box].all()):
-        return None
-    return tuple(b.stop for b in box)
-
-
 # --------------------------------------------------------------------------------- the collate
 def _is_array(value: Any) -> bool:
     return isinstance(value, (Tensor, np.ndarray))
@@ -191,9 +170,11 @@ class NestedPadCollate(InvertibleTransform):
     returned as ``NestedTensor(tensors, mask)``: ``tensors`` the collated (``Meta``)tensor, ``mask``
     True wherever a cell is padding, whether the collate or an earlier MONAI transform (symmetric
     ``SpatialPad`` / ``DivisiblePad`` ..., replayed by :func:`recorded_padding_mask`) put it there.
-    The keys of ``keys`` are padded and masked even when all items have one size. When every
-    item's valid cells are a box at the origin (end padding, no earlier padding) the batch is
-    ``rectangular`` with ``image_sizes`` set, so vispos' encoders take their fast path.
+    The keys of ``keys`` are padded and masked even when all items have one size. The mask
+    becomes the batch's :class:`~vispos.Padding` (read once, here on the host): per-item boxes,
+    at the origin or not (end padding, symmetric padding), give ``kind == "rectangular"`` with the
+    boxes known on the host, so vispos' encoders take their fast path and ``batch[key][b]`` is
+    item ``b``'s valid region.
 
     A plain class with picklable attributes: it runs in ``DataLoader`` worker processes, and
     ``pin_memory=True`` pins the ``NestedTensor`` (tensors and mask) as any batch.
@@ -306,16 +287,13 @@ class NestedPadCollate(InvertibleTransform):
                     self.push_transform(item, key, orig_size=shapes[i], extra_info=last)
                 if key in valid:
                     valid[key][i] = _pad(valid[key][i], widths, shapes[i])
-        sizes = {key: [_origin_size(v, tuple(item[key].shape[1:])) for v, item in zip(valid[key], items)] for key in valid}
         out = list_data_collate(items)
         for key in self.keys:
             tensors = out[key]
             spatial = tuple(tensors.shape[2:])
-            mask = torch.stack(
-                [torch.zeros(spatial, dtype=torch.bool) if v is None else ~v for v in valid[key]]
-            ).to(tensors.device)
-            rect = all(s is not None for s in sizes[key])
-            out[key] = NestedTensor(tensors, mask, sizes[key] if rect else None, rectangular=rect)
+            mask = torch.stack([torch.zeros(spatial, dtype=torch.bool) if v is None else ~v for v in valid[key]])
+            # one pass over the mask on the host finds per-item boxes (kind "rectangular")
+            out[key] = NestedTensor(tensors, Padding.from_mask(mask.to(tensors.device)))
         return out
 
     @staticmethod
@@ -357,9 +335,9 @@ class NestedPadCollate(InvertibleTransform):
                         d[key] = cropper(value)
                     continue
             if masks is not None and key in masks and isinstance(value, Tensor):
-                box = _box(~masks[key])
-                if box is not None:
-                    d[key] = value[(slice(None), *box)]
+                padding = Padding.from_mask(masks[key].unsqueeze(0))
+                if padding.sizes[0] and all(padding.sizes[0]):
+                    d[key] = value[(slice(None), *padding.region(0))]
         return d
 
 

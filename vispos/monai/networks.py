@@ -120,7 +120,7 @@ class AnySizeViT(_AnySize, ViT):
 
     def forward(self, x: Any) -> tuple[Tensor, list[Tensor]]:
         inp = self._read(x)
-        out, hidden_states_out, _ = self._encode(inp.images, inp.mask, inp.sizes)
+        out, hidden_states_out, _ = self._encode(inp.images, inp.mask, inp.boxes)
         if hasattr(self, "classification_head"):
             out = self.classification_head(out[:, 0])
         return out, hidden_states_out
@@ -197,7 +197,7 @@ class AnySizeUNETR(_AnySize, UNETR):
     def forward(self, x_in: Any) -> Tensor:
         inp = self._read(x_in)
         images = inp.images
-        x, hidden_states_out, token_valid = self._encode(images, inp.mask, inp.sizes)
+        x, hidden_states_out, token_valid = self._encode(images, inp.mask, inp.boxes)
         grid = tuple(s // p for s, p in zip(images.shape[2:], self.patch_size))
 
         def proj(t: Tensor) -> Tensor:  # UNETR.proj_feat on this batch's grid
