@@ -258,6 +258,9 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
             ``normalize``.
         offset (float): added before normalising (mmdet's ``offset``). Default 0.
         eps (float): added to the denominator when normalising. Default 1e-6.
+        extent (float, optional, keyword-only): with ``normalize``, one length for every axis,
+            as for :class:`~vispos.PositionEmbeddingSine`; so is ``forward(..., spacing=...)``
+            (positions in millimetres, per item).
         cache_size, cache_bytes, zero_copy: the cache, as for
             :class:`~vispos.PositionEmbeddingSine` (results are the caller's own unless
             ``zero_copy=True``).
@@ -292,8 +295,10 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
         """``2 * num_pos_feats``: the ``y, x`` blocks, with the depth term added to them."""
         return 2 * self.num_pos_feats
 
-    def _embed_padding(self, padding: Padding, dtype: torch.dtype, host: bool, out: Tensor | None = None) -> Tensor:
-        pos_z, pos_y, pos_x = detr_positions(padding, host, self._rule())
+    def _embed_padding(
+        self, padding: Padding, dtype: torch.dtype, host: bool, out: Tensor | None = None, spacing: Tensor | None = None
+    ) -> Tensor:
+        pos_z, pos_y, pos_x = detr_positions(padding, host, self._rule(), spacing)
         shape = (padding.batch, *padding.spatial)
         plane = sincos_embed([pos_y, pos_x], self.num_pos_feats, shape=shape, temperature=self.temperature)
         depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
