@@ -4,10 +4,12 @@ Three scans of nilearn's MNI152 template (``vispos.data``) as a scanner would de
 (isotropic, thick slices, a partial field of view), each at its own size and spacing, go
 through a MONAI dict pipeline (``CropForegroundd``, symmetric ``DivisiblePadd``) and a
 ``monai.data.DataLoader`` with vispos' ``NestedPadCollate``: one padded batch whose mask marks
-every padded voxel, MONAI's symmetric padding included. ``AnySizeUNETR`` segments the padded
-batch; the predictions decollate and invert (``Invertd``) back to each scan's own grid.
+every padded voxel, MONAI's symmetric padding included. DETR's sine embedding places every voxel
+at its physical coordinate (``spacing`` from the batch's affines), and a figure shows its
+similarity on the thick-slice scan, drawn to scale in millimetres. ``AnySizeUNETR`` segments the
+padded batch; the predictions decollate and invert (``Invertd``) back to each scan's own grid.
 
-    python -m demos.monai_volumes
+    python -m demos.monai_volumes --out monai-volumes.png
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ def main(argv=None) -> int:
     parser.add_argument("--max-size", type=int, default=None, help="shrink the template first (tests)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     parser.add_argument("--hidden-size", type=int, default=96, help="UNETR's transformer width")
+    parser.add_argument("--out", default="monai-volumes.png", help="the similarity figure (PNG)")
     args = parser.parse_args(argv)
 
     from monai.data import DataLoader, Dataset, MetaTensor
     from monai.transforms import Compose, CropForegroundd, DivisiblePadd, Invertd
 
+    from vispos import PositionEmbeddingSine
+    from vispos.app.figures import plot_similarity
+    from vispos.app.png import save_figure
     from vispos.monai import AnySizeUNETR, NestedPadCollate, decollate_nested_batch, meta_spacing
 
     data = scans(args.spacing, args.max_size)
@@ -64,6 +70,22 @@ def main(argv=None) -> int:
     for d, spacing, mask in zip(data, meta_spacing(image), image.mask):
         mm = "x".join(f"{float(s):g}" for s in spacing)
         print(f"  {d['name']:14s} scan {tuple(d['image'].shape[1:])} of {mm} mm, {int((~mask).sum())} valid voxels")
+
+    # DETR's sine embedding in millimetres: one length (the template's 200 mm) for every axis
+    spacing = meta_spacing(image)
+    sine = PositionEmbeddingSine(32, normalize=True, extent=200.0)
+    pos = sine(image, spacing=spacing)
+    print(f"PositionEmbeddingSine in mm -> {tuple(pos.shape)}")
+    b = [d["name"] for d in data].index("thick slices")
+    item = pos[(b, slice(None), *image.padding.region(b))]  # the scan's own cells
+    query = tuple(s // 2 for s in item.shape[1:])
+    mm = " x ".join(f"{float(v):g}" for v in spacing[b])
+    fig = plot_similarity(
+        item, [query], spacing=spacing[b].tolist(),
+        title=f"thick-slice MNI152 scan ({mm} mm voxels, drawn to scale), positions in mm",
+    )
+    save_figure(fig, args.out, dpi=80)
+    print(f"wrote {args.out}")
 
     model = AnySizeUNETR(
         in_channels=1, out_channels=2, img_size=(96, 96, 96), feature_size=8,
