@@ -100,6 +100,9 @@ def _grid(cls, n: int, first: bool) -> list[Case]:
 
 
 TABLE: dict[str, list[Case]] = {
+    "Padding": [
+        ("called directly", lambda: vispos.Padding()),
+    ],
     "NestedTensor": [
         ("tensors not tensor", lambda: vispos.NestedTensor([[1.0]], None)),
         ("mask not bool", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4))),
@@ -125,6 +128,10 @@ TABLE: dict[str, list[Case]] = {
         ("input list", lambda: vispos.PositionEmbeddingSine(8)([[True]])),
         ("mask rank", lambda: vispos.PositionEmbeddingSine(8)(_mask(4))),
         ("dtype int", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), dtype=torch.int32)),
+        ("extent without normalize", lambda: vispos.PositionEmbeddingSine(8, extent=10.0)),
+        ("spacing int", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.ones(1, 2, dtype=torch.int64))),
+        ("spacing shape", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.ones(1, 3))),
+        ("spacing zero", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.zeros(1, 2))),
     ],
     "PositionEmbeddingSineDepthAdded": [
         ("num_pos_feats float", lambda: vispos.PositionEmbeddingSineDepthAdded(8.0)),
