@@ -430,3 +430,26 @@ def test_every_encoder_agrees_with_the_mask_alone(padding, variant, device_branc
         flat = flatten_levels([NestedTensor(torch.zeros_like(expected), padding)], [expected])
         assert torch.equal(flat.key_padding_mask, mask.flatten(1))
         assert_close(flat.valid_ratios[:, 0], valid_ratios(mask), rtol=0, atol=0)
+
+
+def test_a_mask_written_in_place_stays_the_truth():
+    """One truth after construction too: writing into the mask a padding read (or built) makes
+    the padding read it again, so no box ever disagrees with the mask in the caller's hands."""
+    pe = PositionEmbeddingSine(8, normalize=True)
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 4, 5), torch.zeros(1, 3, 6)])
+    before = pe(nt)
+    assert nt.rectangular
+    nt.mask[0, 0, 0] = True  # a hole in the mask the batch built from its boxes
+    assert nt.padding.kind == "arbitrary" and not nt.rectangular
+    assert_close(pe(nt), _sine_from_mask(pe, nt.mask), rtol=0, atol=0)
+    assert not torch.equal(pe(nt), before)
+    mask = Padding.from_sizes([(2, 2)], (3, 3)).mask.clone()
+    padding = Padding.from_mask(mask)
+    assert padding.kind == "rectangular" and padding.sizes == ((2, 2),)
+    mask[0, 2, :2] = False  # still a box, a larger one: found again
+    assert padding.kind == "rectangular" and padding.sizes == ((3, 2),)
+    assert padding == Padding.from_sizes([(3, 2)], (3, 3))
+    with torch.inference_mode():  # inference tensors have no version counter to follow
+        inference = nested_tensor_from_tensor_list([torch.zeros(1, 4, 5), torch.zeros(1, 3, 6)])
+        assert inference.padding.kind == "rectangular" and pe(inference).shape == before.shape
+    assert Padding.from_mask(inference.mask) == inference.padding

@@ -462,6 +462,22 @@ def test_out_buffer_errors():
         pe(mask, out=torch.empty(2, 32, 5, 6, requires_grad=True))
 
 
+@pytest.mark.parametrize("kind", ["nested", "mask", "arbitrary", "features"])
+def test_expanded_out_buffer_is_refused_naming_out(kind):
+    """Issue 26 item 9: a stride-0 buffer got torch's raw "more than one element of the
+    written-to tensor refers to a single memory location"."""
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 9, 12), torch.zeros(1, 12, 7)])
+    x = {"nested": nt, "mask": nt.mask, "arbitrary": MASKS["arbitrary"](), "features": torch.zeros(2, 3, 12, 12)}[kind]
+    pe = PositionEmbeddingSine(16, normalize=True)
+    shape = pe(x).shape
+    expanded = torch.empty(1, *shape[1:]).expand(shape)
+    with pytest.raises(ValueError, match=r"out must not overlap itself, got strides \(0, .*expanded \(stride-0\) view"):
+        pe(x, out=expanded)
+    channel_broadcast = torch.empty(shape[0], 1, *shape[2:]).expand(shape)
+    with pytest.raises(ValueError, match="out must not overlap itself"):
+        pe(x, out=channel_broadcast)
+
+
 def test_out_buffer_with_an_empty_batch():
     out = torch.empty(0, 32, 5, 6)
     assert PositionEmbeddingSine(16)(torch.zeros(0, 5, 6, dtype=torch.bool), out=out) is out

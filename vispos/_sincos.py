@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from . import _tracing
-from ._checks import check_multiple, check_number
+from ._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number
 
 __all__ = [
     "frequency_divisors",
@@ -145,15 +145,17 @@ def frequency_divisors(
         speechain ``PositionalEncoding`` (``div_term_ext``) for "continued".
 
     Raises:
-        ValueError: bad ``num_feats``, ``temperature``, ``ladder`` or ``dtype``.
+        TypeError: ``num_feats`` / ``repeat`` not ints; ``temperature`` not a number; ``ladder``
+            not a str; ``dtype`` not a ``torch.dtype``.
+        ValueError: bad ``num_feats``, ``temperature``, ``ladder``, ``dtype`` or ``repeat``.
     """
     check_num_feats(num_feats, "num_feats")
     check_temperature(temperature)
-    if dtype not in _COMPUTE_DTYPES:
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    check_choice(dtype, _COMPUTE_DTYPES, "dtype")
+    check_choice(ladder, _LADDERS, "ladder")
+    check_int(repeat, "repeat", minimum=1)
+    check_bool(inverse, "inverse")
     if ladder in ("standard", "continued"):
-        if repeat < 1:
-            raise ValueError(f"repeat must be >= 1, got {repeat}")
         k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
         if repeat > 1:
             k2 = k2.repeat_interleave(repeat)
@@ -162,15 +164,13 @@ def frequency_divisors(
         if ladder == "continued":  # the cosines' rungs: T^((F + 2k) / F) = T * T^(2k / F)
             divisors = torch.cat([divisors, divisors * temperature])
         return 1.0 / divisors if inverse else divisors
-    if ladder == "t2t":
-        half = num_feats // 2
-        if half < 2:
-            raise ValueError(f"the 't2t' ladder needs num_feats >= 4, got {num_feats}")
-        steps = torch.arange(half, device=device, dtype=dtype)
-        if inverse:  # fairseq2's own expression (two roundings: the product, then the quotient)
-            return torch.exp(steps * -math.log(temperature) / (half - 1))
-        return torch.exp(steps * (math.log(temperature) / (half - 1)))
-    raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
+    half = num_feats // 2
+    if half < 2:
+        raise ValueError(f"the 't2t' ladder needs num_feats >= 4, got {num_feats}")
+    steps = torch.arange(half, device=device, dtype=dtype)
+    if inverse:  # fairseq2's own expression (two roundings: the product, then the quotient)
+        return torch.exp(steps * -math.log(temperature) / (half - 1))
+    return torch.exp(steps * (math.log(temperature) / (half - 1)))
 
 
 def _write(dst: Tensor, fn, angles: Tensor) -> None:
@@ -286,9 +286,11 @@ def sincos_embed(
         on the positions' device. Axis blocks are in the order of ``positions``.
 
     Raises:
-        ValueError: no positions; bad ``num_feats``, ``layout``, ``channel_dim``, dtypes; a
-            position tensor not broadcastable to ``shape`` or with another rank.
-        TypeError: a position is not a real-valued tensor.
+        ValueError: no positions; bad ``num_feats``, ``layout``, ``channel_dim``,
+            ``compute_dtype``; a position tensor not broadcastable to ``shape`` or with another
+            rank.
+        TypeError: a position is not a real-valued tensor; ``dtype`` is not a floating
+            ``torch.dtype``; ``layout`` / ``channel_dim`` / ``compute_dtype`` of another type.
 
     References:
         Vaswani et al. 2017 (sec. 3.5); Carion et al. 2020 (DETR, ``PositionEmbeddingSine``).
@@ -305,14 +307,10 @@ def sincos_embed(
         raise ValueError(f"num_feats has {len(feats)} entries but {len(positions)} position tensors were given")
     for f in feats:
         check_num_feats(f, "num_feats")
-    if layout not in _LAYOUTS:
-        raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-    if channel_dim not in (1, -1):
-        raise ValueError(f"channel_dim must be 1 (channels-first) or -1 (channel-last), got {channel_dim}")
-    if compute_dtype not in _COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {compute_dtype}")
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
+    check_choice(layout, _LAYOUTS, "layout")
+    check_choice(channel_dim, (1, -1), "channel_dim")
+    check_choice(compute_dtype, _COMPUTE_DTYPES, "compute_dtype")
+    check_float_dtype(dtype)
 
     rank = positions[0].dim()
     if any(p.dim() != rank for p in positions):

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL, check_choice, check_int
+from ._checks import MAX_SPATIAL, check_choice, check_int, check_number
 from .nested_tensor import NestedTensor
 from .padding import Padding
 
@@ -132,8 +132,7 @@ def nested_tensor_from_tensor_list(
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
     divisor = check_int(size_divisibility, "size_divisibility", minimum=0)
-    if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
-        raise TypeError(f"pad_value must be a real number, got {pad_value!r} ({type(pad_value).__name__})")
+    check_number(pad_value, "pad_value", finite=False)
     check_choice(method, ("end", "symmetric"), "method")
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
@@ -217,8 +216,7 @@ class PaddedCollate:
 
     def __init__(self, size_divisibility: int = 0, pad_value: float = 0.0, *, method: str = "end") -> None:
         check_int(size_divisibility, "size_divisibility", minimum=0)
-        if isinstance(pad_value, bool) or not isinstance(pad_value, (int, float)):
-            raise TypeError(f"pad_value must be a real number, got {pad_value!r} ({type(pad_value).__name__})")
+        check_number(pad_value, "pad_value", finite=False)
         self.size_divisibility = size_divisibility
         self.pad_value = pad_value
         self.method = check_choice(method, ("end", "symmetric"), "method")

@@ -356,7 +356,7 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
         host = _tracing.host_facts(tensors.device)
         padding = x.padding
         if padding.kind == "none":  # sizes from the tensors: symbolic when traced
-            padding = Padding.none(tensors.shape[0], tensors.shape[2:], tensors.device)
+            padding = _unpadded(tensors)
         return SpatialInput(padding, host)
     if not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
         tensors, mask = x.decompose()
@@ -366,7 +366,7 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
             raise ValueError(f"{name}.tensors must be a Tensor (B, C, *S) with 1 to 3 spatial axes, got {got}")
         host = _tracing.host_facts(tensors.device)
         if mask is None:
-            return SpatialInput(Padding.none(tensors.shape[0], tensors.shape[2:], tensors.device), host)
+            return SpatialInput(_unpadded(tensors), host)
         check_mask(mask, f"{name}.mask")
         expected = (tensors.shape[0], *tensors.shape[2:])
         if tuple(mask.shape) != expected:
@@ -397,7 +397,12 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
             "a feature map must have shape (B, C, *S) with 1 to 3 spatial axes, got "
             f"{tuple(x.shape)}; pass a bool mask (B, *S) to embed padded positions"
         )
-    return SpatialInput(Padding.none(x.shape[0], x.shape[2:], x.device), host)
+    return SpatialInput(_unpadded(x), host)
+
+
+def _unpadded(tensors: Tensor) -> Padding:
+    """No padding over ``tensors`` ``(B, C, *S)`` (a shape that is valid by construction)."""
+    return Padding._make("none", tensors.shape[0], tuple(tensors.shape[2:]), tensors.device)
 
 
 def float_mask_hint(x: Any, n_spatial: int) -> str:

@@ -27,33 +27,15 @@ from torch import Tensor
 
 from . import _masks, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int
-from ._masks import (
-    Spans,
-    check_spans,
-    check_mask,
-    interpolate_mask,
-    is_rectangular,
-    mask_sizes,
-    matches_rectangle,
-    rectangular_sizes,
-    rectangular_valid,
-    resize_image_sizes,
-    valid_ratios,
+from ._masks import (  # the mask functions, re-exported: this is their documented home
+    Spans, check_mask, check_spans, interpolate_mask, is_rectangular, mask_sizes, matches_rectangle,
+    rectangular_sizes, rectangular_valid, resize_image_sizes, valid_ratios,
 )
 
 __all__ = [
-    "Padding",
-    "Kind",
-    "SpatialInput",
-    "check_mask",
-    "mask_sizes",
-    "rectangular_sizes",
-    "rectangular_valid",
-    "is_rectangular",
-    "matches_rectangle",
-    "interpolate_mask",
-    "resize_image_sizes",
-    "valid_ratios",
+    "Padding", "Kind", "SpatialInput", "check_mask", "mask_sizes", "rectangular_sizes",
+    "rectangular_valid", "is_rectangular", "matches_rectangle", "interpolate_mask",
+    "resize_image_sizes", "valid_ratios",
 ]
 
 Kind = Literal["none", "rectangular", "arbitrary"]
@@ -85,21 +67,24 @@ class Padding:
     rectangular padding only takes a faster path). Equality is about the cells: two paddings
     are equal when they have the same ``batch``, ``spatial``, ``device`` and valid cells, whatever
     their kinds; ``hash`` agrees with it. Pickles (DataLoader workers) with its mask when it
-    has one; ``to`` / ``pin_memory`` return new paddings.
+    has one; ``to`` / ``pin_memory`` return new paddings. A mask written in place after the
+    padding read (or built) it is the truth from then on: it is read again on next use.
 
     Attributes:
         kind (str): ``"none"``, ``"rectangular"`` or ``"arbitrary"``.
         batch (int): ``B``. spatial (tuple of int): ``S``. device (torch.device): of the mask.
 
     Raises:
-        TypeError: ``Padding(...)`` called directly (use the class methods).
+        TypeError: ``Padding(...)`` called directly (use the class methods); an argument of a
+            class method or of :meth:`resize` / :meth:`to` of the wrong type.
+        ValueError: sizes, starts or a target size out of range (see each method).
 
     References:
         Carion et al., DETR, ECCV 2020 (mask True = padding); detectron2 ``ImageList``
         (``image_sizes``); MONAI ``SpatialPad``.
     """
 
-    __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin")
+    __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin", "_version")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("build a Padding with Padding.from_sizes, Padding.from_mask or Padding.none")
@@ -112,7 +97,21 @@ class Padding:
         self._at_origin = kind == "none" or (
             kind == "rectangular" and all(v == 0 for start in starts for v in start)
         )
+        # the mask's version counter when it was read (or built): a later in-place write to it
+        # is noticed (see :meth:`_sync`); not read while TorchDynamo traces
+        self._version = _version_of(mask)
         return self
+
+    def _sync(self) -> None:
+        """Follows the mask when it was written in place after this padding read or built it:
+        the mask in the caller's hands is then the truth (read again, as :meth:`from_mask`
+        does), so boxes never disagree with it."""
+        mask = self._mask
+        if self._version is None or _tracing.compiling() or mask._version == self._version:
+            return
+        fresh = Padding.from_mask(mask)
+        self._kind, self._starts, self._stops = fresh._kind, fresh._starts, fresh._stops
+        self._at_origin, self._version = fresh._at_origin, fresh._version
 
     # ---------------------------------------------------------------------- constructors
     @classmethod
@@ -244,6 +243,7 @@ class Padding:
     @property
     def kind(self) -> Kind:
         """str: ``"none"``, ``"rectangular"`` or ``"arbitrary"`` (see the class docstring)."""
+        self._sync()
         return self._kind
 
     @property
@@ -271,6 +271,7 @@ class Padding:
     def at_origin(self) -> bool:
         """bool: every item's box starts at index 0 of every axis (DETR's padding). False for
         ``"arbitrary"`` (no box is known)."""
+        self._sync()
         return self._at_origin
 
     @property
@@ -284,7 +285,7 @@ class Padding:
             else:
                 mask = _masks.boxes_mask(self._starts, self._stops, self._spatial, self._device)
             if not _tracing.tracing():  # a traced tensor must not outlive its trace
-                self._mask = mask
+                self._mask, self._version = mask, _version_of(mask)
         return mask
 
     @property
@@ -292,6 +293,7 @@ class Padding:
         """tuple of B tuples: each item's first valid index along every axis: its box for
         ``"rectangular"``, the bounding box of its valid cells for ``"arbitrary"`` (read from
         the mask once, one synchronisation). ``(0, .., 0)`` for an item without a valid cell."""
+        self._sync()
         if self._starts is None:
             if self._kind == "none":
                 return tuple(tuple(0 for _ in self._spatial) for _ in range(self._batch))
@@ -302,6 +304,7 @@ class Padding:
     def stops(self) -> Spans:
         """tuple of B tuples: one past each item's last valid index along every axis (the
         extent; see :attr:`starts`)."""
+        self._sync()
         if self._kind == "none":
             return (self._spatial,) * self._batch
         if self._stops is None:
@@ -340,6 +343,7 @@ class Padding:
             Zhu et al., Deformable DETR, ICLR 2021 (``get_valid_ratio``).
         """
         check_float_dtype(dtype)
+        self._sync()
         device = self.device
         if self._kind == "arbitrary" or not _tracing.host_facts(device):
             return _masks.valid_ratios(self.mask, dtype)
@@ -376,6 +380,7 @@ class Padding:
             DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
         """
         size = _masks.check_spatial_size(size, len(self._spatial))
+        self._sync()
         host = _tracing.host_facts(self.device)
         if host and size == self.spatial:  # compilers: no guard on the sizes
             return self
@@ -404,6 +409,7 @@ class Padding:
         """
         check_bool(non_blocking, "non_blocking")
         check_bool(copy, "copy")
+        self._sync()
         device = self.device if device is None else _resolve(device)
         if device == self.device and not copy:
             return self
@@ -418,7 +424,7 @@ class Padding:
         Raises:
             RuntimeError: from torch, when no accelerator is available to pin for.
         """
-        if self._kind == "none":
+        if self.kind == "none":
             return self
         mask = self.mask.pin_memory()
         return Padding._make(self._kind, self.batch, self.spatial, self.device, self._starts, self._stops, mask)
@@ -427,6 +433,7 @@ class Padding:
     def _host_key(self) -> tuple[tuple, Tensor | None]:
         """``(key, content)`` for an encoder's cache: rectangular and unpadded batches by their
         boxes, an arbitrary mask by its values (``content``)."""
+        self._sync()
         if self._kind == "none":
             return ("none", self.spatial), None
         if self._kind == "rectangular":
@@ -438,7 +445,7 @@ class Padding:
             return NotImplemented
         if (self.batch, self.spatial, self.device) != (other.batch, other.spatial, other.device):
             return False
-        if "arbitrary" not in (self._kind, other._kind):
+        if "arbitrary" not in (self.kind, other.kind):
             return (self.starts, self.stops) == (other.starts, other.stops)
         return bool(torch.equal(self.mask, other.mask))
 
@@ -446,10 +453,11 @@ class Padding:
         return hash((self.batch, self.spatial, self.device))
 
     def __reduce__(self):
+        self._sync()
         return (_restore, (self._kind, self.batch, self.spatial, self.device, self._starts, self._stops, self._mask))
 
     def __repr__(self) -> str:
-        text = f"Padding(kind={self._kind!r}, batch={self.batch}, spatial={self.spatial}"
+        text = f"Padding(kind={self.kind!r}, batch={self.batch}, spatial={self.spatial}"
         if self._kind == "rectangular":
             text += f", sizes={_short(self.sizes)}"
             if not self._at_origin:
@@ -469,6 +477,14 @@ class SpatialInput(NamedTuple):
 
     padding: Padding
     host: bool
+
+
+def _version_of(mask: Tensor | None) -> int | None:
+    """``mask``'s version counter, or None where there is none to follow (no mask, inference
+    tensors, TorchDynamo tracing)."""
+    if mask is None or _tracing.compiling() or mask.is_inference():
+        return None
+    return mask._version
 
 
 def _short(spans: Spans, most: int = 8) -> str:

@@ -28,9 +28,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_bool, check_choice, check_multiple, check_sizes
-from .._positions import detr_positions
 from .._sincos import check_temperature, sincos_embed
-from ..padding import Padding
 from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
 __all__ = [
@@ -294,12 +292,8 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
         """``2 * num_pos_feats``: the ``y, x`` blocks, with the depth term added to them."""
         return 2 * self.num_pos_feats
 
-    def _embed_padding(
-        self, padding: Padding, dtype: torch.dtype, host: bool, out: Tensor | None = None, spacing: Tensor | None = None
-    ) -> Tensor:
-        pos_z, pos_y, pos_x = detr_positions(padding, host, self._rule(), spacing)
-        shape = (padding.batch, *padding.spatial)
+    def _embed(self, positions: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+        pos_z, pos_y, pos_x = positions
         plane = sincos_embed([pos_y, pos_x], self.num_pos_feats, shape=shape, temperature=self.temperature)
         depth = sincos_embed([pos_z], 2 * self.num_pos_feats, shape=shape, temperature=self.temperature)
-        result = (plane + depth).to(dtype)
-        return result if out is None else out.copy_(result)
+        return (plane + depth).to(dtype)

@@ -34,6 +34,7 @@ from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, che
 from .._positions import (
     PositionRule,
     cumulative_positions,
+    detr_positions,
     distinct_positions,
     grid_positions,
     line_table,
@@ -89,9 +90,10 @@ def _check_spacing(
 class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     """What every DETR-style sine embedding shares: the constructor's validation, the reading
     of the input into a :class:`~vispos.Padding`, the output dtype and ``out`` checks, empty
-    inputs and the cache (one point, in :meth:`forward`). A subclass says how a padding becomes
-    channels (:meth:`_embed_padding`, branching on ``padding.kind``), how many it gives
-    (:meth:`out_channels`) and, optionally, how many axes it takes (``n_spatial``, None = 1 to 3).
+    inputs and the cache (one point, in :meth:`forward`). A subclass says how positions become
+    channels (:meth:`_embed`; or the whole step from a padding, :meth:`_embed_padding`,
+    branching on ``padding.kind``), how many it gives (:meth:`out_channels`) and, optionally,
+    how many axes it takes (``n_spatial``, None = 1 to 3).
 
     Args:
         num_pos_feats, temperature, normalize, scale, offset, eps, cache_size, cache_bytes,
@@ -227,7 +229,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         spacing, spacing_key = _check_spacing(spacing, batch, len(spatial), device)
         unpadded = padding.kind == "none" and spacing is None
         if unpadded:  # one table (1, C, *S) serves every item
-            padding = Padding.none(1, spatial, device)
+            padding = Padding._make("none", 1, spatial, device)
         if out is not None:
             if unpadded:
                 return out.copy_(self._embed_padding(padding, out_dtype, host).expand(out.shape))
@@ -279,10 +281,21 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         host: bool,
         out: Tensor | None = None,
         spacing: Tensor | None = None,
-    ) -> Tensor:  # pragma: no cover - abstract
+    ) -> Tensor:
         """``Tensor[padding.batch, C, *S]`` in ``dtype`` (into ``out`` when given): the
-        embedding of ``padding``'s cells. ``host``: host facts may be used. ``spacing``:
-        ``Tensor[B, n]`` float32 on the padding's device, or None (cells)."""
+        embedding of ``padding``'s cells (``host``: host facts may be used; ``spacing``:
+        ``Tensor[B, n]`` float32 on the padding's device, or None for cells). Generic form:
+        DETR's positions as one tensor per axis (:func:`~vispos._positions.detr_positions`), then
+        :meth:`_embed`; :class:`PositionEmbeddingSine` replaces it with its line-table path."""
+        positions = detr_positions(padding, host, self._rule(), spacing)
+        result = self._embed(positions, (padding.batch, *padding.spatial), dtype, padding.device)
+        return result if out is None else out.copy_(result)
+
+    def _embed(
+        self, positions: list[Tensor], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> Tensor:  # pragma: no cover - abstract
+        """Channels-first embedding ``Tensor[shape[0], C, *shape[1:]]`` of per-axis positions
+        (float32, broadcastable to ``shape``)."""
         raise NotImplementedError
 
     def _params(self) -> tuple:
@@ -333,8 +346,10 @@ class PositionEmbeddingSine(SineEmbeddingBase):
             instead of each line's own valid length: normalised positions then keep the
             physical proportions. Default None (DETR).
         cache_size (int): results kept per module (LRU), keyed on shape, device, dtype,
-            parameters, the ``NestedTensor``'s sizes and (CPU masks) the mask's content. 0
-            disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
+            parameters and the input's :class:`~vispos.Padding`: its boxes when rectangular
+            (a batch, or a CPU mask found rectangular), the mask's content for other CPU
+            masks (masks on an accelerator are not cached: comparing them would synchronise).
+            0 disables the cache. Default 8. Setting ``module.cache_size`` later takes effect.
         cache_bytes (int, optional): byte budget of the cache (entries plus the mask copies
             they are keyed on); an entry larger than it is not stored. Default 8 MiB
             (``vispos._cache.DEFAULT_MAX_BYTES``); None: no byte bound.
