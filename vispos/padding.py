@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 Kind = Literal["none", "rectangular", "arbitrary"]
+_is_compiling = torch.compiler.is_compiling  # _tracing.compiling, without a call on the hot path
 
 
 def _resolve(device: Any) -> torch.device:
@@ -106,10 +107,10 @@ class Padding:
         """Follows the mask when it was written in place after this padding read or built it:
         the mask in the caller's hands is then the truth (read again, as :meth:`from_mask`
         does), so boxes never disagree with it."""
-        mask = self._mask
-        if self._version is None or _tracing.compiling() or mask._version == self._version:
+        version = self._version
+        if version is None or _is_compiling() or self._mask._version == version:
             return
-        fresh = Padding.from_mask(mask)
+        fresh = Padding.from_mask(self._mask)
         self._kind, self._starts, self._stops = fresh._kind, fresh._starts, fresh._stops
         self._at_origin, self._version = fresh._at_origin, fresh._version
 
@@ -482,7 +483,7 @@ class SpatialInput(NamedTuple):
 def _version_of(mask: Tensor | None) -> int | None:
     """``mask``'s version counter, or None where there is none to follow (no mask, inference
     tensors, TorchDynamo tracing)."""
-    if mask is None or _tracing.compiling() or mask.is_inference():
+    if mask is None or _is_compiling() or mask.is_inference():
         return None
     return mask._version
 
