@@ -63,7 +63,10 @@ def main(argv=None) -> int:
         ]
     )
     dataset = Dataset([{"image": MetaTensor(d["image"], affine=d["affine"]), "name": d["name"]} for d in data], pipeline)
-    loader = DataLoader(dataset, batch_size=3, num_workers=args.workers, collate_fn=NestedPadCollate(size_divisibility=16))
+    loader = DataLoader(
+        dataset, batch_size=3, num_workers=args.workers, pin_memory=torch.cuda.is_available(),
+        collate_fn=NestedPadCollate(size_divisibility=16),
+    )
     batch = next(iter(loader))
     image = batch["image"]  # a NestedTensor: a batched MetaTensor and the mask (True = padding)
     print(f"batch {tuple(image.tensors.shape)}, padding {float(image.mask.float().mean()):.1%} of the voxels")

@@ -200,6 +200,37 @@ def test_dataloader_workers_pin_memory():
             assert torch.equal(item["image"].as_tensor(), transform(data[i])["image"].as_tensor())
 
 
+def test_pinned_batch_keeps_meta_and_inverts(monkeypatch):
+    """DataLoader(pin_memory=True) runs torch's pin routine on every batch. Without CUDA nothing
+    can be pinned, so Tensor.pin_memory is replaced by a marking copy: the routine must reach the
+    NestedTensor, keep the batched MetaTensor's per-item metadata and still decollate and invert."""
+    pinned = []
+
+    def fake_pin(self, *args, **kwargs):
+        out = self.clone()
+        pinned.append(out)
+        return out
+
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
+
+    transform = Compose([SpatialPadd(["image", "label"], (6, 6, 6)), DivisiblePadd(["image", "label"], k=4)])
+    originals = _samples()
+    items = [transform(dict(d)) for d in originals]
+    batch = NestedPadCollate(method="symmetric")(items)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    out = torch_pin_memory(batch)
+    nested = out["image"]
+    assert isinstance(nested, NestedTensor) and nested is not batch["image"]
+    assert any(nested.tensors is p for p in pinned) and any(nested.mask is p for p in pinned)
+    assert isinstance(nested.tensors, MetaTensor) and nested.tensors.is_batch
+    assert torch.equal(nested.mask, batch["image"].mask) and nested.padding == batch["image"].padding
+    assert_close(nested.tensors.affine, batch["image"].tensors.affine, rtol=0, atol=0)
+    monkeypatch.undo()
+    for got, want, orig in zip(decollate_nested_batch(out), items, originals):
+        assert torch.equal(got["image"].as_tensor(), want["image"].as_tensor())
+        assert torch.equal(transform.inverse(got)["image"].as_tensor(), orig["image"].as_tensor())
+
+
 def test_pickles_and_repr():
     collate = NestedPadCollate(("image", "label"), method="symmetric", size_divisibility=2, value=0.5)
     again = pickle.loads(pickle.dumps(collate))

@@ -143,7 +143,8 @@ class AnySizeUNETR(_AnySize, UNETR):
     Raises:
         ValueError: as :class:`AnySizeViT`; a decoder layer a mask cannot follow (pooling, layer
             norm over space, SyncBatchNorm, instance norm tracking running statistics).
-        TypeError: as :class:`AnySizeViT`. ImportError: MONAI older than 1.5.
+        TypeError: as :class:`AnySizeViT`.
+        ImportError: MONAI older than 1.5.
 
     References:
         Hatamizadeh et al., UNETR: Transformers for 3D Medical Image Segmentation, WACV 2022;
