@@ -75,6 +75,11 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--channels", nargs="+", type=int, help="channels to draw (channels, curves)")
     p.add_argument("--queries", nargs="+", metavar="I,J[,K]",
                    help="query cells for similarity, e.g. 8,12 20,40")
+    p.add_argument("--spacing", nargs="+", type=float, metavar="MM",
+                   help="cell size along each axis of --shape in mm, tensor axis order (similarity): "
+                   "the figure is drawn to scale and the cells are placed at their physical coordinates")
+    p.add_argument("--voxel-positions", action="store_true",
+                   help="with --spacing: draw to scale but keep voxel-index positions (for comparison)")
     p.add_argument("--num-feats", type=int, default=128, help="channels per axis (wavelengths)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[20.0, 100.0, 10000.0],
                    help="temperatures (wavelengths)")
@@ -148,6 +153,21 @@ def _queries(args: argparse.Namespace) -> list[tuple[int, ...]] | None:
     return out
 
 
+def _spacing(args: argparse.Namespace, shape: tuple[int, ...]) -> list[float] | None:
+    if args.spacing is None:
+        if args.voxel_positions:
+            raise CLIError("--voxel-positions needs --spacing")
+        return None
+    if args.kind != "similarity":
+        raise CLIError(f"--spacing is for the similarity figure, not {args.kind}")
+    if len(args.spacing) != len(shape) or not all(0 < s < float("inf") for s in args.spacing):
+        raise CLIError(
+            f"--spacing must give {len(shape)} positive sizes in mm (one per axis of --shape "
+            f"{' '.join(map(str, shape))}), got {' '.join(map(str, args.spacing))}"
+        )
+    return list(args.spacing)
+
+
 def _batch(args: argparse.Namespace):
     from .data import sample_images
     from ..nested_tensor import nested_tensor_from_tensor_list
@@ -199,7 +219,8 @@ def _figure(args: argparse.Namespace):
             params = {"scale": encoder.scale, "offset": encoder.offset, "eps": encoder.eps}
         return figures.plot_normalized_coords(mask, **params)
     shape = _shape(args)
-    pos = figures.encode_grid(encoder, shape)
+    spacing = _spacing(args, shape)
+    pos = figures.encode_grid(encoder, shape, spacing=None if args.voxel_positions else spacing)
     if kind == "channels":
         if len(shape) > 2:
             raise CLIError(f"channels draws a 1D or 2D grid, got --shape {' '.join(map(str, shape))}")
@@ -216,7 +237,12 @@ def _figure(args: argparse.Namespace):
     # similarity
     if len(shape) == 1:
         raise CLIError("similarity draws a 2D or 3D grid, give --shape H W or --shape D H W")
-    return figures.plot_similarity(pos, _queries(args), title=f"{name}: cosine similarity to query cells")
+    title = f"{name}: cosine similarity to query cells"
+    if spacing is not None:
+        mm = " x ".join(f"{v:g}" for v in spacing)
+        where = "voxel indices" if args.voxel_positions else "millimetres"
+        title += f"\n{mm} mm cells drawn to scale, positions in {where}"
+    return figures.plot_similarity(pos, _queries(args), title=title, spacing=spacing)
 
 
 def write_plot(args: argparse.Namespace) -> str:

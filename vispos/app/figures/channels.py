@@ -29,6 +29,7 @@ from ...encodings import (
     SpeechainPositionalEncoding,
 )
 from ..._checks import check_bool, check_int
+from ...encodings.sine import SineEmbeddingBase
 from ...padding import check_mask
 from ._draw import new_figure
 from ._inputs import check_channels, check_pos, check_shape
@@ -47,7 +48,12 @@ _GRID_CLASSES = (
 )
 
 
-def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | None = None) -> Tensor:
+def encode_grid(
+    encoder: torch.nn.Module,
+    shape: Sequence[int],
+    mask: Tensor | None = None,
+    spacing: Sequence[float] | None = None,
+) -> Tensor:
     """Evaluates a vispos encoder on one item of spatial shape ``S`` and returns it channels-first.
 
     Dispatches on the encoder's family: mask-driven DETR-family modules
@@ -63,13 +69,15 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         encoder (nn.Module): one of the encoders named above.
         shape (sequence of int): ``S``, 1 to 3 positive sizes (1 for sequence encoders).
         mask (Tensor[*S], bool, optional): True marks padding; only for mask-driven encoders.
+        spacing (sequence of float, optional): the cell size along each axis in mm (tensor axis
+            order), for the DETR-family sine encoders' physical positions (their ``spacing``).
 
     Returns:
         Tensor[C, *S]: float32 on the CPU, channels-first whatever the encoder's layout.
 
     Raises:
         TypeError: an encoder of another kind; ``shape`` not an int or a sequence of ints; a
-            non-bool ``mask``; a ``mask`` for an encoder that takes none.
+            non-bool ``mask``; a ``mask`` or a ``spacing`` for an encoder that takes none.
         ValueError: a bad ``shape``, or one the encoder does not support; a ``mask`` whose shape
             is not ``S``.
 
@@ -82,6 +90,11 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         if tuple(mask.shape) != shape:
             raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     with torch.no_grad():
+        if spacing is not None:
+            if not isinstance(encoder, SineEmbeddingBase):
+                raise TypeError(f"{type(encoder).__name__} takes no spacing; pass spacing=None")
+            m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
+            return encoder(m, spacing=torch.tensor([list(spacing)], dtype=torch.float32))[0].float().contiguous()
         if isinstance(encoder, (PositionEmbeddingSine, PositionEmbeddingLearned)):
             m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
             return encoder(m)[0].float().contiguous()
