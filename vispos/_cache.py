@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_int
+from ._derived import DerivedBuffers  # re-exported: its home before it had its own room
 from ._tracing import tracing
 
 __all__ = [
@@ -483,24 +484,3 @@ class CacheOwner:
     @cache_bytes.setter
     def cache_bytes(self, value: int | None) -> None:
         self._owned_cache().max_bytes = check_max_bytes(value, "cache_bytes")
-
-
-class DerivedBuffers:
-    """Mixin for ``nn.Module``s whose non-persistent buffers are *derived* tables (frequency
-    divisors, sinusoid rows): after every ``_apply`` (``.to()``, ``.cuda()``, ``.half()``,
-    ``.to_empty()`` after meta-device construction, ...) the tables are rebuilt in float32 on
-    their new device and the module's caches are emptied. So a ``.half()`` does not degrade the
-    frequencies, ``to_empty`` does not leave uninitialised memory in them, and no cache hands
-    out a tensor built before the move. On the meta device nothing is computed.
-
-    Subclasses implement :meth:`_refresh_derived` (and list their caches in it).
-    """
-
-    def _refresh_derived(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
-        out = super()._apply(fn, recurse)  # type: ignore[misc]
-        with torch.no_grad():
-            self._refresh_derived()
-        return out
