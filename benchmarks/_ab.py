@@ -107,13 +107,15 @@ def _arm_peaks(script: str, root: str, args) -> list[dict[str, int]]:
     return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
 
 
-def ab_run(args, script: str, root: str, floor_name: str) -> str:
+def ab_run(args, script: str, root: str, floor_name: str, emit=None) -> str:
     """``--ab BEFORE``: the same workloads on two checkouts (``BEFORE`` and ``--ab-after``, else
     ``root``), each in its own worker process running ``script`` (``floor_name``: its floor
     row); every sample alternates
     between them (the order flips every repeat), so the load of a shared machine hits both
     alike. Rows that do not depend on vispos (the floor excepted) run in the "after" worker
-    only. Returns the report (markdown)."""
+    only. Returns the report (markdown); ``emit`` (optional) is also handed each part as it
+    is ready (so a run cut short keeps the workloads it finished)."""
+    emit = emit or (lambda text: None)
     roots = {"before": os.path.abspath(args.ab), "after": os.path.abspath(args.ab_after or root)}
     peaks = {arm: None for arm in roots}
     if not args.no_peak:
@@ -124,6 +126,7 @@ def ab_run(args, script: str, root: str, floor_name: str) -> str:
         f"repeats {args.repeats}; before = {workers['before'].hello['vispos']}, "
         f"after = {workers['after'].hello['vispos']}"
     ]
+    emit(lines[0])
     try:
         for i, spec in enumerate(workers["after"].hello["workloads"]):
             rows = {"after": spec["rows"]}
@@ -145,6 +148,7 @@ def ab_run(args, script: str, root: str, floor_name: str) -> str:
             ops = {arm: w.ask(op="ops", wl=i, rows=rows[arm]) for arm, w in workers.items()}
             peak = {a: p and p[i] for a, p in peaks.items()}
             lines.append(_ab_table(spec, k, times, ops, peak, floor_name))
+            emit(lines[-1])
     finally:
         for w in workers.values():
             w.close()

@@ -430,7 +430,7 @@ def main(argv=None) -> int:
 
         if args.ab_worker:
             return _ab.ab_worker(args, sys.modules[__name__])
-        print(_ab.ab_run(args, os.path.abspath(__file__), _ROOT, FLOOR))
+        _ab.ab_run(args, os.path.abspath(__file__), _ROOT, FLOOR, emit=lambda text: print(text, flush=True))
         return 0
     peaks = None
     if not args.no_peak:  # a fresh process: the timing pass must not run under mallopt
