@@ -103,7 +103,7 @@ class _Worker:
 
 def _arm_peaks(script: str, root: str, args) -> list[dict[str, int]]:
     env = dict(os.environ, VISPOS_BENCH_ROOT=root, PYTHONPATH=root)
-    cmd = _command(script, args, "--peak-pass")
+    cmd = _command(script, args, "--peak-pass") + ["--peak-vispos-only"]  # peers: see a plain run
     return json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout)
 
 

@@ -334,16 +334,19 @@ def _inner_calls(fn: Callable[[], object], device: torch.device, target_ms: floa
     return max(1, min(200, round(target_ms / max(ms, 1e-3))))
 
 
-def peak_pass(device: torch.device, quick: bool) -> list[dict[str, int]]:
-    """Peak bytes of one call of every implementation; run in a fresh process (see the module doc)."""
+def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False) -> list[dict[str, int]]:
+    """Peak bytes of one call of every implementation (``vispos_only``: the floor and the vispos
+    rows, as an A/B run needs); run in a fresh process (see the module doc)."""
     malloc_setup()
     workloads = build_workloads(device, quick)
+    keep = (lambda name: name == FLOOR or name.startswith("vispos")) if vispos_only else (lambda name: True)
     with torch.inference_mode():
         for wl in workloads:  # first calls (lazy imports, module tables) are not the steady state
             wl.prepare(2)
-            for fn in wl.impls.values():
-                fn()
-        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items()} for wl in workloads]
+            for name, fn in wl.impls.items():
+                if keep(name):
+                    fn()
+        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items() if keep(n)} for wl in workloads]
 
 
 def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None):
@@ -400,6 +403,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
     parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--peak-vispos-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
     parser.add_argument("--ab", metavar="BEFORE", help="A/B: also measure the checkout at BEFORE, interleaved")
     parser.add_argument("--ab-after", metavar="AFTER", help="A/B: the other checkout (default: this one)")
@@ -423,7 +427,7 @@ def main(argv=None) -> int:
                     print(f"| {name} | {count_ops(fn)[0]} | {dev} |")
         return 0
     if args.peak_pass:  # the child process of pass 3
-        print(json.dumps(peak_pass(device, args.quick)))
+        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only)))
         return 0
     if args.ab_worker or args.ab:
         import _ab
