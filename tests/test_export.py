@@ -175,3 +175,32 @@ def test_torchscript_trace_fixed_size():
     eager = copy.deepcopy(pe)
     torch.testing.assert_close(traced(example), eager(example), rtol=0, atol=0)
     torch.testing.assert_close(traced(other), eager(other), rtol=0, atol=0)  # another mask
+
+
+def test_tracing_sees_fake_modes_without_detect_fake_mode_on_the_plain_path():
+    """_tracing.tracing() skips torch's detect_fake_mode when the mode stack and the tracing
+    context are empty (the cheap gate): it must still see a FakeTensorMode, a fake-tensor
+    make_fx trace and a non-strict export, and be False on a plain call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from vispos import _tracing
+
+    assert not _tracing.tracing()
+    with FakeTensorMode():
+        assert _tracing.tracing()
+    seen = []
+
+    def body(x):
+        seen.append(_tracing.tracing())
+        return x + 1
+
+    make_fx(body, tracing_mode="fake")(torch.zeros(2))
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(_tracing.tracing())
+            return x + 1
+
+    torch.export.export(Probe(), (torch.zeros(2),), strict=False)
+    assert seen and all(seen)

@@ -453,3 +453,29 @@ def test_a_mask_written_in_place_stays_the_truth():
         inference = nested_tensor_from_tensor_list([torch.zeros(1, 4, 5), torch.zeros(1, 3, 6)])
         assert inference.padding.kind == "rectangular" and pe(inference).shape == before.shape
     assert Padding.from_mask(inference.mask) == inference.padding
+
+
+def test_host_box_reading_matches_the_torch_ops():
+    """find_boxes reads a CPU mask with NumPy (vispos/_masks_host.py): the same sizes and
+    mismatches as the torch ops it replaces, on boxes at and off the origin, holes, transposed
+    (non-contiguous) masks and 1-3 axes."""
+    from vispos import _masks
+    from vispos._masks_host import origin_mismatch
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n = trial % 3 + 1
+        spatial = [int(v) for v in torch.randint(1, 7, (n,), generator=gen)]
+        mask = torch.ones(3, *spatial, dtype=torch.bool)
+        for b in range(3):
+            start = [int(torch.randint(0, s + 1, (1,), generator=gen)) if trial % 4 == 0 else 0 for s in spatial]
+            stop = [int(torch.randint(a, s + 1, (1,), generator=gen)) for a, s in zip(start, spatial)]
+            mask[(b, *(slice(a, e) for a, e in zip(start, stop)))] = False
+        if trial % 5 == 0:
+            mask.view(-1)[int(torch.randint(0, mask.numel(), (1,), generator=gen))] ^= True
+        if trial % 7 == 0 and n > 1:
+            mask = mask.transpose(1, n)
+        spatial = tuple(mask.shape[1:])
+        sizes = _masks.rectangular_sizes(mask)
+        wrong = (mask == _masks.origin_boxes(sizes, spatial)).flatten(1).any(1)
+        assert origin_mismatch(mask, spatial) == (sizes.tolist(), wrong.tolist())

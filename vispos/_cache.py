@@ -323,8 +323,12 @@ class TensorCache:
         while len(self._seen) > DOORKEEPER_FACTOR * self._maxsize:
             self._seen.popitem(last=False)
 
-    def _enabled(self) -> bool:
-        return self._maxsize > 0 and self._max_bytes != 0 and is_caching_enabled() and not tracing()
+    def _enabled(self, traced: bool | None = None) -> bool:
+        """Whether this call may use the cache (``traced``: the caller's own answer to
+        :func:`~vispos._tracing.tracing` for this call, so it is asked once; None: ask it)."""
+        if not (self._maxsize > 0 and self._max_bytes != 0 and is_caching_enabled()):
+            return False
+        return not (tracing() if traced is None else traced)
 
     def _admit(self, key: Hashable, content: Tensor | None) -> bool:
         """One more sighting of ``key`` (and ``content``): True when it reaches ``admit_at``
@@ -348,6 +352,7 @@ class TensorCache:
         content: Tensor | None = None,
         *,
         copy: bool = True,
+        traced: bool | None = None,
     ) -> Tensor:
         """The tensor for ``key`` (and ``content``'s values): served, or ``build()`` (and
         stored when admitted).
@@ -360,15 +365,23 @@ class TensorCache:
                 memory (on another device the doorkeeper remembers ``key`` alone).
             copy (bool): True: a tensor the caller owns (never the stored one). False: the
                 stored tensor itself (shared with every other ``copy=False`` call; read-only).
+            traced (bool, optional): whether this call is traced, when the caller has already
+                asked :func:`~vispos._tracing.tracing` (None: the cache asks; a traced call
+                neither reads nor stores).
 
         Returns:
             Tensor: as ``build()`` returns it, or a copy.
         """
-        tensor, stored = self.lookup(key, build, content)
+        tensor, stored = self.lookup(key, build, content, traced=traced)
         return _copy(tensor) if copy and stored else tensor
 
     def lookup(
-        self, key: Hashable, build: Callable[[], Tensor], content: Tensor | None = None
+        self,
+        key: Hashable,
+        build: Callable[[], Tensor],
+        content: Tensor | None = None,
+        *,
+        traced: bool | None = None,
     ) -> tuple[Tensor, bool]:
         """Like :meth:`get` with ``copy=False``, and says whether the tensor is the stored one.
 
@@ -377,7 +390,7 @@ class TensorCache:
             be handed out unless the caller opted in to shared results), False when it is a
             fresh build that nobody else holds (a miss not admitted, or too large to store).
         """
-        if not self._enabled():
+        if not self._enabled(traced):
             return build(), False
         with self._lock:
             entry = self._entries.get(key)

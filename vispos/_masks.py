@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._checks import MAX_SPATIAL, check_int
+from ._masks_host import origin_mismatch
 
 Spans = tuple[tuple[int, ...], ...]  # per item, one int per axis
 
@@ -294,11 +295,10 @@ def find_boxes(mask: Tensor) -> tuple[Spans, Spans] | None:
     if batch == 0 or mask.numel() == 0:
         return bounding_boxes(mask)
     spatial = tuple(mask.shape[1:])
-    sizes = rectangular_sizes(mask)
-    wrong = (mask == origin_boxes(sizes, spatial)).flatten(1).any(1).tolist()  # a cell both padding and in the box
+    sizes, wrong = origin_mismatch(mask, spatial)  # wrong: a cell both padding and in the box
     if not any(wrong):
         empty = tuple(0 for _ in range(n))
-        return (empty,) * batch, tuple(empty if 0 in s else tuple(s) for s in sizes.tolist())
+        return (empty,) * batch, tuple(empty if 0 in s else tuple(s) for s in sizes)
     origin = mask[(slice(None),) + (0,) * n].tolist()  # origin cell padded, per item
     if any(w and not o for w, o in zip(wrong, origin)):
         return None

@@ -247,9 +247,9 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         key, content = padding._host_key()
         key += (device, out_dtype) + self._params() + (spacing_key,)
         if unpadded:
-            table, shared = self._cache.lookup(key, build)
+            table, shared = self._cache.lookup(key, build, traced=False)  # host facts: not traced
             return expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
-        return self._cache.get(key, build, content=content, copy=not self.zero_copy)
+        return self._cache.get(key, build, content=content, copy=not self.zero_copy, traced=False)
 
     @property
     def cache_size(self) -> int:
