@@ -328,17 +328,26 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     return wls
 
 
+def select(workloads: list[Workload], only: str | None) -> list[Workload]:
+    """The workloads whose name contains one of the comma-separated words of ``only`` (all
+    when None), e.g. ``--only "C5,Deformable"``."""
+    if not only:
+        return workloads
+    words = [w.strip().lower() for w in only.split(",") if w.strip()]
+    return [wl for wl in workloads if any(w in wl.name.lower() for w in words)]
+
+
 def _inner_calls(fn: Callable[[], object], device: torch.device, target_ms: float = 2.0) -> int:
     """Calls per sample so that one sample of ``fn`` takes about ``target_ms``."""
     ms = min(time_sample(fn, device) for _ in range(3))
     return max(1, min(200, round(target_ms / max(ms, 1e-3))))
 
 
-def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False) -> list[dict[str, int]]:
+def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False, only=None) -> list[dict[str, int]]:
     """Peak bytes of one call of every implementation (``vispos_only``: the floor and the vispos
     rows, as an A/B run needs); run in a fresh process (see the module doc)."""
     malloc_setup()
-    workloads = build_workloads(device, quick)
+    workloads = select(build_workloads(device, quick), only)
     keep = (lambda name: name == FLOOR or name.startswith("vispos")) if vispos_only else (lambda name: True)
     with torch.inference_mode():
         for wl in workloads:  # first calls (lazy imports, module tables) are not the steady state
@@ -349,8 +358,8 @@ def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False) -> l
         return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items() if keep(n)} for wl in workloads]
 
 
-def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None):
-    workloads = build_workloads(device, quick)
+def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None, only=None):
+    workloads = select(build_workloads(device, quick), only)
     timed = []
     with torch.inference_mode():
         for wl in workloads:  # pass 1: steady-state time, default allocator
@@ -402,6 +411,7 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
+    parser.add_argument("--only", metavar="WORDS", help="comma-separated words: the workloads whose name has one")
     parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peak-vispos-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
@@ -417,7 +427,7 @@ def main(argv=None) -> int:
         return 2
     if args.ops_only:
         with torch.inference_mode():
-            for wl in build_workloads(device, args.quick):
+            for wl in select(build_workloads(device, args.quick), args.only):
                 print(f"\n### {wl.name}\n")
                 print("| implementation | ops / call | device ops |\n|---|---:|---:|")
                 wl.prepare(3)
@@ -427,7 +437,7 @@ def main(argv=None) -> int:
                     print(f"| {name} | {count_ops(fn)[0]} | {dev} |")
         return 0
     if args.peak_pass:  # the child process of pass 3
-        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only)))
+        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only, args.only)))
         return 0
     if args.ab_worker or args.ab:
         import _ab
@@ -440,6 +450,7 @@ def main(argv=None) -> int:
     if not args.no_peak:  # a fresh process: the timing pass must not run under mallopt
         cmd = [sys.executable, os.path.abspath(__file__), "--peak-pass", "--device", args.device]
         cmd += ["--quick"] if args.quick else []
+        cmd += ["--only", args.only] if args.only else []
         cmd += ["--threads", str(args.threads)] if args.threads else []
         peaks = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs"
@@ -447,7 +458,7 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}, device {device} ({name}), threads {torch.get_num_threads()}, "
         f"repeats {args.repeats} (median of interleaved samples)"
     )
-    print(format_table(run(device, args.repeats, args.quick, peaks)))
+    print(format_table(run(device, args.repeats, args.quick, peaks, args.only)))
     return 0
 
 
