@@ -116,6 +116,17 @@ def test_channel_wavelengths_normalize_and_split_layout():
     ref = torch.tensor([2 * math.pi * math.exp(math.log(10000) * (c % 4) / 3) for c in range(8)], dtype=torch.float64)
     torch.testing.assert_close(lam, ref)
     assert viz.channel_wavelengths(vispos.PositionEmbeddingLearned(8), 10) is None
+    # speechain's 'sep' (the continued ladder): cosine k on rung 4 + k; checked on the channels
+    for enc, rung in ((vispos.SpeechainPositionalEncoding("sep", 8), lambda c: c),
+                      (vispos.SinusoidalPositionalEncoding(8, ladder="continued"), lambda c: c // 2 + 4 * (c % 2))):
+        lam = viz.channel_wavelengths(enc, 10)
+        ref = torch.tensor([2 * math.pi * 10000 ** (2 * rung(c) / 8) for c in range(8)], dtype=torch.float64)
+        torch.testing.assert_close(lam, ref)
+        table = viz.encode_grid(enc, (60,))  # channels-first, the period read back from the channels
+        p = torch.arange(60.0)
+        for c in range(8):
+            f = torch.sin if (c < 4 if isinstance(enc, vispos.SpeechainPositionalEncoding) else c % 2 == 0) else torch.cos
+            torch.testing.assert_close(table[c], f(2 * math.pi * p / lam[c]).float(), atol=2e-5, rtol=0)
     with pytest.raises(ValueError, match="length must be an int >= 1"):
         viz.channel_wavelengths(enc, 0)
 
