@@ -21,9 +21,9 @@ Position embeddings (``--pos``, same seed, data, initial weights and steps in ev
 ``none`` (zeros), ``grid`` (``vispos.PositionalEncodingPermute3D`` over the padded canvas, blind
 to the mask), ``sine`` (``vispos.PositionEmbeddingSine(normalize=True)`` on the 3D mask).
 
-    python -m demos.train_detr3d --steps 3000 --out runs/detr3d --pos sine --seed 0 --threads 1
+    python -m demos.train_detr3d --steps 2000 --out runs/detr3d --pos sine --seed 0 --threads 1
     python -m demos.train_detr3d --out runs/detr3d --report     # tables over seeds, curves
-    torchrun --nproc_per_node 2 -m demos.train_detr3d --steps 3000 --batch-size 2 --out runs/ddp3d
+    torchrun --nproc_per_node 2 -m demos.train_detr3d --steps 2000 --batch-size 2 --out runs/ddp3d
     python -m demos.train_detr3d --steps 20 --tiny --out /tmp/detr3d-tiny    # seconds, for CI
 
 Writes ``OUT/<arm>/seed<S>/metrics.json``, optionally ``checkpoint.pt`` next to it, and
@@ -140,12 +140,12 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
                    help=f"training volumes: of {tuple(VOLUMES)} or nifti:<path> (default {' '.join(TRAIN_VOLUMES)})")
     g.add_argument("--heldout-volumes", nargs="+", default=list(HELDOUT_VOLUMES),
                    help=f"held-out volumes, never trained on (default {' '.join(HELDOUT_VOLUMES)})")
-    g.add_argument("--spacing", type=positive_float, default=2.0, help="common isotropic voxel size (mm)")
-    g.add_argument("--crop", type=pos1, nargs=2, default=[20, 48], metavar=("MIN", "MAX"),
+    g.add_argument("--spacing", type=positive_float, default=3.0, help="common isotropic voxel size (mm)")
+    g.add_argument("--crop", type=pos1, nargs=2, default=[14, 32], metavar=("MIN", "MAX"),
                    help="crop side in voxels, drawn per axis (clipped to the volume)")
     g.add_argument("--max-objects", type=pos1, default=2, help="lesions per crop: 1 .. this")
-    g.add_argument("--min-object", type=pos1, default=4, help="smallest lesion side (voxels)")
-    g.add_argument("--max-object", type=pos1, default=14, help="largest lesion side (voxels)")
+    g.add_argument("--min-object", type=pos1, default=3, help="smallest lesion side (voxels)")
+    g.add_argument("--max-object", type=pos1, default=10, help="largest lesion side (voxels)")
     g.add_argument("--contrast", type=positive_float, nargs=2, default=[1.5, 3.0], metavar=("MIN", "MAX"),
                    help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
     g.add_argument("--widths", type=pos1, nargs="+", default=[16, 32],
@@ -214,9 +214,9 @@ TASK = DetrTask(
     metric=monai_ap,
     metric_names=("ap25", "ap50", "map"),
     headline="ap25",
-    defaults={"hidden": 48, "ffn": 96, "batch_size": 4},
+    defaults={"hidden": 48, "ffn": 96, "batch_size": 4, "steps": 2000, "eval_every": 250},
     tiny_defaults={"spacing": 4.0, "crop": [12, 20], "min_object": 3, "max_object": 8, "widths": [8, 16],
-                   "hidden": 24, "ffn": 48},
+                   "hidden": 24, "ffn": 48, "eval_every": None},
 )
 
 

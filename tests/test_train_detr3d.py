@@ -220,5 +220,5 @@ def test_cli_runs_tiny(tmp_path):
         assert im.format == "PNG" and im.size[0] > 600
     # --report rebuilds the same table from the metrics files alone
     (out / "ablation.md").unlink()
-    assert T.main(["--report", "--tiny", "--out", str(out)]) == 0
+    assert T.main(["--report", "--tiny", "--steps", "20", "--out", str(out)]) == 0
     assert (out / "ablation.md").read_text() == table
