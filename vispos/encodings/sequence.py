@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
-from .._checks import check_bool, check_choice, check_int, check_number
+from .._checks import check_bool, check_choice, check_dropout, check_int, check_number
 from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
@@ -50,14 +50,6 @@ def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_
     return out * math.sqrt(d_model) if emb_scale else out
 
 
-def _check_dropout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"dropout must be a float in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {value}")
-    return float(value)
-
-
 class _SequenceSinusoid(DerivedBuffers, nn.Module):
     """Shared state of the 1D encoders: the validated options and the cached ``(max_len, D)`` table.
 
@@ -79,7 +71,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
     ) -> None:
         super().__init__()
         check_num_feats(d_model, "d_model")
-        _check_dropout(dropout)
+        check_dropout(dropout)
         check_int(max_len, "max_len", minimum=1)
         check_choice(layout, _LAYOUTS, "layout")
         check_choice(ladder, _LADDERS, "ladder")

@@ -1,4 +1,4 @@
-"""Figures of an encoding's channels: heatmaps, sin/cos curves and the wavelength ladder.
+"""Figures of an encoding's channels: heatmaps, sin/cos curves, the wavelength ladder.
 
 :func:`encode_grid` evaluates any vispos encoder on one item's grid, channels-first, for the
 plots here and in :mod:`~vispos.app.figures.similarity`. Each ``plot_*`` function returns a
@@ -28,6 +28,7 @@ from ...encodings import (
     SinusoidalPositionalEncoding,
     SpeechainPositionalEncoding,
 )
+from ..._checks import check_bool, check_int
 from ...padding import check_mask
 from ._draw import new_figure
 from ._inputs import check_channels, check_pos, check_shape
@@ -67,8 +68,8 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         Tensor[C, *S]: float32 on the CPU, channels-first whatever the encoder's layout.
 
     Raises:
-        TypeError: an encoder of another kind; a non-bool ``mask``; a ``mask`` for an encoder
-            that takes none.
+        TypeError: an encoder of another kind; ``shape`` not an int or a sequence of ints; a
+            non-bool ``mask``; a ``mask`` for an encoder that takes none.
         ValueError: a bad ``shape``, or one the encoder does not support; a ``mask`` whose shape
             is not ``S``.
 
@@ -138,13 +139,13 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
             block (``F`` channels); ``None`` for an encoder without fixed frequencies (learned).
 
     Raises:
+        TypeError: ``length`` is not an int.
         ValueError: ``length < 1``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5).
     """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be an int >= 1, got {length!r}")
+    check_int(length, "length", minimum=1)
     if isinstance(encoder, PositionEmbeddingSine):
         feats, temp, layout, ladder = encoder.num_pos_feats, encoder.temperature, "interleaved", "standard"
     elif isinstance(encoder, _GRID_CLASSES):
@@ -190,17 +191,17 @@ def plot_channels(
             a colorbar in 2D. Never shown; save it with ``fig.savefig(path)``.
 
     Raises:
-        TypeError: ``pos`` is not a tensor; ``channels`` does not hold ints.
-        ValueError: ``pos`` is not ``(C, L)`` / ``(C, H, W)`` floating; a channel out of range;
-            ``max_panels < 1``.
+        TypeError: ``pos`` is not a floating tensor; ``channels`` does not hold ints; a non-int
+            ``max_panels``.
+        ValueError: ``pos`` is not ``(C, L)`` / ``(C, H, W)``; an empty ``channels`` or one out
+            of range; ``max_panels < 1``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (the sinusoid table figure).
     """
     pos = check_pos(pos, "pos", (1, 2))
     c = pos.shape[0]
-    if isinstance(max_panels, bool) or not isinstance(max_panels, int) or max_panels < 1:
-        raise ValueError(f"max_panels must be an int >= 1, got {max_panels!r}")
+    check_int(max_panels, "max_panels", minimum=1)
     if pos.dim() == 2:
         chans = list(range(c)) if channels is None else check_channels(channels, c)
         fig = new_figure(7.0, 3.2 + 0.006 * len(chans))
@@ -259,8 +260,8 @@ def plot_sincos_curves(
         matplotlib.figure.Figure: ``len(channels)`` axes sharing the x axis.
 
     Raises:
-        TypeError: ``pos`` is not a tensor; ``channels`` does not hold ints.
-        ValueError: ``pos`` is not ``(C, L)``; a channel out of range; ``wavelengths`` shorter
+        TypeError: ``pos`` is not a floating tensor; ``channels`` does not hold ints.
+        ValueError: ``pos`` is not ``(C, L)``; an empty ``channels`` or one out of range; ``wavelengths`` shorter
             than ``C`` or ``positions`` not of length ``L``.
 
     References:
@@ -327,7 +328,8 @@ def plot_wavelengths(
             ``len(temperatures)`` lines of ``F / 2`` points.
 
     Raises:
-        TypeError: ``num_feats`` is not an int; a temperature is not a number.
+        TypeError: ``num_feats`` is not an int; a temperature is not a number; a ladder is not
+            a str; a non-bool ``frequency``.
         ValueError: odd or non-positive ``num_feats``; an empty ``temperatures`` / ``ladders``;
             an unknown ladder; a non-positive temperature.
 
@@ -335,6 +337,7 @@ def plot_wavelengths(
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5); tensor2tensor
         ``get_timing_signal_1d``; Zhang et al., DINO, ICLR 2023 (temperature 20).
     """
+    check_bool(frequency, "frequency")
     temperatures = list(temperatures)
     ladders = list(ladders)
     if not temperatures or not ladders:
