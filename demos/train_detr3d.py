@@ -214,9 +214,9 @@ TASK = DetrTask(
     metric=monai_ap,
     metric_names=("ap25", "ap50", "map"),
     headline="ap25",
-    defaults={"hidden": 48, "ffn": 96, "batch_size": 4, "steps": 2000, "eval_every": 250},
+    defaults={"hidden": 48, "ffn": 96, "batch_size": 4, "steps": 2000, "eval_every": 250, "memory_warmup": 300},
     tiny_defaults={"spacing": 4.0, "crop": [12, 20], "min_object": 3, "max_object": 8, "widths": [8, 16],
-                   "hidden": 24, "ffn": 48, "eval_every": None},
+                   "hidden": 24, "ffn": 48, "eval_every": None, "memory_warmup": None},
 )
 
 
