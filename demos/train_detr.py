@@ -194,7 +194,7 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
     if any(s > MAX_SIDE for s in args.scales):
         error("--scales", f"must be <= {MAX_SIDE}, got {args.scales}")
     if args.min_object > args.max_object:
-        error("--min-object", f"--min-object {args.min_object} is larger than --max-object {args.max_object}")
+        error("--min-object", f"must be <= --max-object {args.max_object}, got {args.min_object}")
     if args.max_object > args.photo_size:
         error("--max-object", f"must be <= --photo-size {args.photo_size}, got {args.max_object}")
     if args.queries < args.max_objects:

@@ -143,7 +143,7 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
     if args.dropout >= 1:
         error("--dropout", f"must be in [0, 1), got {args.dropout}")
     if args.hidden % args.heads:
-        error("--hidden", f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+        error("--hidden", f"must be divisible by --heads {args.heads}, got {args.hidden}")
     n = task.box_ops.n_axes
     if args.hidden % (2 * n):
         error("--hidden", f"must be divisible by {2 * n} (sine and cosine for each of {n} axes), got {args.hidden}")

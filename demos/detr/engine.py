@@ -175,7 +175,7 @@ def _new_metrics(task: DetrTask, arm: str, args: argparse.Namespace, ctx: DistCo
         "task": task.name, "arm": arm, "seed": args.seed,
         "args": {k: v for k, v in vars(args).items() if k != "pos"},
         "world_size": ctx.world_size, "global_batch": args.batch_size * ctx.world_size,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "torch": str(torch.__version__), "threads": torch.get_num_threads(), "machine": platform.machine(),
         "commit": os.environ.get("VISPOS_COMMIT", ""),
         "steps": [], **{k: [] for k in SERIES}, "eval": [], "resumed_at": [],
     }
