@@ -45,8 +45,8 @@ from torchvision.ops import box_convert
 from torchvision.transforms import v2
 
 from demos.detr import BOX_OPS_2D, POS_ARMS, DetrTask, coco_map, run
+from vispos.app.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
 from vispos.backbones import TimmBackbone
-from vispos.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
 
 __all__ = ["CLASSES", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "POS_ARMS", "TASK", "ShapesOnPhotos", "draw_objects",
            "load_photos", "main"]

@@ -131,6 +131,12 @@ def test_tiny_sets_defaults_only():
         10, 30, 14, 300, 40, 64, 10)
     _, full = parse_args(T.TASK, [])
     assert (full.batch_size, full.eval_every, full.photo_size, full.hidden) == (8, 300, 128, 64)
+    # a task's own defaults (3D: a width divisible by 6 and 8), then --tiny's, then explicit flags
+    import dataclasses
+
+    task = dataclasses.replace(T.TASK, defaults={"hidden": 96, "lr": 5e-4}, tiny_defaults={**T.TASK.tiny_defaults, "hidden": 48})
+    assert (parse_args(task, [])[1].hidden, parse_args(task, [])[1].lr) == (96, 5e-4)
+    assert parse_args(task, ["--tiny"])[1].hidden == 48 and parse_args(task, ["--tiny", "--hidden", "64"])[1].hidden == 64
 
 
 def test_draw_objects_boxes_are_exact():
@@ -179,7 +185,7 @@ def test_held_out_items_follow_a_reference_pipeline():
         longer = (35, 42)[i % 2]
         h, w = round(50 * longer / 70), longer
         ref = TF.resize(drawn, [h, w], antialias=True)
-        ref = TF.normalize(ref, vispos.data.IMAGENET_MEAN, vispos.data.IMAGENET_STD)
+        ref = TF.normalize(ref, vispos.app.data.IMAGENET_MEAN, vispos.app.data.IMAGENET_STD)
         torch.testing.assert_close(image, ref, rtol=1e-5, atol=1e-5)
         scale = torch.tensor([w / 70, h / 50, w / 70, h / 50])
         ref_boxes = box_convert(boxes * scale, "xyxy", "cxcywh") / torch.tensor([w, h, w, h])

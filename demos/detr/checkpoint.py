@@ -2,7 +2,7 @@
 
 A checkpoint is one ``torch.save`` file holding the step, the model, optimizer and scheduler
 states, every process's RNG states (torch CPU and CUDA, NumPy, Python), the metrics so far and
-the run's arguments. It is written through :func:`vispos._io.write_files` (temporary file,
+the run's arguments. It is written through :func:`vispos.app._io.write_files` (temporary file,
 fsync, rename), so an interrupted save leaves the previous checkpoint intact, and read with
 ``torch.load(weights_only=True)`` (tensors and plain containers only).
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vispos._io import write_files
+from vispos.app._io import write_files
 
 __all__ = ["rng_state", "set_rng_state", "save_checkpoint", "load_checkpoint"]
 
@@ -56,7 +56,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> str:
         str: the path written.
 
     Raises:
-        OSError / ValueError: from :func:`vispos._io.write_files` (nothing is left behind).
+        OSError / ValueError: from :func:`vispos.app._io.write_files` (nothing is left behind).
     """
     return write_files([(path, lambda tmp: torch.save(state, tmp))], make_dirs=True)[0]
 

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from vispos._io import write_files
+from vispos.app._io import write_files
 
 from .distributed import init_distributed, launched_by_torchrun
 from .engine import train_arm
@@ -126,9 +126,10 @@ def _error(parser: argparse.ArgumentParser) -> Callable[[str, str], NoReturn]:
 def parse_args(task: DetrTask, argv: Sequence[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """Parses and validates; exits with status 2 on a bad flag (argparse's convention)."""
     parser = build_parser(task)
+    parser.set_defaults(**task.defaults)
     first, _ = parser.parse_known_args(argv)
     if first.tiny:
-        parser.set_defaults(**TINY_CORE, **task.tiny_defaults)
+        parser.set_defaults(**{**TINY_CORE, **task.tiny_defaults})  # the task's win
     args = parser.parse_args(argv)
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 2) if args.tiny else 300

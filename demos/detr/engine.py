@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset
 
 import vispos
-from vispos._io import write_files
+from vispos.app._io import write_files
 from vispos.backbones import freeze_batch_norm
 
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state

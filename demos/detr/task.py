@@ -50,6 +50,8 @@ class DetrTask:
             (:data:`Records`).
         metric_names (tuple of str): the keys ``metric`` returns, in table order.
         headline (str): the metric the paired comparison of arms is made on.
+        defaults (mapping): the task's own defaults for shared flags (e.g. ``{"hidden": 48}`` in
+            3D, where the width must be divisible by 6 and 8), applied before ``--tiny``'s.
         tiny_defaults (mapping): ``--tiny``'s defaults (flags given explicitly still win).
     """
 
@@ -64,4 +66,5 @@ class DetrTask:
     metric: Callable[[Records, Records], dict[str, float]]
     metric_names: tuple[str, ...]
     headline: str
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
