@@ -144,6 +144,7 @@ class DetrModel(nn.Module):
         hidden_dim, num_queries, enc_layers, dec_layers, nhead, dim_feedforward (int): sizes.
         dropout (float): in the transformer. Default 0 (deterministic runs).
         num_groups (int): GroupNorm groups of the input projection.
+        normalize_before (bool): pre-norm encoder and decoder layers (DETR's ``--pre_norm``).
 
     Shape:
         ``forward(NestedTensor (B, C, *S))`` -> ``{"pred_logits": Tensor[B, Q, K + 1],
@@ -158,7 +159,7 @@ class DetrModel(nn.Module):
     def __init__(
         self, backbone: nn.Module, position_embedding: nn.Module, num_classes: int, hidden_dim: int = 64,
         num_queries: int = 10, enc_layers: int = 2, dec_layers: int = 2, nhead: int = 4,
-        dim_feedforward: int = 128, dropout: float = 0.0, num_groups: int = 8,
+        dim_feedforward: int = 128, dropout: float = 0.0, num_groups: int = 8, normalize_before: bool = False,
     ) -> None:
         super().__init__()
         check_int(num_classes, "num_classes", minimum=1)
@@ -166,8 +167,10 @@ class DetrModel(nn.Module):
         self.joiner = Joiner(backbone, position_embedding, hidden_dim=hidden_dim, level_embed=False,
                              num_groups=num_groups)
         self.n_axes = self.joiner.n_spatial
-        self.encoder = DetrEncoder(hidden_dim, nhead, enc_layers, dim_feedforward, dropout=dropout)
-        self.decoder = DetrDecoder(hidden_dim, nhead, dec_layers, dim_feedforward, dropout=dropout)
+        self.encoder = DetrEncoder(hidden_dim, nhead, enc_layers, dim_feedforward, dropout=dropout,
+                                   normalize_before=normalize_before)
+        self.decoder = DetrDecoder(hidden_dim, nhead, dec_layers, dim_feedforward, dropout=dropout,
+                                   normalize_before=normalize_before)
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 2 * self.n_axes, 3)
