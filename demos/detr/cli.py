@@ -100,6 +100,9 @@ def build_parser(task: DetrTask) -> argparse.ArgumentParser:
     g.add_argument("--dec-layers", type=pos1, default=2)
     g.add_argument("--heads", type=pos1, default=4)
     g.add_argument("--ffn", type=pos1, default=128, help="feed-forward width")
+    g.add_argument("--reference-points", action=argparse.BooleanOptionalAction, default=True,
+                   help="box centres relative to per-query reference points (Deformable / Conditional "
+                        "DETR); --no-reference-points: plain DETR")
     g.add_argument("--pre-norm", action="store_true", help="pre-norm transformer layers (DETR's --pre_norm)")
     g.add_argument("--dropout", type=nonnegative_float, default=0.0, help="transformer dropout, in [0, 1)")
     g.add_argument("--norm", choices=("batch", "frozen", "sync"), default="batch",

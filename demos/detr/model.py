@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 import vispos
-from vispos._checks import check_choice, check_int
+from vispos._checks import check_bool, check_choice, check_int
 from vispos.backbones import DetrEncoder, Joiner
 
 from .decoder import DetrDecoder
@@ -129,13 +129,20 @@ class MLP(nn.Module):
 
 
 class DetrModel(nn.Module):
-    """DETR over a vispos backbone, 2D or 3D.
+    """DETR over a vispos backbone, 2D or 3D, optionally with reference points.
 
     ``backbone`` -> :class:`~vispos.backbones.Joiner` (1x1 projection to ``hidden_dim`` +
     GroupNorm, ``position_embedding`` per level) -> :class:`~vispos.backbones.DetrEncoder`
     (positions on queries and keys) -> :class:`DetrDecoder` (zero targets, learned query
     positions on queries and keys at every layer, memory positions on the cross-attention's keys
-    only) -> a linear class head and a 3-layer MLP box head (sigmoid).
+    only) -> a linear class head and a 3-layer MLP box head (sigmoid), on every decoder layer.
+
+    With ``reference_points`` (Deformable / Conditional DETR's box parametrisation), each query
+    has a reference centre ``ref = sigmoid(Linear(query_pos))`` (``Tensor[Q, n_axes]``) and every
+    layer predicts its box centre relative to it: ``centre = sigmoid(logit(ref) + head[:n])``,
+    ``size = sigmoid(head[n:])``. The attention is unchanged (positions only on queries and keys,
+    the values position-free); the query's identity reaches the box through its reference, which
+    plain DETR can only learn through the attended content (its slow convergence).
 
     Args:
         backbone (nn.Module): a :class:`vispos.backbones.Backbone` (TimmBackbone, VolumeBackbone).
@@ -145,11 +152,14 @@ class DetrModel(nn.Module):
         dropout (float): in the transformer. Default 0 (deterministic runs).
         num_groups (int): GroupNorm groups of the input projection.
         normalize_before (bool): pre-norm encoder and decoder layers (DETR's ``--pre_norm``).
+        reference_points (bool): predict box centres relative to per-query reference points.
+            Default False (plain DETR).
 
     Shape:
         ``forward(NestedTensor (B, C, *S))`` -> ``{"pred_logits": Tensor[B, Q, K + 1],
         "pred_boxes": Tensor[B, Q, 2 * n_axes], "aux_outputs": [{...} per earlier decoder layer]}``
-        (DETR's output dict). Boxes are center-size in ``[0, 1]``, relative to each item's own
+        (DETR's output dict), plus ``"reference_points": Tensor[Q, n_axes]`` with
+        ``reference_points``. Boxes are center-size in ``[0, 1]``, relative to each item's own
         (unpadded) size, coordinates in the order the task's box ops use.
 
     Raises:
@@ -160,6 +170,7 @@ class DetrModel(nn.Module):
         self, backbone: nn.Module, position_embedding: nn.Module, num_classes: int, hidden_dim: int = 64,
         num_queries: int = 10, enc_layers: int = 2, dec_layers: int = 2, nhead: int = 4,
         dim_feedforward: int = 128, dropout: float = 0.0, num_groups: int = 8, normalize_before: bool = False,
+        reference_points: bool = False,
     ) -> None:
         super().__init__()
         check_int(num_classes, "num_classes", minimum=1)
@@ -175,6 +186,11 @@ class DetrModel(nn.Module):
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
         self.bbox_embed = MLP(hidden_dim, hidden_dim, 2 * self.n_axes, 3)
         self.num_classes, self.num_queries = num_classes, num_queries
+        self.reference_points: nn.Linear | None = None
+        if check_bool(reference_points, "reference_points"):
+            self.reference_points = nn.Linear(hidden_dim, self.n_axes)
+            nn.init.xavier_uniform_(self.reference_points.weight)  # Deformable DETR's initialisation
+            nn.init.zeros_(self.reference_points.bias)
 
     def forward(self, x: vispos.NestedTensor) -> dict[str, Any]:
         flat = self.joiner.flatten(*self.joiner(x))
@@ -184,11 +200,20 @@ class DetrModel(nn.Module):
             torch.zeros_like(query_pos), memory, pos=flat.pos, query_pos=query_pos,
             memory_key_padding_mask=flat.key_padding_mask,
         )  # (L, B, Q, C)
-        logits, boxes = self.class_embed(hs), self.bbox_embed(hs).sigmoid()
-        return {
+        logits, raw = self.class_embed(hs), self.bbox_embed(hs)
+        out: dict[str, Any] = {}
+        if self.reference_points is not None:
+            ref = self.reference_points(self.query_embed.weight).sigmoid()  # (Q, n)
+            n = self.n_axes
+            raw = torch.cat([raw[..., :n] + torch.logit(ref, eps=1e-5), raw[..., n:]], -1)
+            out["reference_points"] = ref
+        boxes = raw.sigmoid()
+        out.update({
             "pred_logits": logits[-1], "pred_boxes": boxes[-1],
             "aux_outputs": [{"pred_logits": lg, "pred_boxes": bx} for lg, bx in zip(logits[:-1], boxes[:-1])],
-        }
+        })
+        return out
 
     def extra_repr(self) -> str:
-        return f"num_classes={self.num_classes}, num_queries={self.num_queries}, n_axes={self.n_axes}"
+        return (f"num_classes={self.num_classes}, num_queries={self.num_queries}, n_axes={self.n_axes}, "
+                f"reference_points={self.reference_points is not None}")
