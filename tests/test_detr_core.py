@@ -178,8 +178,30 @@ def test_model_outputs_and_decoder_wiring():
     torch.testing.assert_close(out["aux_outputs"][0]["pred_boxes"], model.bbox_embed(hs[0]).sigmoid())
 
 
+def test_reference_points_offset_the_box_centres():
+    """With reference points every layer's box centre is sigmoid(logit(ref) + head), the sizes
+    sigmoid(head); ref = sigmoid(Linear(query_pos)); the decoder (and its position-free values)
+    is the same module as without them."""
+    plain, ref = _model().eval(), _model(reference_points=True).eval()
+    assert plain.reference_points is None and ref.reference_points.weight.shape == (2, 32)
+    assert "reference_points=True" in repr(ref)
+    seen = {}
+    ref.decoder.register_forward_hook(lambda m, a, out: seen.update(hs=out))
+    out = ref(_batch())
+    r = torch.sigmoid(ref.reference_points(ref.query_embed.weight))
+    torch.testing.assert_close(out["reference_points"], r)
+    assert ((r > 0) & (r < 1)).all() and r.std() > 0.05  # spread over the image, not one point
+    for layer, boxes in ((1, out["pred_boxes"]), (0, out["aux_outputs"][0]["pred_boxes"])):
+        head = ref.bbox_embed(seen["hs"][layer])
+        torch.testing.assert_close(boxes[..., :2], torch.sigmoid(torch.logit(r, eps=1e-5) + head[..., :2]))
+        torch.testing.assert_close(boxes[..., 2:], torch.sigmoid(head[..., 2:]))
+    # the same weights without reference points give DETR's plain boxes
+    plain.load_state_dict({k: v for k, v in ref.state_dict().items() if not k.startswith("reference_points")})
+    torch.testing.assert_close(plain(_batch())["pred_boxes"], torch.sigmoid(ref.bbox_embed(seen["hs"][1])))
+
+
 def test_arms_start_from_the_same_weights():
-    states = [_model(arm).state_dict() for arm in ("none", "grid", "sine")]
+    states = [_model(arm, reference_points=True).state_dict() for arm in ("none", "grid", "sine")]
     for other in states[1:]:
         assert other.keys() == states[0].keys()
         for k in states[0]:
