@@ -130,7 +130,7 @@ def test_tiny_sets_defaults_only():
     assert (a.min_object, a.max_object, a.photos, a.eval_every, a.memory_warmup, a.hidden, a.queries) == (
         10, 30, 14, 300, 40, 64, 10)
     _, full = parse_args(T.TASK, [])
-    assert (full.batch_size, full.eval_every, full.photo_size, full.hidden) == (8, 300, 128, 64)
+    assert (full.batch_size, full.eval_every, full.photo_size, full.hidden, full.memory_warmup) == (8, 300, 128, 64, 600)
     # a task's own defaults (3D: a width divisible by 6 and 8), then --tiny's, then explicit flags
     import dataclasses
 

@@ -92,7 +92,7 @@ def build_parser(task: DetrTask) -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=pos1, default=None, help="evaluate every K steps (default 300; --tiny: steps/2)")
     g.add_argument("--size-divisibility", type=pos0, default=0, help="pad every batch to a multiple of this")
     g.add_argument("--memory-warmup", type=pos0, default=None,
-                   help="step after which memory should be flat (default 50; --tiny: steps/2)")
+                   help="step after which memory should be flat (default: the second evaluation, at most steps/2)")
     g = p.add_argument_group("model")
     g.add_argument("--hidden", type=pos1, default=64, help="transformer width")
     g.add_argument("--queries", type=pos1, default=10, help="object queries")
@@ -137,8 +137,8 @@ def parse_args(task: DetrTask, argv: Sequence[str] | None = None) -> tuple[argpa
     args = parser.parse_args(argv)
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 2) if args.tiny else 300
-    if args.memory_warmup is None:
-        args.memory_warmup = min(50, args.steps // 2) if args.tiny else 50
+    if args.memory_warmup is None:  # after the second evaluation: the first one imports the metric
+        args.memory_warmup = min(2 * args.eval_every, args.steps // 2)
     validate(args, task, _error(parser))
     return parser, args
 

@@ -135,7 +135,7 @@ def ablation_table(
         "Mean ± std over seeds:",
         "",
         "| arm | seeds | " + " | ".join(f"{n} (last 3)" for n in shown) + " | "
-        + " | ".join(f"{n} (final)" for n in shown) + " | train loss | s/step | RSS growth after warm-up |",
+        + " | ".join(f"{n} (final)" for n in shown) + f" | train loss | s/step | RSS growth, step {memory_warmup} -> end |",
         "|---|---|" + "---|" * (2 * len(shown) + 3),
     ]
     for arm, by in s.items():
