@@ -8,7 +8,7 @@ every setting alike, and reads the median seconds per step (rank 0, data loading
 evaluation excluded) from each run's ``metrics.json``. Reports the medians over rounds and the
 ratios to the 1-process, 1-thread run.
 
-    python benchmarks/bench_ddp.py --steps 60 --repeats 3 --out benchmarks/results_ddp.md
+    python benchmarks/bench_ddp.py --steps 40 --repeats 3 --out benchmarks/results_ddp.md
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ def test_resume_refuses_another_arm_or_other_settings(tmp_path, capsys):
 def test_torchrun_command_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           "-m", "demos.train_detr", "--steps", "2", "--tiny", "--pos", "sine", "--threads", "1", "--out", str(tmp_path)]
+           "-m", "demos.train_detr", "--steps", "2", "--tiny", "--pos", "sine", "--threads", "1", "--eval-images", "2",
+           "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     m = json.loads((tmp_path / "sine" / "seed0" / "metrics.json").read_text())
