@@ -119,7 +119,7 @@ def test_cross_attention_takes_memory_positions_on_keys_only():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(d_model=30, nhead=4), "nhead=4 must divide d_model=30"),
-    (dict(d_model=16, dropout=1.0), "dropout must be in"),
+    (dict(d_model=16, dropout=1.0), "dropout must be a float in \[0, 1\)"),
     (dict(d_model=16, activation="tanh"), "activation must be one of"),
 ])
 def test_decoder_layer_rejects_bad_arguments(kwargs, match):

@@ -11,7 +11,7 @@ What each attention sees, per layer (DETR ``models/transformer.py``, ``forward_p
 The decoder starts from zero targets (:class:`DetrDecoder` is called with
 ``tgt = zeros_like(query_pos)``) and applies its final LayerNorm to every layer's output, so the
 heads see one normalised output per layer (DETR's ``return_intermediate`` for the auxiliary
-losses). The encoder side is :class:`vispos.backbones.DetrEncoder` (positions on queries and
+losses). The encoder side is :class:`vispos.transformer.DetrEncoder` (positions on queries and
 keys).
 
 References:
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vispos._checks import check_bool, check_choice, check_int, check_number
+from vispos._checks import check_bool, check_choice, check_dropout, check_int
 from vispos.padding import check_mask
 
 __all__ = ["DetrDecoderLayer", "DetrDecoder"]
@@ -80,9 +80,7 @@ class DetrDecoderLayer(nn.Module):
             check_int(value, name, minimum=1)
         if d_model % nhead:
             raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-        check_number(dropout, "dropout", nonnegative=True)
-        if not dropout < 1:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check_dropout(dropout)
         check_choice(activation, tuple(_ACTIVATIONS), "activation")
         check_bool(normalize_before, "normalize_before")
         self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward

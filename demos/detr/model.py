@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 import vispos
 from vispos._checks import check_bool, check_choice, check_int
-from vispos.backbones import DetrEncoder, Joiner
+from vispos.backbones import Joiner
+from vispos.transformer import DetrEncoder
 
 from .decoder import DetrDecoder
 
@@ -132,7 +133,7 @@ class DetrModel(nn.Module):
     """DETR over a vispos backbone, 2D or 3D, optionally with reference points.
 
     ``backbone`` -> :class:`~vispos.backbones.Joiner` (1x1 projection to ``hidden_dim`` +
-    GroupNorm, ``position_embedding`` per level) -> :class:`~vispos.backbones.DetrEncoder`
+    GroupNorm, ``position_embedding`` per level) -> :class:`~vispos.transformer.DetrEncoder`
     (positions on queries and keys) -> :class:`DetrDecoder` (zero targets, learned query
     positions on queries and keys at every layer, memory positions on the cross-attention's keys
     only) -> a linear class head and a 3-layer MLP box head (sigmoid), on every decoder layer.

@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
-from ._common import check_input_device
 
 __all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
 
@@ -93,8 +92,19 @@ class BackboneBase(nn.Module):
             raise ValueError(
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
-        check_input_device(tensors, self.body)
+        _check_device(tensors, self.body)
         return [x.with_features(f) for f in self._features(tensors)]
+
+
+def _check_device(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``ValueError`` when ``tensors`` and ``module``'s first parameter are on different
+    devices (torch would otherwise fail deep inside the first convolution)."""
+    param = next(iter(module.parameters()), None)
+    if param is not None and param.device != tensors.device:
+        raise ValueError(
+            f"x is on {tensors.device} but the backbone's weights are on {param.device}; move the "
+            f"model with .to({str(tensors.device)!r}) or the batch with x.to({str(param.device)!r})"
+        )
 
 
 @torch.no_grad()

@@ -12,18 +12,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-
+from .._checks import check_int
+from ._batch_norm import freeze_batch_norm
+from ._checkpoints import load_checkpoint_state, load_state_with_report
+from ._freezing import check_freeze_args, freeze_through
 from .base import BackboneBase
-from ._common import (
-    check_freeze_args,
-    check_in_chans,
-    freeze_batch_norm,
-    freeze_through,
-    load_checkpoint_state,
-    load_state_with_report,
-)
 
-__all__ = ["TimmBackbone", "load_checkpoint_state"]
+__all__ = ["TimmBackbone"]
 
 
 class TimmBackbone(BackboneBase):
@@ -68,13 +63,13 @@ class TimmBackbone(BackboneBase):
           masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``out_indices`` is not a sequence of ints; a non-int ``in_chans``; a non-bool
-            ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
-            NestedTensor.
-        ValueError: an unknown model name; ``out_indices`` not supported by the model;
-            ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
-            ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
-            ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
+        TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints; a
+            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``train_backbone`` /
+            ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
+        ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
+            model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
+            checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
+            than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
         FileNotFoundError: ``checkpoint_path`` does not exist.
 
     References:
@@ -99,12 +94,14 @@ class TimmBackbone(BackboneBase):
 
         if not isinstance(model_name, str):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
-        if isinstance(out_indices, int) or not isinstance(out_indices, Sequence) or any(
-            isinstance(i, bool) or not isinstance(i, int) for i in out_indices
-        ) or len(out_indices) == 0:
+        if isinstance(out_indices, str) or not isinstance(out_indices, Sequence):
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        for i, index in enumerate(out_indices):
+            check_int(index, f"out_indices[{i}]")
+        if len(out_indices) == 0:
+            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        check_in_chans(in_chans)
+        check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
