@@ -1,0 +1,147 @@
+"""The training core past one process: two gloo processes (as torchrun starts them) keep identical
+parameters after every step and match one process training on the concatenated batch; a run
+interrupted and resumed from its checkpoint reproduces the uninterrupted run bit for bit (CPU,
+one thread); ``torchrun`` runs the demo's command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+pytest.importorskip("skimage")
+pytest.importorskip("scipy")
+
+from demos import train_detr as T  # noqa: E402
+from demos.detr.cli import run  # noqa: E402
+
+STEPS = 3
+#: every image padded to 64 x 64 (scales <= 64, size divisibility 64) and the backbone's batch norm
+#: frozen (DETR), so a process's half batch is exactly its part of the whole batch
+TINY = ["--tiny", "--pos", "sine", "--scales", "48", "64", "--size-divisibility", "64", "--norm", "frozen",
+        "--eval-images", "6", "--eval-every", str(STEPS), "--threads", "1"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _params(model) -> torch.Tensor:
+    net = model.module if hasattr(model, "module") else model
+    return torch.cat([p.detach().reshape(-1).clone() for p in net.parameters()])
+
+
+def _worker(rank: int, world: int, port: int, out: str, result: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    seen = []
+    run(T.TASK, [*TINY, "--steps", str(STEPS), "--batch-size", "2", "--out", out],
+        log=lambda *_: None, on_step=lambda step, model: seen.append(_params(model)))
+    torch.save(seen, f"{result}.{rank}")
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_on_the_whole_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path / "ddp"), str(tmp_path / "params")), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"params.{r}") for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == STEPS
+    for a, b in zip(*ranks):
+        assert torch.equal(a, b)  # identical across ranks after every step
+    single = []
+    threads = torch.get_num_threads()
+    try:
+        run(T.TASK, [*TINY, "--steps", str(STEPS), "--batch-size", "4", "--out", str(tmp_path / "one")],
+            log=lambda *_: None, on_step=lambda step, model: single.append(_params(model)))
+    finally:
+        torch.set_num_threads(threads)
+    assert not torch.equal(single[0], single[-1])  # it trained
+    for step, (a, b) in enumerate(zip(ranks[0], single), start=1):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"step {step}")
+    m2 = json.loads((tmp_path / "ddp" / "sine" / "seed0" / "metrics.json").read_text())
+    m1 = json.loads((tmp_path / "one" / "sine" / "seed0" / "metrics.json").read_text())
+    assert (m2["world_size"], m2["global_batch"], m1["world_size"], m1["global_batch"]) == (2, 4, 1, 4)
+    for key in ("loss", "loss_ce", "loss_l1", "loss_giou", "padded_fraction"):
+        torch.testing.assert_close(torch.tensor(m2[key]), torch.tensor(m1[key]), rtol=1e-4, atol=1e-5, msg=key)
+    # evaluation: each process scored its share, the metric saw the whole held-out set
+    for key in ("mean_iou", "map", "ap50"):
+        assert m2["eval"][-1][key] == pytest.approx(m1["eval"][-1][key], abs=1e-3), key
+
+
+def _losses(path) -> dict:
+    m = json.loads(path.read_text())
+    return {k: m[k] for k in ("steps", "loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "padded_fraction")} | {
+        "eval": m["eval"]}
+
+
+def test_interrupted_and_resumed_run_is_bit_exact(tmp_path):
+    # 4 training images of batch 2: epochs of 2 steps, so step 3's checkpoint is mid-epoch (the
+    # sampler's set_epoch and the skip into the epoch both matter)
+    args = [*TINY, "--norm", "batch", "--steps", "6", "--save-every", "3", "--eval-every", "2", "--train-images", "4"]
+    threads = torch.get_num_threads()
+    final = {}
+    try:
+        torch.set_num_threads(1)
+        run(T.TASK, [*args, "--out", str(tmp_path / "full")], log=lambda *_: None,
+            on_step=lambda step, model: final.update(full=_params(model)))
+
+        def interrupt(step, model):
+            if step == 5:
+                raise KeyboardInterrupt  # after the checkpoint of step 3, before the one of step 6
+
+        with pytest.raises(KeyboardInterrupt):
+            run(T.TASK, [*args, "--out", str(tmp_path / "cut")], log=lambda *_: None, on_step=interrupt)
+        ckpt = tmp_path / "cut" / "sine" / "seed0" / "checkpoint.pt"
+        assert torch.load(ckpt, weights_only=True)["step"] == 3
+        assert not (tmp_path / "cut" / "sine" / "seed0" / "metrics.json").exists()
+        logs = []
+        run(T.TASK, [*args, "--out", str(tmp_path / "cut"), "--resume", str(ckpt)], log=logs.append,
+            on_step=lambda step, model: final.update(resumed=_params(model)))
+    finally:
+        torch.set_num_threads(threads)
+    assert any("resumed from" in line and "at step 3" in line for line in logs)
+    full = _losses(tmp_path / "full" / "sine" / "seed0" / "metrics.json")
+    resumed = _losses(tmp_path / "cut" / "sine" / "seed0" / "metrics.json")
+    assert resumed == full  # every loss, learning rate and evaluation, exactly
+    assert torch.equal(final["resumed"], final["full"])
+
+
+def test_resume_refuses_another_arm_or_other_settings(tmp_path, capsys):
+    run(T.TASK, [*TINY, "--steps", "2", "--save-every", "2", "--out", str(tmp_path)], log=lambda *_: None)
+    ckpt = str(tmp_path / "sine" / "seed0" / "checkpoint.pt")
+    with pytest.raises(ValueError, match="checkpoint is of arm 'sine', this run trains 'grid'"):
+        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--pos", "grid", "--resume", ckpt])
+    with pytest.raises(ValueError, match=r"settings differ from the checkpoint's: --lr 0.001 -> 0.002"):
+        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--lr", "2e-3", "--resume", ckpt])
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="is not a readable checkpoint"):
+        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--resume", str(bad)])
+    with pytest.raises(SystemExit) as exc:
+        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--pos", "sine", "grid", "--resume", ckpt])
+    assert exc.value.code == 2 and "argument --resume: resumes one arm" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_torchrun_command_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           "-m", "demos.train_detr", "--steps", "2", "--tiny", "--pos", "sine", "--threads", "1", "--eval-images", "2",
+           "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((tmp_path / "sine" / "seed0" / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["global_batch"] == 4 and m["steps"] == [1, 2]
+    assert proc.stdout.count("[sine] step 2/2") == 1  # rank 0 alone logs
+    assert (tmp_path / "ablation.md").exists()
