@@ -8,7 +8,7 @@ to one isotropic spacing. Every crop side is drawn on its own, so every batch is
 :class:`vispos.PaddedCollate`.
 
 Model and training come from the shared core (:mod:`demos.detr`, also used by the 2D demo): a
-small MONAI 3D ResNet (``monai.networks.nets.ResNet``, reduced widths, cut at stride 8) through
+small MONAI 3D ResNet (``monai.networks.nets.ResNet``, reduced widths, cut at stride 4) through
 :class:`vispos.backbones.VolumeBackbone` -> :class:`vispos.backbones.Joiner` -> ``DetrEncoder``
 -> DETR's decoder (zero targets, learned query positions, memory positions on the
 cross-attention's keys only) -> class head and 3D box head ``(cz, cy, cx, d, h, w)`` normalised
@@ -47,7 +47,7 @@ from demos.detr.cli import int_at_least, positive_float
 from demos.volumes3d import CLASSES, HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES, LesionsInVolumes, available_volumes
 from vispos.backbones import VolumeBackbone
 
-__all__ = ["BOX_OPS_3D", "CLASSES", "POS_ARMS", "TASK", "build_backbone", "build_datasets", "monai_ap", "main"]
+__all__ = ["BOX_OPS_3D", "CLASSES", "POS_ARMS", "TASK", "backbone_stride", "build_backbone", "build_datasets", "monai_ap", "main"]
 
 
 # ------------------------------------------------------------------------------- box geometry
@@ -141,31 +141,32 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--heldout-volumes", nargs="+", default=list(HELDOUT_VOLUMES),
                    help=f"held-out volumes, never trained on (default {' '.join(HELDOUT_VOLUMES)})")
     g.add_argument("--spacing", type=positive_float, default=3.0, help="common isotropic voxel size (mm)")
-    g.add_argument("--crop", type=pos1, nargs=2, default=[14, 32], metavar=("MIN", "MAX"),
+    g.add_argument("--crop", type=pos1, nargs=2, default=[16, 32], metavar=("MIN", "MAX"),
                    help="crop side in voxels, drawn per axis (clipped to the volume)")
-    g.add_argument("--max-objects", type=pos1, default=2, help="lesions per crop: 1 .. this")
-    g.add_argument("--min-object", type=pos1, default=3, help="smallest lesion side (voxels)")
-    g.add_argument("--max-object", type=pos1, default=10, help="largest lesion side (voxels)")
-    g.add_argument("--contrast", type=positive_float, nargs=2, default=[1.5, 3.0], metavar=("MIN", "MAX"),
+    g.add_argument("--max-objects", type=pos1, default=1, help="lesions per crop: 1 .. this")
+    g.add_argument("--min-object", type=pos1, default=6, help="smallest lesion side (voxels)")
+    g.add_argument("--max-object", type=pos1, default=12, help="largest lesion side (voxels)")
+    g.add_argument("--contrast", type=positive_float, nargs=2, default=[4.0, 6.0], metavar=("MIN", "MAX"),
                    help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
-    g.add_argument("--widths", type=pos1, nargs="+", default=[16, 32],
-                   help="MONAI ResNet block widths, one per stage used (2 stages: stride 8)")
+    g.add_argument("--widths", type=pos1, nargs="+", default=[16],
+                   help="MONAI ResNet block widths, one per stage used (1 stage: stride 4, 2: stride 8)")
     g.add_argument("--stem-kernel", type=pos1, default=3, help="MONAI ResNet stem kernel (conv1_t_size)")
 
 
 def validate(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) -> None:
+    if len(args.widths) > 4:
+        error("--widths", f"a ResNet has at most 4 stages, got {len(args.widths)}")
     if args.crop[0] > args.crop[1]:
         error("--crop", f"MIN must be <= MAX, got {args.crop[0]} {args.crop[1]}")
-    if args.crop[0] < 8:
-        error("--crop", f"MIN must be >= 8 voxels (the backbone's stride), got {args.crop[0]}")
+    stride = backbone_stride(args.widths)
+    if args.crop[0] < stride:
+        error("--crop", f"MIN must be >= {stride} voxels (the backbone's stride), got {args.crop[0]}")
     if args.min_object > args.max_object:
         error("--min-object", f"must be <= --max-object {args.max_object}, got {args.min_object}")
     if args.max_object > args.crop[0]:
         error("--max-object", f"must be <= the smallest crop side {args.crop[0]}, got {args.max_object}")
     if args.contrast[0] > args.contrast[1]:
         error("--contrast", f"MIN must be <= MAX, got {args.contrast[0]} {args.contrast[1]}")
-    if len(args.widths) > 4:
-        error("--widths", f"a ResNet has at most 4 stages, got {len(args.widths)}")
     for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
         for name in names:
             if name not in VOLUMES and not name.startswith("nifti:"):
@@ -186,6 +187,12 @@ def build_datasets(args: argparse.Namespace) -> tuple[LesionsInVolumes, LesionsI
     train = LesionsInVolumes(available_volumes(args.volumes), args.train_images, args.seed, **common)
     held = LesionsInVolumes(available_volumes(args.heldout_volumes), args.eval_images, 10_000 + args.seed, **common)
     return train, held
+
+
+def backbone_stride(widths: Sequence[int]) -> int:
+    """The stride of :func:`build_backbone`'s output: ``2 ** (len(widths) + 1)`` (stem stride 2,
+    max pooling, then every stage after the first halves)."""
+    return 2 ** (len(widths) + 1)
 
 
 def build_backbone(args: argparse.Namespace) -> nn.Module:

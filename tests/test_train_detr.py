@@ -113,7 +113,7 @@ def test_out_must_not_be_a_file(tmp_path, capsys):
     path = tmp_path / "a_file"
     path.write_text("x")
     assert f"argument --out: '{path}' exists and is not a folder" in _exit_message(capsys, ["--out", str(path)])
-    assert "argument --report: no run of arm 'none'" in _exit_message(capsys, ["--report", "--out", str(tmp_path)])
+    assert "argument --report: no run under" in _exit_message(capsys, ["--report", "--out", str(tmp_path)])
 
 
 def test_tiny_sets_defaults_only():

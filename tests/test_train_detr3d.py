@@ -114,8 +114,8 @@ def test_backbone_is_a_monai_resnet_at_stride_8():
     # DETR's rule: the input mask resized by nearest neighbour to the level
     expected = torch.nn.functional.interpolate(nested.mask[None].float(), size=(3, 3, 3))[0].bool()
     assert torch.equal(level.mask, expected) and level.mask[1].any() and not level.mask[0].all()
-    default = T.build_backbone(parse_args(T.TASK, [])[1])
-    assert default.num_channels == [32] and default.strides == [8]
+    default = T.build_backbone(parse_args(T.TASK, [])[1])  # one stage: stride 4
+    assert default.num_channels == [16] and default.strides == [4] == [T.backbone_stride([16])]
 
 
 def test_arms_start_from_the_same_weights():
@@ -140,6 +140,7 @@ def test_arms_start_from_the_same_weights():
     (["--heldout-volumes", "mni152_t1"], "--heldout-volumes"),
     (["--hidden", "64"], "--hidden"),
     (["--widths", "8", "8", "8", "8", "8"], "--widths"),
+    (["--widths", "8", "8", "8"], "--crop"),  # stride 16 > the smallest crop side (12)
     (["--spacing", "0"], "--spacing"),
     (["--crop", "20"], "--crop"),
 ])
@@ -222,3 +223,40 @@ def test_cli_runs_tiny(tmp_path):
     (out / "ablation.md").unlink()
     assert T.main(["--report", "--tiny", "--steps", "20", "--out", str(out)]) == 0
     assert (out / "ablation.md").read_text() == table
+
+
+def _fake_3d_run(arm, seed, ap25):
+    n = 30
+    return {
+        "task": "3d", "arm": arm, "seed": seed, "steps": list(range(1, n + 1)), "world_size": 1, "global_batch": 4,
+        "args": {"eval_every": 10, "lr": 1e-3, "seed": seed}, "loss_last": [2.0] * n, "seconds": [0.2] * n,
+        "rss_mb": [500.0] * n,
+        "eval": [{"step": s, "mean_iou": 0.4, "ap25": ap25, "ap50": ap25 / 2, "map": ap25 / 3} for s in (10, 20, 30)],
+    }
+
+
+def test_report_joins_every_arm_and_seed_present(tmp_path):
+    """--report (whatever --pos says) joins the runs of every arm and seed found under OUT, written
+    by separate processes: per seed, mean ± std, and the paired sine - grid over common seeds."""
+    present = {"sine": {0: 0.30, 1: 0.40, 2: 0.50}, "grid": {0: 0.20, 1: 0.45}, "none": {1: 0.05}}
+    for arm, by_seed in present.items():
+        for seed, ap25 in by_seed.items():
+            d = tmp_path / arm / f"seed{seed}"
+            d.mkdir(parents=True)
+            (d / "metrics.json").write_text(json.dumps(_fake_3d_run(arm, seed, ap25)))
+    assert T.main(["--report", "--pos", "sine", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "ablation.md").read_text()
+    # every arm, in the ablation's order, and every seed (a dash where an arm lacks the seed)
+    assert "| seed | (a) none | (b) grid, mask-blind | (c) sine, mask-aware |" in table
+    assert "| 0 | - | 0.400 / 0.200 / 0.100 / 0.067 | 0.400 / 0.300 / 0.150 / 0.100 |" in table
+    assert "| 2 | - | - | 0.400 / 0.500 / 0.250 / 0.167 |" in table
+    assert "| (c) sine, mask-aware | 3 | 0.400 ± 0.000 | 0.400 ± 0.100 |" in table
+    assert "| (b) grid, mask-blind | 2 | 0.400 ± 0.000 | 0.325 ± 0.177 |" in table
+    assert "| (a) none | 1 | 0.400 | 0.050 |" in table
+    # paired over the seeds both arms have: sine - grid on seeds 0 and 1
+    assert "| sine - grid | ap25 | +0.100, -0.050 | +0.025 | 1 / 1 / 0 |" in table
+    assert "| sine - none | ap25 | +0.350 | +0.350 | 1 / 0 / 0 |" in table
+    assert (tmp_path / "curves.png").stat().st_size > 0
+    with pytest.raises(SystemExit) as exc:  # nothing to report: argparse's exit 2, naming the flag
+        T.main(["--report", "--out", str(tmp_path / "empty")])
+    assert exc.value.code == 2

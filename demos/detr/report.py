@@ -22,11 +22,26 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["load_runs", "summarize", "paired", "ablation_table", "plot_curves"]
+__all__ = ["find_arms", "load_runs", "summarize", "paired", "ablation_table", "plot_curves"]
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
 #: settings that may differ between the runs of one report
 _FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", "device", "eval_every"}
+
+
+def find_arms(out: str) -> list[str]:
+    """Every arm with at least one ``out/<arm>/seed*/metrics.json``: those of :data:`ARM_LABELS` in
+    its order, then any other in name order. So a report (and the report written after training
+    one arm) joins all arms and seeds present, whichever process made them.
+
+    Raises:
+        FileNotFoundError: no run at all under ``out``.
+    """
+    found = {os.path.basename(os.path.dirname(os.path.dirname(p)))
+             for p in glob.glob(os.path.join(out, "*", "seed*", "metrics.json"))}
+    if not found:
+        raise FileNotFoundError(f"no run under {out!r} ({out}/<arm>/seed*/metrics.json)")
+    return [a for a in ARM_LABELS if a in found] + sorted(found - set(ARM_LABELS))
 
 
 def load_runs(out: str, arms: Sequence[str]) -> dict[str, dict[int, dict[str, Any]]]:
