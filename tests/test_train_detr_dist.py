@@ -79,22 +79,20 @@ def test_two_processes_match_one_process_on_the_whole_batch(tmp_path):
         assert m2["eval"][-1][key] == pytest.approx(m1["eval"][-1][key], abs=1e-3), key
 
 
-def _losses(path) -> dict:
-    m = json.loads(path.read_text())
-    return {k: m[k] for k in ("steps", "loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "padded_fraction")} | {
-        "eval": m["eval"]}
-
-
 def test_interrupted_and_resumed_run_is_bit_exact(tmp_path):
+    """Six steps in one go against three, an interruption at step 5 (the step-3 checkpoint survives)
+    and a resumption: the final checkpoints are equal as wholes (model, optimizer moments and step
+    counts, scheduler, every RNG state, the sampler's epoch and position, the step) and so are the
+    metrics (every loss, learning rate and evaluation)."""
     # 4 training images of batch 2: epochs of 2 steps, so step 3's checkpoint is mid-epoch (the
-    # sampler's set_epoch and the skip into the epoch both matter)
-    args = [*TINY, "--norm", "batch", "--steps", "6", "--save-every", "3", "--eval-every", "2", "--train-images", "4"]
+    # sampler's set_epoch and the skip into the epoch both matter); batch norm trained (its running
+    # statistics are part of the state); dropout draws from torch's global RNG, so the RNG state
+    # must be restored too
+    args = [*TINY, "--norm", "batch", "--dropout", "0.1", "--steps", "6", "--save-every", "3", "--eval-every", "2", "--train-images", "4"]
     threads = torch.get_num_threads()
-    final = {}
     try:
         torch.set_num_threads(1)
-        run(T.TASK, [*args, "--out", str(tmp_path / "full")], log=lambda *_: None,
-            on_step=lambda step, model: final.update(full=_params(model)))
+        run(T.TASK, [*args, "--out", str(tmp_path / "full")], log=lambda *_: None)
 
         def interrupt(step, model):
             if step == 5:
@@ -103,18 +101,34 @@ def test_interrupted_and_resumed_run_is_bit_exact(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             run(T.TASK, [*args, "--out", str(tmp_path / "cut")], log=lambda *_: None, on_step=interrupt)
         ckpt = tmp_path / "cut" / "sine" / "seed0" / "checkpoint.pt"
-        assert torch.load(ckpt, weights_only=True)["step"] == 3
+        mid = torch.load(ckpt, weights_only=True)
+        assert mid["step"] == 3 and mid["sampler"] == {"epoch": 1, "skip": 2, "seed": 0}
         assert not (tmp_path / "cut" / "sine" / "seed0" / "metrics.json").exists()
         logs = []
-        run(T.TASK, [*args, "--out", str(tmp_path / "cut"), "--resume", str(ckpt)], log=logs.append,
-            on_step=lambda step, model: final.update(resumed=_params(model)))
+        run(T.TASK, [*args, "--out", str(tmp_path / "cut"), "--resume", str(ckpt)], log=logs.append)
     finally:
         torch.set_num_threads(threads)
     assert any("resumed from" in line and "at step 3" in line for line in logs)
-    full = _losses(tmp_path / "full" / "sine" / "seed0" / "metrics.json")
-    resumed = _losses(tmp_path / "cut" / "sine" / "seed0" / "metrics.json")
-    assert resumed == full  # every loss, learning rate and evaluation, exactly
-    assert torch.equal(final["resumed"], final["full"])
+    full = torch.load(tmp_path / "full" / "sine" / "seed0" / "checkpoint.pt", weights_only=True)
+    resumed = torch.load(ckpt, weights_only=True)
+    assert set(full) == set(resumed)
+    assert full["step"] == resumed["step"] == 6 and full["sampler"] == resumed["sampler"] == {"epoch": 3, "skip": 0, "seed": 0}
+    assert any(k.endswith("running_mean") for k in full["model"])
+    for part in ("model", "optimizer", "scheduler"):
+        torch.testing.assert_close(resumed[part], full[part], rtol=0, atol=0, msg=lambda m, part=part: f"{part}: {m}")
+    assert full["optimizer"]["state"] and full["scheduler"]["last_epoch"] == 6
+    (rf,), (rr,) = full["rng"], resumed["rng"]
+    assert torch.equal(rf["torch"], rr["torch"]) and rf["numpy"] == rr["numpy"] and rf["python"] == rr["python"]
+    assert not torch.equal(rf["torch"], mid["rng"][0]["torch"])  # dropout drew from it between the checkpoints
+    written = json.loads((tmp_path / "cut" / "sine" / "seed0" / "metrics.json").read_text())
+    for m in (full["metrics"], resumed["metrics"], written):  # wall time, memory, paths: not the training
+        m.pop("seconds"), m.pop("rss_mb"), m.pop("args")
+    assert resumed["metrics"].pop("resumed_at") == written.pop("resumed_at") == [3]
+    assert full["metrics"].pop("resumed_at") == []
+    assert resumed["metrics"] == full["metrics"] == written  # every loss, learning rate and evaluation, exactly
+    assert len(full["metrics"]["eval"]) == 3 and full["metrics"]["steps"] == [1, 2, 3, 4, 5, 6]
+    assert {k: v for k, v in full["args"].items() if k != "out"} == {
+        k: v for k, v in resumed["args"].items() if k not in ("out", "resume")} | {"resume": None}
 
 
 def test_resume_refuses_another_arm_or_other_settings(tmp_path, capsys):
