@@ -352,6 +352,59 @@ def test_coco_map_hand_made_iou_thresholds():
     assert coco_map([_record([[0, 0, 10, 10]], [2], [0.8])], gts) == {"map": 0.0, "ap50": 0.0, "ap75": 0.0}
 
 
+def _pycocotools_stats(preds, gts):
+    """mAP, AP50 and AP75 straight from pycocotools' COCOeval (boxes xyxy -> COCO's xywh)."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    def xywh(b):
+        x0, y0, x1, y1 = (float(v) for v in b)
+        return [x0, y0, x1 - x0, y1 - y0]
+
+    labels = sorted({int(v) for r in (*preds, *gts) for v in r["labels"]})
+    anns, dets = [], []
+    for i, g in enumerate(gts):
+        for b, c in zip(g["boxes"], g["labels"]):
+            box = xywh(b)
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c), "bbox": box,
+                         "area": box[2] * box[3], "iscrowd": 0})
+    for i, p in enumerate(preds):
+        for b, c, sc in zip(p["boxes"], p["labels"], p["scores"]):
+            dets.append({"image_id": i, "category_id": int(c), "bbox": xywh(b), "score": float(sc)})
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO()
+        gt.dataset = {"images": [{"id": i} for i in range(len(gts))], "annotations": anns,
+                      "categories": [{"id": c} for c in labels]}
+        gt.createIndex()
+        ev = COCOeval(gt, gt.loadRes(dets), "bbox")
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+    return {"map": ev.stats[0], "ap50": ev.stats[1], "ap75": ev.stats[2]}
+
+
+def test_coco_map_matches_pycocotools():
+    """Three images, three classes (one only predicted, never present), boxes placed by hand at
+    IoUs from 0.3 to 1 with tied and untied scores, a duplicate and an image without objects:
+    the numbers are pycocotools' own."""
+    gts = [
+        _record([[10, 10, 50, 50], [60, 60, 100, 90]], [0, 1]),
+        _record([[0, 0, 30, 40], [35, 5, 70, 45], [5, 50, 25, 70]], [0, 0, 1]),
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
+    ]
+    preds = [
+        _record([[12, 10, 50, 52], [10, 10, 50, 50], [60, 62, 95, 90], [0, 0, 20, 20]], [0, 0, 1, 2],
+                [0.9, 0.6, 0.8, 0.7]),
+        _record([[0, 0, 30, 30], [40, 5, 70, 45], [5, 50, 25, 60], [36, 6, 69, 44]], [0, 0, 1, 1],
+                [0.85, 0.6, 0.6, 0.5]),
+        _record([[5, 5, 40, 40]], [0], [0.95]),
+    ]
+    want = _pycocotools_stats(preds, gts)
+    assert 0 < want["map"] < want["ap75"] < want["ap50"] < 1  # a case that tells the thresholds apart
+    assert coco_map(preds, gts) == pytest.approx(want, abs=1e-6)
+
+
 def test_matched_ious():
     pred = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 6.2]])
     gt = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 10]])
