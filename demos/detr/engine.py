@@ -25,6 +25,7 @@ import argparse
 import itertools
 import os
 import platform
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -207,6 +208,10 @@ def train_arm(
         ValueError: ``args.resume`` is not a checkpoint of this arm and these settings.
     """
     device = ctx.device
+    # NumPy's and Python's global generators, as DETR's main.py seeds them (seed + rank): the data
+    # and the model draw from their own, but a checkpoint's RNG states are then reproducible too
+    random.seed(args.seed + ctx.rank)
+    np.random.seed(args.seed + ctx.rank)
     train_set, held_set = task.build_datasets(args)
     model = build_model(task, arm, args).to(device)
     ddp = ctx.distributed
