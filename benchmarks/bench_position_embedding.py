@@ -1,6 +1,7 @@
 """Position embeddings side by side: vispos, the peers' own packages, and the write-once floor.
 
 Run:  python benchmarks/bench_position_embedding.py [--device cpu|cuda] [--repeats N] [--quick]
+      python benchmarks/bench_position_embedding.py --ab BEFORE [--ab-after AFTER] [...]
 
 Three passes, in this order, each over every workload:
 
@@ -21,124 +22,56 @@ Three passes, in this order, each over every workload:
    on CUDA ``torch.cuda.max_memory_allocated``.
 
 Reported per implementation: median ms, its ratio to the floor (allocate the output and fill it
-once), ops per call, peak MiB and its ratio to the output's size. "cached" rows call a warm
-module with the same input again: "copy out" is the default (a hit is copied into an output
-the caller owns), "zero_copy" the shared opt-in (the cached tensor itself). Peers that ignore the mask (positional-encodings, timm, MONAI)
+once), ops per call, for vispos' sine rows also the ops of the device branch (``device ops``:
+the same count with every host-side shortcut switched off, as on CUDA, which adds one
+host-to-device copy of the sizes where it knows them on the host), peak MiB and its ratio to
+the output's size.
+
+The rows of the loop as it runs (issue 23). vispos' sine rows draw a **new batch every call**
+(``FreshBatches``: the workload's padded shape with other per-item sizes and other holes, the
+same padded axes per item, so the same work; built before each timed pass, never inside it):
+"vispos (...)" is a module with the cache off (``cache_size=0``), "..., default module, new
+sizes every call" one persistent module with default settings fed the same batches, i.e. a
+training loop whose sizes change every step (its cache must end the pass without a single hit,
+or the benchmark stops). "cached" rows call a warm module with the same input again: "copy out"
+is the default (a hit is copied into an output the caller owns), "zero_copy" the shared opt-in
+(the cached tensor itself). Peers that ignore the mask (positional-encodings, timm, MONAI)
 compute an unmasked grid of the padded size; timm and MONAI build one grid without a batch
 axis. Timings are not tests.
+
+``--ab BEFORE`` measures two checkouts in one run: each in its own worker process (this script,
+with ``BEFORE``'s or ``--ab-after``'s ``vispos``), every sample alternating between them (the
+order flipping every repeat), each row's ratio taken to its own worker's floor; peers run in the
+"after" worker only, peak memory per checkout in its own process.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
-import ctypes
-import gc
 import json
 import math
 import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# the checkout to measure: this one, or the one an A/B worker was started for (``--ab``)
+_ROOT = os.environ.get("VISPOS_BENCH_ROOT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, _ROOT)
+
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))  # the helpers beside this script
 
 import vispos  # noqa: E402
+from _fresh import FreshBatches, FreshInputs, arbitrary, fresh_levels, shrink  # noqa: E402
+from _measure import count_device_ops, count_ops, malloc_setup, peak_bytes, time_sample  # noqa: E402
 from vispos import PositionEmbeddingSine, nested_tensor_from_tensor_list  # noqa: E402
 
 FLOOR = "floor (alloc + fill)"
 IMAGES = [(800, 1066), (800, 1201), (736, 1333), (800, 1088)]
-
-
-def _malloc_setup() -> None:
-    """Large blocks via mmap (returned to the OS on free), so RSS tracks live memory.
-
-    Only for the peak-memory pass: every such allocation then page-faults, which is not how a
-    loop runs (and would make the page faults most of the measured time)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixed, disables the dynamic threshold)
-        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
-    except OSError:  # pragma: no cover - not glibc
-        pass
-
-
-def _rss_kib(field_name: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field_name):
-                return int(line.split()[1])
-    return 0
-
-
-def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
-    """Peak extra memory of one call, outputs included."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = fn()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-        del out
-        return peak
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # resets VmHWM to the current RSS
-    base = _rss_kib("VmRSS")
-    out = fn()
-    peak = _rss_kib("VmHWM") - base
-    del out
-    return peak * 1024
-
-
-def time_sample(fn: Callable[[], object], device: torch.device, k: int = 1) -> float:
-    """Mean ms of ``k`` back-to-back calls, each result dropped before the next (steady state)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(k):
-            out = fn()
-            del out
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / k
-    t0 = time.perf_counter()
-    for _ in range(k):
-        out = fn()
-        del out
-    return (time.perf_counter() - t0) * 1e3 / k
-
-
-# metadata-only ops that launch nothing (``torch.tensor`` under inference mode detaches in place)
-_NOT_COMPUTE = {"detach_", "detach", "alias", "lift_fresh"}
-
-
-class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it, views and metadata-only ops excluded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in _NOT_COMPUTE:
-            self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def count_ops(fn: Callable[[], object]) -> tuple[int, collections.Counter]:
-    """Compute ops (non-view aten ops) one call of ``fn`` dispatches, and their names."""
-    with _OpCounter() as counter:
-        out = fn()
-    del out
-    return sum(counter.ops.values()), counter.ops
 
 
 @dataclass
@@ -146,6 +79,27 @@ class Workload:
     name: str
     out_bytes: int
     impls: dict[str, Callable[[], object]] = field(default_factory=dict)
+    #: inputs drawn afresh on every call (see ``FreshInputs``): prepared before each timed pass
+    fresh: list = field(default_factory=list)
+    #: (row, module) whose cache must end a pass without a single hit (new sizes every call)
+    never_hit: list = field(default_factory=list)
+    #: rows whose ops are also counted on the device branch (``count_device_ops``)
+    device_rows: list = field(default_factory=list)
+
+    def prepare(self, calls: int) -> None:
+        """Builds the fresh inputs of the next ``calls`` calls of every row (outside timing) and
+        drops those every row has used."""
+        for cursor in self.fresh:
+            cursor.prepare(calls)
+        for batches in {id(c.batches): c.batches for c in self.fresh}.values():
+            batches.release(min(c.next for c in self.fresh if c.batches is batches))
+
+    def check_never_hit(self) -> None:
+        """The "new sizes every call" rows really were: their caches served nothing."""
+        for row, module in self.never_hit:
+            info = module.cache_info()
+            if info.hits:
+                raise RuntimeError(f"{row}: {info.hits} cache hits on inputs meant to be new every call")
 
 
 def _level_masks(images, strides, device, n_spatial=2):
@@ -159,10 +113,21 @@ def _level_masks(images, strides, device, n_spatial=2):
     return levels
 
 
-def _arbitrary(mask: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    holes = torch.rand(mask.shape, generator=g) < 0.05
-    return (mask.cpu() | holes).to(mask.device)
+def _fresh_rows(wl: Workload, batches: FreshBatches, feats, temperature, normalize, offset, device, arbitrary=True):
+    """Per input kind: the cache-off row and the persistent default module's row, both over new
+    batches every call (the same batches, in the same order)."""
+    off = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=0).to(device)
+    kinds = [("nested", "NestedTensor, rectangular"), ("mask", "bool mask, rectangular")]
+    kinds += [("arbitrary", "arbitrary mask")] if arbitrary else []
+    for kind, label in kinds:
+        default = PositionEmbeddingSine(feats, temperature, normalize, offset=offset).to(device)
+        cold, new = FreshInputs(batches, kind), FreshInputs(batches, kind)
+        wl.fresh += [cold, new]
+        wl.impls[f"vispos ({label})"] = lambda cold=cold: [off(x) for x in cold()]
+        row = f"vispos ({label}), default module, new sizes every call"
+        wl.impls[row] = lambda new=new, m=default: [m(x) for x in new()]
+        wl.never_hit.append((row, default))
+        wl.device_rows += [f"vispos ({label})", row]
 
 
 def _uncached_pe(module, x):
@@ -233,14 +198,10 @@ def _peers_2d(wl: Workload, levels, feats, temperature, normalize, offset, devic
         ]
 
 
-def _vispos_rows(wl: Workload, levels, feats, temperature, normalize, offset, device, arbitrary=True):
-    pe = PositionEmbeddingSine(feats, temperature, normalize, offset=offset, cache_size=0).to(device)
-    wl.impls["vispos (NestedTensor, rectangular)"] = lambda: [pe(lv) for lv in levels]
-    rect = [lv.mask for lv in levels]
-    wl.impls["vispos (bool mask, rectangular)"] = lambda: [pe(m) for m in rect]
-    if arbitrary:
-        masks = [_arbitrary(lv.mask) for lv in levels]
-        wl.impls["vispos (arbitrary mask)"] = lambda: [pe(m) for m in masks]
+def _vispos_rows(wl: Workload, levels, batches, feats, temperature, normalize, offset, device, arbitrary=True):
+    """The cache-off and default-module rows over new batches every call (``_fresh_rows``), then
+    the cache hits on the fixed batch ``levels``."""
+    _fresh_rows(wl, batches, feats, temperature, normalize, offset, device, arbitrary)
     # cache hits: no byte bound here so that every workload is a hit (the default 8 MiB budget
     # stores only the small ones); the default hands out a copy, zero_copy the cached tensor
     cached = PositionEmbeddingSine(
@@ -250,8 +211,9 @@ def _vispos_rows(wl: Workload, levels, feats, temperature, normalize, offset, de
         feats, temperature, normalize, offset=offset, cache_size=16, cache_bytes=None, zero_copy=True
     ).to(device)
     for lv in levels:
-        cached(lv)
-        shared(lv)
+        for _ in range(2):  # a result is stored on the second sighting of its input
+            cached(lv)
+            shared(lv)
     wl.impls["vispos cached (NestedTensor), copy out"] = lambda: [cached(lv) for lv in levels]
     wl.impls["vispos cached (NestedTensor), zero_copy"] = lambda: [shared(lv) for lv in levels]
 
@@ -268,6 +230,7 @@ def _grid_rows(wl: Workload, levels, channels, device):
     warm = cls(channels, cache_bytes=None).to(device)
     for x in xs:
         warm(x)
+        warm(x)
     wl.impls[f"vispos PositionalEncodingPermute{n}D cached, copy out"] = lambda: [warm(x) for x in xs]
 
 
@@ -280,7 +243,11 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("DETR C5: 4 images, stride 32, 256 ch, normalize", sum(math.prod(s) * 4 for s in shapes))
     wl.impls[FLOOR] = _fill_floor(shapes, device)
-    _vispos_rows(wl, levels, 128, 10000, True, 0.0, device)
+    # items 0, 1, 3 padded along W only, item 2 along H only, in every batch (as in this one)
+    keep, width, height = range(0, 1), shrink(imgs[0][1], 32, 0, 16), shrink(imgs[2][0], 32, 0, 8)
+    vary = [((0,), [keep, width]), ((1,), [keep, width]), ((3,), [keep, width]), ((2,), [height, keep])]
+    fresh = fresh_levels(imgs, [32], vary, device, scale=32)
+    _vispos_rows(wl, levels, fresh, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
     wls.append(wl)
@@ -289,7 +256,11 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("Deformable-DETR: 2 images, strides 8-64, offset -0.5", sum(math.prod(s) * 4 for s in shapes))
     wl.impls[FLOOR] = _fill_floor(shapes, device)
-    _vispos_rows(wl, levels, 128, 10000, True, -0.5, device)
+    # every level must change: item 0 shrinks by 64 px steps, along both axes (so it is padded
+    # along H too, unlike the cached batch: the cache-off row sees the same batches)
+    steps = [shrink(imgs[0][0], 64, 1, 12), shrink(imgs[0][1], 64, 0, 16)]
+    fresh = fresh_levels(imgs[:2], [8, 16, 32, 64], [((0,), steps)], device, scale=64)
+    _vispos_rows(wl, levels, fresh, 128, 10000, True, -0.5, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, -0.5, device)
     wls.append(wl)
@@ -298,7 +269,9 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     shapes = [(lv.tensors.shape[0], 256, *lv.tensors.shape[2:]) for lv in levels]
     wl = Workload("stride 4: 2 images, 256 ch, normalize", sum(math.prod(s) * 4 for s in shapes))
     wl.impls[FLOOR] = _fill_floor(shapes, device)
-    _vispos_rows(wl, levels, 128, 10000, True, 0.0, device)
+    steps = [range(0, 1), shrink(imgs[0][1], 4, 0, 60)]  # item 0 padded along W only
+    fresh = fresh_levels(imgs[:2], [4], [((0,), steps)], device, scale=4)
+    _vispos_rows(wl, levels, fresh, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
     _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
     wls.append(wl)
@@ -309,7 +282,9 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     shapes = [(2, 96, *nt.tensors.shape[2:])]
     wl = Workload("3D volumes: 64^3 + 48x64x56, 32 feats/axis", sum(math.prod(s) * 4 for s in shapes))
     wl.impls[FLOOR] = _fill_floor(shapes, device)
-    _vispos_rows(wl, levels, 32, 10000, True, 0.0, device)
+    steps = [shrink(vols[1][0], 1, 0, 8), range(0, 1), shrink(vols[1][2], 1, 0, 8)]  # D, W padded
+    fresh = fresh_levels(vols, [1], [((1,), steps)], device)
+    _vispos_rows(wl, levels, fresh, 32, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 96, device)
     try:
         from positional_encodings.torch_encodings import PositionalEncodingPermute3D
@@ -337,7 +312,9 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     shapes = [(16, 1024, length)]
     wl = Workload("1D: 16 x 4096, half padded to 3000, 1024 ch", sum(math.prod(s) * 4 for s in shapes))
     wl.impls[FLOOR] = _fill_floor(shapes, device)
-    _vispos_rows(wl, [nt], 1024, 10000, False, 0.0, device)
+    lengths = [(length,)] * 8 + [(3000 // scale_down,)] * 8
+    fresh = fresh_levels(lengths, [1], [(tuple(range(8, 16)), [range(0, 1000 // scale_down)])], device)
+    _vispos_rows(wl, [nt], fresh, 1024, 10000, False, 0.0, device)
     _grid_rows(wl, [nt], 1024, device)
     try:
         from positional_encodings.torch_encodings import PositionalEncodingPermute1D
@@ -357,15 +334,19 @@ def _inner_calls(fn: Callable[[], object], device: torch.device, target_ms: floa
     return max(1, min(200, round(target_ms / max(ms, 1e-3))))
 
 
-def peak_pass(device: torch.device, quick: bool) -> list[dict[str, int]]:
-    """Peak bytes of one call of every implementation; run in a fresh process (see the module doc)."""
-    _malloc_setup()
+def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False) -> list[dict[str, int]]:
+    """Peak bytes of one call of every implementation (``vispos_only``: the floor and the vispos
+    rows, as an A/B run needs); run in a fresh process (see the module doc)."""
+    malloc_setup()
     workloads = build_workloads(device, quick)
+    keep = (lambda name: name == FLOOR or name.startswith("vispos")) if vispos_only else (lambda name: True)
     with torch.inference_mode():
         for wl in workloads:  # first calls (lazy imports, module tables) are not the steady state
-            for fn in wl.impls.values():
-                fn()
-        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items()} for wl in workloads]
+            wl.prepare(2)
+            for name, fn in wl.impls.items():
+                if keep(name):
+                    fn()
+        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items() if keep(n)} for wl in workloads]
 
 
 def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None):
@@ -374,15 +355,20 @@ def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, i
     with torch.inference_mode():
         for wl in workloads:  # pass 1: steady-state time, default allocator
             names = list(wl.impls)
+            wl.prepare(3)
             for name in names:  # warm-up: first-call costs, caches, allocator pools
                 for _ in range(3):
                     time_sample(wl.impls[name], device)
             k = _inner_calls(wl.impls[FLOOR], device)
+            wl.prepare(repeats * k + 2)  # new batches for every timed call and the two counts
             times: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(repeats):
                 for name in names:  # interleaved: A B C A B C ...
                     times[name].append(time_sample(wl.impls[name], device, k))
             ops = {n: count_ops(wl.impls[n])[0] for n in names}  # pass 2: op counts
+            for n in wl.device_rows:  # and, for vispos' rows, on the device branch
+                ops[n] = (ops[n], count_device_ops(wl.impls[n])[0])
+            wl.check_never_hit()
             timed.append((wl, k, times, ops))
     results = []
     for i, (wl, k, times, ops) in enumerate(timed):
@@ -400,11 +386,12 @@ def format_table(results) -> str:
     lines = []
     for title, rows in results:
         lines.append(f"\n### {title}\n")
-        lines.append("| implementation | median ms | x floor | ops / call | peak MiB | x output |")
-        lines.append("|---|---:|---:|---:|---:|---:|")
+        lines.append("| implementation | median ms | x floor | ops / call | device ops | peak MiB | x output |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|")
         for name, med, ratio, ops, peak, pratio in rows:
             mem = "- | -" if math.isnan(peak) else f"{peak:.1f} | {pratio:.2f}"  # --no-peak
-            lines.append(f"| {name} | {med:.3f} | {ratio:.2f} | {ops} | {mem} |")
+            host, dev = ops if isinstance(ops, tuple) else (ops, "-")
+            lines.append(f"| {name} | {med:.3f} | {ratio:.2f} | {host} | {dev} | {mem} |")
     return "\n".join(lines)
 
 
@@ -416,7 +403,11 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
     parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--peak-vispos-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
+    parser.add_argument("--ab", metavar="BEFORE", help="A/B: also measure the checkout at BEFORE, interleaved")
+    parser.add_argument("--ab-after", metavar="AFTER", help="A/B: the other checkout (default: this one)")
+    parser.add_argument("--ab-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -428,12 +419,22 @@ def main(argv=None) -> int:
         with torch.inference_mode():
             for wl in build_workloads(device, args.quick):
                 print(f"\n### {wl.name}\n")
+                print("| implementation | ops / call | device ops |\n|---|---:|---:|")
+                wl.prepare(3)
                 for name, fn in wl.impls.items():
                     fn()  # first calls (lazy imports, module tables) are not the steady state
-                    print(f"| {name} | {count_ops(fn)[0]} |")
+                    dev = count_device_ops(fn)[0] if name in wl.device_rows else "-"
+                    print(f"| {name} | {count_ops(fn)[0]} | {dev} |")
         return 0
     if args.peak_pass:  # the child process of pass 3
-        print(json.dumps(peak_pass(device, args.quick)))
+        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only)))
+        return 0
+    if args.ab_worker or args.ab:
+        import _ab
+
+        if args.ab_worker:
+            return _ab.ab_worker(args, sys.modules[__name__])
+        _ab.ab_run(args, os.path.abspath(__file__), _ROOT, FLOOR, emit=lambda text: print(text, flush=True))
         return 0
     peaks = None
     if not args.no_peak:  # a fresh process: the timing pass must not run under mallopt

@@ -85,6 +85,11 @@ def main(argv=None) -> int:
     # rotary
     _save(viz.plot_rotary_invariance(vispos.RotaryEmbedding(16 if small else 32), 16 if small else 64),
           args.out, "rotary.png", args.dpi, written)
+    # vision RoPE: period bands, and the padded batch mask-blind against mask-aware
+    _save(viz.plot_rope_periods(viz.rope_variants(), (32, 32)), args.out, "rope_periods.png", args.dpi, written)
+    tokens = vispos.interpolate_mask(batch.mask, (h // stride, w // stride))
+    _save(viz.plot_rope_padding(vispos.DinoV3RotaryEmbedding(16 if small else 64), tokens,
+                                names=[n for n, _ in samples]), args.out, "rope_padding.png", args.dpi, written)
     # the main job's volume figure, on three MNI152 crops
     volumes = sample_volumes(max_size=24 if small else 64)
     vbatch = vispos.nested_tensor_from_tensor_list([t for _, t in volumes])

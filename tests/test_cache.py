@@ -46,7 +46,7 @@ def _arbitrary_mask(batch, h, w, seed):
 
 # ------------------------------------------------------------------------------ bounds
 def test_entry_larger_than_budget_is_not_stored_and_others_are_evicted_to_fit():
-    cache = TensorCache(8, max_bytes=1000)
+    cache = TensorCache(8, max_bytes=1000, admit_at=1)  # bounds alone: every miss admitted
     big = cache.get("big", lambda: torch.zeros(300))  # 1200 bytes
     assert big.shape == (300,) and len(cache) == 0
     for i in range(3):
@@ -58,7 +58,7 @@ def test_entry_larger_than_budget_is_not_stored_and_others_are_evicted_to_fit():
 
 
 def test_lru_order_and_entry_bound():
-    cache = TensorCache(2, max_bytes=None)
+    cache = TensorCache(2, max_bytes=None, admit_at=1)
     for key in ("a", "b"):
         cache.get(key, lambda: torch.zeros(4))
     cache.get("a", lambda: torch.ones(4))  # a hit refreshes "a"
@@ -67,7 +67,7 @@ def test_lru_order_and_entry_bound():
 
 
 def test_changing_bounds_evicts_at_once():
-    cache = TensorCache(4, max_bytes=None)
+    cache = TensorCache(4, max_bytes=None, admit_at=1)
     for i in range(4):
         cache.get(i, lambda: torch.zeros(10))
     cache.max_bytes = 100  # 40 bytes each: two fit
@@ -119,8 +119,11 @@ def test_bad_assignments():
         enc.cache = 0
 
 
-def test_memory_held_after_100_distinct_sizes_stays_within_budget():
-    """A training loop with multi-scale sizes: 100 batches, every one of a new size."""
+@pytest.mark.parametrize("repeat", [1, 2], ids=["every size new", "every size twice"])
+def test_memory_held_after_100_distinct_sizes_stays_within_budget(repeat):
+    """A training loop with multi-scale sizes: 100 batches, every one of a new size (nothing is
+    ever stored: each is a first sighting), or each seen twice in a row (each is admitted on its
+    second sighting, and the budget holds)."""
     budget = 256 * 1024
     pe = PositionEmbeddingSine(32, normalize=True, cache_bytes=budget)
     reference = PositionEmbeddingSine(32, normalize=True, cache_size=0)
@@ -133,13 +136,16 @@ def test_memory_held_after_100_distinct_sizes_stays_within_budget():
                 seen.add(tuple(sizes))
                 break
         batch = nested_tensor_from_tensor_list([torch.zeros(3, *s) for s in sizes])
-        out = pe(batch)
-        assert_close(out, reference(batch), **EXACT)
+        for _ in range(repeat):
+            out = pe(batch)
+            assert_close(out, reference(batch), **EXACT)
         held = _entry_bytes(pe._cache)
         assert held == pe.cache_info().currbytes <= budget, step
         assert len(pe._cache) <= pe.cache_size
+        assert len(pe._cache._seen) <= 4 * pe.cache_size
     info = pe.cache_info()
-    assert info.misses == 100 and info.hits == 0
+    assert info.misses == 100 * repeat and info.hits == 0
+    assert (info.currsize > 0) == (repeat == 2)
 
 
 def test_default_budget_bounds_a_loop_and_serves_fixed_size_inference():
@@ -147,10 +153,13 @@ def test_default_budget_bounds_a_loop_and_serves_fixed_size_inference():
     DETR C5 batch (4 images 800x1333 at stride 32, 256 channels: 4.1 MiB)."""
     assert DEFAULT_MAX_BYTES == 8 * 2**20
     pe = PositionEmbeddingSine(128, normalize=True)
-    for step in range(10):  # every size new: 1.2 to 20 MiB each
+    for step in range(10):  # every size new: 1.2 to 20 MiB each, seen twice (admitted)
         h, w = 20 + 9 * step, 30 + 7 * step
-        pe(torch.rand(2, h, w) > 2)  # no padding, a bool mask: the whole batched result
+        mask = torch.rand(2, h, w) > 2  # no padding, a bool mask: the whole batched result
+        pe(mask)
+        pe(mask)
         assert _entry_bytes(pe._cache) <= DEFAULT_MAX_BYTES
+    assert len(pe._cache) > 0
     pe.clear_cache()
     c5 = nested_tensor_from_tensor_list(
         [torch.zeros(3, 800, 1333), torch.zeros(3, 800, 1200), torch.zeros(3, 640, 1333), torch.zeros(3, 700, 1000)],
@@ -163,13 +172,144 @@ def test_default_budget_bounds_a_loop_and_serves_fixed_size_inference():
         torch.nn.functional.interpolate(c5[1][None].float(), size=(25, 42))[0].bool(),
     )
     first = pe(level)
-    second = pe(level)
+    pe(level)  # the second sighting: stored
+    third = pe(level)
     assert pe.cache_info().hits == 1
-    assert_close(second, first, **EXACT)
+    assert_close(third, first, **EXACT)
     grid = PositionalEncodingPermute2D(256)
-    grid(torch.zeros(4, 256, 25, 42))
-    grid(torch.zeros(4, 256, 25, 42))
+    for _ in range(3):
+        grid(torch.zeros(4, 256, 25, 42))
     assert grid.cache_info().hits == 1  # the unbatched grid table is served
+
+
+# ------------------------------------------------------------------------------ admission
+def test_first_sighting_stores_nothing_and_hands_out_the_build_itself():
+    cache = TensorCache(4, max_bytes=None)
+    assert cache.admit_at == 2
+    built = []
+
+    def build():
+        built.append(torch.arange(6.0))
+        return built[-1]
+
+    first = cache.get("k", build)
+    assert first is built[0]  # the build itself: no copy
+    assert len(cache) == 0 and cache.info().currbytes == 0 and list(cache._seen) == ["k"]
+    second = cache.get("k", build)  # the second sighting: stored, and the caller gets a copy
+    assert len(cache) == 1 and list(cache._seen) == [] and second is not built[1]
+    third = cache.get("k", build)
+    assert len(built) == 2 and cache.info()[:2] == (1, 2)  # a hit: nothing built
+    assert third.data_ptr() not in {second.data_ptr(), built[1].data_ptr()}
+    assert_close(third, torch.arange(6.0), **EXACT)
+
+
+def _c5_like():
+    return nested_tensor_from_tensor_list(
+        [torch.zeros(1, 25, 34), torch.zeros(1, 25, 38), torch.zeros(1, 23, 42), torch.zeros(1, 25, 34)]
+    )
+
+
+ADMISSION_INPUTS = {
+    "nested": _c5_like,
+    "rectangular mask": lambda: _c5_like().mask,
+    "arbitrary mask": lambda: _arbitrary_mask(4, 25, 42, 0),
+    "feature map": lambda: torch.zeros(4, 8, 25, 42),
+    "feature map, batch 1": lambda: torch.zeros(1, 8, 25, 42),
+}
+
+
+@pytest.mark.parametrize("name", list(ADMISSION_INPUTS))
+def test_a_first_sight_miss_costs_what_no_cache_costs(name):
+    """A persistent module with the default cache, fed a new input: the same ops as a module
+    without a cache (no copy out, no mask copy), and nothing stored or held."""
+    from benchmarks.bench_position_embedding import count_ops
+
+    x = ADMISSION_INPUTS[name]()
+    pe = PositionEmbeddingSine(128, normalize=True)
+    off = PositionEmbeddingSine(128, normalize=True, cache_size=0)
+    off(x)  # first-call costs (lazy imports) out of the count
+    _, cached_ops = count_ops(lambda: pe(x))
+    _, off_ops = count_ops(lambda: off(x))
+    assert cached_ops == off_ops
+    assert len(pe._cache) == 0 and pe.cache_info().currbytes == 0 and len(pe._cache._seen) == 1
+    grid, grid_off = PositionalEncodingPermute2D(256), PositionalEncodingPermute2D(256, cache=False)
+    m = torch.zeros(x.shape[0] if isinstance(x, torch.Tensor) else 4, 256, 25, 42)
+    grid_off(m)
+    assert count_ops(lambda: grid(m))[1] == count_ops(lambda: grid_off(m))[1]
+    assert len(grid._tables) == 0
+
+
+def test_doorkeeper_tells_mask_contents_apart():
+    """Masks of one shape are remembered by their content (a hash of it), so a new mask of a
+    seen shape is a first sighting; an entry for one content stays while another is missed."""
+    a, b = _arbitrary_mask(2, 6, 7, 10), _arbitrary_mask(2, 6, 7, 11)
+    pe = PositionEmbeddingSine(8)
+    pe(a)
+    pe(b)
+    assert len(pe._cache) == 0 and len(pe._cache._seen) == 2
+    pe(a)  # a's second sighting: stored
+    assert len(pe._cache) == 1 and torch.equal(next(iter(pe._cache._entries.values())).content, a)
+    pe(b)  # b's second sighting: stored in the place of a (one entry per shape and parameters)
+    pe(a)  # a left the doorkeeper when it was admitted: a first sighting, b's entry kept
+    out = pe(b)
+    assert pe.cache_info()[:2] == (1, 5)
+    assert_close(out, PositionEmbeddingSine(8, cache_size=0)(b), **EXACT)
+    c = a.clone()  # equal content, another tensor: the same sighting
+    pe(c)
+    assert torch.equal(next(reversed(pe._cache._entries.values())).content, a)
+
+
+def test_doorkeeper_is_bounded_and_forgets_the_oldest_keys():
+    cache = TensorCache(2, max_bytes=None)
+    for key in range(20):
+        cache.get(key, lambda: torch.zeros(3))
+    assert list(cache._seen) == list(range(12, 20))  # 4 x maxsize keys, the latest
+    cache.get(0, lambda: torch.zeros(3))  # forgotten: a first sighting again
+    cache.get(19, lambda: torch.zeros(3))  # remembered: stored
+    assert list(cache._entries) == [19] and 0 in cache._seen
+    cache.maxsize = 1  # shrinking the cache shrinks the doorkeeper with it
+    assert len(cache._seen) == 4
+    cache.clear()
+    assert len(cache._seen) == 0
+
+
+@pytest.mark.parametrize("admit_at", [1, 2, 3])
+def test_admit_at_is_the_sighting_that_stores(admit_at):
+    cache = TensorCache(4, max_bytes=None, admit_at=admit_at)
+    for sighting in range(1, 5):
+        cache.get("k", lambda: torch.zeros(2))
+        assert len(cache) == (sighting >= admit_at), sighting
+    assert cache.info().hits == 4 - admit_at
+    for clone in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert clone.admit_at == admit_at and len(clone) == 0 and len(clone._seen) == 0
+
+
+@pytest.mark.parametrize(
+    "admit_at, exc, match",
+    [
+        (0, ValueError, r"admit_at must be a positive int, got 0"),
+        (1.0, TypeError, r"admit_at must be a positive int, got 1.0"),
+        (True, TypeError, r"admit_at must be a positive int, got True"),
+    ],
+)
+def test_bad_admit_at(admit_at, exc, match):
+    with pytest.raises(exc, match=match):
+        TensorCache(2, admit_at=admit_at)
+
+
+def test_fix_encoding_stores_its_one_table_at_once():
+    enc = FixEncoding(PositionalEncoding2D(12), (5, 6))
+    assert len(enc._tables) == 1  # built at construction and kept, whatever its size
+    enc(torch.zeros(2, 5, 6, 12))
+    assert enc._tables.info().hits == 1
+
+
+def test_fingerprint_of_content_off_the_host_is_none():
+    from vispos._cache import _fingerprint
+
+    mask = _arbitrary_mask(2, 3, 4, 0)
+    assert _fingerprint(mask) == _fingerprint(mask.clone()) != _fingerprint(~mask)
+    assert _fingerprint(torch.zeros(2, 3, dtype=torch.bool, device="meta")) is None
 
 
 # ------------------------------------------------------------------------------ aliasing
@@ -212,16 +352,16 @@ def test_sine_no_write_reaches_another_result(name, write):
     x = _sine_inputs()[name]
     pe = PositionEmbeddingSine(16, normalize=True, offset=-0.5)
     expected = PositionEmbeddingSine(16, normalize=True, offset=-0.5, cache_size=0)(x)
-    p1, p2 = pe(x), pe(x)  # a miss, then a hit
+    p0, p1, p2 = pe(x), pe(x), pe(x)  # a first-sight miss, a stored miss, then a hit
     write(p2)
     assert_close(p1, expected, **EXACT)  # an earlier result is untouched
     write(p1)
+    write(p0)
     p3 = pe(x)
-    assert_close(p3, expected, **EXACT)  # and no later call sees either write
+    assert_close(p3, expected, **EXACT)  # and no later call sees any write
     assert pe.cache_info().hits == 2
     assert p3.untyped_storage().data_ptr() not in {
-        p1.untyped_storage().data_ptr(),
-        p2.untyped_storage().data_ptr(),
+        p.untyped_storage().data_ptr() for p in (p0, p1, p2)
     }
 
 
@@ -245,23 +385,25 @@ def test_grid_no_write_reaches_another_result(case, write):
     x = torch.zeros(shape)
     expected = theirs(x).clone()
     enc = make()
-    p1, p2 = enc(x), enc(x)
+    p0, p1, p2 = enc(x), enc(x), enc(x)  # first sight, stored, served (FixEncoding: all served)
     write(p2)
     assert_close(p1, expected, rtol=0, atol=1e-6)
     write(p1)
+    write(p0)
     assert_close(enc(x), expected, rtol=0, atol=1e-6)
 
 
 def test_zero_copy_shares_storage_as_documented():
     x = _arbitrary_mask(2, 6, 7, 3)
     pe = PositionEmbeddingSine(16, zero_copy=True)
-    p1, p2 = pe(x), pe(x)
-    assert p1 is p2  # one stored tensor
+    p0, p1, p2 = pe(x), pe(x), pe(x)
+    assert p1 is p2 and p0 is not p1  # one stored tensor (from the second sighting on)
     p1.numpy()[...] = 0.0  # the documented hazard: invisible to the version counter
     assert torch.equal(pe(x), torch.zeros_like(p1))
     p1.add_(1)  # an in-place write bumps the version: the entry is rebuilt
     assert_close(pe(x), PositionEmbeddingSine(16, cache_size=0)(x), **EXACT)
     grid = PositionalEncoding2D(8, zero_copy=True)
+    grid(torch.zeros(2, 4, 5, 8))
     a, b = grid(torch.zeros(3, 4, 5, 8)), grid(torch.zeros(5, 4, 5, 8))
     assert a.stride(0) == 0 and a.data_ptr() == b.data_ptr()
 
@@ -310,6 +452,7 @@ def test_thread_stress_with_evictions_matches_a_cache_free_module():
         t.join()
     assert failures == []
     for cache in (pe._cache, grid._tables):
+        assert len(cache._seen) <= 4 * cache.maxsize
         info = cache.info()
         assert info.hits + info.misses == 8 * 60
         assert info.currbytes == _entry_bytes(cache) <= info.maxbytes
@@ -324,19 +467,19 @@ def test_cache_info_counts_like_lru_cache():
     pe = PositionEmbeddingSine(8, cache_size=2)
     masks = [_arbitrary_mask(1, 4, 5 + s, s) for s in range(3)]
     assert tuple(pe.cache_info()) == (0, 0, 2, 0, DEFAULT_MAX_BYTES, 0)
-    pe(masks[0])
-    pe(masks[0])
-    pe(masks[1])
-    pe(masks[2])  # evicts masks[0]
-    pe(masks[0])  # a miss again
+    for _ in range(3):
+        pe(masks[0])  # a miss (remembered), a miss (stored), a hit
+    for m in (masks[1], masks[1], masks[2], masks[2]):  # the second store evicts masks[0]
+        pe(m)
+    pe(masks[0])  # a miss again, and a first sighting again: admitted keys leave the doorkeeper
     info = pe.cache_info()
-    assert (info.hits, info.misses, info.maxsize, info.currsize) == (1, 4, 2, 2)
+    assert (info.hits, info.misses, info.maxsize, info.currsize) == (1, 7, 2, 2)
     assert info.currbytes == _entry_bytes(pe._cache) > 0
     assert isinstance(info, vispos.CacheInfo) and info._fields == (
         "hits", "misses", "maxsize", "currsize", "maxbytes", "currbytes",
     )
     pe.clear_cache()
-    assert pe.cache_info()[:4] == (1, 4, 2, 0)
+    assert pe.cache_info()[:4] == (1, 7, 2, 0) and len(pe._cache._seen) == 0
     pe._cache.reset_info()
     assert pe.cache_info().hits == 0
 
@@ -351,16 +494,19 @@ def test_off_switch_for_a_whole_model_and_nesting():
             assert_close(model["sine"](mask), PositionEmbeddingSine(8, cache_size=0)(mask), **EXACT)
             model["grid"](x)
         with vispos.caching(True):  # blocks nest
+            model["sine"](mask)  # a first sighting: the calls made while off were not seen
+            assert len(model["sine"]._cache) == 0
             model["sine"](mask)
         assert not vispos.is_caching_enabled()
     assert vispos.is_caching_enabled()
-    assert tuple(model["sine"].cache_info())[:4] == (0, 1, 8, 1)  # only the inner call stored
+    assert tuple(model["sine"].cache_info())[:4] == (0, 2, 8, 1)  # only the inner calls counted
     assert tuple(model["grid"].cache_info())[:4] == (0, 0, 8, 0)
     vispos.set_caching(False)
     try:
         model["grid"](x)
         assert len(model["grid"]._tables) == 0
         with vispos.caching(True):
+            model["grid"](x)
             model["grid"](x)
         assert len(model["grid"]._tables) == 1
     finally:
@@ -379,7 +525,8 @@ def test_off_switch_is_per_thread():
 
     def other():
         inside.wait()
-        pe(mask)  # another thread, outside the block: caches
+        pe(mask)  # another thread, outside the block: caches (from the second sighting)
+        pe(mask)
         go.set()
 
     t = threading.Thread(target=other)
@@ -396,6 +543,7 @@ def test_cache_size_changes_take_effect():
     masks = [_arbitrary_mask(1, 4, 5 + s, s) for s in range(5)]
     for m in masks:
         pe(m)
+        pe(m)
     assert len(pe._cache) == 5
     pe.cache_size = 2
     assert len(pe._cache) == 2 and pe.cache_info().maxsize == 2
@@ -409,14 +557,18 @@ def test_cache_size_changes_take_effect():
     assert len(pe._cache) == 0  # a zero budget disables too
     pe.cache_bytes = None
     pe(masks[0])
+    pe(masks[0])
     assert len(pe._cache) == 1 and "cache_bytes=None" in repr(pe)
     grid = PositionalEncoding2D(8)
     grid(torch.zeros(1, 3, 4, 8))
+    grid(torch.zeros(1, 3, 4, 8))
+    assert len(grid._tables) == 1
     grid.cache = False
     assert len(grid._tables) == 0 and "cache=False" in repr(grid)
     grid(torch.zeros(1, 3, 4, 8))
     assert len(grid._tables) == 0
     grid.cache = True
+    grid(torch.zeros(1, 3, 4, 8))
     grid(torch.zeros(1, 3, 4, 8))
     assert len(grid._tables) == 1
 

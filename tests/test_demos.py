@@ -35,8 +35,25 @@ def test_gallery_writes_every_figure(tmp_path, capsys):
     assert names == sorted([
         "channels_1d.png", "channels_2d.png", "curves.png", "wavelengths.png", "similarity_2d.png",
         "similarity_3d.png", "padded_batch.png", "normalized_coords.png", "rotary.png", "volume_similarity.png",
+        "rope_periods.png", "rope_padding.png",
     ])
     assert capsys.readouterr().out.count("wrote ") == len(names)
     for name in names:
         with Image.open(tmp_path / name) as im:
             assert im.format == "PNG" and min(im.size) > 100
+
+
+def test_monai_volumes_demo(tmp_path, capsys):
+    pytest.importorskip("monai")
+    from demos import monai_volumes
+
+    png = tmp_path / "volumes.png"
+    argv = ["--max-size", "32", "--spacing", "8", "--workers", "0", "--hidden-size", "24", "--out", str(png)]
+    assert monai_volumes.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "batch (3, 1, 32, 32, 32)" in out
+    assert "thick slices   scan (25, 29, 9) of 8x8x24 mm" in out
+    assert "PositionEmbeddingSine in mm -> (3, 96, 32, 32, 32)" in out
+    assert "prediction on the scan's own grid: (25, 29, 9)" in out
+    with Image.open(png) as im:
+        assert im.format == "PNG" and im.size[0] > 300

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,7 +120,7 @@ def test_cross_attention_takes_memory_positions_on_keys_only():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(d_model=30, nhead=4), "nhead=4 must divide d_model=30"),
-    (dict(d_model=16, dropout=1.0), "dropout must be a float in \[0, 1\)"),
+    (dict(d_model=16, dropout=1.0), r"dropout must be a float in \[0, 1\)"),
     (dict(d_model=16, activation="tanh"), "activation must be one of"),
 ])
 def test_decoder_layer_rejects_bad_arguments(kwargs, match):
@@ -351,6 +352,59 @@ def test_coco_map_hand_made_iou_thresholds():
     assert coco_map([_record([[0, 0, 10, 10]], [2], [0.8])], gts) == {"map": 0.0, "ap50": 0.0, "ap75": 0.0}
 
 
+def _pycocotools_stats(preds, gts):
+    """mAP, AP50 and AP75 straight from pycocotools' COCOeval (boxes xyxy -> COCO's xywh)."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    def xywh(b):
+        x0, y0, x1, y1 = (float(v) for v in b)
+        return [x0, y0, x1 - x0, y1 - y0]
+
+    labels = sorted({int(v) for r in (*preds, *gts) for v in r["labels"]})
+    anns, dets = [], []
+    for i, g in enumerate(gts):
+        for b, c in zip(g["boxes"], g["labels"]):
+            box = xywh(b)
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c), "bbox": box,
+                         "area": box[2] * box[3], "iscrowd": 0})
+    for i, p in enumerate(preds):
+        for b, c, sc in zip(p["boxes"], p["labels"], p["scores"]):
+            dets.append({"image_id": i, "category_id": int(c), "bbox": xywh(b), "score": float(sc)})
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO()
+        gt.dataset = {"images": [{"id": i} for i in range(len(gts))], "annotations": anns,
+                      "categories": [{"id": c} for c in labels]}
+        gt.createIndex()
+        ev = COCOeval(gt, gt.loadRes(dets), "bbox")
+        ev.evaluate(), ev.accumulate(), ev.summarize()
+    return {"map": ev.stats[0], "ap50": ev.stats[1], "ap75": ev.stats[2]}
+
+
+def test_coco_map_matches_pycocotools():
+    """Three images, three classes (one only predicted, never present), boxes placed by hand at
+    IoUs from 0.3 to 1 with tied and untied scores, a duplicate and an image without objects:
+    the numbers are pycocotools' own."""
+    gts = [
+        _record([[10, 10, 50, 50], [60, 60, 100, 90]], [0, 1]),
+        _record([[0, 0, 30, 40], [35, 5, 70, 45], [5, 50, 25, 70]], [0, 0, 1]),
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
+    ]
+    preds = [
+        _record([[12, 10, 50, 52], [10, 10, 50, 50], [60, 62, 95, 90], [0, 0, 20, 20]], [0, 0, 1, 2],
+                [0.9, 0.6, 0.8, 0.7]),
+        _record([[0, 0, 30, 30], [40, 5, 70, 45], [5, 50, 25, 60], [36, 6, 69, 44]], [0, 0, 1, 1],
+                [0.85, 0.6, 0.6, 0.5]),
+        _record([[5, 5, 40, 40]], [0], [0.95]),
+    ]
+    want = _pycocotools_stats(preds, gts)
+    assert 0 < want["map"] < want["ap75"] < want["ap50"] < 1  # a case that tells the thresholds apart
+    assert coco_map(preds, gts) == pytest.approx(want, abs=1e-6)
+
+
 def test_matched_ious():
     pred = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 6.2]])
     gt = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 10]])
@@ -365,8 +419,16 @@ def test_paired_comparison():
     assert (r["wins"], r["losses"], r["ties"]) == (5, 0, 0)
     assert r["p_sign"] == pytest.approx(2 * 0.5**5)  # the smallest two-sided p with 5 pairs
     assert 0.1 <= r["ci95"][0] <= r["mean"] <= r["ci95"][1] <= 0.6
+    assert r["std"] == pytest.approx(float(np.std([0.4, 0.2, 0.5, 0.1, 0.6], ddof=1)))
+    from scipy.stats import ttest_rel
+
+    assert r["p_t"] == pytest.approx(ttest_rel([0.5, 0.4, 0.6, 0.3, 0.7], [0.1, 0.2, 0.1, 0.2, 0.1]).pvalue)
+    assert r["p_t"] < 0.05 and r["reading"] == "a ahead"
+    assert paired([0.1, 0.2, 0.1, 0.2], [0.5, 0.4, 0.6, 0.5])["reading"] == "b ahead"
     level = paired([0.3, 0.2, 0.4, 0.2], [0.2, 0.3, 0.4, 0.1])
     assert (level["wins"], level["losses"], level["ties"]) == (2, 1, 1) and level["p_sign"] == pytest.approx(1.0)
+    assert level["reading"] == "level"
+    assert paired([0.5], [0.1])["reading"] == "too few seeds" and paired([0.5], [0.1])["std"] == 0.0
 
 
 def _fake_run(arm, seed, ap50):
@@ -385,7 +447,11 @@ def test_ablation_table_over_seeds():
     table = ablation_table(runs, ("map", "ap50", "ap75"), "ap50", 5)
     # last 3 of ap50 * (1/3, 2/3, 1): 2/3 of the final value
     assert "| (b) grid, mask-blind | 3 | 0.500 ± 0.000 | 0.100 ± 0.000 | 0.133 ± 0.000 |" in table
-    assert "| sine - grid | ap50 | +0.067, +0.133, +0.200 | +0.133 | 3 / 0 / 0 | 0.250 |" in table
+    assert "| sine - grid | ap50 | +0.067, +0.133, +0.200 | +0.133 ± 0.067 | 3 / 0 / 0 | 0.250 | 0.074 |" in table
+    # 3 seeds, all for sine, but the t-test does not exclude no difference (p 0.074): level
+    assert "| [+0.067, +0.200] | level |" in table
+    assert ("- sine vs grid, ap50 (last 3) over seeds [0, 1, 2]: sine - grid = +0.133 ± 0.067; sine better on 3 "
+            "seed(s), grid on 0, 0 tie(s); **the arms are level** (t-test p = 0.074") in table
     assert "Warning" not in table
     runs["sine"][0]["args"] = {"eval_every": 10, "lr": 5e-4, "seed": 0}
     assert "differ in settings other than the seed:** {'lr': [0.0005, 0.001]}" in ablation_table(runs, ("ap50",), "ap50", 5)

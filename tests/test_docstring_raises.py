@@ -21,7 +21,12 @@ import vispos
 import vispos.backbones as bb
 import vispos.transformer as tr
 
-MODULES = (vispos, bb, tr)
+try:
+    import vispos.monai as vm
+except ImportError:  # the monai extra is not installed: its classes are not checked
+    vm = None
+
+MODULES = (vispos, bb, tr) + ((vm,) if vm is not None else ())
 
 #: public classes with no constructor checks to document: why each is left out
 EXEMPT = {
@@ -136,6 +141,10 @@ TABLE: dict[str, list[Case]] = {
         ("input list", lambda: vispos.PositionEmbeddingSine(8)([[True]])),
         ("mask rank", lambda: vispos.PositionEmbeddingSine(8)(_mask(4))),
         ("dtype int", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), dtype=torch.int32)),
+        ("extent without normalize", lambda: vispos.PositionEmbeddingSine(8, extent=10.0)),
+        ("spacing int", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.ones(1, 2, dtype=torch.int64))),
+        ("spacing shape", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.ones(1, 3))),
+        ("spacing zero", lambda: vispos.PositionEmbeddingSine(8)(_mask(1, 4, 4), spacing=torch.zeros(1, 2))),
     ],
     "PositionEmbeddingSineDepthAdded": [
         ("num_pos_feats float", lambda: vispos.PositionEmbeddingSineDepthAdded(8.0)),
@@ -219,6 +228,24 @@ TABLE: dict[str, list[Case]] = {
         ("grid_shape floats", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2.0, 3))),
         ("grid_shape product", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2, 4))),
     ],
+    "DinoV3RotaryEmbedding": [
+        ("dim odd multiple", lambda: vispos.DinoV3RotaryEmbedding(30)),
+        ("dim float", lambda: vispos.DinoV3RotaryEmbedding(32.0)),
+        ("one period", lambda: vispos.DinoV3RotaryEmbedding(32, min_period=1.0)),
+        ("normalize_coords int", lambda: vispos.DinoV3RotaryEmbedding(32, normalize_coords=1)),
+        ("jitter below 1", lambda: vispos.DinoV3RotaryEmbedding(32, jitter_coords=0.5)),
+        ("mask float", lambda: vispos.DinoV3RotaryEmbedding(32).get_embed(mask=torch.zeros(1, 4, 4))),
+        ("mask 3D for 2 axes", lambda: vispos.DinoV3RotaryEmbedding(32).get_embed(mask=_mask(1, 2, 3, 4))),
+        ("x int", lambda: vispos.DinoV3RotaryEmbedding(8)(torch.zeros(1, 8, 3, 3, dtype=torch.int64))),
+    ],
+    "MixedRotaryEmbedding": [
+        ("dim not divisible", lambda: vispos.MixedRotaryEmbedding(64, 2, 3)),
+        ("depth float", lambda: vispos.MixedRotaryEmbedding(64, 2.0, 4)),
+        ("head_dim odd axes", lambda: vispos.MixedRotaryEmbedding(24, 2, 4)),
+        ("grid_indexing int", lambda: vispos.MixedRotaryEmbedding(64, 2, 4, grid_indexing=0)),
+        ("shape rank", lambda: vispos.MixedRotaryEmbedding(64, 2, 4).get_embed([2, 2, 2])),
+        ("block_index out of range", lambda: vispos.MixedRotaryEmbedding(32, 2, 2)(torch.zeros(1, 32, 2, 2), 2)),
+    ],
     "FrozenBatchNorm3d": [
         ("num_features float", lambda: bb.FrozenBatchNorm3d(4.0)),
         ("num_features zero", lambda: bb.FrozenBatchNorm3d(0)),
@@ -275,6 +302,52 @@ TABLE: dict[str, list[Case]] = {
         ("src width", lambda: tr.DetrEncoder(16, nhead=4, num_layers=1)(torch.zeros(1, 5, 8))),
     ],
 }
+
+
+def _old_monai(build: Callable[[], object]) -> Callable[[], object]:
+    """``build`` run as if MONAI were older than 1.5 (no ``attn_mask`` in its attention blocks)."""
+
+    def run():
+        from unittest import mock
+
+        with mock.patch("vispos.monai._anysize._supports_attn_mask", return_value=False):
+            return build()
+
+    return run
+
+
+if vm is not None:
+    _VIT = dict(in_channels=1, img_size=8, patch_size=4, hidden_size=12, mlp_dim=8, num_layers=1, num_heads=2)
+    _UNETR = dict(in_channels=1, out_channels=2, img_size=16, feature_size=2, hidden_size=12, mlp_dim=8, num_heads=2)
+    TABLE.update({
+        "NestedPadCollate": [
+            ("keys empty", lambda: vm.NestedPadCollate(keys=[])),
+            ("method unknown", lambda: vm.NestedPadCollate(method="center")),
+            ("size_divisibility float", lambda: vm.NestedPadCollate(size_divisibility=2.0)),
+            ("size_divisibility negative", lambda: vm.NestedPadCollate(size_divisibility=-1)),
+            ("batch a dict", lambda: vm.NestedPadCollate()({"image": torch.zeros(1, 2, 2)})),
+            ("empty batch", lambda: vm.NestedPadCollate()([])),
+            ("missing key", lambda: vm.NestedPadCollate()([{"img": torch.zeros(1, 2, 2)}])),
+            ("image a list", lambda: vm.NestedPadCollate()([{"image": [1.0]}])),
+            ("channels differ", lambda: vm.NestedPadCollate()([{"image": torch.zeros(1, 2, 2)}, {"image": torch.zeros(2, 2, 2)}])),
+        ],
+        "AnySizeViT": [
+            ("pos_embed unknown", lambda: vm.AnySizeViT(**_VIT, pos_embed="table")),
+            ("antialias int", lambda: vm.AnySizeViT(**_VIT, antialias=1)),
+            ("from_monai not a ViT", lambda: vm.AnySizeViT.from_monai(nn.Linear(2, 2))),
+            ("input list", lambda: vm.AnySizeViT(**_VIT)([[0.0]])),
+            ("input 2D", lambda: vm.AnySizeViT(**_VIT)(torch.zeros(1, 1, 8, 8))),
+            ("MONAI < 1.5", _old_monai(lambda: vm.AnySizeViT(**_VIT))),
+        ],
+        "AnySizeUNETR": [
+            ("pos_embed unknown", lambda: vm.AnySizeUNETR(**_UNETR, pos_embed="table")),
+            ("temperature zero", lambda: vm.AnySizeUNETR(**_UNETR, temperature=0)),
+            ("from_monai not a UNETR", lambda: vm.AnySizeUNETR.from_monai(nn.Linear(2, 2))),
+            ("input list", lambda: vm.AnySizeUNETR(**_UNETR)([[0.0]])),
+            ("input 2D", lambda: vm.AnySizeUNETR(**_UNETR)(torch.zeros(1, 1, 16, 16))),
+            ("MONAI < 1.5", _old_monai(lambda: vm.AnySizeUNETR(**_UNETR))),
+        ],
+    })
 
 ROWS = [(cls_name, case, fn) for cls_name, cases in TABLE.items() for case, fn in cases]
 

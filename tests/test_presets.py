@@ -274,6 +274,7 @@ def test_depth_added_uses_its_cache_and_hands_out_fresh_results():
     m = PositionEmbeddingSineDepthAdded(8, cache_size=2)
     mask = _video_mask("cpu")
     first = m(mask)
+    m(mask)  # the second sighting is stored
     assert len(m._cache) == 1
     first.zero_()  # the caller's result: writing into it does not reach the next call
     assert_close(m(mask), depth_added_reference(mask, 8, 10000, False).transpose(1, 2), rtol=1.3e-6, atol=2.5e-7)

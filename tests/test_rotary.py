@@ -245,3 +245,42 @@ def test_forward_errors(call, exc, match):
 def test_apply_rotary_errors(args, exc, match):
     with pytest.raises(exc, match=match):
         apply_rotary(*args)
+
+
+@pytest.mark.parametrize(
+    "args, exc, match",
+    [
+        ((torch.zeros(2, 4), torch.zeros(2, 6)), ValueError, "2 \\* C channels"),
+        ((torch.zeros(2, 3), torch.zeros(2, 6)), ValueError, "even"),
+        ((torch.zeros(2, 4), torch.zeros(3, 8)), ValueError, "does not broadcast"),
+        ((torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 8)), TypeError, "floating"),
+        (("x", torch.zeros(2, 8)), TypeError, "Tensor"),
+        ((torch.zeros(2, 4), torch.zeros(2, 8), 1), TypeError, "half"),
+    ],
+)
+def test_apply_rot_embed_cat_errors(args, exc, match):
+    from vispos import apply_rot_embed_cat
+
+    with pytest.raises(exc, match=match):
+        apply_rot_embed_cat(*args)
+
+
+@pytest.mark.parametrize("half", [True, False])
+def test_apply_rot_embed_cat_is_a_rotation_and_leaves_inputs(half):
+    """Norm preserved per pair, inputs untouched, bf16 in float32 then cast (timm's promotion)."""
+    from vispos import apply_rot_embed_cat
+
+    torch.manual_seed(0)
+    angles = torch.rand(5, 3) * 6
+    sin, cos = angles.sin(), angles.cos()
+    lay = (lambda t: torch.cat([t, t], -1)) if half else (lambda t: t.repeat_interleave(2, -1))
+    emb = torch.cat([lay(sin), lay(cos)], -1)
+    x = torch.randn(2, 5, 6)
+    x0, e0 = x.clone(), emb.clone()
+    out = apply_rot_embed_cat(x, emb, half)
+    pairs = (lambda t: t.view(*t.shape[:-1], 2, 3).transpose(-1, -2)) if half else (lambda t: t.view(*t.shape[:-1], 3, 2))
+    torch.testing.assert_close(pairs(out).norm(dim=-1), pairs(x).norm(dim=-1))
+    assert torch.equal(x, x0) and torch.equal(emb, e0)
+    low = apply_rot_embed_cat(x.bfloat16(), emb, half)
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), apply_rot_embed_cat(x.bfloat16().float(), emb, half), atol=1e-2, rtol=1e-2)

@@ -331,6 +331,7 @@ def test_with_features_keeps_rectangular_sizes():
 def test_cache_hits_and_invalidation():
     pe = PositionEmbeddingSine(16, normalize=True, zero_copy=True)
     mask = MASKS["arbitrary"]()
+    pe(mask)  # a first sighting: not stored
     a = pe(mask)
     assert pe(mask) is a  # same content: served from the cache (shared, as opted in)
     other = mask.clone()
@@ -353,13 +354,15 @@ def test_cache_hits_and_invalidation():
 def test_cache_for_grids_and_nested_tensors():
     pe = PositionEmbeddingSine(16, normalize=True, cache_size=2, zero_copy=True)
     x = torch.randn(1, 3, 5, 6)
+    pe(x)  # a first sighting: not stored
     a = pe(x)
     a.mul_(0)  # zero_copy, batch of one: the cached table itself; the in-place write is detected
     torch.testing.assert_close(pe(x), PositionEmbeddingSine(16, normalize=True, cache_size=0)(x), rtol=0, atol=0)
     nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])
+    pe(nt)
     assert pe(nt) is pe(nt)
-    pe(torch.randn(1, 3, 7, 7))
-    pe(torch.randn(1, 3, 8, 8))
+    for size in (7, 7, 8, 8):
+        pe(torch.randn(1, 3, size, size))
     assert len(pe._cache) == 2  # LRU bound
 
 
@@ -368,6 +371,7 @@ def test_cache_under_inference_mode_serves_autograd_later():
     mask = MASKS["rectangular"]()
     with torch.inference_mode():
         first = pe(mask)
+        pe(mask)  # the second sighting is stored
     w = torch.ones(1, requires_grad=True)
     later = pe(mask)
     (later * w).sum().backward()

@@ -167,6 +167,7 @@ def test_meta_construction(case):
 def test_sine_cache_not_stale_after_to_and_parameter_change():
     pe = vispos.PositionEmbeddingSine(8, normalize=True)
     first = pe(MASK).clone()
+    pe(MASK)  # the second sighting is stored
     assert len(pe._cache) == 1
     pe.to(torch.float64)  # a move or cast empties the cache and rebuilds dim_t in float32
     assert len(pe._cache) == 0 and pe.dim_t.dtype == torch.float32

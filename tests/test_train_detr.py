@@ -113,7 +113,42 @@ def test_out_must_not_be_a_file(tmp_path, capsys):
     path = tmp_path / "a_file"
     path.write_text("x")
     assert f"argument --out: '{path}' exists and is not a folder" in _exit_message(capsys, ["--out", str(path)])
-    assert "argument --report: no run under" in _exit_message(capsys, ["--report", "--out", str(tmp_path)])
+    assert f"argument --report: no run under '{tmp_path}'" in _exit_message(capsys, ["--report", "--out", str(tmp_path)])
+
+
+def _fake_metrics(arm, seed, ap50):
+    n = 30
+    return {
+        "task": "2d", "arm": arm, "seed": seed, "steps": list(range(1, n + 1)), "world_size": 1, "global_batch": 8,
+        "args": {"eval_every": 10, "lr": 1e-3, "seed": seed, "steps": n}, "loss_last": [1.0] * n,
+        "seconds": [0.1] * n, "rss_mb": [100.0] * n,
+        "eval": [{"step": s, "mean_iou": 0.4, "map": ap50 / 3, "ap50": ap50, "ap75": ap50 / 4} for s in (10, 20, 30)],
+    }
+
+
+def test_report_joins_every_arm_and_seed_present(tmp_path):
+    """Arms and seeds trained by separate processes (the ablation's lanes), some still running:
+    --report joins every finished run, whatever --pos says, pairs arms over their common seeds and
+    says plainly whether they are level."""
+    ap50 = {"none": {0: 0.01, 1: 0.0}, "grid": {0: 0.20, 1: 0.30, 2: 0.25}, "sine": {0: 0.22, 1: 0.27, 2: 0.26, 3: 0.4}}
+    for arm, by_seed in ap50.items():
+        for seed, v in by_seed.items():
+            (tmp_path / arm / f"seed{seed}").mkdir(parents=True)
+            (tmp_path / arm / f"seed{seed}" / "metrics.json").write_text(json.dumps(_fake_metrics(arm, seed, v)))
+    (tmp_path / "grid" / "seed4").mkdir()  # in flight: no metrics.json yet
+    logs = []
+    assert T.run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
+    table = (tmp_path / "ablation.md").read_text()
+    assert logs[0] == table
+    assert "| seed | (a) none | (b) grid, mask-blind | (c) sine, mask-aware |" in table
+    assert "| 3 | - | - | 0.400 / 0.133 / 0.400 / 0.100 |" in table
+    assert "| (b) grid, mask-blind | 3 | 0.400 ± 0.000 | 0.083 ± 0.017 | 0.250 ± 0.050 |" in table
+    # sine - grid over seeds 0-2 only (seed 3 has no grid run): +0.02, -0.03, +0.01
+    assert "| sine - grid | ap50 | +0.020, -0.030, +0.010 | +0.000 ± 0.026 | 2 / 1 / 0 |" in table
+    assert ("- sine vs grid, ap50 (last 3) over seeds [0, 1, 2]: sine - grid = +0.000 ± 0.026; sine better on 2 "
+            "seed(s), grid on 1, 0 tie(s); **the arms are level**") in table
+    assert "| sine - none | ap50 | +0.210, +0.270 |" in table and "| grid - none | ap50 | +0.190, +0.300 |" in table
+    assert (tmp_path / "curves.png").stat().st_size > 0
 
 
 def test_tiny_sets_defaults_only():

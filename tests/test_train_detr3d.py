@@ -254,8 +254,9 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
     assert "| (b) grid, mask-blind | 2 | 0.400 ± 0.000 | 0.325 ± 0.177 |" in table
     assert "| (a) none | 1 | 0.400 | 0.050 |" in table
     # paired over the seeds both arms have: sine - grid on seeds 0 and 1
-    assert "| sine - grid | ap25 | +0.100, -0.050 | +0.025 | 1 / 1 / 0 |" in table
-    assert "| sine - none | ap25 | +0.350 | +0.350 | 1 / 0 / 0 |" in table
+    assert "| sine - grid | ap25 | +0.100, -0.050 | +0.025 ± 0.106 | 1 / 1 / 0 |" in table
+    assert "| sine - none | ap25 | +0.350 | +0.350 ± 0.000 | 1 / 0 / 0 |" in table
+    assert "sine vs grid, ap25 (last 3) over seeds [0, 1]" in table and "**the arms are level**" in table
     assert (tmp_path / "curves.png").stat().st_size > 0
     with pytest.raises(SystemExit) as exc:  # nothing to report: argparse's exit 2, naming the flag
         T.main(["--report", "--out", str(tmp_path / "empty")])

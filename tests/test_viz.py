@@ -141,6 +141,9 @@ def test_plot_wavelengths_draws_the_formula():
     np.testing.assert_allclose(t2t.lines[1].get_ydata(), 2 * np.pi * np.exp(np.log(10000.0) * k / 7), rtol=1e-12)
     freq = viz.plot_wavelengths(16, temperatures=(100,), ladders=("standard",), frequency=True)
     np.testing.assert_allclose(freq.axes[0].lines[0].get_ydata(), 100.0 ** (-2 * k / 16), rtol=1e-12)
+    cont = viz.plot_wavelengths(16, temperatures=(100,), ladders=("continued",))
+    np.testing.assert_allclose(cont.axes[0].lines[0].get_ydata(),
+                               2 * np.pi * 100.0 ** (np.concatenate([2 * k, 16 + 2 * k]) / 16), rtol=1e-6)
     with pytest.raises(ValueError, match="ladder must be one of"):
         viz.plot_wavelengths(16, ladders=("log",))
     with pytest.raises(ValueError, match="must be non-empty"):
@@ -220,6 +223,30 @@ def test_plot_similarity_3d_slices():
                                atol=1e-6, rtol=0)
     torch.testing.assert_close(torch.as_tensor(np.asarray(_images(fig.axes[2])[0])).double(), ref[:, :, 3].T,
                                atol=1e-6, rtol=0)
+
+
+def test_plot_similarity_to_scale_in_millimetres():
+    # spacing draws every panel to scale and encode_grid places the cells in millimetres
+    enc = vispos.PositionEmbeddingSine(8, normalize=True, extent=20.0)
+    spacing = (5.0, 1.0, 2.0)
+    pos = viz.encode_grid(enc, (4, 5, 6), spacing=spacing)
+    mask = torch.zeros(1, 4, 5, 6, dtype=torch.bool)
+    torch.testing.assert_close(pos, enc(mask, spacing=torch.tensor([spacing]))[0], rtol=0, atol=0)
+    fig = viz.plot_similarity(pos, [(1, 2, 3)], spacing=spacing)
+    # sagittal (H right, W up), coronal (D right, W up), axial (D right, H up)
+    assert [ax.get_aspect() for ax in fig.axes[:3]] == [2.0 / 1.0, 2.0 / 5.0, 1.0 / 5.0]
+    torch.testing.assert_close(torch.as_tensor(np.asarray(_images(fig.axes[1])[0])).double(),
+                               _ref_cosine(pos, (1, 2, 3))[:, 2].T, atol=1e-6, rtol=0)
+    flat = viz.plot_similarity(pos[:, 0], [(1, 1)], spacing=torch.tensor([1.0, 2.0]))
+    assert flat.axes[0].get_aspect() == 0.5
+    with pytest.raises(ValueError, match=r"spacing must hold 3 positive numbers \(mm\), got \(1.0, 2.0\)"):
+        viz.plot_similarity(pos, spacing=(1.0, 2.0))
+    with pytest.raises(ValueError, match="spacing must hold 3 positive numbers"):
+        viz.plot_similarity(pos, spacing=(1.0, 0.0, 1.0))
+    with pytest.raises(TypeError, match="spacing must be a sequence of 3 numbers"):
+        viz.plot_similarity(pos, spacing="abc")
+    with pytest.raises(TypeError, match="PositionalEncoding2D takes no spacing"):
+        viz.encode_grid(vispos.PositionalEncoding2D(8), (4, 5), spacing=(1.0, 1.0))
 
 
 def test_plot_similarity_errors():
@@ -334,6 +361,7 @@ KIND_ARGS = {
     "curves": ["--shape", "20", "--encoder", "SinusoidalPositionalEncoding", "--kw", "d_model=8"],
     "wavelengths": ["--num-feats", "16"],
     "similarity": ["--shape", "4", "5", "6", "--queries", "1,2,3"],
+    "similarity-mm": ["--shape", "4", "5", "6", "--spacing", "5", "1", "1", "--kw", "normalize=true", "extent=20"],
     "batch": ["--samples", "astronaut", "chelsea", "--max-size", "48"],
     "coords": ["--samples", "astronaut", "chelsea", "--max-size", "64", "--stride", "8"],
     "rotary": ["--length", "10", "--kw", "dim=8"],
@@ -343,7 +371,7 @@ KIND_ARGS = {
 @pytest.mark.parametrize("kind", sorted(KIND_ARGS))
 def test_cli_plot_writes_png(tmp_path, capsys, kind):
     out = tmp_path / f"{kind}.png"
-    rc = main(["plot", kind, *KIND_ARGS[kind], "--dpi", "40", "--out", str(out)])
+    rc = main(["plot", kind.split("-")[0], *KIND_ARGS[kind], "--dpi", "40", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     with Image.open(out) as im:
@@ -382,6 +410,11 @@ def test_cli_plot_config_and_default(tmp_path, capsys, monkeypatch):
         (["plot", "similarity", "--config", "missing.yaml"], "does not exist"),
         (["plot", "similarity", "--config", "x.yaml", "--encoder", "PositionEmbeddingSine"], "cannot be combined"),
         (["plot", "batch", "--samples", "nosuchphoto"], "nosuchphoto"),
+        (["plot", "similarity", "--shape", "4", "5", "--spacing", "1"], "--spacing must give 2 positive sizes in mm"),
+        (["plot", "similarity", "--shape", "4", "5", "--spacing", "1", "-2"], "--spacing must give 2 positive sizes"),
+        (["plot", "similarity", "--voxel-positions"], "--voxel-positions needs --spacing"),
+        (["plot", "channels", "--shape", "8", "--spacing", "2"], "--spacing is for the similarity figure, not channels"),
+        (["plot", "similarity", "--spacing", "1", "1", "--encoder", "PositionalEncoding2D", "--kw", "channels=8"], "PositionalEncoding2D takes no spacing"),
     ],
 )
 def test_cli_plot_errors(tmp_path, capsys, monkeypatch, argv, match):

@@ -17,6 +17,10 @@ from .encodings import (
     SinusoidalPositionalEncoding,
     SpeechainPositionalEncoding,
     apply_rotary,
+    DinoV3RotaryEmbedding,
+    MixedRotaryEmbedding,
+    apply_rot_embed_cat,
+    init_mixed_freqs,
     dino_sine,
     mae_sincos_2d,
     monai_sincos,
@@ -34,7 +38,7 @@ from .encodings import (
     Summer,
     resample_abs_pos_embed,
 )
-from .padding import Padding
+from .padding import Padding, attn_mask_from_padding
 from .nested_tensor import (
     NestedTensor,
     PaddedCollate,
@@ -74,6 +78,11 @@ __all__ = [
     "RotaryEmbedding",
     "AxialRotaryEmbedding",
     "apply_rotary",
+    "DinoV3RotaryEmbedding",
+    "MixedRotaryEmbedding",
+    "init_mixed_freqs",
+    "apply_rot_embed_cat",
+    "attn_mask_from_padding",
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",

@@ -2,11 +2,21 @@
 
 What holds (tested in ``tests/test_cache.py``):
 
+* **Admission on second sight.** A result is stored the second time its key is seen, not the
+  first (:data:`ADMIT_AT`): a small key-only *doorkeeper* remembers the keys seen once (at most
+  :data:`DOORKEEPER_FACTOR` times ``maxsize`` of them, least recently seen forgotten first; a
+  content tensor is remembered by a hash of its bytes, never by a copy). A first-sight miss
+  builds the result exactly as a disabled cache does and hands it to the caller: no copy, no
+  store, no mask copy, nothing held. So a loop whose sizes change every call (multi-scale
+  training) pays for the cache only a dictionary lookup, and fixed-size inference is served
+  from the third call on. This is the doorkeeper of TinyLFU and the "cache on second hit" rule
+  of content delivery networks; see ``docs/caching.md`` for the trade-offs.
 * **Bounded.** A cache keeps at most ``maxsize`` entries *and* at most ``max_bytes`` bytes
   (:data:`DEFAULT_MAX_BYTES`, 8 MiB, unless the owner says otherwise). The bytes of an entry are
   its storage plus the copy of the ``content`` tensor (a mask) it is keyed on. An entry larger
   than the budget is never stored; inserting one that fits evicts the least recently used
   entries until both bounds hold again. Changing ``maxsize`` or ``max_bytes`` evicts at once.
+  The doorkeeper holds keys only (host-side tuples and ints), at most ``4 * maxsize`` of them.
 * **No aliasing by default.** :meth:`TensorCache.get` with ``copy=True`` (the default) returns a
   tensor the caller owns: a fresh build that was not stored, or a copy of the stored entry. The
   stored tensors never leave the cache, so no write by any route (in place, ``.data``,
@@ -15,18 +25,24 @@ What holds (tested in ``tests/test_cache.py``):
   results share storage between calls and must be treated as read-only. A write that bumps the
   version counter is still noticed there (the entry is rebuilt); writes through ``.data``,
   ``.numpy()`` or DLPack are not, and reach every later result.
-* **Thread-safe.** Lookups, insertions, evictions and the counters are guarded by one lock per
-  cache; builds run outside it (two threads missing the same key may both build; the results
-  are equal).
+* **Thread-safe.** Lookups, insertions, evictions, the doorkeeper and the counters are guarded
+  by one lock per cache; builds run outside it (two threads missing the same key may both
+  build; the results are equal).
 * **Switchable.** :func:`caching` turns every cache off (or on) for the calls made inside a
   ``with`` block in the current thread; :func:`set_caching` sets the process-wide default.
-  While off, every call builds afresh and nothing is stored or counted.
+  While off, every call builds afresh and nothing is stored, remembered or counted.
 
 Entries are built outside autograd and outside inference mode (so a table first built under
-``torch.inference_mode()`` can later serve a training step). Keys must hold everything that
-changes the result (shape, device, dtype, parameters); an optional ``content`` tensor (a mask)
-is compared by value. The cache is bypassed while compiling or tracing, and a pickled or
+``torch.inference_mode()`` can later serve a training step); a first-sight build runs in the
+caller's mode, as with the cache off. Keys must hold everything that changes the result
+(shape, device, dtype, parameters); an optional ``content`` tensor (a mask, in host memory) is
+compared by value. The cache is bypassed while compiling or tracing, and a pickled or
 deep-copied owner starts empty.
+
+References:
+    Einziger, Friedman and Manes, TinyLFU: A Highly Efficient Cache Admission Policy, ACM
+    Transactions on Storage 13(4), 2017 (the doorkeeper); Maggs and Sitaraman, Algorithmic
+    Nuggets in Content Delivery, ACM SIGCOMM CCR 45(3), 2015 ("cache on second hit").
 """
 
 from __future__ import annotations
@@ -41,10 +57,13 @@ import torch
 from torch import Tensor
 
 from ._checks import check_bool, check_int
+from ._derived import DerivedBuffers  # re-exported: its home before it had its own room
 from ._tracing import tracing
 
 __all__ = [
+    "ADMIT_AT",
     "DEFAULT_MAX_BYTES",
+    "DOORKEEPER_FACTOR",
     "CacheInfo",
     "CacheOwner",
     "DerivedBuffers",
@@ -61,6 +80,13 @@ __all__ = [
 #: 800x1333 images (256 channels, 4.1 MiB) or one unbatched 256-channel grid table up to about
 #: 90x90 cells; a training loop whose sizes change every step holds no more than this per module.
 DEFAULT_MAX_BYTES = 8 * 2**20
+
+#: Default admission: a result is stored on the second sighting of its key (1: on the first).
+ADMIT_AT = 2
+
+#: The doorkeeper remembers at most this many times ``maxsize`` keys seen fewer than
+#: ``admit_at`` times: a key seen again within that many other first-sight misses is admitted.
+DOORKEEPER_FACTOR = 4
 
 
 # ------------------------------------------------------------------------------ the switch
@@ -178,6 +204,15 @@ def _nbytes(tensor: Tensor | None) -> int:
         return tensor.numel() * tensor.element_size()
 
 
+def _fingerprint(content: Tensor) -> Hashable:
+    """A hash of ``content``'s values, for the doorkeeper (never for a hit: a hit compares the
+    stored copy by value). Host memory only: elsewhere reading the values would synchronise, and
+    None stands for any content (a collision only admits a result one sighting early)."""
+    if content.device.type != "cpu":
+        return None
+    return (content.dtype, tuple(content.shape), hash(content.detach().numpy().tobytes()))
+
+
 def _copy(tensor: Tensor) -> Tensor:
     """A new tensor with ``tensor``'s values and strides (dense tensors), sharing nothing."""
     return tensor.clone()
@@ -209,27 +244,39 @@ class _Entry:
 
 
 class TensorCache:
-    """Bounded, thread-safe LRU of ``key -> Tensor``; see the module docstring for what holds.
+    """Bounded, thread-safe LRU of ``key -> Tensor`` with admission on second sight; see the
+    module docstring for what holds.
 
     Args:
         maxsize (int): entries kept; 0 disables caching.
         max_bytes (int, optional): byte budget; :data:`DEFAULT_MAX_BYTES` (8 MiB) by default,
             None for no byte bound (only for tables whose size the owner fixes, as
             ``FixEncoding``'s), 0 disables caching.
+        admit_at (int, keyword-only): the sighting of a key at which its result is stored:
+            :data:`ADMIT_AT` (2, the default) stores it when the key is seen the second time;
+            1 stores every miss (for an owner whose one key is known to repeat, as
+            ``FixEncoding``'s table per device).
 
     Raises:
-        ValueError: ``maxsize`` or ``max_bytes`` < 0.
-        TypeError: ``maxsize`` is not an int; ``max_bytes`` is not an int or None.
+        ValueError: ``maxsize`` or ``max_bytes`` < 0; ``admit_at`` < 1.
+        TypeError: ``maxsize`` or ``admit_at`` is not an int; ``max_bytes`` is not an int or
+            None.
 
     References:
-        ``functools.lru_cache`` (LRU order, ``cache_info()``).
+        ``functools.lru_cache`` (LRU order, ``cache_info()``); Einziger et al., TinyLFU, ACM
+        ToS 2017 (the doorkeeper).
     """
 
-    def __init__(self, maxsize: int, max_bytes: int | None = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self, maxsize: int, max_bytes: int | None = DEFAULT_MAX_BYTES, *, admit_at: int = ADMIT_AT
+    ) -> None:
         self._maxsize = _check_maxsize(maxsize, "cache size")
         self._max_bytes = check_max_bytes(max_bytes, "max_bytes")
+        self._admit_at = check_int(admit_at, "admit_at", minimum=1)
         self._lock = threading.RLock()
         self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()
+        #: the doorkeeper: keys (with a content hash) seen fewer than ``admit_at`` times -> count
+        self._seen: OrderedDict[Hashable, int] = OrderedDict()
         self._bytes = 0
         self._hits = 0
         self._misses = 0
@@ -259,17 +306,39 @@ class TensorCache:
             self._max_bytes = value
             self._evict()
 
+    @property
+    def admit_at(self) -> int:
+        """int: the sighting of a key at which its result is stored (1: every miss)."""
+        return self._admit_at
+
     def _evict(self) -> None:
-        """Drops least recently used entries until both bounds hold (lock held)."""
+        """Drops least recently used entries (and doorkeeper keys) until the bounds hold (lock
+        held)."""
         while self._entries and (
             len(self._entries) > self._maxsize
             or (self._max_bytes is not None and self._bytes > self._max_bytes)
         ):
             _, entry = self._entries.popitem(last=False)
             self._bytes -= entry.nbytes
+        while len(self._seen) > DOORKEEPER_FACTOR * self._maxsize:
+            self._seen.popitem(last=False)
 
     def _enabled(self) -> bool:
         return self._maxsize > 0 and self._max_bytes != 0 and is_caching_enabled() and not tracing()
+
+    def _admit(self, key: Hashable, content: Tensor | None) -> bool:
+        """One more sighting of ``key`` (and ``content``): True when it reaches ``admit_at``
+        (the key then leaves the doorkeeper), else it is remembered and False."""
+        if self._admit_at == 1:
+            return True
+        seen = (key, _fingerprint(content)) if content is not None else key
+        with self._lock:
+            count = self._seen.pop(seen, 0) + 1
+            if count >= self._admit_at:
+                return True
+            self._seen[seen] = count  # most recently seen last
+            self._evict()
+            return False
 
     # ---------------------------------------------------------------------------- lookups
     def get(
@@ -280,13 +349,15 @@ class TensorCache:
         *,
         copy: bool = True,
     ) -> Tensor:
-        """The tensor for ``key`` (and ``content``'s values): served, or ``build()`` and stored.
+        """The tensor for ``key`` (and ``content``'s values): served, or ``build()`` (and
+        stored when admitted).
 
         Args:
             key (hashable): everything that changes the result except ``content``.
             build (callable): makes the tensor (run without autograd, outside inference mode,
-                when the result may be stored).
-            content (Tensor, optional): compared by value on a hit (a copy is stored).
+                when the result is stored; in the caller's mode otherwise).
+            content (Tensor, optional): compared by value on a hit (a copy is stored); in host
+                memory (on another device the doorkeeper remembers ``key`` alone).
             copy (bool): True: a tensor the caller owns (never the stored one). False: the
                 stored tensor itself (shared with every other ``copy=False`` call; read-only).
 
@@ -304,7 +375,7 @@ class TensorCache:
         Returns:
             (Tensor, bool): the tensor, and True when it is held by the cache (so it must not
             be handed out unless the caller opted in to shared results), False when it is a
-            fresh build that nobody else holds.
+            fresh build that nobody else holds (a miss not admitted, or too large to store).
         """
         if not self._enabled():
             return build(), False
@@ -318,9 +389,12 @@ class TensorCache:
                     self._entries.move_to_end(key)
                     self._hits += 1
                     return entry.tensor, True
-                del self._entries[key]
-                self._bytes -= entry.nbytes
+                if entry.tensor._version != entry.version:  # written into: never served again
+                    del self._entries[key]
+                    self._bytes -= entry.nbytes
             self._misses += 1
+        if not self._admit(key, content):
+            return build(), False  # first sight: built as with the cache off, nothing kept
         with torch.inference_mode(False), torch.no_grad():
             tensor = build()
             saved = None if content is None else content.clone()
@@ -337,9 +411,11 @@ class TensorCache:
         return tensor, True
 
     def clear(self) -> None:
-        """Drops every entry; the hit and miss counters are kept (see :meth:`reset_info`)."""
+        """Drops every entry and every remembered key; the hit and miss counters are kept (see
+        :meth:`reset_info`)."""
         with self._lock:
             self._entries.clear()
+            self._seen.clear()
             self._bytes = 0
 
     def reset_info(self) -> None:
@@ -364,13 +440,17 @@ class TensorCache:
         return len(self._entries)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"maxsize": self._maxsize, "max_bytes": self._max_bytes}
+        return {"maxsize": self._maxsize, "max_bytes": self._max_bytes, "admit_at": self._admit_at}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["maxsize"], state.get("max_bytes", DEFAULT_MAX_BYTES))
+        self.__init__(
+            state["maxsize"],
+            state.get("max_bytes", DEFAULT_MAX_BYTES),
+            admit_at=state.get("admit_at", ADMIT_AT),
+        )
 
     def __deepcopy__(self, memo: dict) -> "TensorCache":
-        return TensorCache(self._maxsize, self._max_bytes)
+        return TensorCache(self._maxsize, self._max_bytes, admit_at=self._admit_at)
 
 
 class CacheOwner:
@@ -403,24 +483,3 @@ class CacheOwner:
     @cache_bytes.setter
     def cache_bytes(self, value: int | None) -> None:
         self._owned_cache().max_bytes = check_max_bytes(value, "cache_bytes")
-
-
-class DerivedBuffers:
-    """Mixin for ``nn.Module``s whose non-persistent buffers are *derived* tables (frequency
-    divisors, sinusoid rows): after every ``_apply`` (``.to()``, ``.cuda()``, ``.half()``,
-    ``.to_empty()`` after meta-device construction, ...) the tables are rebuilt in float32 on
-    their new device and the module's caches are emptied. So a ``.half()`` does not degrade the
-    frequencies, ``to_empty`` does not leave uninitialised memory in them, and no cache hands
-    out a tensor built before the move. On the meta device nothing is computed.
-
-    Subclasses implement :meth:`_refresh_derived` (and list their caches in it).
-    """
-
-    def _refresh_derived(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
-        out = super()._apply(fn, recurse)  # type: ignore[misc]
-        with torch.no_grad():
-            self._refresh_derived()
-        return out

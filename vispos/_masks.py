@@ -152,17 +152,29 @@ def bounding_boxes(mask: Tensor) -> tuple[Spans, Spans]:
     if mask.numel() == 0:
         empty = tuple(0 for _ in range(n))
         return (empty,) * batch, (empty,) * batch
-    valid = ~mask
-    rows = []
+    starts, stops = box_tensors(mask)
+    table = torch.cat([starts, stops], 1).tolist()  # [B, 2n]: starts, then stops
+    return tuple(tuple(r[:n]) for r in table), tuple(tuple(r[n:]) for r in table)
+
+
+def box_tensors(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`bounding_boxes` on the mask's device, without a synchronisation (for traced calls
+    and accelerators): ``(starts, stops)``, each ``Tensor[B, n]`` int64 (both 0 for an item
+    without a valid cell or along a zero-size axis)."""
+    n = mask.dim() - 1
+    if mask.numel() == 0:
+        zeros = torch.zeros((mask.shape[0], n), dtype=torch.int64, device=mask.device)
+        return zeros, zeros
+    valid, starts, stops = ~mask, [], []
     for axis in range(1, n + 1):
         other = [d for d in range(1, n + 1) if d != axis]
         along = valid.any(dim=other) if other else valid  # (B, S_axis)
         found = along.any(1)
         first = along.to(torch.uint8).argmax(1)
         last = along.shape[1] - along.flip(1).to(torch.uint8).argmax(1)
-        rows += [torch.where(found, first, 0), torch.where(found, last, 0)]
-    table = torch.stack(rows, 1).tolist()  # [B, 2n]: start, stop of axis 0, then axis 1, ...
-    return tuple(tuple(r[0::2]) for r in table), tuple(tuple(r[1::2]) for r in table)
+        starts.append(torch.where(found, first, 0))
+        stops.append(torch.where(found, last, 0))
+    return torch.stack(starts, 1), torch.stack(stops, 1)
 
 
 def rectangular_sizes(mask: Tensor) -> Tensor:
@@ -443,3 +455,41 @@ def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     if mask.dim() < 2:
         raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
     return ratios(rectangular_sizes(mask), tuple(mask.shape[1:]), dtype)
+
+
+def attn_mask_from_padding(mask: Any, num_prefix_tokens: int = 0) -> Tensor:
+    """The attention mask that keeps padding tokens out of every token's attention.
+
+    For the flattened tokens of a padded grid, after ``num_prefix_tokens`` tokens that are
+    always valid (a class token, registers), as timm's ViT / Eva order them. The result is in
+    PyTorch's ``scaled_dot_product_attention`` convention (bool, True = takes part) and
+    broadcasts over heads and queries; timm's ``forward_features(x, attn_mask=...)`` passes it
+    to every block.
+
+    Args:
+        mask (Tensor[B, *S] bool or Padding): True marks padding (at the token grid, e.g.
+            :func:`interpolate_mask` of a pixel mask to the patch grid), or a
+            :class:`~vispos.Padding` (its ``mask``).
+        num_prefix_tokens (int): leading always-valid tokens. Default 0.
+
+    Returns:
+        Tensor[B, 1, 1, num_prefix_tokens + prod(S)], bool: True where the key is attended to.
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor; ``num_prefix_tokens`` not an int.
+        ValueError: ``num_prefix_tokens`` negative; ``mask`` without a spatial axis.
+
+    References:
+        PyTorch ``torch.nn.functional.scaled_dot_product_attention`` (``attn_mask``); DETR's
+        ``key_padding_mask`` (the same mask, True = padding, inverted here).
+    """
+    if not isinstance(mask, Tensor) and hasattr(mask, "kind") and hasattr(mask, "mask"):
+        mask = mask.mask  # a Padding
+    check_mask(mask)
+    check_int(num_prefix_tokens, "num_prefix_tokens", minimum=0)
+    if mask.dim() < 2:
+        raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
+    keep = ~mask.flatten(1)
+    if num_prefix_tokens:
+        keep = torch.cat([keep.new_ones(keep.shape[0], num_prefix_tokens), keep], dim=1)
+    return keep[:, None, None, :]

@@ -4,7 +4,10 @@ Pure functions from a :class:`~vispos.Padding` to the positions the sine core em
 counts valid cells along every axis with a cumulative sum (the first valid cell is 1, padding
 repeats the last count, 0 before any valid cell) and, with ``normalize``, maps a count ``p`` to
 ``(p + offset) / (p_last + eps) * scale`` where ``p_last`` is the line's final count
-(:class:`PositionRule`). Three shapes of the same numbers, bit for bit:
+(:class:`PositionRule`). In physical units (a per-item ``spacing``, mm per cell along each
+axis) a count becomes a length, ``(p + offset) * s``, normalised by the line's own length
+``p_last * s`` or by one ``extent`` common to every axis; spacing 1 gives the cell numbers bit
+for bit. Three shapes of the same numbers, bit for bit:
 
 * no padding: one broadcastable ``arange`` per axis (:func:`grid_positions`);
 * boxes (rectangular padding): every line that crosses item ``b``'s box holds the same
@@ -48,21 +51,37 @@ __all__ = [
 
 
 class PositionRule(NamedTuple):
-    """DETR's map from a 1-based valid count to a position (see the module docstring)."""
+    """DETR's map from a 1-based valid count to a position (see the module docstring).
+
+    ``extent`` (optional, with ``normalize``): the length mapped to ``scale``, the same for
+    every axis and item, instead of each line's own valid length.
+    """
 
     normalize: bool = False
     scale: float = 2 * math.pi
     offset: float = 0.0
     eps: float = 1e-6
+    extent: float | None = None
 
-    def __call__(self, count: Tensor, last: Tensor | None, denominator: Tensor | None = None) -> Tensor:
+    def __call__(
+        self, count: Tensor, last: Tensor | None, denominator: Tensor | None = None, spacing: Tensor | None = None
+    ) -> Tensor:
         """Positions of ``count`` (float32) in lines whose final count is ``last``;
-        ``denominator``, when given, is ``last + eps`` already rounded to float32."""
+        ``denominator``, when given, is ``last + eps`` already rounded to float32 (cells only).
+        ``spacing`` (float32, broadcastable to ``count`` and ``last``): the size of a cell, so
+        that positions are lengths ``(count + offset) * spacing`` (multiplying by 1 is exact:
+        spacing 1 gives the cell numbers bit for bit)."""
         if self.offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
             count = count + self.offset
+        if spacing is not None:
+            count = count * spacing
         if not self.normalize:
             return count
-        return count / (last + self.eps if denominator is None else denominator) * self.scale
+        if self.extent is not None:
+            return count / self.extent * self.scale
+        if denominator is None:
+            denominator = (last if spacing is None else last * spacing) + self.eps
+        return count / denominator * self.scale
 
 
 def cumulative_positions(
@@ -72,17 +91,23 @@ def cumulative_positions(
     scale: float = 2 * math.pi,
     offset: float = 0.0,
     eps: float = 1e-6,
+    extent: float | None = None,
+    spacing: Tensor | None = None,
 ) -> list[Tensor]:
     """DETR's positions: a cumulative count of valid cells along every spatial axis.
 
     Along axis ``i`` the position of a cell is the number of valid cells up to and including it
     in its line (the first valid cell is 1; padding repeats the last count, or 0 before any valid
     cell). With ``normalize`` it becomes ``(p + offset) / (p_last + eps) * scale`` where
-    ``p_last`` is the count at the line's end; otherwise ``p + offset``.
+    ``p_last`` is the count at the line's end; otherwise ``p + offset``. With ``spacing`` the
+    counts are lengths: ``(p + offset) * s`` and ``(p + offset) * s / (p_last * s + eps) * scale``
+    (or ``/ extent * scale``).
 
     Args:
         mask (Tensor[B, *S], bool): True marks padding.
-        normalize, scale, offset, eps: as in :class:`~vispos.PositionEmbeddingSine`.
+        normalize, scale, offset, eps, extent: as in :class:`~vispos.PositionEmbeddingSine`.
+        spacing (Tensor[B, n], float32, optional): each item's cell size along each axis (mm),
+            on ``mask``'s device.
 
     Returns:
         list of Tensor[B, *S], float32: one per spatial axis, in tensor axis order.
@@ -94,12 +119,14 @@ def cumulative_positions(
         DETR ``PositionEmbeddingSine.forward``; Deformable DETR for ``offset=-0.5``.
     """
     check_mask(mask)
-    rule = PositionRule(normalize, scale, offset, eps)
+    rule = PositionRule(normalize, scale, offset, eps, extent)
     not_mask = ~mask
+    n = mask.dim() - 1
     out = []
     for axis in range(1, mask.dim()):
         count = not_mask.cumsum(axis, dtype=torch.float32)
-        out.append(rule(count, count.narrow(axis, count.shape[axis] - 1, 1)))
+        s = None if spacing is None else spacing[:, axis - 1].reshape(-1, *([1] * n))
+        out.append(rule(count, count.narrow(axis, count.shape[axis] - 1, 1), spacing=s))
     return out
 
 
@@ -160,21 +187,31 @@ def _shortest_window(values: Sequence) -> tuple[int, int]:
     return best
 
 
-def line_table(padding: Padding, host: bool, rule: PositionRule, *, selects: bool = False, share_rows: bool = False) -> LineTable:
+def line_table(
+    padding: Padding,
+    host: bool,
+    rule: PositionRule,
+    *,
+    selects: bool = False,
+    share_rows: bool = False,
+    spacing: Tensor | None = None,
+) -> LineTable:
     """The line table of a ``"none"`` / ``"rectangular"`` padding.
 
     With ``host`` the boxes come from the padding's host values (one small host-to-device
     copy, no synchronisation). Without it (tracing, CUDA graph capture) only boxes at the origin
     are supported: their sizes are read from the mask on the device, so a graph stays dynamic
     in them. ``selects``: always build ``valid`` (else only where host spans cannot replace it);
-    ``share_rows``: 1D items of one box share a row (``window`` / ``rows``).
+    ``share_rows``: 1D items of one box share a row (``window`` / ``rows``; not with a
+    ``spacing``, ``Tensor[B, n]`` float32 on the padding's device, which makes every item's
+    lines its own).
     """
     spatial, device = padding.spatial, padding.device
     n = len(spatial)
     window = rows = starts_f = denominator = spans = None
     if host:
         starts, stops = padding.starts, padding.stops
-        if n == 1 and share_rows:  # 1-D: items with one box share their line (the whole row)
+        if n == 1 and share_rows and spacing is None:  # 1-D: items with one box share their line
             keys = list(zip(starts, stops))
             begin, end = _shortest_window(keys)
             if end - begin < len(keys):
@@ -186,7 +223,8 @@ def line_table(padding: Padding, host: bool, rule: PositionRule, *, selects: boo
                 starts, stops, window = starts[begin:end], stops[begin:end], (begin, end)
         sizes = [[e - s for s, e in zip(a, b)] for a, b in zip(starts, stops)]
         host_rows = [sizes]
-        with_denominator = rule.normalize and not rule.offset  # ``length + eps`` from the host
+        # ``length + eps`` from the host (in cells, normalised by each line's own length)
+        with_denominator = rule.normalize and not rule.offset and rule.extent is None and spacing is None
         if with_denominator:
             host_rows.append(_float32_sum(sizes, rule.eps))
         if not padding.at_origin:
@@ -206,12 +244,13 @@ def line_table(padding: Padding, host: bool, rule: PositionRule, *, selects: boo
     last = sizes_f.unsqueeze(-1)  # [B, n, 1]
     shifted = count if starts_f is None else (count - starts_f).clamp_(min=0)
     capped = torch.minimum(shifted, last)  # DETR's count: 1-based, stopped at the last valid cell
+    per_cell = None if spacing is None else spacing.unsqueeze(-1)  # [B, n, 1]
     if rule.normalize and rule.offset:
         # the padding-only column (count 0) has a valid length of 0; with offset 0 its
         # position is 0 over any length, so the item's own length gives the same bits
-        lines = rule(capped, last * count.clamp(max=1))
+        lines = rule(capped, last * count.clamp(max=1), spacing=per_cell)
     else:
-        lines = rule(capped, last, denominator)
+        lines = rule(capped, last, denominator, spacing=per_cell)
     valid = None
     if n > 1 and (selects or spans is None or not _tracing.host_side(device)):
         cells = count[1:]
@@ -242,15 +281,18 @@ def box_positions(table: LineTable, spatial: Sequence[int]) -> list[Tensor]:
     return out
 
 
-def detr_positions(padding: Padding, host: bool, rule: PositionRule) -> list[Tensor]:
+def detr_positions(padding: Padding, host: bool, rule: PositionRule, spacing: Tensor | None = None) -> list[Tensor]:
     """DETR's positions of ``padding``, one broadcastable float32 tensor per axis: the
-    generic form, for embedders over :func:`~vispos._sincos.sincos_embed`."""
-    if padding.kind == "none":
+    generic form, for embedders over :func:`~vispos._sincos.sincos_embed`. ``spacing``
+    (``Tensor[B, n]``, float32): per-item cell sizes; a ``"none"`` padding then has one item
+    per row of it (the caller makes it rectangular)."""
+    if padding.kind == "none" and spacing is None:
         return grid_positions(padding.spatial, padding.device, rule)
-    if padding.kind == "rectangular" and (host or padding.at_origin):
-        return box_positions(line_table(padding, host, rule, selects=True), padding.spatial)
+    if padding.kind != "arbitrary" and (host or padding.at_origin):
+        return box_positions(line_table(padding, host, rule, selects=True, spacing=spacing), padding.spatial)
     return cumulative_positions(
-        padding.mask, normalize=rule.normalize, scale=rule.scale, offset=rule.offset, eps=rule.eps
+        padding.mask, normalize=rule.normalize, scale=rule.scale, offset=rule.offset, eps=rule.eps,
+        extent=rule.extent, spacing=spacing,
     )
 
 

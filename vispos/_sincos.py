@@ -59,6 +59,7 @@ __all__ = [
     "sincos_table",
     "check_num_feats",
     "check_out",
+    "sincos_inplace",
 ]
 
 Layout = Literal["interleaved", "split"]
@@ -385,6 +386,30 @@ def sincos_table(
     flat = table.view(-1, f, length)
     _embed_axis(flat, 1, 0, f, layout, positions.reshape(-1, length), divisors, reciprocal)
     return table
+
+
+def sincos_inplace(angles: Tensor, cos_out: Tensor) -> None:
+    """The last step of a sin / cos table, with no temporary: the angles already sit in the
+    sine slots (``angles``, any strided view); their cosines are written into ``cos_out``, then
+    the angles are replaced by their sines in place (as :func:`sincos_table` does). For angles
+    that are not ``position x frequency`` products (RoPE-Mixed's learned mixtures).
+
+    Args:
+        angles (Tensor): angles in radians, float32 or float64; overwritten by their sines.
+        cos_out (Tensor): same shape, dtype and device; receives the cosines. Must not overlap
+            ``angles``.
+
+    Raises:
+        Nothing beyond torch's own errors (an internal step; callers allocate both views).
+
+    References:
+        Vaswani et al. 2017 (sec. 3.5).
+    """
+    if _tracing.compiling():  # compilers take no ``out=`` views; they fuse the plain form anyway
+        cos_out.copy_(torch.cos(angles))
+    else:
+        torch.cos(angles, out=cos_out)
+    angles.sin_()
 
 
 def check_out(out: object, shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -9,7 +9,8 @@ feature level (:meth:`Padding.resize`). :class:`vispos.NestedTensor` holds one; 
 branch on :attr:`Padding.kind` only; nothing trusts a flag over it.
 
 The mask functions of the padding's machinery (:func:`check_mask`, :func:`mask_sizes`,
-:func:`interpolate_mask`, :func:`valid_ratios`, ...) are re-exported here, their documented home.
+:func:`interpolate_mask`, :func:`valid_ratios`, :func:`attn_mask_from_padding`, ...) are
+re-exported here, their documented home.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``,
@@ -28,14 +29,14 @@ from torch import Tensor
 from . import _masks, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int
 from ._masks import (  # the mask functions, re-exported: this is their documented home
-    Spans, check_mask, check_spans, interpolate_mask, is_rectangular, mask_sizes, matches_rectangle,
-    rectangular_sizes, rectangular_valid, resize_image_sizes, valid_ratios,
+    Spans, attn_mask_from_padding, check_mask, check_spans, interpolate_mask, is_rectangular, mask_sizes,
+    matches_rectangle, rectangular_sizes, rectangular_valid, resize_image_sizes, valid_ratios,
 )
 
 __all__ = [
     "Padding", "Kind", "SpatialInput", "check_mask", "mask_sizes", "rectangular_sizes",
     "rectangular_valid", "is_rectangular", "matches_rectangle", "interpolate_mask",
-    "resize_image_sizes", "valid_ratios",
+    "resize_image_sizes", "valid_ratios", "attn_mask_from_padding",
 ]
 
 Kind = Literal["none", "rectangular", "arbitrary"]

@@ -1,8 +1,9 @@
 """Training checkpoints of the demos: written all or nothing, read back without unpickling code.
 
 A checkpoint is one ``torch.save`` file holding the step, the model, optimizer and scheduler
-states, every process's RNG states (torch CPU and CUDA, NumPy, Python), the metrics so far and
-the run's arguments. It is written through :func:`vispos.app._io.write_files` (temporary file,
+states, every process's RNG states (torch CPU and CUDA, NumPy, Python), the data sampler's
+position (epoch, samples of the epoch already taken, shuffle seed), the metrics so far and the
+run's arguments. It is written through :func:`vispos.app._io.write_files` (temporary file,
 fsync, rename), so an interrupted save leaves the previous checkpoint intact, and read with
 ``torch.load(weights_only=True)`` (tensors and plain containers only).
 
@@ -75,7 +76,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as exc:  # a truncated or foreign file: say which, not torch's unpickler trace
         raise ValueError(f"{os.fspath(path)!r} is not a readable checkpoint: {exc}") from exc
     keys = set(state) if isinstance(state, dict) else set()
-    missing = {"step", "model", "optimizer", "scheduler", "rng", "metrics", "args"} - keys
+    missing = {"step", "model", "optimizer", "scheduler", "rng", "sampler", "metrics", "args"} - keys
     if missing:
         raise ValueError(f"{os.fspath(path)!r} is not a training checkpoint (missing {sorted(missing)})")
     return state

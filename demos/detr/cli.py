@@ -21,7 +21,7 @@ from vispos.app._io import write_files
 from .distributed import init_distributed, launched_by_torchrun
 from .engine import train_arm
 from .model import POS_ARMS
-from .report import ablation_table, find_arms, load_runs, plot_curves
+from .report import ablation_table, load_runs, plot_curves
 from .task import DetrTask
 
 __all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser", "parse_args", "run"]
@@ -81,7 +81,8 @@ def build_parser(task: DetrTask) -> argparse.ArgumentParser:
     g.add_argument("--workers", type=pos0, default=0, help="DataLoader worker processes")
     g.add_argument("--tiny", action="store_true", help="CI defaults: small inputs and model (explicit flags win)")
     g.add_argument("--report", action="store_true",
-                   help="train nothing: rebuild OUT/ablation.md and OUT/curves.png from every OUT/<arm>/seed*/metrics.json (all arms present)")
+                   help="train nothing: rebuild OUT/ablation.md and OUT/curves.png from every "
+                        "OUT/<arm>/seed*/metrics.json present (all arms and seeds)")
     g.add_argument("--save-every", type=pos0, default=0, help="write OUT/<arm>/seed<S>/checkpoint.pt every K steps (0: never)")
     g.add_argument("--resume", default=None, help="continue from this checkpoint (one arm)")
     g = p.add_argument_group("data and evaluation")
@@ -186,9 +187,9 @@ def _train_items(args: argparse.Namespace, world: int) -> int:
 
 def write_report(task: DetrTask, args: argparse.Namespace, log: Callable[[str], Any] = print) -> str:
     """Writes OUT/ablation.md and OUT/curves.png (as one group, all or nothing) from every
-    ``OUT/<arm>/seed*/metrics.json`` of every arm present (not only ``--pos``: runs made in
+    ``OUT/<arm>/seed*/metrics.json`` present, whatever ``--pos`` says (arms and seeds trained by
     separate processes are joined); returns the table."""
-    runs = load_runs(args.out, find_arms(args.out))
+    runs = load_runs(args.out)
     table = ablation_table(runs, task.metric_names, task.headline, args.memory_warmup)
 
     def write_table(tmp: str) -> None:

@@ -25,6 +25,7 @@ import argparse
 import itertools
 import os
 import platform
+import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -152,7 +153,7 @@ def _held_out_batches(held_set: Any, args: argparse.Namespace, ctx: DistContext)
     """This process's share of the held-out set (items ``rank::world_size``, none repeated)."""
     share = Subset(held_set, range(ctx.rank, len(held_set), ctx.world_size))
     collate = vispos.PaddedCollate(size_divisibility=args.size_divisibility)
-    return list(DataLoader(share, batch_size=args.batch_size, collate_fn=collate))
+    return list(DataLoader(share, batch_size=args.batch_size, collate_fn=collate, generator=torch.Generator()))
 
 
 def _check_resume(state: dict[str, Any], arm: str, args: argparse.Namespace, ctx: DistContext) -> None:
@@ -207,6 +208,10 @@ def train_arm(
         ValueError: ``args.resume`` is not a checkpoint of this arm and these settings.
     """
     device = ctx.device
+    # NumPy's and Python's global generators, as DETR's main.py seeds them (seed + rank): the data
+    # and the model draw from their own, but a checkpoint's RNG states are then reproducible too
+    random.seed(args.seed + ctx.rank)
+    np.random.seed(args.seed + ctx.rank)
     train_set, held_set = task.build_datasets(args)
     model = build_model(task, arm, args).to(device)
     ddp = ctx.distributed
@@ -226,8 +231,8 @@ def train_arm(
         (model.module if ddp else model).load_state_dict(state["model"])
         optim.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"][ctx.rank])
         metrics, step = state["metrics"], state["step"]
+        resumed_sampler = state["sampler"]
         metrics["resumed_at"].append(step)
         if ctx.is_main:
             log(f"[{arm}] resumed from {args.resume} at step {step}")
@@ -239,14 +244,23 @@ def train_arm(
     loader = DataLoader(
         train_set, batch_size=args.batch_size, sampler=sampler, collate_fn=collate, drop_last=True,
         num_workers=args.workers, pin_memory=device.type == "cuda", persistent_workers=args.workers > 0,
+        generator=(loader_seed := torch.Generator()),
     )
     per_epoch = len(sampler.sampler) // args.batch_size
+    if args.resume and resumed_sampler != _sampler_state(step, per_epoch, args):
+        raise ValueError(f"--resume: the checkpoint's data position {resumed_sampler} does not follow from its "
+                         f"step {step} with this data ({_sampler_state(step, per_epoch, args)})")
     held = _held_out_batches(held_set, args, ctx)
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    if args.resume:  # last: building the data above draws nothing from the global generators
+        set_rng_state(state["rng"][ctx.rank])
     model.train()
     while step < args.steps:
         epoch, done = divmod(step, per_epoch)
         sampler.set_epoch(epoch, skip=done * args.batch_size)
+        # the loader's base seed (workers' seeds) from (seed, epoch), not from torch's global RNG,
+        # so that entering an epoch part-way on resume draws nothing the uninterrupted run did not
+        loader_seed.manual_seed(args.seed * 1_000_003 + epoch)
         t_prev = time.perf_counter()
         for nested, targets in loader:
             step += 1
@@ -283,7 +297,7 @@ def train_arm(
                         f"{np.median(metrics['seconds'][-k:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
                     )
             if args.save_every and (step % args.save_every == 0 or step == args.steps):
-                _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx)
+                _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx, _sampler_state(step, per_epoch, args))
             if step >= args.steps:
                 break
             t_prev = time.perf_counter()  # evaluation and saving are not part of the step time
@@ -293,14 +307,22 @@ def train_arm(
     return metrics
 
 
+def _sampler_state(step: int, per_epoch: int, args: argparse.Namespace) -> dict[str, int]:
+    """Where the data order stands after ``step`` steps: the sampler's epoch (its ``set_epoch``), the
+    samples of that epoch already taken by each process, and the shuffle seed."""
+    epoch, done = divmod(step, per_epoch)
+    return {"epoch": epoch, "skip": done * args.batch_size, "seed": args.seed}
+
+
 def _save(path: str, step: int, arm: str, model: nn.Module, optim: torch.optim.Optimizer,
-          sched: Any, metrics: dict[str, Any], args: argparse.Namespace, ctx: DistContext) -> None:
+          sched: Any, metrics: dict[str, Any], args: argparse.Namespace, ctx: DistContext,
+          sampler: dict[str, int]) -> None:
     rngs = ctx.all_gather_object(rng_state())
     if ctx.is_main:
         net = model.module if hasattr(model, "module") else model
         save_checkpoint(path, {
             "step": step, "arm": arm, "model": net.state_dict(), "optimizer": optim.state_dict(),
-            "scheduler": sched.state_dict(), "rng": rngs, "metrics": metrics,
+            "scheduler": sched.state_dict(), "rng": rngs, "sampler": sampler, "metrics": metrics,
             "args": {k: v for k, v in vars(args).items() if k != "pos"}, "world_size": ctx.world_size,
         })
     ctx.barrier()

@@ -22,38 +22,36 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["find_arms", "load_runs", "summarize", "paired", "ablation_table", "plot_curves"]
+__all__ = ["load_runs", "summarize", "paired", "ablation_table", "plot_curves"]
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
 #: settings that may differ between the runs of one report
 _FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", "device", "eval_every"}
 
 
-def find_arms(out: str) -> list[str]:
-    """Every arm with at least one ``out/<arm>/seed*/metrics.json``: those of :data:`ARM_LABELS` in
-    its order, then any other in name order. So a report (and the report written after training
-    one arm) joins all arms and seeds present, whichever process made them.
-
-    Raises:
-        FileNotFoundError: no run at all under ``out``.
-    """
-    found = {os.path.basename(os.path.dirname(os.path.dirname(p)))
-             for p in glob.glob(os.path.join(out, "*", "seed*", "metrics.json"))}
-    if not found:
-        raise FileNotFoundError(f"no run under {out!r} ({out}/<arm>/seed*/metrics.json)")
-    return [a for a in ARM_LABELS if a in found] + sorted(found - set(ARM_LABELS))
-
-
-def load_runs(out: str, arms: Sequence[str]) -> dict[str, dict[int, dict[str, Any]]]:
+def load_runs(out: str, arms: Sequence[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
     """``{arm: {seed: metrics}}`` from ``out/<arm>/seed*/metrics.json``.
 
+    Args:
+        out (str): the output folder.
+        arms (sequence of str, optional): only these arms (each must have a run). None (the
+            default, what ``--report`` does): every arm with at least one finished run under
+            ``out``, in the order of :data:`ARM_LABELS`, then any other arm by name. Runs still
+            in flight have no ``metrics.json`` yet and are not counted.
+
     Raises:
-        FileNotFoundError: an arm has no run under ``out``.
+        FileNotFoundError: no run under ``out`` (or none of a requested arm).
     """
+    found = sorted(glob.glob(os.path.join(glob.escape(out), "*", "seed*", "metrics.json")))
+    present = {os.path.basename(os.path.dirname(os.path.dirname(p))) for p in found}
+    if arms is None:
+        arms = [a for a in ARM_LABELS if a in present] + sorted(present - set(ARM_LABELS))
+        if not arms:
+            raise FileNotFoundError(f"no run under {out!r} (expected {out}/<arm>/seed<S>/metrics.json)")
     runs: dict[str, dict[int, dict[str, Any]]] = {}
     for arm in arms:
         runs[arm] = {}
-        for path in sorted(glob.glob(os.path.join(out, arm, "seed*", "metrics.json"))):
+        for path in sorted(glob.glob(os.path.join(glob.escape(out), glob.escape(arm), "seed*", "metrics.json"))):
             with open(path) as f:
                 m = json.load(f)
             runs[arm][int(m["seed"])] = m
@@ -87,11 +85,17 @@ def paired(a: Sequence[float], b: Sequence[float], n_boot: int = 10000, seed: in
     """Paired comparison of ``a`` against ``b`` (same seeds, same order).
 
     Returns:
-        dict: ``diffs`` (a - b per seed), ``mean``, ``wins`` / ``losses`` / ``ties``, ``p_sign``
-        (two-sided exact sign test over the non-zero differences, scipy's ``binomtest``) and
-        ``ci95`` (percentile bootstrap interval of the mean difference, ``n_boot`` resamples).
+        dict: ``diffs`` (a - b per seed), ``mean`` and ``std`` (ddof 1; 0 with one seed) of the
+        differences, ``wins`` / ``losses`` / ``ties`` (seeds where a > b, a < b, a == b),
+        ``p_sign`` (two-sided exact sign test over the non-zero differences, scipy's
+        ``binomtest``), ``p_t`` (two-sided paired t-test, scipy's ``ttest_1samp`` on the
+        differences; 1 with fewer than two seeds or all differences equal), ``ci95``
+        (percentile bootstrap interval of the mean difference, ``n_boot`` resamples) and
+        ``reading``: ``"a ahead"`` / ``"b ahead"`` when both the t-test (p < 0.05) and the
+        bootstrap interval exclude no difference and the seeds agree in majority, ``"level"``
+        otherwise, ``"too few seeds"`` below two pairs.
     """
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest, ttest_1samp
 
     d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
     wins, losses = int((d > 0).sum()), int((d < 0).sum())
@@ -99,8 +103,23 @@ def paired(a: Sequence[float], b: Sequence[float], n_boot: int = 10000, seed: in
     rng = np.random.default_rng(seed)
     boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(1) if len(d) else np.zeros(1)
     lo, hi = np.percentile(boots, [2.5, 97.5])
-    return {"diffs": d.tolist(), "mean": float(d.mean()) if len(d) else 0.0, "wins": wins, "losses": losses,
-            "ties": len(d) - wins - losses, "p_sign": float(p), "ci95": (float(lo), float(hi))}
+    std = float(d.std(ddof=1)) if len(d) > 1 else 0.0
+    p_t = float(ttest_1samp(d, 0.0).pvalue) if len(d) > 1 and std > 0 else 1.0
+    if len(d) < 2:
+        reading = "too few seeds"
+    elif p_t < 0.05 and lo > 0 and wins > losses:
+        reading = "a ahead"
+    elif p_t < 0.05 and hi < 0 and losses > wins:
+        reading = "b ahead"
+    else:
+        reading = "level"
+    return {"diffs": d.tolist(), "mean": float(d.mean()) if len(d) else 0.0, "std": std, "wins": wins,
+            "losses": losses, "ties": len(d) - wins - losses, "p_sign": float(p), "p_t": p_t,
+            "ci95": (float(lo), float(hi)), "reading": reading}
+
+
+def _reading(x: str, y: str, r: Mapping[str, Any]) -> str:
+    return {"a ahead": f"{x} ahead", "b ahead": f"{y} ahead"}.get(r["reading"], r["reading"])
 
 
 def _differing_settings(runs: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, list[Any]]:
@@ -166,22 +185,45 @@ def ablation_table(
     if pairs:
         lines += [
             "",
-            "Paired comparison (per-seed differences of the last-3 values; sign test two-sided; "
-            "bootstrap 95 % interval of the mean difference):",
+            "Paired comparison (per-seed differences of the last-3 values over the seeds both arms have; "
+            "mean ± std of the differences; two-sided sign test and paired t-test; bootstrap 95 % interval "
+            "of the mean difference; an arm is called ahead only when the t-test gives p < 0.05, the "
+            "bootstrap interval excludes 0 and it wins more seeds than it loses, else the arms are level):",
             "",
-            "| comparison | metric | per-seed differences | mean | wins / losses / ties | sign test p | bootstrap 95 % CI |",
-            "|---|---|---|---|---|---|---|",
+            "| comparison | metric | per-seed differences | mean ± std | wins / losses / ties | sign test p "
+            "| t-test p | bootstrap 95 % CI | reading |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        verdicts = []
         for x, y in pairs:
             common = sorted(set(s[x]) & set(s[y]))
             for n in (headline, *[k for k in shown if k != headline]) if (x, y) == ("sine", "grid") else (headline,):
                 r = paired([s[x][c][f"{n}_last3"] for c in common], [s[y][c][f"{n}_last3"] for c in common])
                 lines.append(
-                    f"| {x} - {y} | {n} | " + ", ".join(f"{d:+.3f}" for d in r["diffs"]) + f" | {r['mean']:+.3f} | "
-                    f"{r['wins']} / {r['losses']} / {r['ties']} | {r['p_sign']:.3f} | "
-                    f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] |"
+                    f"| {x} - {y} | {n} | " + ", ".join(f"{d:+.3f}" for d in r["diffs"])
+                    + f" | {r['mean']:+.3f} ± {r['std']:.3f} | {r['wins']} / {r['losses']} / {r['ties']} | "
+                    f"{r['p_sign']:.3f} | {r['p_t']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | "
+                    f"{_reading(x, y, r)} |"
                 )
+                if n == headline:
+                    verdicts.append(_verdict(x, y, n, common, r))
+        lines += ["", "What the numbers show:", "", *verdicts]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(x: str, y: str, metric: str, seeds: Sequence[int], r: Mapping[str, Any]) -> str:
+    """One plain sentence on the headline metric of one paired comparison."""
+    n = len(seeds)
+    if n < 2:
+        return (f"- {x} vs {y}: {n} seed(s) in common; too few to compare ({metric} difference "
+                f"{r['mean']:+.3f} on seed(s) {list(seeds)}).")
+    head = (f"- {x} vs {y}, {metric} (last 3) over seeds {list(seeds)}: {x} - {y} = {r['mean']:+.3f} ± {r['std']:.3f}; "
+            f"{x} better on {r['wins']} seed(s), {y} on {r['losses']}, {r['ties']} tie(s); ")
+    if r["reading"] == "level":
+        return head + (f"**the arms are level** (t-test p = {r['p_t']:.3f}, bootstrap 95 % interval "
+                       f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]).")
+    return head + (f"**{_reading(x, y, r)}** (t-test p = {r['p_t']:.3f}, bootstrap 95 % interval "
+                   f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], sign test p = {r['p_sign']:.3f}).")
 
 
 def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], headline: str, path: str) -> str:

@@ -5,7 +5,7 @@ Kinds (one per :mod:`vispos.app.figures` figure function):
 * ``channels``: channel heatmaps over a 1D or 2D grid (:func:`vispos.app.figures.plot_channels`);
 * ``curves``: sin / cos curves of chosen channels with their wavelengths
   (:func:`vispos.app.figures.plot_sincos_curves`);
-* ``wavelengths``: wavelength against channel for several temperatures and both ladders
+* ``wavelengths``: wavelength against channel for several temperatures and ladders
   (:func:`vispos.app.figures.plot_wavelengths`);
 * ``similarity``: cosine-similarity maps of query cells, 2D or 3D slices
   (:func:`vispos.app.figures.plot_similarity`);
@@ -13,7 +13,11 @@ Kinds (one per :mod:`vispos.app.figures` figure function):
   (:func:`vispos.app.figures.plot_padded_batch`);
 * ``coords``: DETR's normalised coordinates of those items at a feature stride, next to a
   mask-blind grid (:func:`vispos.app.figures.plot_normalized_coords`);
-* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.app.figures.plot_rotary_invariance`).
+* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.app.figures.plot_rotary_invariance`);
+* ``rope``: a vision RoPE (DINOv3, RoPE-Mixed) on the padded batch of sample photos, mask-blind
+  against mask-aware against each item alone (:func:`vispos.app.figures.plot_rope_padding`);
+* ``rope-periods``: the period bands of axial RoPE, DINOv3 (both schedules) and RoPE-Mixed at a
+  token grid (:func:`vispos.app.figures.plot_rope_periods`).
 
 The encoder is chosen by a registered name and keyword arguments
 (``--encoder PositionEmbeddingSine --kw normalize=true``) or by a config file (``--config``; a
@@ -39,7 +43,7 @@ KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
                  {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
     "curves": ("sin/cos curves of chosen channels, wavelengths marked",
                {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
-    "wavelengths": ("wavelength against channel for several temperatures and both ladders", None),
+    "wavelengths": ("wavelength against channel for several temperatures and ladders", None),
     "similarity": ("cosine similarity of query cells to every cell (2D, or 3D slices)",
                    {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
     "batch": ("a padded batch of sample photos with its masks", None),
@@ -47,9 +51,12 @@ KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
                {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
     "rotary": ("rotary embeddings: q . k depends on the offset only",
                {"type": "RotaryEmbedding", "dim": 32}),
+    "rope": ("vision RoPE on a padded batch of sample photos: mask-blind, mask-aware, each item alone",
+             {"type": "DinoV3RotaryEmbedding", "dim": 64}),
+    "rope-periods": ("period bands of axial RoPE, DINOv3 and RoPE-Mixed at a token grid", None),
 }
 
-_DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48)}
+_DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48), "rope-periods": (32, 32)}
 
 
 def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -68,10 +75,15 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--channels", nargs="+", type=int, help="channels to draw (channels, curves)")
     p.add_argument("--queries", nargs="+", metavar="I,J[,K]",
                    help="query cells for similarity, e.g. 8,12 20,40")
+    p.add_argument("--spacing", nargs="+", type=float, metavar="MM",
+                   help="cell size along each axis of --shape in mm, tensor axis order (similarity): "
+                   "the figure is drawn to scale and the cells are placed at their physical coordinates")
+    p.add_argument("--voxel-positions", action="store_true",
+                   help="with --spacing: draw to scale but keep voxel-index positions (for comparison)")
     p.add_argument("--num-feats", type=int, default=128, help="channels per axis (wavelengths)")
     p.add_argument("--temperatures", nargs="+", type=float, default=[20.0, 100.0, 10000.0],
                    help="temperatures (wavelengths)")
-    p.add_argument("--ladders", nargs="+", default=["standard", "t2t"], choices=["standard", "t2t"],
+    p.add_argument("--ladders", nargs="+", default=["standard", "t2t"], choices=["standard", "t2t", "continued"],
                    help="frequency ladders (wavelengths)")
     p.add_argument("--frequency", action="store_true", help="plot frequency instead of wavelength")
     p.add_argument("--samples", nargs="+", default=["astronaut", "coffee", "chelsea"],
@@ -79,6 +91,9 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--max-size", type=int, default=192, help="longest side of the photos (batch, coords)")
     p.add_argument("--stride", type=int, default=16, help="feature stride of the mask (coords)")
     p.add_argument("--length", type=int, default=64, help="positions (rotary)")
+    p.add_argument("--pad", choices=["end", "symmetric"], default="end",
+                   help="where items sit in the padded canvas (rope): at the origin as DETR pads, "
+                   "or centred as MONAI's SpatialPad pads")
     p.add_argument("--dpi", type=int, default=100, help="resolution of the PNG")
     p.add_argument("--out", help="the PNG to write (default: vispos-plot-KIND.png)")
     return p
@@ -138,6 +153,21 @@ def _queries(args: argparse.Namespace) -> list[tuple[int, ...]] | None:
     return out
 
 
+def _spacing(args: argparse.Namespace, shape: tuple[int, ...]) -> list[float] | None:
+    if args.spacing is None:
+        if args.voxel_positions:
+            raise CLIError("--voxel-positions needs --spacing")
+        return None
+    if args.kind != "similarity":
+        raise CLIError(f"--spacing is for the similarity figure, not {args.kind}")
+    if len(args.spacing) != len(shape) or not all(0 < s < float("inf") for s in args.spacing):
+        raise CLIError(
+            f"--spacing must give {len(shape)} positive sizes in mm (one per axis of --shape "
+            f"{' '.join(map(str, shape))}), got {' '.join(map(str, args.spacing))}"
+        )
+    return list(args.spacing)
+
+
 def _batch(args: argparse.Namespace):
     from .data import sample_images
     from ..nested_tensor import nested_tensor_from_tensor_list
@@ -150,6 +180,7 @@ def _figure(args: argparse.Namespace):
     from . import figures
     from ..encodings import PositionEmbeddingSine
     from ..nested_tensor import interpolate_mask
+    from ..padding import mask_sizes
 
     kind = args.kind
     if kind == "wavelengths":
@@ -157,10 +188,26 @@ def _figure(args: argparse.Namespace):
     if kind == "batch":
         names, batch = _batch(args)
         return figures.plot_padded_batch(batch, names=names)
+    if kind == "rope-periods":
+        return figures.plot_rope_periods(figures.rope_variants(), _shape(args))
     encoder = _encoder(args)
     name = type(encoder).__name__
     if kind == "rotary":
         return figures.plot_rotary_invariance(encoder, args.length)
+    if kind == "rope":
+        if args.stride < 1:
+            raise CLIError(f"--stride must be >= 1, got {args.stride}")
+        if getattr(encoder, "num_axes", None) != 2 or not hasattr(encoder, "get_batch_embeds"):
+            raise CLIError(f"rope draws a 2D DinoV3RotaryEmbedding or MixedRotaryEmbedding, got {name}")
+        names, batch = _batch(args)
+        h, w = batch.tensors.shape[-2:]
+        mask = interpolate_mask(batch.mask, (max(1, h // args.stride), max(1, w // args.stride)))
+        if args.pad == "symmetric":  # each item's valid box moved to the canvas centre
+            for b, (rows, cols) in enumerate(mask_sizes(mask)):
+                mask[b] = True
+                top, left = (mask.shape[1] - rows) // 2, (mask.shape[2] - cols) // 2
+                mask[b, top : top + rows, left : left + cols] = False
+        return figures.plot_rope_padding(encoder, mask, names=names)
     if kind == "coords":
         if args.stride < 1:
             raise CLIError(f"--stride must be >= 1, got {args.stride}")
@@ -172,7 +219,8 @@ def _figure(args: argparse.Namespace):
             params = {"scale": encoder.scale, "offset": encoder.offset, "eps": encoder.eps}
         return figures.plot_normalized_coords(mask, **params)
     shape = _shape(args)
-    pos = figures.encode_grid(encoder, shape)
+    spacing = _spacing(args, shape)
+    pos = figures.encode_grid(encoder, shape, spacing=None if args.voxel_positions else spacing)
     if kind == "channels":
         if len(shape) > 2:
             raise CLIError(f"channels draws a 1D or 2D grid, got --shape {' '.join(map(str, shape))}")
@@ -189,7 +237,12 @@ def _figure(args: argparse.Namespace):
     # similarity
     if len(shape) == 1:
         raise CLIError("similarity draws a 2D or 3D grid, give --shape H W or --shape D H W")
-    return figures.plot_similarity(pos, _queries(args), title=f"{name}: cosine similarity to query cells")
+    title = f"{name}: cosine similarity to query cells"
+    if spacing is not None:
+        mm = " x ".join(f"{v:g}" for v in spacing)
+        where = "voxel indices" if args.voxel_positions else "millimetres"
+        title += f"\n{mm} mm cells drawn to scale, positions in {where}"
+    return figures.plot_similarity(pos, _queries(args), title=title, spacing=spacing)
 
 
 def write_plot(args: argparse.Namespace) -> str:

@@ -13,7 +13,9 @@ from .grid import (
 from .coords import CoordSineEmbedding, sine_embed_coords
 from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
 from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
-from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary
+from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, apply_rotary
+from .dinov3_rope import DinoV3RotaryEmbedding
+from .mixed_rope import MixedRotaryEmbedding, init_mixed_freqs
 from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
 from .speechain import SpeechainPositionalEncoding
 from .sine import PositionEmbeddingSine, cumulative_positions
@@ -39,6 +41,10 @@ __all__ = [
     "RotaryEmbedding",
     "AxialRotaryEmbedding",
     "apply_rotary",
+    "DinoV3RotaryEmbedding",
+    "MixedRotaryEmbedding",
+    "init_mixed_freqs",
+    "apply_rot_embed_cat",
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",

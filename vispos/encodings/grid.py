@@ -413,7 +413,7 @@ class FixEncoding(nn.Module):
         self.dim = encoding.n_spatial
         self._dtype = encoding.dtype_override or torch.float32
         # one table per device, whatever its size: the shape is fixed by the caller
-        self._tables = TensorCache(4, max_bytes=None)
+        self._tables = TensorCache(4, max_bytes=None, admit_at=1)
         self._tables.lookup(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
 
     def _build(self, device: torch.device) -> Tensor:

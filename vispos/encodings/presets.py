@@ -255,6 +255,9 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
             ``normalize``.
         offset (float): added before normalising (mmdet's ``offset``). Default 0.
         eps (float): added to the denominator when normalising. Default 1e-6.
+        extent (float, optional, keyword-only): with ``normalize``, one length for every axis,
+            as for :class:`~vispos.PositionEmbeddingSine`; so is ``forward(..., spacing=...)``
+            (positions in millimetres, per item).
         cache_size, cache_bytes, zero_copy: the cache, as for
             :class:`~vispos.PositionEmbeddingSine` (results are the caller's own unless
             ``zero_copy=True``).

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_temperature, sincos_embed
-from .._checks import check_choice, check_int, check_multiple, check_sizes
+from .._checks import check_bool, check_choice, check_int, check_multiple, check_sizes
 
-__all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary"]
+__all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary", "apply_rot_embed_cat"]
 
 
 def _rotate(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
@@ -36,6 +36,15 @@ def _rotate(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
     if rot == x.shape[-1]:
         return out
     return torch.cat((out, x[..., rot:]), dim=-1)
+
+
+def _check_floating(**tensors: object) -> None:
+    """TypeError unless every named argument is a floating tensor."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a floating Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
 
 
 def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -64,13 +73,8 @@ def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple
     References:
         Su et al., RoFormer, 2021 (eq. 34, pairwise rotation).
     """
-    for name, t in (("q", q), ("k", k), ("sin", sin), ("cos", cos)):
-        if t is None and name == "k":
-            continue
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a floating Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
+    given = (("q", q), ("k", k), ("sin", sin), ("cos", cos))
+    _check_floating(**{name: t for name, t in given if t is not None or name != "k"})
     if sin.shape != cos.shape:
         raise ValueError(f"sin and cos must have the same shape, got {tuple(sin.shape)} and {tuple(cos.shape)}")
     rot = 2 * sin.shape[-1]
@@ -92,6 +96,62 @@ def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple
             ) from None
         out.append(_rotate(t, sin.float(), cos.float()))
     return out[0], out[1]
+
+
+def apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
+    """Rotates ``x`` by a ``[sin, cos]`` table, timm's ``apply_rot_embed_cat``.
+
+    With ``sin, cos = emb.chunk(2, -1)``: ``x * cos + rot(x) * sin``, where ``rot`` maps channel
+    pairs ``(x_{2i}, x_{2i+1})`` to ``(-x_{2i+1}, x_{2i})`` (interleaved, ``half=False``) or the
+    halves ``(x_1, x_2)`` to ``(-x_2, x_1)`` (``half=True``, "rotate half", DINOv3 / transformers).
+    The arithmetic uses ordinary dtype promotion (float32 tables keep a bf16 ``x``'s rotation in
+    float32) and the result is cast to ``x``'s dtype, as timm does. Three passes over ``x``
+    (timm's takes six) and no temporary besides the result; equal to timm's to float32 rounding
+    (a fused multiply-add rounds once where timm rounds twice).
+
+    Args:
+        x (Tensor[..., C], float): queries or keys, e.g. ``(B, heads, N, C)``.
+        emb (Tensor[..., 2 * C], float): ``[sin, cos]``, broadcastable against ``x`` (e.g.
+            :meth:`DinoV3RotaryEmbedding.get_embed`'s ``(N, 2C)``, or ``(B, 1, N, 2C)`` for a
+            padded batch).
+        half (bool): the rotate-half layout. Default False (interleaved pairs).
+
+    Returns:
+        Tensor: like ``x`` (a new tensor; ``x`` and ``emb`` are not modified).
+
+    Raises:
+        TypeError: ``x`` / ``emb`` not floating tensors; ``half`` not a bool.
+        ValueError: ``emb``'s last dim is not ``2 * C`` (``C`` even); shapes that do not broadcast.
+
+    References:
+        Su et al., RoFormer, 2021; timm ``layers/pos_embed_sincos.py`` (``apply_rot_embed_cat``).
+    """
+    _check_floating(x=x, emb=emb)
+    check_bool(half, "half")
+    c = x.shape[-1] if x.dim() else 0
+    if x.dim() == 0 or c % 2 or emb.dim() == 0 or emb.shape[-1] != 2 * c:
+        raise ValueError(
+            f"emb must have 2 * C channels for x with an even number C of channels, got x "
+            f"{tuple(x.shape)} and emb {tuple(emb.shape)}"
+        )
+    try:
+        torch.broadcast_shapes(x.shape, emb.shape[:-1] + (c,))
+    except RuntimeError:
+        raise ValueError(
+            f"emb of shape {tuple(emb.shape)} does not broadcast against x of shape {tuple(x.shape)}"
+        ) from None
+    sin, cos = emb.narrow(-1, 0, c), emb.narrow(-1, c, c)
+    out = torch.mul(x, cos)  # the broadcast shape: every later write is in place
+    if half:
+        h = c // 2
+        pairs = ((0, h, -1), (h, 0, 1))  # out_1 -= x_2 sin_1 ; out_2 += x_1 sin_2
+        for dst, src, sign in pairs:
+            out.narrow(-1, dst, h).addcmul_(x.narrow(-1, src, h), sin.narrow(-1, dst, h), value=sign)
+    else:
+        xp, sp, op = x.unflatten(-1, (c // 2, 2)), sin.unflatten(-1, (c // 2, 2)), out.unflatten(-1, (c // 2, 2))
+        op[..., 0].addcmul_(xp[..., 1], sp[..., 0], value=-1)
+        op[..., 1].addcmul_(xp[..., 0], sp[..., 1])
+    return out.to(x.dtype)
 
 
 def _check_x(x: object, min_dim: int, what: str) -> Tensor:

@@ -62,6 +62,31 @@ SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
 
 
+def _check_spacing(
+    spacing: object, batch: int, n: int, device: torch.device
+) -> tuple[Tensor | None, tuple | None]:
+    """``(spacing as float32 on device, its host values for a cache key or None)``; checks
+    type, shape and (when it is on the CPU: no synchronisation) that it is finite and > 0."""
+    if spacing is None:
+        return None, None
+    if not isinstance(spacing, Tensor) or not spacing.dtype.is_floating_point:
+        got = spacing.dtype if isinstance(spacing, Tensor) else type(spacing).__name__
+        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {got}")
+    if tuple(spacing.shape) != (batch, n):
+        raise ValueError(f"spacing must have shape (B, n_axes) = {(batch, n)}, got {tuple(spacing.shape)}")
+    values = spacing.detach().to(torch.float32)
+    key = None
+    if _tracing.host_side(values.device) and not _tracing.tracing():
+        rows = values.tolist()
+        if not all(math.isfinite(v) and v > 0 for row in rows for v in row):
+            raise ValueError(f"spacing must be finite and > 0 (mm per cell), got {rows}")
+        key = ("spacing", tuple(map(tuple, rows)))
+        if values.device != device:
+            return (_tracing.host_tensor(rows, torch.float32, device) if _tracing.host_facts(device)
+                    else values.to(device)), key
+    return values.to(device), key
+
+
 class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     """What every DETR-style sine embedding shares: the constructor's validation, the reading
     of the input into a :class:`~vispos.Padding`, the output dtype and ``out`` checks, empty
@@ -72,15 +97,16 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
 
     Args:
         num_pos_feats, temperature, normalize, scale, offset, eps, cache_size, cache_bytes,
-            zero_copy: see :class:`PositionEmbeddingSine`.
+            zero_copy, extent: see :class:`PositionEmbeddingSine`.
 
     Raises:
         TypeError: a non-int ``num_pos_feats`` / ``cache_size``; a non-bool ``normalize``;
-            non-number ``scale`` / ``offset`` / ``eps``; a non-int ``cache_bytes``; a non-bool
-            ``zero_copy``.
-        ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
-            non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
-            ``normalize``; negative ``cache_size`` or ``cache_bytes``.
+            non-number ``scale`` / ``offset`` / ``eps`` / ``extent``; a non-int
+            ``cache_bytes``; a non-bool ``zero_copy``.
+        ValueError: odd or non-positive ``num_pos_feats``; ``scale`` or ``extent`` without
+            ``normalize``; non-positive ``temperature``, ``scale`` or ``extent``; negative
+            ``eps``, or ``eps == 0`` with ``normalize``; negative ``cache_size`` or
+            ``cache_bytes``.
 
     References:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
@@ -100,6 +126,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         cache_bytes: int | None = DEFAULT_MAX_BYTES,
         *,
         zero_copy: bool = False,
+        extent: float | None = None,
     ) -> None:
         super().__init__()
         check_num_feats(num_pos_feats)
@@ -117,6 +144,11 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 "eps must be > 0 with normalize=True: a fully padded line is normalised by its "
                 "valid count 0 + eps, so eps=0 would give NaN (DETR uses 1e-6)"
             )
+        if extent is not None:
+            check_number(extent, "extent", positive=True)
+            if not normalize:
+                raise ValueError(f"extent needs normalize=True (got extent={extent}, normalize=False)")
+            extent = float(extent)
         check_int(cache_size, "cache_size", minimum=0)
         check_bool(zero_copy, "zero_copy")
         self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
@@ -127,6 +159,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         self.scale = float(scale)
         self.offset = float(offset)
         self.eps = float(eps)
+        self.extent = extent
         self.register_buffer(
             "dim_t", frequency_divisors(num_pos_feats, temperature, repeat=2), persistent=False
         )
@@ -138,7 +171,12 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, x: SineInput, dtype: torch.dtype | None = None, *, out: Tensor | None = None
+        self,
+        x: SineInput,
+        dtype: torch.dtype | None = None,
+        *,
+        spacing: Tensor | None = None,
+        out: Tensor | None = None,
     ) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
 
@@ -148,6 +186,12 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 :func:`~vispos.nested_tensor.parse_spatial_input`).
             dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
                 Angles are computed in float32 and rounded once to ``dtype``.
+            spacing (Tensor[B, n], floating, optional, keyword-only): each item's cell size
+                along each spatial axis, in millimetres, in the tensor's spatial axis order
+                (the order of MONAI's arrays and affines; ``vispos.monai.meta_spacing`` reads it
+                from a ``MetaTensor`` batch): cells are placed at their physical coordinates,
+                ``(p + offset) * s``, see the class docstring. Ones give the cell numbers bit for
+                bit. Read on the host for the cache key when it is on the CPU.
             out (Tensor[B, out_channels(n), *S], optional, keyword-only): a preallocated
                 buffer of the output's shape, dtype (``dtype`` or float32) and device, written
                 in place and returned (the cache is bypassed). With a ``NestedTensor`` or a
@@ -161,9 +205,10 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         Raises:
             TypeError: ``x`` of another type; an integer mask; a 3-dim floating tensor (a float
                 mask or a 1D feature map: ambiguous); a non-floating ``dtype``; ``out`` not a
-                tensor.
+                tensor; ``spacing`` not a floating tensor.
             ValueError: ``x`` of the wrong rank; ``out`` of another shape, dtype or device,
-                requiring grad, or an expanded (stride-0) view.
+                requiring grad, or an expanded (stride-0) view; ``spacing`` not of shape
+                ``(B, n)``, or (on the CPU) not finite and > 0.
         """
         padding, host = parse_spatial_input(x, self.n_spatial)
         spatial, batch, device = padding.spatial, padding.batch, padding.device
@@ -181,23 +226,26 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
             if out is not None:
                 return out
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
-        unpadded = padding.kind == "none"
+        spacing, spacing_key = _check_spacing(spacing, batch, len(spatial), device)
+        unpadded = padding.kind == "none" and spacing is None
         if unpadded:  # one table (1, C, *S) serves every item
             padding = Padding._make("none", 1, spatial, device)
         if out is not None:
             if unpadded:
                 return out.copy_(self._embed_padding(padding, out_dtype, host).expand(out.shape))
-            return self._embed_padding(padding, out_dtype, host, out)
+            return self._embed_padding(padding, out_dtype, host, out, spacing)
 
         def build() -> Tensor:
-            return self._embed_padding(padding, out_dtype, host)
+            return self._embed_padding(padding, out_dtype, host, spacing=spacing)
 
-        if not host or (padding.kind == "arbitrary" and not _tracing.host_side(device)):
+        if not host or (padding.kind == "arbitrary" and not _tracing.host_side(device)) or (
+            spacing is not None and spacing_key is None
+        ):
             # traced, captured, or a device mask (comparing it would synchronise): no cache
             table = build()
             return expand_batch(table, batch, shared=False, zero_copy=self.zero_copy) if unpadded else table
         key, content = padding._host_key()
-        key += (device, out_dtype) + self._params()
+        key += (device, out_dtype) + self._params() + (spacing_key,)
         if unpadded:
             table, shared = self._cache.lookup(key, build)
             return expand_batch(table, batch, shared=shared, zero_copy=self.zero_copy)
@@ -221,17 +269,25 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         )
         if self.cache_bytes != DEFAULT_MAX_BYTES:
             text += f", cache_bytes={self.cache_bytes}"
+        if self.extent is not None:
+            text += f", extent={self.extent}"
         return text + (", zero_copy=True" if self.zero_copy else "")
 
     # -------------------------------------------------------------------------------- helpers
     def _embed_padding(
-        self, padding: Padding, dtype: torch.dtype, host: bool, out: Tensor | None = None
+        self,
+        padding: Padding,
+        dtype: torch.dtype,
+        host: bool,
+        out: Tensor | None = None,
+        spacing: Tensor | None = None,
     ) -> Tensor:
         """``Tensor[padding.batch, C, *S]`` in ``dtype`` (into ``out`` when given): the
-        embedding of ``padding``'s cells (``host``: host facts may be used). Generic form: DETR's
-        positions as one tensor per axis (:func:`~vispos._positions.detr_positions`), then
+        embedding of ``padding``'s cells (``host``: host facts may be used; ``spacing``:
+        ``Tensor[B, n]`` float32 on the padding's device, or None for cells). Generic form:
+        DETR's positions as one tensor per axis (:func:`~vispos._positions.detr_positions`), then
         :meth:`_embed`; :class:`PositionEmbeddingSine` replaces it with its line-table path."""
-        positions = detr_positions(padding, host, self._rule())
+        positions = detr_positions(padding, host, self._rule(), spacing)
         result = self._embed(positions, (padding.batch, *padding.spatial), dtype, padding.device)
         return result if out is None else out.copy_(result)
 
@@ -243,10 +299,11 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         raise NotImplementedError
 
     def _params(self) -> tuple:
-        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps)
+        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps,
+                getattr(self, "extent", None))
 
     def _rule(self) -> PositionRule:
-        return PositionRule(self.normalize, self.scale, self.offset, self.eps)
+        return PositionRule(self.normalize, self.scale, self.offset, self.eps, getattr(self, "extent", None))
 
     def _refresh_derived(self) -> None:
         """Rebuilds ``dim_t`` (float32, on its device) and empties the cache; see DerivedBuffers."""
@@ -284,6 +341,10 @@ class PositionEmbeddingSine(SineEmbeddingBase):
             given. Only valid with ``normalize=True``.
         offset (float): added to the 1-based count before normalising (Deformable-DETR: -0.5).
         eps (float): added to the denominator when normalising (DETR: 1e-6).
+        extent (float, optional, keyword-only): with ``normalize``, the length mapped to
+            ``scale``, one for every axis and item (in mm with ``spacing``, else in cells),
+            instead of each line's own valid length: normalised positions then keep the
+            physical proportions. Default None (DETR).
         cache_size (int): results kept per module (LRU), keyed on shape, device, dtype,
             parameters and the input's :class:`~vispos.Padding`: its boxes when rectangular
             (a batch, or a CPU mask found rectangular), the mask's content for other CPU
@@ -310,6 +371,16 @@ class PositionEmbeddingSine(SineEmbeddingBase):
           unless ``forward(..., dtype=...)`` says otherwise (angles are computed in float32 in
           any case and cast once). A new, contiguous tensor owned by the caller, unless
           ``zero_copy=True`` (then an unmasked feature map gives a broadcast view over the batch).
+
+    Physical units: with ``forward(x, spacing=s)`` (``Tensor[B, n]``, mm per cell along each
+    axis, per item) a cell's count ``p`` along axis ``i`` becomes the length ``(p + offset) *
+    s[b, i]``: its physical coordinate from the near edge of the item's first valid cell (the
+    cell's far edge; its centre with ``offset=-0.5``). Two cells 5 mm apart are then as far
+    apart along any axis, whatever the voxel size. With ``normalize`` the length is divided by
+    the line's own valid length ``p_last * s[b, i]`` (the spacing then cancels, up to ``eps``:
+    DETR's normalised positions are fractions of each line, with no unit) or, with ``extent``,
+    by one length ``E`` for all axes, ``(p + offset) * s / E * scale``, which keeps distances in
+    millimetres. A spacing of ones gives the voxel numbers bit for bit on every path.
 
     Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
     A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
@@ -346,29 +417,37 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         return n_axes * self.num_pos_feats
 
     def _embed_padding(
-        self, padding: Padding, dtype: torch.dtype, host: bool, out: Tensor | None = None
+        self,
+        padding: Padding,
+        dtype: torch.dtype,
+        host: bool,
+        out: Tensor | None = None,
+        spacing: Tensor | None = None,
     ) -> Tensor:
         """Boxes and no padding: the separable line-table path (:func:`sincos_embed_lines`);
         any mask: DETR's cumulative counts, cell by cell (:meth:`_counts`)."""
         kind, spatial, device = padding.kind, padding.spatial, padding.device
         if kind == "arbitrary" or (kind == "rectangular" and not host and not padding.at_origin):
-            return self._counts(padding.mask, dtype, host, out)
+            return self._counts(padding.mask, dtype, host, out, spacing)
         div = self._divisors(device)
-        if kind == "none" and not host:  # sizes stay symbolic: broadcast arange positions
+        if kind == "none" and not host and spacing is None:  # sizes stay symbolic: broadcast arange
             positions = grid_positions(spatial, device, self._rule())
             table = sincos_embed(
                 positions, self.num_pos_feats, shape=(1, *spatial), dtype=dtype, divisors=[div] * len(spatial)
             )
             return table if out is None else out.copy_(table)
-        lines = line_table(padding, host, self._rule(), share_rows=True)
+        lines = line_table(padding, host, self._rule(), share_rows=True, spacing=spacing)
         return sincos_embed_lines(
             lines.lines, spatial, div, valid=lines.valid, host_spans=lines.spans,
             window=lines.window, rows=lines.rows, dtype=dtype, out=out,
         )
 
-    def _counts(self, mask: Tensor, dtype: torch.dtype, host: bool, out: Tensor | None) -> Tensor:
+    def _counts(
+        self, mask: Tensor, dtype: torch.dtype, host: bool, out: Tensor | None, spacing: Tensor | None = None
+    ) -> Tensor:
         """Any mask: DETR's cumulative counts along every axis, embedded block by block (on CPU
-        large blocks gather from their few distinct positions, :func:`distinct_positions`)."""
+        large blocks gather from their few distinct positions, :func:`distinct_positions`, when
+        the positions are cells: a per-item spacing makes them the items' own)."""
         spatial, device, f = tuple(mask.shape[1:]), mask.device, self.num_pos_feats
         if out is None:
             out = torch.empty((mask.shape[0], len(spatial) * f, *spatial), dtype=dtype, device=device)
@@ -376,12 +455,14 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         valid = ~mask
         # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
         # the block is large (and the table small, checked there); small maps take fewer ops
-        gather = host and _tracing.host_side(device) and out[:, :f].numel() >= _GATHER_MIN
+        gather = host and _tracing.host_side(device) and out[:, :f].numel() >= _GATHER_MIN and spacing is None
         for i, size in enumerate(spatial):
             found = distinct_positions(valid, i + 1, rule) if gather else None
             if found is not None:
                 sincos_embed_indexed(found[0], found[1], div, out, i * f)
                 continue
             count = valid.cumsum(i + 1, dtype=torch.float32)
-            _embed_axis(out, 1, i * f, f, "interleaved", rule(count, count.narrow(i + 1, size - 1, 1)), div)
+            s = None if spacing is None else spacing[:, i].reshape(-1, *([1] * len(spatial)))
+            pos = rule(count, count.narrow(i + 1, size - 1, 1), spacing=s)
+            _embed_axis(out, 1, i * f, f, "interleaved", pos, div)
         return out

@@ -10,12 +10,14 @@ an Agg canvas (importing vispos never changes the global backend) and handed bac
 * :mod:`~vispos.app.figures.similarity`: cosine-similarity maps of query cells, per item and
   per feature level (2D images and 3D volume slices);
 * :mod:`~vispos.app.figures.batches`: padded batches and DETR's normalised coordinates;
-* :mod:`~vispos.app.figures.rotary`: the relative-offset invariance of rotary embeddings.
+* :mod:`~vispos.app.figures.rotary`: the relative-offset invariance of rotary embeddings;
+* :mod:`~vispos.app.figures.vision_rope`: vision RoPE's period bands and its padded batches.
 """
 
 from .batches import plot_normalized_coords, plot_padded_batch
 from .channels import channel_wavelengths, encode_grid, plot_channels, plot_sincos_curves, plot_wavelengths
 from .rotary import plot_rotary_invariance
+from .vision_rope import plot_rope_padding, plot_rope_periods, rope_grid, rope_periods, rope_variants
 from .similarity import (
     cosine_similarity_map,
     plot_level_similarity,
@@ -38,4 +40,9 @@ __all__ = [
     "plot_padded_batch",
     "plot_normalized_coords",
     "plot_rotary_invariance",
+    "rope_variants",
+    "rope_grid",
+    "rope_periods",
+    "plot_rope_periods",
+    "plot_rope_padding",
 ]

@@ -51,7 +51,10 @@ def shade_padding(ax, mask: Tensor | np.ndarray | None, *, origin: str = "upper"
     overlay = np.zeros((*m.shape, 4))
     overlay[m] = PADDING_RGBA
     ax.imshow(overlay, origin=origin, interpolation="nearest")
-    ax.contourf(m.astype(float), levels=[0.5, 1.5], colors="none", hatches=[PADDING_HATCH], origin=origin)
+    # no ``origin`` here: contour's "upper" / "lower" put Z[0, 0] at y = N + 0.5 / 0.5, off the
+    # image's cell centres (the hatch came out mirrored over images); the default puts cell
+    # (i, j) at (j, i), where imshow draws it for either origin
+    ax.contourf(m.astype(float), levels=[0.5, 1.5], colors="none", hatches=[PADDING_HATCH])
 
 
 def plane_axes(axis: int) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from ...encodings import (
     SpeechainPositionalEncoding,
 )
 from ..._checks import check_bool, check_int
+from ...encodings.sine import SineEmbeddingBase
 from ...padding import check_mask
 from ._draw import new_figure
 from ._inputs import check_channels, check_pos, check_shape
@@ -47,7 +48,12 @@ _GRID_CLASSES = (
 )
 
 
-def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | None = None) -> Tensor:
+def encode_grid(
+    encoder: torch.nn.Module,
+    shape: Sequence[int],
+    mask: Tensor | None = None,
+    spacing: Sequence[float] | None = None,
+) -> Tensor:
     """Evaluates a vispos encoder on one item of spatial shape ``S`` and returns it channels-first.
 
     Dispatches on the encoder's family: mask-driven DETR-family modules
@@ -63,13 +69,15 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         encoder (nn.Module): one of the encoders named above.
         shape (sequence of int): ``S``, 1 to 3 positive sizes (1 for sequence encoders).
         mask (Tensor[*S], bool, optional): True marks padding; only for mask-driven encoders.
+        spacing (sequence of float, optional): the cell size along each axis in mm (tensor axis
+            order), for the DETR-family sine encoders' physical positions (their ``spacing``).
 
     Returns:
         Tensor[C, *S]: float32 on the CPU, channels-first whatever the encoder's layout.
 
     Raises:
         TypeError: an encoder of another kind; ``shape`` not an int or a sequence of ints; a
-            non-bool ``mask``; a ``mask`` for an encoder that takes none.
+            non-bool ``mask``; a ``mask`` or a ``spacing`` for an encoder that takes none.
         ValueError: a bad ``shape``, or one the encoder does not support; a ``mask`` whose shape
             is not ``S``.
 
@@ -82,6 +90,11 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         if tuple(mask.shape) != shape:
             raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     with torch.no_grad():
+        if spacing is not None:
+            if not isinstance(encoder, SineEmbeddingBase):
+                raise TypeError(f"{type(encoder).__name__} takes no spacing; pass spacing=None")
+            m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
+            return encoder(m, spacing=torch.tensor([list(spacing)], dtype=torch.float32))[0].float().contiguous()
         if isinstance(encoder, (PositionEmbeddingSine, PositionEmbeddingLearned)):
             m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
             return encoder(m)[0].float().contiguous()
@@ -312,7 +325,9 @@ def plot_wavelengths(
     """Wavelength (or frequency) of each frequency index ``k`` for several temperatures and ladders.
 
     ``standard``: ``w_k = T^(-2k/F)`` (Vaswani et al., DETR); ``t2t``:
-    ``w_j = exp(-ln(T) j / (F/2 - 1))`` (tensor2tensor, fairseq2). The wavelength is
+    ``w_j = exp(-ln(T) j / (F/2 - 1))`` (tensor2tensor, fairseq2); ``continued``: the standard
+    ladder's ``F / 2`` frequencies for the sines, then ``w_k / T`` for the cosines, ``F`` points
+    (speechain's ``posenc_type="sep"``). The wavelength is
     ``2 pi / w_k`` (position units: cells, or normalised units with DETR's ``normalize``). One
     axes per ladder, one line per temperature, log scale. Computed with
     :func:`vispos._sincos.frequency_divisors`, the table every encoder uses.
@@ -320,12 +335,12 @@ def plot_wavelengths(
     Args:
         num_feats (int): ``F``, channels of one axis (positive, even; >= 4 for ``t2t``).
         temperatures (sequence of float): the temperatures ``T`` (each > 0).
-        ladders (sequence of str): ``"standard"`` and / or ``"t2t"``.
+        ladders (sequence of str): any of ``"standard"``, ``"t2t"``, ``"continued"``.
         frequency (bool): plot ``w_k`` (radians per unit) instead of the wavelength.
 
     Returns:
         matplotlib.figure.Figure: ``len(ladders)`` axes sharing the y axis, each with
-            ``len(temperatures)`` lines of ``F / 2`` points.
+            ``len(temperatures)`` lines of ``F / 2`` points (``F`` for ``"continued"``).
 
     Raises:
         TypeError: ``num_feats`` is not an int; a temperature is not a number; a ladder is not
@@ -352,7 +367,8 @@ def plot_wavelengths(
             ys = 1.0 / div if frequency else 2 * math.pi * div
             ax.plot(np.arange(len(div)), ys, marker=".", ms=3, lw=1.2, label=f"T = {t:g}")
         ax.set_yscale("log")
-        ax.set_xlabel(f"frequency index k (channels 2k, 2k+1 of {num_feats})")
+        ax.set_xlabel(f"frequency index k (sines then cosines, {num_feats} channels)" if ld == "continued"
+                      else f"frequency index k (channels 2k, 2k+1 of {num_feats})")
         ax.set_title(f"{ld} ladder", fontsize=10)
         ax.grid(True, which="both", color="0.9", lw=0.5)
         ax.legend(fontsize=8)

@@ -94,13 +94,15 @@ def plot_similarity(
     *,
     mask: Tensor | None = None,
     title: str | None = None,
+    spacing: Sequence[float] | None = None,
 ):
     """Cosine-similarity maps of chosen query cells to every cell of one item's encoding.
 
     2D: one panel per query. 3D: one row per query with the sagittal, coronal and axial slices
     through it (the last two axes of each plane run right and up, as in
     :func:`plot_volume_level_similarity`). The query is a white star; padding (``mask``) is
-    hatched grey.
+    hatched grey. With ``spacing`` every panel is drawn to scale in millimetres (a cell is
+    ``spacing[i]`` wide along axis ``i``), so a blob that is round in millimetres looks round.
 
     Args:
         pos (Tensor[C, H, W] or Tensor[C, D, H, W]): one item's encoding, channels-first.
@@ -108,14 +110,18 @@ def plot_similarity(
             axis). Default: 3 cells along the valid region's diagonal (:func:`query_cells`).
         mask (Tensor[*S], bool, optional): True marks padding.
         title (str, optional): the figure's title.
+        spacing (sequence of float, optional): the cell size along each spatial axis (mm), in
+            tensor axis order. Default: square cells.
 
     Returns:
         matplotlib.figure.Figure: ``len(queries)`` axes (2D) or ``3 * len(queries)`` (3D), plus
             a colorbar.
 
     Raises:
-        TypeError: ``pos`` is not a floating tensor; ``mask`` is not a bool tensor.
-        ValueError: ``pos`` is not 2D or 3D; ``mask`` of another shape; a query outside the grid.
+        TypeError: ``pos`` is not a floating tensor; ``mask`` is not a bool tensor; ``spacing``
+            does not hold numbers.
+        ValueError: ``pos`` is not 2D or 3D; ``mask`` of another shape; a query outside the grid;
+            ``spacing`` not one positive number per spatial axis.
 
     References:
         Carion et al., DETR (ECCV 2020), figure of position-embedding similarities.
@@ -133,6 +139,14 @@ def plot_similarity(
     queries = [tuple(int(v) for v in q) for q in queries]
     if not queries:
         raise ValueError("queries must hold at least one cell")
+    cell = [1.0] * len(spatial)
+    if spacing is not None:
+        try:
+            cell = [float(v) for v in (spacing.tolist() if isinstance(spacing, Tensor) else spacing)]
+        except (TypeError, ValueError):
+            raise TypeError(f"spacing must be a sequence of {len(spatial)} numbers (mm), got {spacing!r}") from None
+        if len(cell) != len(spatial) or not all(np.isfinite(v) and v > 0 for v in cell):
+            raise ValueError(f"spacing must hold {len(spatial)} positive numbers (mm), got {spacing!r}")
     sims = [cosine_similarity_map(pos, q).numpy() for q in queries]
     m = None if lmask is None else lmask.numpy()
     vmin = similarity_floor(sims, [m] * len(sims))
@@ -141,12 +155,13 @@ def plot_similarity(
     if len(spatial) == 2:
         cols = min(n, 4)
         rows = -(-n // cols)
-        aspect = spatial[1] / spatial[0]
+        aspect = spatial[1] * cell[1] / (spatial[0] * cell[0])
         fig = new_figure(min(3.0 * aspect, 4.5) * cols + 1.0, 3.0 * rows + 0.5)
         axes = fig.subplots(rows, cols, squeeze=False).ravel()
         for ax, q, sim in zip(axes, queries, sims):
             im = ax.imshow(sim, cmap="viridis", vmin=vmin, vmax=1, interpolation="nearest")
             shade_padding(ax, m)
+            ax.set_aspect(cell[0] / cell[1])  # to scale: a cell is cell[1] wide, cell[0] high
             mark_query(ax, q[1], q[0], 11)
             ax.set_title(f"query {q}", fontsize=9)
         no_ticks(axes)
@@ -159,11 +174,12 @@ def plot_similarity(
         for r, (q, sim) in enumerate(zip(queries, sims)):
             for axis in range(3):
                 ax = axes[r, axis]
+                h, v = plane_axes(axis)
                 im = ax.imshow(slice_plane(sim, axis, q[axis]), cmap="viridis", vmin=vmin, vmax=1,
                                origin="lower", interpolation="nearest")
                 if m is not None:
                     shade_padding(ax, slice_plane(m, axis, q[axis]), origin="lower")
-                h, v = plane_axes(axis)
+                ax.set_aspect(cell[v] / cell[h])
                 mark_query(ax, q[h], q[v], 10)
                 ax.set_title(f"query {q}, {PLANES[axis]}" if axis == 0 else PLANES[axis], fontsize=9)
         no_ticks(axes)

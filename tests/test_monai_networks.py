@@ -1,0 +1,272 @@
+"""vispos.monai.networks: MONAI's ViT and UNETR on padded batches of volumes of any size."""
+
+import pytest
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+monai = pytest.importorskip("monai")
+
+from monai.data import MetaTensor  # noqa: E402
+from monai.networks.nets import UNETR, ViT  # noqa: E402
+from monai.transforms import DivisiblePadd  # noqa: E402
+
+from vispos import nested_tensor_from_tensor_list, resample_abs_pos_embed  # noqa: E402
+from vispos.monai import AnySizeUNETR, AnySizeViT, NestedPadCollate  # noqa: E402
+from vispos.monai._masked import install_decoder_hooks, masked_decoder  # noqa: E402
+
+VIT = dict(in_channels=1, img_size=(16, 16, 16), patch_size=4, hidden_size=24, mlp_dim=16, num_layers=2, num_heads=2)
+UNETR_KW = dict(in_channels=1, out_channels=2, img_size=(32, 32, 32), feature_size=2, hidden_size=12, mlp_dim=8, num_heads=2)
+VIT_SIZES = [(16, 16, 16), (8, 12, 20), (12, 4, 8)]  # three volume sizes in one batch
+UNETR_SIZES = [(32, 32, 16), (16, 48, 32), (48, 16, 16)]
+
+
+def _volumes(sizes, channels=1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn((channels, *s), generator=g) for s in sizes]
+
+
+def _valid(out_b, grid, size, patch):
+    """An item's tokens inside the padded grid, in its own row-major order."""
+    g = [s // p for s, p in zip(size, patch)]
+    return out_b.reshape(*grid, -1)[tuple(slice(0, k) for k in g)].reshape(-1, out_b.shape[-1])
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.mark.parametrize("pos_embed_type", ["learnable", "sincos"])
+@pytest.mark.parametrize("classification", [False, True])
+def test_vit_is_monai_vit_at_its_own_size(pos_embed_type, classification):
+    ref = ViT(**VIT, pos_embed_type=pos_embed_type, classification=classification).eval()
+    net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type, classification=classification).eval()
+    assert list(net.state_dict()) == list(ref.state_dict())
+    net.load_state_dict(ref.state_dict())  # a MONAI checkpoint loads as it is
+    x = torch.randn(2, 1, 16, 16, 16)
+    with torch.no_grad():
+        got, got_hidden = net(x)
+        want, want_hidden = ref(x)
+    assert torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(got_hidden, want_hidden))
+
+
+@pytest.mark.parametrize("pos_embed_type", ["learnable", "sincos"])
+@pytest.mark.parametrize("classification", [False, True])
+@pytest.mark.parametrize("flash", [False, True])
+def test_vit_padding_invariance(pos_embed_type, classification, flash):
+    net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type, classification=classification).eval()
+    for blk in net.blocks:
+        blk.attn.use_flash_attention = flash
+    items = _volumes(VIT_SIZES)
+    batch = nested_tensor_from_tensor_list(items)
+    grid = [s // 4 for s in batch.tensors.shape[2:]]
+    with torch.no_grad():
+        out, hidden = net(batch)
+        for b, item in enumerate(items):
+            alone, alone_hidden = net(item[None])
+            if classification:
+                assert_close(out[b], alone[0])
+            else:
+                assert_close(_valid(out[b], grid, item.shape[1:], (4, 4, 4)), alone[0])
+            assert_close(_valid(hidden[-1][b, int(classification):], grid, item.shape[1:], (4, 4, 4)), alone_hidden[-1][0, int(classification):])
+        # the control: the same batch without its mask (padding taken as content) is not invariant
+        unmasked, _ = net(batch.tensors)
+    assert (unmasked - out).abs().max() > 1e-2
+
+
+def test_vit_partial_patches_and_metatensor_input():
+    net = AnySizeViT(**VIT).eval()
+    items = _volumes([(10, 16, 7), (16, 5, 16)])  # not multiples of the patch size
+    batch = nested_tensor_from_tensor_list(items)
+    meta = type(batch)(MetaTensor(batch.tensors), batch.mask)
+    with torch.no_grad():
+        out, _ = net(meta)
+        grid = [-(-s // 4) for s in batch.tensors.shape[2:]]
+        assert out.shape == (2, grid[0] * grid[1] * grid[2], 24) and type(out) is torch.Tensor
+        for b, item in enumerate(items):
+            size = [-(-s // 4) * 4 for s in item.shape[1:]]
+            assert_close(_valid(out[b], grid, size, (4, 4, 4)), net(item[None])[0][0])
+    mask = net.token_mask(batch)
+    assert mask.shape == (2, *grid) and not mask[0, :3, :4, :2].any() and mask[0, 3:].all()
+
+
+@pytest.mark.parametrize("pos_embed_type", ["learnable", "sincos"])
+def test_vit_other_size_equals_monai_vit_built_there(pos_embed_type):
+    # what users do by hand (MONAI issue 6264): build the model at the new size and load the
+    # table interpolated for it (learned) or rebuilt (sin-cos)
+    net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type).eval()
+    size = (8, 12, 24)
+    there = ViT(**{**VIT, "img_size": size}, pos_embed_type=pos_embed_type).eval()
+    state = net.state_dict()
+    if pos_embed_type == "learnable":
+        state["patch_embedding.position_embeddings"] = resample_abs_pos_embed(
+            state["patch_embedding.position_embeddings"], (2, 3, 6), (4, 4, 4), num_prefix_tokens=0, mode="trilinear"
+        )
+    else:
+        state["patch_embedding.position_embeddings"] = there.state_dict()["patch_embedding.position_embeddings"]
+    there.load_state_dict(state)
+    x = torch.randn(2, 1, *size)
+    with torch.no_grad():
+        assert_close(net(x)[0], there(x)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("pos_embed_type", ["learnable", "sincos"])
+def test_vit_symmetric_padding_from_monai_transforms(pos_embed_type):
+    net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type).eval()
+    pad = DivisiblePadd("image", k=4)  # symmetric: the volume does not start at a patch corner
+    items = [pad({"image": MetaTensor(v)}) for v in _volumes([(13, 6, 9), (7, 16, 11), (16, 3, 4)])]
+    batch = NestedPadCollate(size_divisibility=4)(items)
+    assert batch["image"].rectangular and not batch["image"].padding.at_origin
+    grid = [s // 4 for s in batch["image"].tensors.shape[2:]]
+    with torch.no_grad():
+        out, _ = net(batch["image"])
+        for b, item in enumerate(items):  # alone: the item as DivisiblePad left it
+            image = item["image"].as_tensor()
+            assert_close(_valid(out[b], grid, image.shape[1:], (4, 4, 4)), net(image[None])[0][0])
+
+
+def test_unetr_is_monai_unetr_and_converts_in_place():
+    ref = UNETR(**UNETR_KW).eval()
+    net = AnySizeUNETR.from_monai(ref)
+    assert list(net.state_dict()) == list(ref.state_dict())
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(net.parameters(), ref.parameters()))
+    built = AnySizeUNETR(**UNETR_KW)
+    built.load_state_dict(ref.state_dict())
+    ref.load_state_dict(built.state_dict())
+    x = torch.randn(1, 1, 32, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(net(x), ref(x))
+        assert torch.equal(built.eval()(x), ref(x))
+
+
+def test_unetr_padding_invariance():
+    net = AnySizeUNETR(**UNETR_KW).eval()
+    items = _volumes(UNETR_SIZES)
+    batch = nested_tensor_from_tensor_list(items)
+    with torch.no_grad():
+        out = net(batch)
+        assert out.shape == (3, 2, *batch.tensors.shape[2:])
+        for b, item in enumerate(items):
+            alone = net(item[None])[0]
+            assert_close(out[(b, slice(None), *(slice(0, s) for s in item.shape[1:]))], alone, rtol=1e-4, atol=1e-5)
+        # the control: MONAI's own UNETR at one item's size runs, and the mask matters
+        ref = UNETR(**{**UNETR_KW, "img_size": UNETR_SIZES[0]}).eval()
+        state = net.state_dict()
+        state["vit.patch_embedding.position_embeddings"] = resample_abs_pos_embed(
+            state["vit.patch_embedding.position_embeddings"], (2, 2, 1), (2, 2, 2), num_prefix_tokens=0, mode="trilinear"
+        )
+        ref.load_state_dict(state)
+        assert_close(out[(0, slice(None), *(slice(0, s) for s in UNETR_SIZES[0]))], ref(items[0][None])[0], rtol=1e-4, atol=1e-5)
+        unmasked = net(batch.tensors)
+    assert (unmasked[0] - out[0]).abs().max() > 1e-2
+
+
+def test_training_step_on_a_padded_batch():
+    # gradients reach every trained parameter (the learned table through its resampling) and
+    # stay finite; the padded voxels take no part in the loss
+    net = AnySizeUNETR(**UNETR_KW).train()
+    batch = nested_tensor_from_tensor_list(_volumes(UNETR_SIZES))
+    logits = net(batch)
+    loss = logits.logsumexp(1)[~batch.mask].mean()
+    loss.backward()
+    table = net.vit.patch_embedding.position_embeddings
+    assert table.grad is not None and table.grad.abs().sum() > 0
+    ref = UNETR(**UNETR_KW).train()  # which parameters MONAI's own forward trains
+    ref(torch.randn(1, 1, 32, 32, 32)).sum().backward()
+    trained = {name for name, p in ref.named_parameters() if p.grad is not None}
+    assert trained and trained == {name for name, p in net.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_unetr_metatensor_batch_inverts_like_monai():
+    # a MetaTensor in, a MetaTensor out: predictions decollate and invert as the images do
+    from monai.transforms import Compose, Invertd, SpatialPadd
+
+    from vispos.monai import decollate_nested_batch
+
+    pipeline = Compose([SpatialPadd("image", (16, 16, 16)), DivisiblePadd("image", k=16)])
+    affine = torch.diag(torch.tensor([1.0, 1.0, 3.0, 1.0], dtype=torch.float64))
+    originals = [{"image": MetaTensor(v, affine=affine)} for v in _volumes([(14, 20, 9), (16, 16, 16)])]
+    batch = NestedPadCollate()([pipeline(dict(d)) for d in originals])
+    net = AnySizeUNETR(**{**UNETR_KW, "img_size": 16}).eval()
+    with torch.no_grad():
+        batch["pred"] = net(batch["image"])
+    assert isinstance(batch["pred"], MetaTensor) and batch["pred"].shape[2:] == batch["image"].tensors.shape[2:]
+    for item, orig in zip(decollate_nested_batch(batch), originals):
+        assert item["pred"].shape[1:] == item["image"].shape[1:]
+        back = Invertd("pred", transform=pipeline, orig_keys="image")(item)
+        assert back["pred"].shape[1:] == orig["image"].shape[1:]
+        assert_close(back["pred"].affine, orig["image"].affine)
+
+
+@pytest.mark.parametrize("norm", [nn.BatchNorm3d(3), nn.GroupNorm(1, 3), nn.InstanceNorm3d(3, affine=True)])
+def test_masked_norms_use_valid_cells_only(norm):
+    model = nn.Sequential(nn.Conv3d(3, 3, 3, padding=1), norm).train()
+    install_decoder_hooks([model], "test")
+    sizes = [(4, 2, 4), (2, 4, 2)]
+    items = _volumes(sizes, channels=3)
+    batch = nested_tensor_from_tensor_list(items)
+    token_valid = ~batch.mask  # one "patch" per voxel
+    state = {k: v.clone() for k, v in norm.state_dict().items()}
+    with masked_decoder(token_valid):
+        out = model(batch.tensors)
+    if isinstance(norm, nn.BatchNorm3d):
+        # the reference: torch's BatchNorm over the valid cells only, gathered into one line
+        conv = [model[0](item[None]) for item in items]
+        cells = torch.cat([c.flatten(2) for c in conv], dim=2)
+        ref = nn.BatchNorm3d(3).train()
+        ref.load_state_dict(state)
+        want = ref(cells[..., None, None])[..., 0, 0]
+        got = torch.cat([out[(b, slice(None), *(slice(0, s) for s in size))].flatten(1) for b, size in enumerate(sizes)], dim=1)
+        assert_close(got, want[0])
+        assert_close(norm.running_mean, ref.running_mean)
+        assert_close(norm.running_var, ref.running_var)
+        assert int(norm.num_batches_tracked) == 1
+    else:
+        for b, (item, size) in enumerate(zip(items, sizes)):
+            assert_close(out[(b, slice(None), *(slice(0, s) for s in size))], model(item[None])[0])
+
+
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (lambda: AnySizeViT(**VIT, pos_embed="table"), ValueError, r"pos_embed must be one of \('auto', 'sincos', 'resample'\)"),
+        (lambda: AnySizeViT(**VIT, antialias=1), TypeError, "antialias"),
+        (lambda: AnySizeViT(**VIT, temperature=0), ValueError, "temperature"),
+        (lambda: AnySizeViT(**{**VIT, "hidden_size": 20, "num_heads": 2}, pos_embed="sincos"), ValueError, "hidden_size divisible by 6"),
+        (lambda: AnySizeViT.from_monai(nn.Linear(2, 2)), TypeError, "vit must be a monai.networks.nets.ViT"),
+        (lambda: AnySizeUNETR.from_monai(ViT(**VIT)), TypeError, "unetr must be a monai.networks.nets.UNETR"),
+        (lambda: AnySizeViT.from_monai(ViT(**{**VIT, "img_size": (16, 8, 16)})), ValueError, "not a cube; pass img_size"),
+        (lambda: AnySizeViT.from_monai(ViT(**VIT), img_size=(16, 8, 16)), ValueError, r"a patch grid of \(4, 2, 4\) holds 32 patches"),
+        (lambda: AnySizeViT.from_monai(ViT(**VIT), scale=2), TypeError, r"unexpected options \['scale'\]"),
+        (lambda: AnySizeViT.from_monai(ViT(**VIT, pos_embed_type="sincos"), temperature=100.0), ValueError, "not MONAI's build_sincos_position_embedding at temperature=100.0"),
+        (lambda: AnySizeViT(**VIT)([1]), TypeError, "takes a NestedTensor or a Tensor"),
+        (lambda: AnySizeViT(**VIT)(torch.ones(1, 1, 8, 8)), ValueError, r"takes \(B, C, \*S\) with 3 spatial axes"),
+        (lambda: AnySizeViT(**VIT)(_FakeNested(torch.ones(1, 1, 8, 8, 8), torch.zeros(1, 8, 8, 8))), TypeError, "dtype torch.bool"),
+        (lambda: AnySizeViT(**VIT)(_FakeNested(torch.ones(1, 1, 8, 8, 8), torch.zeros(1, 8, 8, 4, dtype=torch.bool))), ValueError, "mask must have shape"),
+        (lambda: install_decoder_hooks([nn.Sequential(nn.MaxPool3d(2))], "X"), ValueError, "X: 0 is MaxPool3d"),
+        (lambda: install_decoder_hooks([nn.InstanceNorm3d(2, track_running_stats=True)], "X"), ValueError, "track_running_stats=True"),
+    ],
+)
+def test_errors(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_causal_blocks_refused():
+    vit = ViT(**VIT)
+    vit.blocks[1].attn.causal = True
+    with pytest.raises(ValueError, match=r"blocks\[1\] uses causal attention"):
+        AnySizeViT.from_monai(vit)
+
+
+class _FakeNested:
+    """DETR's NestedTensor interface (tensors, mask, decompose)."""
+
+    def __init__(self, tensors, mask):
+        self.tensors, self.mask = tensors, mask
+
+    def decompose(self):
+        return self.tensors, self.mask

@@ -1,0 +1,313 @@
+"""The ViT encoder pass on padded batches: per-grid positions and padded patches masked out of attention.
+
+Shared by :class:`~vispos.monai.AnySizeViT` and :class:`~vispos.monai.AnySizeUNETR`: the options
+and their checks against the model, the reading of the input (a ``NestedTensor`` or a tensor,
+padded at the end to whole patches), the patch-grid mask (a patch holding any valid voxel is
+valid), each item's position embedding on its own patch grid, and MONAI's ``ViT.forward`` with
+``attn_mask`` passed to every block.
+
+References:
+    Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021; MONAI ``networks/nets/vit.py``,
+    ``blocks/selfattention.py`` (``attn_mask``: ``(B, N)``, 0 = masked key), ``blocks/pos_embed_utils.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from monai.data import MetaTensor
+from monai.networks.blocks.transformerblock import TransformerBlock
+from monai.networks.nets import ViT
+from torch import Tensor, nn
+
+from .._checks import check_bool, check_choice
+from .._sincos import check_temperature, sincos_embed
+from ..encodings.learned import _infer_grid, resample_abs_pos_embed
+from ..encodings.presets import monai_sincos
+from ..nested_tensor import NestedTensor, NestedTensorLike
+from ..padding import Padding, check_mask
+
+_POS_EMBED = ("auto", "sincos", "resample")
+_MODES = {2: "bicubic", 3: "trilinear"}
+
+
+def _supports_attn_mask() -> bool:
+    return "attn_mask" in inspect.signature(TransformerBlock.forward).parameters
+
+
+def _patch_size(vit: ViT) -> tuple[int, ...]:
+    pe = vit.patch_embedding
+    if pe.proj_type == "conv":
+        return tuple(int(k) for k in pe.patch_embeddings.kernel_size)
+    lengths = pe.patch_embeddings[0].axes_lengths  # perceptron: Rearrange(..., p1=.., p2=..)
+    return tuple(int(lengths[f"p{i + 1}"]) for i in range(len(lengths)))
+
+
+def _token_valid(mask: Tensor, patch: tuple[int, ...]) -> Tensor:
+    """``Tensor[B, *G]`` bool: True where a patch holds at least one valid voxel."""
+    valid = ~mask
+    shape = [mask.shape[0]]
+    for s, p in zip(mask.shape[1:], patch):
+        shape += [s // p, p]
+    return valid.reshape(shape).any(dim=tuple(range(2, len(shape), 2)))
+
+
+def _token_boxes(token_valid: Tensor) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each item's ``(start, size)`` on the patch grid: the bounding box of its valid patches
+    (:class:`~vispos.Padding` reads it from the mask, one host synchronisation)."""
+    padding = Padding.from_mask(~token_valid, classify=False)
+    return [(start, tuple(max(v, 1) for v in size)) for start, size in zip(padding.starts, padding.sizes)]
+
+
+class _Input(NamedTuple):
+    """What a forward was given: ``images`` ``Tensor[B, C, *S']`` padded at the end to whole
+    patches (plain tensor), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
+    the input's own ``S``, ``boxes`` each item's ``(start, stop)`` when the input's
+    :class:`~vispos.Padding` knows them on the host (or None),
+    ``meta`` the input ``MetaTensor`` (or None)."""
+
+    images: Tensor
+    mask: Tensor | None
+    spatial: tuple[int, ...]
+    boxes: Any
+    meta: Any
+
+
+class _AnySize:
+    """What the two classes share: settings, input reading, the ViT encoder pass."""
+
+    patch_size: tuple[int, ...]
+    grid_size: tuple[int, ...] | None
+
+    def _vit(self) -> ViT:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _configure(
+        self,
+        grid_size: Sequence[int] | None,
+        pos_embed: str = "auto",
+        resample_mode: str | None = None,
+        antialias: bool = True,
+        temperature: float = 10000.0,
+    ) -> None:
+        """Checks the options against the model and stores them (plain attributes: the
+        ``state_dict`` stays MONAI's)."""
+        name = type(self).__name__
+        vit = self._vit()
+        if not _supports_attn_mask():  # pragma: no cover - depends on the installed MONAI
+            raise ImportError(f"{name} needs MONAI >= 1.5 (attention masks in SABlock): pip install -U monai")
+        check_choice(pos_embed, _POS_EMBED, "pos_embed")
+        check_bool(antialias, "antialias")
+        check_temperature(temperature)
+        pe = vit.patch_embedding
+        patch = _patch_size(vit)
+        n = len(patch)
+        hidden = pe.position_embeddings.shape[-1]
+        for i, blk in enumerate(vit.blocks):
+            attn = blk.attn
+            if attn.causal or attn.rel_positional_embedding is not None:
+                raise ValueError(
+                    f"{name}: blocks[{i}] uses causal attention or a relative position table of a "
+                    "fixed input size; neither runs on other sizes"
+                )
+        if pos_embed == "auto":
+            pos_embed = {"sincos": "sincos", "none": "none"}.get(pe.pos_embed_type, "resample")
+        if grid_size is None:
+            grid_size = _infer_grid(int(pe.n_patches), n)
+        if grid_size is not None:
+            grid_size = tuple(int(g) for g in grid_size)
+            if math.prod(grid_size) != pe.position_embeddings.shape[1]:
+                raise ValueError(
+                    f"{name}: a patch grid of {grid_size} holds {math.prod(grid_size)} patches but the "
+                    f"model's position table has {pe.position_embeddings.shape[1]}"
+                )
+        if pos_embed == "resample" and grid_size is None:
+            raise ValueError(
+                f"{name}: the model's patch grid ({int(pe.n_patches)} patches) is not a cube; pass "
+                "img_size, the size the model was built for"
+            )
+        if pos_embed == "sincos":
+            if hidden % (2 * n):
+                raise ValueError(f"{name}: pos_embed='sincos' needs hidden_size divisible by {2 * n}, got {hidden}")
+            if pe.pos_embed_type == "sincos" and grid_size is not None:
+                ref = monai_sincos(grid_size, hidden, n, temperature, device=pe.position_embeddings.device)
+                if not torch.equal(pe.position_embeddings.detach().to(ref.dtype), ref):
+                    raise ValueError(
+                        f"{name}: the model's sin-cos table is not MONAI's build_sincos_position_embedding "
+                        f"at temperature={temperature}; pass the temperature it was built with"
+                    )
+        if resample_mode is None:
+            resample_mode = _MODES[n]
+        self.patch_size = patch
+        self.grid_size = grid_size
+        self.pos_embed = pos_embed
+        self.resample_mode = resample_mode
+        self.antialias = antialias
+        self.temperature = float(temperature)
+
+    # ------------------------------------------------------------------------------- input
+    def _read(self, x: Any) -> _Input:
+        """The input, read once (see :class:`_Input`)."""
+        name = type(self).__name__
+        n = len(self.patch_size)
+        boxes = None
+        if isinstance(x, NestedTensor):
+            tensors, mask = x.decompose()
+            if x.padding.kind == "rectangular":  # host facts: the positions need no mask read
+                boxes = tuple(zip(x.padding.starts, x.padding.stops))
+        elif not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
+            tensors, mask = x.decompose()
+        elif isinstance(x, Tensor):
+            tensors, mask = x, None
+        else:
+            raise TypeError(f"{name} takes a NestedTensor or a Tensor (B, C, *S), got {type(x).__name__}")
+        if not isinstance(tensors, Tensor) or tensors.dim() != n + 2:
+            got = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
+            raise ValueError(f"{name} takes (B, C, *S) with {n} spatial axes, got {got}")
+        meta = tensors if isinstance(tensors, MetaTensor) else None
+        tensors = tensors.as_subclass(Tensor)  # computed on plain tensors; metadata re-attached at the end
+        spatial = tuple(tensors.shape[2:])
+        if mask is not None:
+            check_mask(mask)
+            if tuple(mask.shape) != (tensors.shape[0], *spatial):
+                raise ValueError(f"mask must have shape {(tensors.shape[0], *spatial)}, got {tuple(mask.shape)}")
+            mask = mask.as_subclass(Tensor).to(tensors.device)
+        extra = [(-s) % p for s, p in zip(spatial, self.patch_size)]
+        if any(extra):
+            pad = [w for e in reversed(extra) for w in (0, e)]
+            tensors = F.pad(tensors, pad)
+            grown = torch.ones((tensors.shape[0], *tensors.shape[2:]), dtype=torch.bool, device=tensors.device)
+            grown[(slice(None), *(slice(0, s) for s in spatial))] = False if mask is None else mask
+            mask = grown
+        return _Input(tensors, mask, spatial, boxes, meta)
+
+    def token_mask(self, x: Any) -> Tensor:
+        """The padding mask of ``x``'s patch grid: ``Tensor[B, *G]`` bool, True = padding.
+
+        A patch is valid when it holds at least one valid voxel; ``G = ceil(S / patch_size)``.
+        Tokens are ``G`` flattened row-major (after the class token, when the ViT has one).
+
+        Raises:
+            TypeError, ValueError: as ``forward``.
+        """
+        tensors, mask = self._read(x)[:2]
+        if mask is None:
+            grid = [s // p for s, p in zip(tensors.shape[2:], self.patch_size)]
+            return torch.zeros((tensors.shape[0], *grid), dtype=torch.bool, device=tensors.device)
+        return ~_token_valid(mask, self.patch_size)
+
+    # ----------------------------------------------------------------------------- encoder
+    def _positions(self, token_valid: Tensor | None, grid: tuple[int, ...], batch: int, boxes: Any) -> Tensor | None:
+        """``Tensor[B or 1, N, hidden]``: each item's embedding, on its own patch grid."""
+        pe = self._vit().patch_embedding
+        table = pe.position_embeddings
+        hidden = table.shape[-1]
+        n = len(grid)
+        if self.pos_embed == "none":
+            return None
+        if self.pos_embed == "sincos":
+            positions = []
+            for axis, g in enumerate(grid):
+                view = [1] * (n + 1)
+                view[1 + axis] = g
+                pos = torch.arange(g, device=table.device, dtype=torch.float32)
+                if token_valid is not None:  # counted from the item's first patch along the axis
+                    other = [d for d in range(1, n + 1) if d != axis + 1]
+                    line = token_valid.any(dim=other) if other else token_valid
+                    start = torch.where(line.any(1), line.to(torch.int8).argmax(1), 0)
+                    view[0] = batch
+                    pos = pos - start.unsqueeze(1).to(torch.float32)
+                positions.append(pos.reshape(view))
+            order = (1, 0, 2)[:n]  # MONAI's blocks: w, h[, d] of a grid (h, w[, d])
+            out = sincos_embed(
+                [positions[a] for a in order], hidden // n, shape=(batch if token_valid is not None else 1, *grid),
+                temperature=self.temperature, layout="split", reciprocal=True, channel_dim=-1,
+            )
+            return out.reshape(out.shape[0], -1, hidden).to(table.dtype)
+        # resample the learned (or Fourier) table to each item's own grid
+        if token_valid is None:
+            return self._resampled(grid).reshape(1, -1, hidden)
+        if boxes is not None:  # the voxel boxes, known on the host: the patches that touch them
+            patch = self.patch_size
+            boxes = [
+                (tuple(a // p for a, p in zip(start, patch)),
+                 tuple(max(-(-e // p) - a // p, 1) for a, e, p in zip(start, stop, patch)))
+                for start, stop in boxes
+            ]
+        else:
+            boxes = _token_boxes(token_valid)
+        out = table.new_zeros((batch, *grid, hidden))
+        for b, (start, size) in enumerate(boxes):
+            region = tuple(slice(a, a + s) for a, s in zip(start, size))
+            out[(b, *region)] = self._resampled(size)
+        return out.reshape(batch, -1, hidden)
+
+    def _resampled(self, size: tuple[int, ...]) -> Tensor:
+        table = self._vit().patch_embedding.position_embeddings
+        new = resample_abs_pos_embed(
+            table, new_size=size, old_size=self.grid_size, num_prefix_tokens=0,
+            mode=self.resample_mode, antialias=self.antialias,
+        )
+        return new.reshape(*size, table.shape[-1])
+
+    def _encode(self, images: Tensor, mask: Tensor | None, boxes: Any) -> tuple[Tensor, list[Tensor], Tensor | None]:
+        """ViT's forward with per-grid positions and padded patches masked out of attention."""
+        vit = self._vit()
+        pe = vit.patch_embedding
+        batch = images.shape[0]
+        grid = tuple(s // p for s, p in zip(images.shape[2:], self.patch_size))
+        token_valid = None if mask is None else _token_valid(mask, self.patch_size)
+        x = pe.patch_embeddings(images)
+        if pe.proj_type == "conv":
+            x = x.flatten(2).transpose(-1, -2)
+        pos = self._positions(token_valid, grid, batch, boxes)
+        if pos is not None:
+            x = x + pos
+        x = pe.dropout(x)
+        attend = None
+        if token_valid is not None:
+            attend = token_valid.reshape(batch, -1)
+            attend = attend | ~attend.any(1, keepdim=True)  # an all-padding item attends to all: no NaN
+        if hasattr(vit, "cls_token"):
+            x = torch.cat((vit.cls_token.expand(batch, -1, -1), x), dim=1)
+            if attend is not None:
+                attend = torch.cat((attend.new_ones(batch, 1), attend), dim=1)
+        hidden_states_out = []
+        for blk in vit.blocks:
+            attn_mask = attend
+            if attend is not None and blk.attn.use_flash_attention:  # SDPA: (B, heads, L, S) broadcast
+                attn_mask = attend[:, None, None, :]
+            x = blk(x, attn_mask=attn_mask)
+            hidden_states_out.append(x)
+        return vit.norm(x), hidden_states_out, token_valid
+
+
+def _grid_of(img_size: Any, patch: tuple[int, ...]) -> tuple[int, ...] | None:
+    if img_size is None:
+        return None
+    sizes = (img_size,) * len(patch) if isinstance(img_size, int) else tuple(img_size)
+    if len(sizes) != len(patch) or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+        raise ValueError(f"img_size must be {len(patch)} positive ints, got {img_size!r}")
+    return tuple(s // p for s, p in zip(sizes, patch))
+
+
+def _adopt(cls: type, model: nn.Module) -> Any:
+    """A ``cls`` instance sharing ``model``'s submodules, parameters and buffers (no copy)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update({k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in model.__dict__.items()})
+    return obj
+
+
+
+def _options(options: dict) -> dict:
+    allowed = ("pos_embed", "resample_mode", "antialias", "temperature")
+    unknown = [k for k in options if k not in allowed]
+    if unknown:
+        raise TypeError(f"unexpected options {unknown}; expected some of {allowed}")
+    return options
