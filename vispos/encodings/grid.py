@@ -106,7 +106,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         check_int(channels, "channels", minimum=1)
         check_bool(cache, "cache")
         check_bool(zero_copy, "zero_copy")
-        self.dtype_override = _check_dtype_override(dtype_override)
+        self._dtype_override = _check_dtype_override(dtype_override)
         budget = check_max_bytes(cache_bytes, "cache_bytes")
         self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
         self.zero_copy = zero_copy
@@ -116,6 +116,18 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         self.cached_penc: Tensor | None = None
         self.register_buffer("inv_freq", None, persistent=False)
         self.org_channels = channels
+
+    @property
+    def dtype_override(self) -> torch.dtype | None:
+        """The output dtype (None: the input's). Assigning it is checked as in the constructor
+        (a floating ``torch.dtype`` or None); tables are keyed on the dtype, so none built for
+        the old one is returned."""
+        return self._dtype_override
+
+    @dtype_override.setter
+    def dtype_override(self, dtype: torch.dtype | None) -> None:
+        self._dtype_override = _check_dtype_override(dtype)
+        self.cached_penc = None
 
     @property
     def org_channels(self) -> int:
@@ -386,7 +398,9 @@ class FixEncoding(nn.Module):
 
     The table is built at construction (on the CPU, in ``encoding.dtype_override`` or float32 —
     the package's behaviour: it does not follow the input's dtype) and rebuilt once per other
-    device it meets. ``forward`` only checks the input and broadcasts the table over the batch.
+    device it meets, and once after ``encoding.org_channels``, ``encoding.dtype_override`` or
+    ``shape`` is assigned (the package kept the table of the old settings). ``forward`` only checks
+    the input and broadcasts the table over the batch.
 
     Args:
         encoding (PositionalEncoding{1,2,3}D or PositionalEncodingPermute{1,2,3}D): the
@@ -418,28 +432,43 @@ class FixEncoding(nn.Module):
                 "encoding must be a PositionalEncoding{1,2,3}D or "
                 f"PositionalEncodingPermute{{1,2,3}}D, got {type(encoding).__name__}"
             )
+        self.pos_encoder = encoding
+        # one table per (device, shape, channels, dtype), whatever its size: the shape is fixed
+        # by the caller; keyed on the encoding's settings, so assigning ``org_channels`` or
+        # ``dtype_override`` (or ``shape``) later is followed, never answered from a stale table
+        self._tables = TensorCache(4, max_bytes=None)
+        self.shape = shape
+        self._lookup(torch.device("cpu"))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """tuple[int, ...]: the fixed spatial shape ``S``; assigning it is checked as in the
+        constructor."""
+        return self._shape
+
+    @shape.setter
+    def shape(self, shape: Sequence[int]) -> None:
         if isinstance(shape, torch.Size):
             shape = tuple(shape)
         if not isinstance(shape, Sequence) or any(
             isinstance(s, bool) or not isinstance(s, int) for s in shape
         ):
             raise TypeError(f"shape must be a sequence of ints (the spatial shape), got {shape!r}")
-        n = encoding.n_spatial
+        n = self.pos_encoder.n_spatial
         if len(shape) != n or any(s <= 0 for s in shape):
             raise ValueError(
                 f"shape must hold {n} positive ints (the spatial shape of "
-                f"{type(encoding).__name__}, batch and channels excluded), got {tuple(shape)}"
+                f"{type(self.pos_encoder).__name__}, batch and channels excluded), got "
+                f"{tuple(shape)}"
             )
-        self.pos_encoder = encoding
-        self.shape = tuple(shape)
+        self._shape = tuple(shape)
         self.dim = n
-        self._dtype = encoding.dtype_override or torch.float32
-        # one table per device, whatever its size: the shape is fixed by the caller
-        self._tables = TensorCache(4, max_bytes=None)
-        self._tables.lookup(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
 
-    def _build(self, device: torch.device) -> Tensor:
-        return self.pos_encoder._table(self.shape, device, self._dtype)
+    def _lookup(self, device: torch.device) -> tuple[Tensor, bool]:
+        enc = self.pos_encoder
+        dtype = enc.dtype_override or torch.float32
+        key = (device, self._shape, enc.org_channels, dtype)
+        return self._tables.lookup(key, lambda: enc._table(self._shape, device, dtype))
 
     def forward(self, tensor: Tensor) -> Tensor:
         enc = self.pos_encoder
@@ -458,8 +487,7 @@ class FixEncoding(nn.Module):
                 f"FixEncoding was built for inputs (B, {', '.join(map(str, expected))}) "
                 f"(layout {enc._layout()}), got shape {tuple(tensor.shape)}"
             )
-        device = tensor.device
-        table, shared = self._tables.lookup(device, lambda: self._build(device))
+        table, shared = self._lookup(tensor.device)
         return expand_batch(table, tensor.shape[0], shared=shared, zero_copy=enc.zero_copy)
 
     def extra_repr(self) -> str:
