@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
+from .._checks import check_bool
 from .base import BackboneBase
 from ._common import (
     check_freeze_args,
@@ -24,6 +25,57 @@ from ._common import (
 )
 
 __all__ = ["TimmBackbone", "load_checkpoint_state"]
+
+
+def _cached_pretrained_file(model_name: str) -> tuple[str | None, list[str]]:
+    """Where timm's pretrained weights for ``model_name`` already lie on this machine.
+
+    Looks, without any network access, where timm itself would have stored them: the Hugging
+    Face hub cache (``hf_hub_id``: ``model.safetensors`` / ``pytorch_model.bin`` or the config's
+    ``hf_hub_filename``), the torch hub cache (``url``: ``<torch.hub.get_dir()>/checkpoints``), or
+    the config's own ``file``.
+
+    Returns:
+        (path or None, the places looked at, for the error message).
+
+    Raises:
+        ValueError: timm knows no pretrained weights for ``model_name``.
+    """
+    from urllib.parse import urlparse
+
+    import torch.hub
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(model_name)
+    if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
+        raise ValueError(
+            f"pretrained=True, but timm has no pretrained weights for model_name={model_name!r}; "
+            "pass pretrained=False (random weights) or checkpoint_path=<a local state dict>"
+        )
+    looked: list[str] = []
+    if cfg.file:
+        looked.append(str(cfg.file))
+        if os.path.isfile(cfg.file):
+            return str(cfg.file), looked
+    if cfg.hf_hub_id:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        repo, _, revision = cfg.hf_hub_id.partition("@")
+        names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["pytorch_model.bin"]
+        for name in list(names):
+            if name.endswith(".bin"):  # timm prefers the safetensors twin
+                names.insert(0, "model.safetensors" if name == "pytorch_model.bin" else name[:-4] + ".safetensors")
+        for name in names:
+            found = try_to_load_from_cache(repo, name, cache_dir=constants.HF_HUB_CACHE, revision=revision or None)
+            if isinstance(found, str) and os.path.isfile(found):
+                return found, looked
+        looked.append(f"{repo} ({' or '.join(names)}) in the Hugging Face cache {constants.HF_HUB_CACHE}")
+    if cfg.url:
+        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(cfg.url).path))
+        if os.path.isfile(path):
+            return path, looked
+        looked.append(path)
+    return None, looked
 
 
 class TimmBackbone(BackboneBase):
@@ -38,8 +90,12 @@ class TimmBackbone(BackboneBase):
         out_indices (sequence of int): feature levels to return, timm's indices (for ResNets
             ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32). Default ``(4,)``: the
             last level, as DETR uses.
-        pretrained (bool): ask timm for its pretrained weights. Default False; vispos itself
-            never downloads, so True needs timm's cache or network access.
+        pretrained (bool): load timm's pretrained weights from where timm caches them on this
+            machine (the Hugging Face hub cache, or the torch hub cache for weights timm fetches
+            by URL). Default False. Nothing is downloaded: weights that are not cached raise
+            ``FileNotFoundError`` at once, naming the places looked at (on a machine with network
+            access, ``timm.create_model(model_name, pretrained=True)`` fills the cache; or save
+            the weights once and pass them as ``checkpoint_path``).
         checkpoint_path (str, optional): a local ``.pt`` / ``.pth`` / ``.safetensors`` state dict
             to load (wrapper prefixes such as ``module.`` or DETR's ``backbone.0.body.`` are
             stripped). Keys the backbone lacks (e.g. a classifier head) are reported in
@@ -75,7 +131,8 @@ class TimmBackbone(BackboneBase):
             ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
             ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
             ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
-        FileNotFoundError: ``checkpoint_path`` does not exist.
+        FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
+            weights for ``model_name`` are not cached on this machine.
 
     References:
         timm ``features_only`` / ``FeatureInfo``; DETR ``models/backbone.py``.
@@ -103,11 +160,26 @@ class TimmBackbone(BackboneBase):
             isinstance(i, bool) or not isinstance(i, int) for i in out_indices
         ) or len(out_indices) == 0:
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        check_bool(pretrained, "pretrained")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         check_in_chans(in_chans)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
+        extra: dict[str, Any] = {}
+        if pretrained:  # from the local cache only: timm alone would retry the network for ~50 s
+            local, looked = _cached_pretrained_file(model_name)
+            if local is None:
+                raise FileNotFoundError(
+                    f"pretrained=True needs timm's weights for model_name={model_name!r} on this "
+                    f"machine, and none are cached (looked for {'; '.join(looked)}); vispos never "
+                    "downloads. Pass checkpoint_path='/path/to/weights.safetensors' (or .pth: a "
+                    "local state dict, e.g. saved once with torch.save(timm.create_model("
+                    f"{model_name!r}, pretrained=True).state_dict(), 'weights.pth') where there is "
+                    "network) and pretrained=False, or fill timm's cache on a machine with network "
+                    "access"
+                )
+            extra["pretrained_cfg_overlay"] = {"file": local, "source": "timm"}
         try:
             self.body = timm.create_model(
                 model_name,
@@ -115,6 +187,7 @@ class TimmBackbone(BackboneBase):
                 features_only=True,
                 out_indices=tuple(out_indices),
                 in_chans=in_chans,
+                **extra,
             )
         except (IndexError, AssertionError, ValueError) as exc:
             raise ValueError(
