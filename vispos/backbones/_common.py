@@ -292,6 +292,39 @@ def check_input_device(tensors: Tensor, module: nn.Module) -> None:
         )
 
 
+_AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_input_dtype(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``TypeError`` when ``tensors`` cannot go through ``module``'s weights as they are
+    (torch would otherwise fail inside the first convolution with "expected scalar type Byte but
+    found Float"): an integer batch always (images must be converted to float and normalized
+    first), a floating batch of another dtype than the weights unless ``torch.autocast`` is on
+    for its device and both are float32 / float16 / bfloat16 (autocast then casts them)."""
+    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if param is None or tensors.dtype == param.dtype:
+        return
+    if not tensors.is_floating_point():
+        raise TypeError(
+            f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; "
+            "convert the images to float and normalize them first, e.g. "
+            "torchvision.transforms.v2.ToDtype(torch.float32, scale=True) then Normalize(mean, std) "
+            "(or x.tensors.float() / 255)"
+        )
+    device_type = tensors.device.type
+    if (
+        torch.is_autocast_enabled(device_type)
+        and tensors.dtype in _AUTOCAST_DTYPES
+        and param.dtype in _AUTOCAST_DTYPES
+    ):
+        return
+    raise TypeError(
+        f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; cast "
+        f"the batch with x.to({param.dtype}) or the model with .to({tensors.dtype}), or run under "
+        f"torch.autocast({device_type!r}) (float32, float16 and bfloat16 only)"
+    )
+
+
 def check_freeze_args(train_backbone: Any, frozen_stages: Any, frozen_batch_norm: Any) -> None:
     """Validates the freezing keywords the adapters share."""
     check_bool(train_backbone, "train_backbone")

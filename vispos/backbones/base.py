@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
-from ._common import check_input_device
+from ._common import check_input_device, check_input_dtype
 
 __all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
 
@@ -69,7 +69,9 @@ class BackboneBase(nn.Module):
         - output: list of NestedTensor ``(B, num_channels[l], *S_l)``.
 
     Raises:
-        TypeError: ``x`` is not a NestedTensor.
+        TypeError: ``x`` is not a NestedTensor; ``x.tensors`` is an integer tensor (convert and
+            normalize images first), or floating of another dtype than the weights outside
+            ``torch.autocast``.
         ValueError: ``x.tensors`` has another rank or channel count, or is on another device.
 
     References:
@@ -94,6 +96,7 @@ class BackboneBase(nn.Module):
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
         check_input_device(tensors, self.body)
+        check_input_dtype(tensors, self.body)
         return [x.with_features(f) for f in self._features(tensors)]
 
 
