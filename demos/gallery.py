@@ -1,6 +1,6 @@
 """Writes every vispos figure: the gallery behind README and the documentation site.
 
-Each figure comes from one :mod:`vispos.viz` function on a vispos encoder (the same figures
+Each figure comes from one :mod:`vispos.app.figures` function on a vispos encoder (the same figures
 ``vispos plot KIND`` draws one at a time), plus the 3D similarity figure of the main job on
 volumes cut from nilearn's MNI152 template (the embedding alone, no backbone: each level's
 mask is the batch mask resized to the level).
@@ -16,14 +16,13 @@ import os
 import torch
 
 import vispos
-from vispos import viz
-from vispos.data import sample_images, sample_volumes
+from vispos.app import figures as viz
+from vispos.app.png import save_figure
+from vispos.app.data import sample_images, sample_volumes
 
 
 def _save(fig, folder: str, name: str, dpi: int, written: list[str]) -> None:
-    path = os.path.join(folder, name)
-    fig.savefig(path, dpi=dpi)
-    written.append(path)
+    written.append(save_figure(fig, os.path.join(folder, name), dpi=dpi))
 
 
 def main(argv=None) -> int:
@@ -95,10 +94,9 @@ def main(argv=None) -> int:
         level = vispos.NestedTensor(torch.zeros(len(volumes), 1, *size), vispos.interpolate_mask(vbatch.mask, size))
         levels.append(level)
         pos.append(sine3d(level))
-    path = os.path.join(args.out, "volume_similarity.png")
-    viz.plot_volume_similarity(vbatch, levels, pos, path, names=[n for n, _ in volumes],
-                               strides=[4, 8] if small else [4, 8, 16, 32], dpi=args.dpi)
-    written.append(path)
+    _save(viz.plot_volume_level_similarity(vbatch, levels, pos, names=[n for n, _ in volumes],
+                                           strides=[4, 8] if small else [4, 8, 16, 32]),
+          args.out, "volume_similarity.png", args.dpi, written)
     for p in written:
         print(f"wrote {p}")
     return 0

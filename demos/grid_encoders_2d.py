@@ -13,7 +13,7 @@ import argparse
 
 
 import vispos
-from vispos.data import sample_images
+from vispos.app.data import sample_images
 
 from ._figure import save_channels
 

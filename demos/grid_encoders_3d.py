@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 import vispos
-from vispos.data import mni152_template, resize_volume
+from vispos.app.data import mni152_template, resize_volume
 
 from ._figure import save_channels
 

@@ -18,7 +18,10 @@ log = logging.getLogger("mkdocs.hooks.vispos")
 
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]*)</code>")
 
-MODULES = ("vispos", "vispos.backbones", "vispos.data", "vispos.config", "vispos.viz", "vispos.encodings")
+MODULES = (
+    "vispos", "vispos.backbones", "vispos.config", "vispos.encodings",
+    "vispos.app.data", "vispos.app.figures", "vispos.app.png",
+)
 
 
 def on_config(config, **kwargs):

@@ -380,12 +380,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys, files, argv, match, status):
 def test_cli_unexpected_error_is_one_line_and_writes_nothing(tmp_path, capsys, files, monkeypatch):
     """A failure while the figure is drawn (after the embeddings were computed) leaves no file:
     neither a half-written one nor ``embeddings.pt`` without its figure."""
-    import vispos.viz
+    import vispos.app.figures
 
     def broken(*args, **kwargs):
         raise RuntimeError("figure backend crashed\nsecond line")
 
-    monkeypatch.setattr(vispos.viz, "plot_position_similarity", broken)
+    monkeypatch.setattr(vispos.app.figures, "plot_level_similarity", broken)
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)
     out = tmp_path / "out"
@@ -534,7 +534,7 @@ def files12(tmp_path_factory):
 
 
 def _write_group(paths):
-    from vispos._io import write_files
+    from vispos.app._io import write_files
 
     return write_files([(q, lambda tmp: open(tmp, "w").close()) for q in paths])
 

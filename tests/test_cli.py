@@ -187,7 +187,7 @@ def test_outputs_get_the_mode_open_gives(tmp_path, capsys):
 
 _SIGNAL_SCRIPT = """
 import os, signal, sys
-import vispos._io as vio
+import vispos.app._io as vio
 
 real = getattr(vio, sys.argv[1])
 calls = []
@@ -218,7 +218,7 @@ def test_sigterm_keeps_old_outputs(tmp_path, capsys, monkeypatch):
     a SIGTERM while the old outputs are being backed up leaves them as they were."""
     import signal
 
-    import vispos._io as vio
+    import vispos.app._io as vio
 
     (img,) = _write_images(tmp_path, [(32, 32)])
     cfg = tmp_path / "tiny.yaml"

@@ -1,4 +1,4 @@
-"""vispos._io.write_files: a group of files written all or nothing (issue 12, items 1-3)."""
+"""vispos.app._io.write_files: a group of files written all or nothing (issue 12, items 1-3)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-import vispos._io as vio
-from vispos._io import Terminated, write_files
+import vispos.app._io as vio
+from vispos.app._io import Terminated, write_files
 
 
 def _writer(text):

@@ -98,7 +98,7 @@ def test_held_out_items_follow_a_reference_pipeline():
         longer = (35, 42)[i % 2]
         h, w = round(50 * longer / 70), longer
         ref = TF.resize(drawn, [h, w], antialias=True)
-        ref = TF.normalize(ref, vispos.data.IMAGENET_MEAN, vispos.data.IMAGENET_STD)
+        ref = TF.normalize(ref, vispos.app.data.IMAGENET_MEAN, vispos.app.data.IMAGENET_STD)
         torch.testing.assert_close(image, ref, rtol=1e-5, atol=1e-5)
         scale = torch.tensor([w / 70, h / 50, w / 70, h / 50])
         ref_boxes = box_convert(boxes * scale, "xyxy", "cxcywh") / torch.tensor([w, h, w, h])

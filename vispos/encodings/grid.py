@@ -169,6 +169,12 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         return out
 
     @property
+    def channels_first(self) -> bool:
+        """bool: True for the ``Permute`` classes (input and output ``(B, C, *S)``), False for
+        the channel-last ones (``(B, *S, C)``)."""
+        return self._channels_first
+
+    @property
     def cache(self) -> bool:
         """bool: whether tables are cached; assigning False empties and disables the cache."""
         return self._tables.maxsize > 0

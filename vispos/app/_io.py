@@ -1,7 +1,7 @@
 """Writing a group of files all or nothing (private).
 
 :func:`write_files` is the one place vispos writes files: the CLI's ``embeddings.pt`` and
-``figure.png`` as a group, and every ``path=`` argument of :mod:`vispos.viz` as a group of one.
+``figure.png`` as a group, and every PNG of :mod:`vispos.app.png` as a group of one.
 
 How a group is written:
 

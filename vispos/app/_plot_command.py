@@ -1,19 +1,19 @@
 """``vispos plot KIND``: one figure of an encoder, written to a PNG.
 
-Kinds (one per :mod:`vispos.viz` figure function):
+Kinds (one per :mod:`vispos.app.figures` figure function):
 
-* ``channels``: channel heatmaps over a 1D or 2D grid (:func:`vispos.viz.plot_channels`);
+* ``channels``: channel heatmaps over a 1D or 2D grid (:func:`vispos.app.figures.plot_channels`);
 * ``curves``: sin / cos curves of chosen channels with their wavelengths
-  (:func:`vispos.viz.plot_sincos_curves`);
+  (:func:`vispos.app.figures.plot_sincos_curves`);
 * ``wavelengths``: wavelength against channel for several temperatures and both ladders
-  (:func:`vispos.viz.plot_wavelengths`);
+  (:func:`vispos.app.figures.plot_wavelengths`);
 * ``similarity``: cosine-similarity maps of query cells, 2D or 3D slices
-  (:func:`vispos.viz.plot_similarity`);
+  (:func:`vispos.app.figures.plot_similarity`);
 * ``batch``: a padded batch of scikit-image's sample photos and its masks
-  (:func:`vispos.viz.plot_padded_batch`);
+  (:func:`vispos.app.figures.plot_padded_batch`);
 * ``coords``: DETR's normalised coordinates of those items at a feature stride, next to a
-  mask-blind grid (:func:`vispos.viz.plot_normalized_coords`);
-* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.viz.plot_rotary_invariance`).
+  mask-blind grid (:func:`vispos.app.figures.plot_normalized_coords`);
+* ``rotary``: the relative-offset invariance of ``q . k`` (:func:`vispos.app.figures.plot_rotary_invariance`).
 
 The encoder is chosen by a registered name and keyword arguments
 (``--encoder PositionEmbeddingSine --kw normalize=true``) or by a config file (``--config``; a
@@ -94,7 +94,7 @@ def _value(text: str) -> Any:
 
 
 def _encoder(args: argparse.Namespace) -> torch.nn.Module:
-    from .config import build_from_config, load_config
+    from ..config import build_from_config, load_config
 
     if args.config is not None and (args.encoder is not None or args.kw):
         raise CLIError("--config cannot be combined with --encoder / --kw")
@@ -140,27 +140,27 @@ def _queries(args: argparse.Namespace) -> list[tuple[int, ...]] | None:
 
 def _batch(args: argparse.Namespace):
     from .data import sample_images
-    from .nested_tensor import nested_tensor_from_tensor_list
+    from ..nested_tensor import nested_tensor_from_tensor_list
 
     samples = sample_images(args.samples, max_size=args.max_size)
     return [n for n, _ in samples], nested_tensor_from_tensor_list([t for _, t in samples])
 
 
 def _figure(args: argparse.Namespace):
-    from . import viz
-    from .encodings import PositionEmbeddingSine
-    from .nested_tensor import interpolate_mask
+    from . import figures
+    from ..encodings import PositionEmbeddingSine
+    from ..nested_tensor import interpolate_mask
 
     kind = args.kind
     if kind == "wavelengths":
-        return viz.plot_wavelengths(args.num_feats, args.temperatures, args.ladders, frequency=args.frequency)
+        return figures.plot_wavelengths(args.num_feats, args.temperatures, args.ladders, frequency=args.frequency)
     if kind == "batch":
         names, batch = _batch(args)
-        return viz.plot_padded_batch(batch, names=names)
+        return figures.plot_padded_batch(batch, names=names)
     encoder = _encoder(args)
     name = type(encoder).__name__
     if kind == "rotary":
-        return viz.plot_rotary_invariance(encoder, args.length)
+        return figures.plot_rotary_invariance(encoder, args.length)
     if kind == "coords":
         if args.stride < 1:
             raise CLIError(f"--stride must be >= 1, got {args.stride}")
@@ -168,30 +168,30 @@ def _figure(args: argparse.Namespace):
         h, w = batch.tensors.shape[-2:]
         mask = interpolate_mask(batch.mask, (max(1, h // args.stride), max(1, w // args.stride)))
         params = {k: getattr(encoder, k) for k in ("scale", "offset", "eps") if hasattr(encoder, k)}
-        return viz.plot_normalized_coords(mask, **params)
+        return figures.plot_normalized_coords(mask, **params)
     shape = _shape(args)
-    pos = viz.encode_grid(encoder, shape)
+    pos = figures.encode_grid(encoder, shape)
     if kind == "channels":
         if len(shape) > 2:
             raise CLIError(f"channels draws a 1D or 2D grid, got --shape {' '.join(map(str, shape))}")
-        return viz.plot_channels(pos, args.channels, title=f"{name}: channels over a {'x'.join(map(str, shape))} grid")
+        return figures.plot_channels(pos, args.channels, title=f"{name}: channels over a {'x'.join(map(str, shape))} grid")
     if kind == "curves":
         if len(shape) != 1:
             raise CLIError(f"curves draws a 1D grid, got --shape {' '.join(map(str, shape))}")
         channels = args.channels or sorted({0, 1, pos.shape[0] // 8, pos.shape[0] // 4, pos.shape[0] // 2})
-        wavelengths = viz.channel_wavelengths(encoder, shape[0])
+        wavelengths = figures.channel_wavelengths(encoder, shape[0])
         start = 1 if isinstance(encoder, PositionEmbeddingSine) else 0  # DETR counts from 1
         positions = torch.arange(start, start + shape[0])
-        return viz.plot_sincos_curves(pos, channels, wavelengths=wavelengths, positions=positions,
+        return figures.plot_sincos_curves(pos, channels, wavelengths=wavelengths, positions=positions,
                                       title=f"{name}: channels against position (cells)")
     # similarity
     if len(shape) == 1:
         raise CLIError("similarity draws a 2D or 3D grid, give --shape H W or --shape D H W")
-    return viz.plot_similarity(pos, _queries(args), title=f"{name}: cosine similarity to query cells")
+    return figures.plot_similarity(pos, _queries(args), title=f"{name}: cosine similarity to query cells")
 
 
 def write_plot(args: argparse.Namespace) -> str:
-    """Runs ``vispos plot``: builds the figure and writes it atomically (:mod:`vispos._io`).
+    """Runs ``vispos plot``: builds the figure and writes it atomically (:mod:`vispos.app.png`).
 
     Args:
         args (argparse.Namespace): the parsed ``vispos plot`` arguments.
@@ -200,10 +200,10 @@ def write_plot(args: argparse.Namespace) -> str:
         str: the path written (``--out``, default ``vispos-plot-KIND.png``).
 
     Raises:
-        CLIError, ValueError, TypeError, OSError: a bad argument or file; :func:`vispos.cli.main`
+        CLIError, ValueError, TypeError, OSError: a bad argument or file; :func:`vispos.app.cli.main`
             prints them as one line and exits with 2.
     """
-    from .viz import _save_atomic
+    from .png import save_figure
 
     out = args.out or f"vispos-plot-{args.kind}.png"
     if not out.lower().endswith(".png"):
@@ -213,5 +213,5 @@ def write_plot(args: argparse.Namespace) -> str:
         raise CLIError(f"--out {out!r}: folder {folder!r} does not exist")
     if args.dpi < 10:
         raise CLIError(f"--dpi must be >= 10, got {args.dpi}")
-    _save_atomic(_figure(args), out, args.dpi)
+    save_figure(_figure(args), out, dpi=args.dpi)
     return out

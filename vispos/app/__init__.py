@@ -1,0 +1,15 @@
+"""The app side of vispos: file loaders, all-or-nothing writes, figures, the ``vispos`` command.
+
+Everything here depends on the library core (``vispos.nested_tensor``, ``vispos.padding``,
+``vispos.encodings``, ``vispos.backbones``, ``vispos.config``) and nothing in the core imports
+it (``tests/test_layout.py`` checks both). ``import vispos`` does not load it.
+
+* :mod:`vispos.app.data`: images and volumes from files or shipped samples, as tensors;
+* :mod:`vispos.app.figures`: figures returned as ``matplotlib.figure.Figure`` (no file I/O);
+* :mod:`vispos.app.png`: figures written as PNGs through :mod:`vispos.app._io`;
+* :mod:`vispos.app._io`: all-or-nothing writes of several files (signals, rollback);
+* :mod:`vispos.app.cli`, :mod:`vispos.app._plot_command`, :mod:`vispos.app._errors`: the
+  ``vispos`` command (it owns the terminal).
+
+``vispos.data``, ``vispos.viz`` and ``vispos.cli`` stay importable as thin aliases.
+"""

@@ -1,0 +1,47 @@
+"""Images and volumes from files or from shipped samples, as tensors ready to batch.
+
+Nothing is downloaded: the sample photos are the ones scikit-image installs with itself, the
+sample volume is the MNI152 T1 template nilearn installs with itself; user volumes are NIfTI files
+read by nibabel (``pip install 'vispos[medical]'``). Images: :mod:`vispos.app.data.images`;
+volumes: :mod:`vispos.app.data.volumes`.
+"""
+
+from .images import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    MAX_IMAGE_PIXELS,
+    SAMPLE_IMAGES,
+    imagenet_normalize,
+    load_image,
+    load_images,
+    sample_images,
+)
+from .volumes import (
+    MAX_VOLUME_VOXELS,
+    VOLUME_NORMALIZATIONS,
+    load_volume,
+    load_volumes,
+    mni152_template,
+    normalize_intensity,
+    resize_volume,
+    sample_volumes,
+)
+
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "MAX_VOLUME_VOXELS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SAMPLE_IMAGES",
+    "imagenet_normalize",
+    "load_image",
+    "load_images",
+    "sample_images",
+    "VOLUME_NORMALIZATIONS",
+    "normalize_intensity",
+    "resize_volume",
+    "load_volume",
+    "load_volumes",
+    "mni152_template",
+    "sample_volumes",
+]

@@ -1,0 +1,295 @@
+"""Images from files or from scikit-image's shipped sample photos, as float tensors ready to batch.
+
+Nothing is downloaded: the sample photos are the ones scikit-image installs with itself.
+Decoding goes through torchvision (PNG, JPEG, GIF, WebP at their bit depth, EXIF orientation
+applied) or Pillow for other formats; a decompression bomb is refused from its header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._args import check_max_size, check_paths
+
+__all__ = [
+    "MAX_IMAGE_PIXELS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SAMPLE_IMAGES",
+    "imagenet_normalize",
+    "load_image",
+    "load_images",
+    "sample_images",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+#: scikit-image sample photos used by ``vispos demo``: (name, height x width)
+SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket")
+
+
+#: the most pixels :func:`load_image` decodes by default (Pillow's own decompression-bomb
+#: warning threshold); a larger image is refused from its header, before anything is allocated
+MAX_IMAGE_PIXELS = 89_478_485
+
+#: formats torchvision.io.decode_image reads (8 and 16 bit, EXIF orientation); others go to Pillow
+_TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP"})
+
+
+def _shrink(image: Tensor, max_size: int | None) -> Tensor:
+    """Bilinear, antialiased shrink of a float ``Tensor[3, H, W]`` so its longest side is at
+    most ``max_size`` (never enlarged)."""
+    from torchvision.transforms.v2 import InterpolationMode
+    from torchvision.transforms.v2.functional import resize
+
+    check_max_size(max_size)
+    h, w = image.shape[-2:]
+    if max_size is None or max(h, w) <= max_size:
+        return image
+    ratio = max_size / max(h, w)
+    size = [max(1, round(h * ratio)), max(1, round(w * ratio))]
+    out = resize(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True)
+    return out.clamp_(0.0, 1.0)
+
+
+def _to_tensor(pil_image, max_size: int | None) -> Tensor:
+    """An 8-bit Pillow image (any mode Pillow converts to RGB) as ``Tensor[3, H, W]`` in [0, 1]."""
+    arr = np.asarray(pil_image.convert("RGB"))  # (H, W, 3) uint8
+    image = torch.from_numpy(arr.copy()).permute(2, 0, 1).float().div_(255.0)
+    return _shrink(image.contiguous(), max_size)
+
+
+def _pillow_to_tensor(im, path: str) -> Tensor:
+    """A Pillow image at its stored depth as float32 ``Tensor[3, H, W]`` in [0, 1]: 16-bit
+    integers divided by 65535, 32-bit floats kept (clipped to [0, 1] with a warning when they
+    leave it), everything else through Pillow's 8-bit RGB conversion."""
+    from PIL import ImageOps
+
+    im = ImageOps.exif_transpose(im)
+    if im.mode.startswith("I;16") or im.mode in ("I", "F"):
+        arr = np.asarray(im)
+        if arr.dtype.kind in "iu":
+            if arr.size and (arr.min() < 0 or arr.max() > 65535):
+                raise ValueError(
+                    f"image file {path!r} holds {im.mode} integers from {arr.min()} to {arr.max()}; "
+                    "vispos reads integer images of at most 16 bits (0 .. 65535)"
+                )
+            arr = arr.astype(np.float32) / 65535.0
+        else:
+            arr = arr.astype(np.float32)
+            if not np.isfinite(arr).all():
+                raise ValueError(f"image file {path!r} holds non-finite values (NaN or inf)")
+            lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 1.0)
+            if lo < 0.0 or hi > 1.0:
+                warnings.warn(
+                    f"image file {path!r} holds floats from {lo:g} to {hi:g}; vispos expects float "
+                    "images in [0, 1] and clips them", stacklevel=4,
+                )
+                arr = np.clip(arr, 0.0, 1.0)
+        return torch.from_numpy(np.ascontiguousarray(arr))[None].expand(3, -1, -1).contiguous()
+    return _to_tensor(im, None)
+
+
+def load_image(
+    path: str | os.PathLike, max_size: int | None = None, *, max_pixels: int | None = MAX_IMAGE_PIXELS
+) -> Tensor:
+    """Reads an image file at its stored depth, upright, as float RGB in [0, 1].
+
+    The header is read first (Pillow, lazily): an image larger than ``max_pixels`` is refused
+    before any pixel is decoded. PNG, JPEG, GIF and WebP are then decoded by
+    ``torchvision.io.decode_image`` (8- and 16-bit, EXIF orientation applied); other formats
+    (TIFF, BMP, ...) by Pillow, with ``ImageOps.exif_transpose``. Integers are divided by their
+    type's maximum (255 for 8 bits, 65535 for 16 bits); 32-bit float images (TIFF mode ``F``) are
+    taken as stored, expected in [0, 1] (clipped with a warning otherwise). Grey images are
+    repeated to three channels; an alpha channel is dropped.
+
+    Args:
+        path (str | PathLike): any format Pillow identifies.
+        max_size (int, optional): shrink (bilinear, antialiased) so the longest side is at most this.
+        max_pixels (int, optional): refuse larger images (default :data:`MAX_IMAGE_PIXELS`);
+            None lifts the limit (Pillow still refuses more than twice its own
+            ``Image.MAX_IMAGE_PIXELS``).
+
+    Returns:
+        Tensor[3, H, W], float32 in [0, 1]; ``H, W`` as the image is displayed (after EXIF
+        rotation).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not an image Pillow can read; it has more than ``max_pixels``
+            pixels (the message names the file, its size and the limit); integers above 16 bits
+            or non-finite floats; bad ``max_size`` / ``max_pixels``.
+
+    References:
+        torchvision ``torchvision.io.decode_image``; Pillow ``Image.open``,
+        ``ImageOps.exif_transpose``; EXIF 2.3 tag 0x0112 (Orientation).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    check_max_size(max_size)
+    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0):
+        raise ValueError(f"max_pixels must be a positive int or None, got {max_pixels!r}")
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"image file {path!r} is a directory, not an image file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"image file {path!r} does not exist")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit below
+            im = Image.open(path)  # reads the header only
+    except Image.DecompressionBombError as exc:
+        size = _header_size(path)
+        found = f"{size[0]}x{size[1]} = {size[0] * size[1]} pixels" if size else str(exc)
+        raise ValueError(
+            f"image file {path!r} declares {found}, more than Pillow's limit of "
+            f"{2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (a decompression bomb?); refused before decoding"
+        ) from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(f"image file {path!r} could not be read as an image: {exc}") from None
+    with im:
+        w, h = im.size
+        if max_pixels is not None and w * h > max_pixels:
+            raise ValueError(
+                f"image file {path!r} declares {w}x{h} = {w * h} pixels, more than max_pixels="
+                f"{max_pixels} (a decompression bomb?); refused before decoding"
+            )
+        try:
+            image = None
+            if im.format in _TORCHVISION_FORMATS:
+                with contextlib.suppress(RuntimeError):  # a variant torchvision does not decode
+                    image = _decode_torchvision(path)
+            if image is None:
+                im.load()
+                image = _pillow_to_tensor(im, path)
+        except (UnidentifiedImageError, OSError, SyntaxError, RuntimeError, Image.DecompressionBombError) as exc:
+            raise ValueError(f"image file {path!r} could not be read as an image: {exc}") from None
+    return _shrink(image, max_size)
+
+
+def _header_size(path: str) -> tuple[int, int] | None:
+    """(width, height) from the header of an image Pillow refused as a bomb: its format plugins
+    are asked directly, as ``Image.open`` does, which reads the header and decodes nothing."""
+    from PIL import Image
+
+    Image.init()
+    with open(path, "rb") as fh:
+        prefix = fh.read(16)
+        for fmt in Image.ID:
+            factory, accept = Image.OPEN[fmt]
+            try:
+                if accept is not None and not accept(prefix):
+                    continue
+                fh.seek(0)
+                with factory(fh, path) as im:
+                    return tuple(im.size)
+            except Exception:  # noqa: BLE001 - only a better message is at stake
+                continue
+    return None
+
+
+def _decode_torchvision(path: str) -> Tensor:
+    """``decode_image`` in RGB at the stored depth (uint8 or uint16), EXIF applied, as float."""
+    from torchvision.io import ImageReadMode, decode_image, read_file
+    from torchvision.transforms.v2.functional import to_dtype
+
+    data = decode_image(read_file(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    if data.dim() == 4:  # an animated GIF: its first frame, as Pillow gives
+        data = data[0]
+    return to_dtype(data, torch.float32, scale=True)
+
+
+def load_images(
+    paths: Sequence[str | os.PathLike],
+    max_size: int | None = None,
+    progress: bool | None = None,
+    *,
+    max_pixels: int | None = MAX_IMAGE_PIXELS,
+) -> list[Tensor]:
+    """Reads several images (see :func:`load_image`), with a tqdm progress bar.
+
+    Args:
+        paths: image files.
+        max_size (int, optional): as in :func:`load_image`.
+        progress (bool, optional): show a progress bar; default: when more than 8 paths.
+        max_pixels (int, optional): as in :func:`load_image`.
+
+    Returns:
+        list of Tensor[3, H_i, W_i], float32 in [0, 1].
+
+    Raises:
+        TypeError: ``paths`` is a single path rather than a list.
+        FileNotFoundError / ValueError: as :func:`load_image`.
+    """
+    from tqdm.auto import tqdm
+
+    check_paths(paths)
+    if progress is None:
+        progress = len(paths) > 8
+    return [
+        load_image(p, max_size, max_pixels=max_pixels)
+        for p in tqdm(paths, desc="loading images", disable=not progress)
+    ]
+
+
+def sample_images(
+    names: Sequence[str] = SAMPLE_IMAGES, max_size: int | None = None
+) -> list[tuple[str, Tensor]]:
+    """scikit-image's shipped sample photos (``skimage.data.<name>()``), no download.
+
+    Args:
+        names: sample names, default ``astronaut`` (512x512), ``coffee`` (400x600), ``chelsea``
+            (300x451) and ``rocket`` (427x640).
+        max_size (int, optional): as in :func:`load_image`.
+
+    Returns:
+        list of ``(name, Tensor[3, H, W])``, float32 in [0, 1].
+
+    Raises:
+        ImportError: scikit-image is missing (``pip install vispos[demo]``).
+        ValueError: an unknown sample name.
+    """
+    try:
+        import skimage.data
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the sample photos come from scikit-image: pip install 'vispos[demo]'"
+        ) from exc
+    from PIL import Image
+
+    out = []
+    for name in names:
+        loader = getattr(skimage.data, name, None)
+        if loader is None or not callable(loader):
+            raise ValueError(f"unknown scikit-image sample {name!r}; try one of {SAMPLE_IMAGES}")
+        arr = np.asarray(loader())
+        out.append((name, _to_tensor(Image.fromarray(arr), max_size)))
+    return out
+
+
+def imagenet_normalize(image: Tensor) -> Tensor:
+    """``(image - mean) / std`` with ImageNet's statistics; returns a new tensor.
+
+    Args:
+        image (Tensor[3, H, W] or Tensor[B, 3, H, W]): float in [0, 1].
+
+    Raises:
+        TypeError: ``image`` is not a floating tensor.
+        ValueError: the channel axis does not have 3 entries.
+    """
+    if not isinstance(image, Tensor) or not image.is_floating_point():
+        got = image.dtype if isinstance(image, Tensor) else type(image).__name__
+        raise TypeError(f"image must be a floating Tensor[3, H, W] or [B, 3, H, W] in [0, 1], got {got}")
+    if image.dim() not in (3, 4) or image.shape[-3] != 3:
+        raise ValueError(f"image must have shape (3, H, W) or (B, 3, H, W), got {tuple(image.shape)}")
+    mean = torch.tensor(IMAGENET_MEAN, dtype=image.dtype, device=image.device).view(3, 1, 1)
+    std = torch.tensor(IMAGENET_STD, dtype=image.dtype, device=image.device).view(3, 1, 1)
+    return (image - mean) / std

@@ -1,0 +1,363 @@
+"""Volumes from NIfTI files or from nilearn's shipped MNI152 template, as float tensors ready to batch.
+
+Nothing is downloaded: the sample volume is the MNI152 T1 template nilearn installs with
+itself; user volumes are NIfTI files read by nibabel (``pip install 'vispos[medical]'``),
+checked from the header before any voxel is read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ._args import check_max_size, check_paths
+
+__all__ = [
+    "MAX_VOLUME_VOXELS",
+    "VOLUME_NORMALIZATIONS",
+    "normalize_intensity",
+    "resize_volume",
+    "load_volume",
+    "load_volumes",
+    "mni152_template",
+    "sample_volumes",
+]
+
+#: intensity normalisations :func:`normalize_intensity` knows (None: leave intensities as read)
+VOLUME_NORMALIZATIONS = ("zscore", "minmax", "percentile", None)
+
+
+def normalize_intensity(
+    volume: Tensor,
+    method: str | None = "zscore",
+    *,
+    nonzero: bool = True,
+    percentiles: tuple[float, float] = (0.5, 99.5),
+) -> Tensor:
+    """Normalises a volume's intensities per channel; returns a new float32 tensor.
+
+    ``"zscore"``: ``(v - mean) / std`` with the statistics of the foreground (nonzero voxels when
+    ``nonzero``, as nnU-Net does for MRI), applied to every voxel. ``"minmax"``: to ``[0, 1]``.
+    ``"percentile"``: clipped to the given percentiles of the foreground, then to ``[0, 1]``.
+    ``None``: a float32 copy.
+
+    Args:
+        volume (Tensor[C, D, H, W]): any real dtype.
+        method (str | None): one of :data:`VOLUME_NORMALIZATIONS`.
+        nonzero (bool): take statistics over nonzero voxels only (all voxels if none is nonzero).
+        percentiles (tuple of float): for ``"percentile"``, in ``[0, 100]``, low < high.
+
+    Returns:
+        Tensor[C, D, H, W], float32.
+
+    Raises:
+        ValueError: an unknown ``method``; a volume that is not ``(C, D, H, W)``; bad percentiles.
+
+    References:
+        Isensee et al., nnU-Net, Nature Methods 2021 (foreground z-score for MRI).
+    """
+    if method not in VOLUME_NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {VOLUME_NORMALIZATIONS}, got {method!r}")
+    if not isinstance(volume, Tensor) or volume.dim() != 4:
+        got = tuple(volume.shape) if isinstance(volume, Tensor) else type(volume).__name__
+        raise ValueError(f"volume must be a Tensor[C, D, H, W], got {got}")
+    lo_p, hi_p = percentiles
+    if not 0 <= lo_p < hi_p <= 100:
+        raise ValueError(f"percentiles must satisfy 0 <= low < high <= 100, got {percentiles!r}")
+    out = volume.detach().to(torch.float32).clone()
+    if method is None:
+        return out
+    for c in range(out.shape[0]):
+        chan = out[c]
+        fg = chan[chan != 0] if nonzero and bool((chan != 0).any()) else chan.flatten()
+        if method == "zscore":
+            std = float(fg.std()) if fg.numel() > 1 else 0.0
+            chan.sub_(float(fg.mean())).div_(std if std > 0 else 1.0)
+        else:
+            if method == "percentile":
+                sample = fg.double()[:: max(1, fg.numel() // 1_000_000)]  # quantile's size limit
+                q = torch.quantile(sample, torch.tensor([lo_p / 100, hi_p / 100], dtype=torch.float64))
+                lo, hi = float(q[0]), float(q[1])
+                chan.clamp_(lo, hi)
+            else:
+                lo, hi = float(chan.min()), float(chan.max())
+            chan.sub_(lo).div_(hi - lo if hi > lo else 1.0).clamp_(0.0, 1.0)
+    return out
+
+
+def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | None = None) -> Tensor:
+    """Resizes a volume (trilinear) so its longest axis is at most ``max_size``, or by ``scale``.
+
+    Never enlarges with ``max_size``; returns a new tensor (the input itself is not modified).
+
+    Args:
+        volume (Tensor[C, D, H, W]): floating.
+        max_size (int, optional): longest axis after resizing.
+        scale (float, optional): factor for every axis (instead of ``max_size``).
+
+    Returns:
+        Tensor[C, D', H', W'], ``volume``'s dtype.
+
+    Raises:
+        ValueError: both or a non-positive ``max_size`` / ``scale``; a volume that is not 4-D.
+    """
+    if volume.dim() != 4:
+        raise ValueError(f"volume must be a Tensor[C, D, H, W], got shape {tuple(volume.shape)}")
+    if max_size is not None and scale is not None:
+        raise ValueError("give max_size or scale, not both")
+    if max_size is not None:
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= 0:
+            raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
+        longest = max(volume.shape[1:])
+        if longest <= max_size:
+            return volume.clone()
+        scale = max_size / longest
+    if scale is None:
+        return volume.clone()
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    size = [max(1, round(s * scale)) for s in volume.shape[1:]]
+    return torch.nn.functional.interpolate(
+        volume[None], size=size, mode="trilinear", align_corners=False
+    )[0]
+
+
+#: the most voxels (all channels together) :func:`load_volume` reads by default: 2**28, 1 GiB
+#: as float32 (a 512^3 CT scan has 2**27)
+MAX_VOLUME_VOXELS = 2**28
+
+
+def _why(exc: BaseException) -> str:
+    """An exception from a reader as one short line: its type, and its message if any."""
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
+    """Refuses, from the header alone, what cannot become a float32 ``Tensor[C, D, H, W]``."""
+    shape = tuple(int(n) for n in img.shape)
+    dtype = img.get_data_dtype()
+    if len(shape) not in (3, 4):
+        raise ValueError(f"volume file {path!r} must be 3-D or 4-D, got shape {shape} (from its header)")
+    if 0 in shape:
+        raise ValueError(f"volume file {path!r} has an empty axis: its header says shape {shape}")
+    if dtype.fields is not None or dtype.kind not in "biuf":
+        try:
+            name = img.header._data_type_codes.label[int(img.header["datatype"])]
+        except (AttributeError, KeyError, TypeError, ValueError):
+            name = str(dtype)
+        raise ValueError(
+            f"volume file {path!r} stores {name} voxels ({dtype}); vispos reads real scalar voxels "
+            "(int, uint or float); split colour or complex volumes into real channels first"
+        )
+    voxels = math.prod(shape)
+    if max_voxels is not None and voxels > max_voxels:
+        raise ValueError(
+            f"volume file {path!r} declares shape {shape} = {voxels} voxels, more than "
+            f"max_voxels={max_voxels}; refused before reading"
+        )
+    data_file = img.file_map["image"].filename if "image" in img.file_map else None
+    if data_file and os.path.isfile(data_file) and not data_file.endswith((".gz", ".bz2", ".zst")):
+        offset = int(getattr(img.dataobj, "offset", 0))
+        header_bytes = int(getattr(img.header, "sizeof_hdr", 0))
+        if os.path.samefile(data_file, path) and offset < header_bytes:
+            raise ValueError(
+                f"volume file {path!r} is corrupt: its voxels would start at byte {offset}, inside "
+                f"its {header_bytes}-byte header (vox_offset)"
+            )
+        needed = offset + voxels * dtype.itemsize
+        found = os.path.getsize(data_file)
+        if found < needed:
+            raise ValueError(
+                f"volume file {path!r} is truncated: its header declares shape {shape} of {dtype} "
+                f"({needed} bytes with the header) but {data_file!r} has {found} bytes"
+            )
+
+
+def _nifti_to_tensor(img, source: str, canonical: bool) -> Tensor:
+    import nibabel as nib
+
+    if canonical:
+        img = nib.as_closest_canonical(img)
+    data = np.asarray(img.get_fdata(dtype=np.float32))
+    if data.ndim == 3:
+        data = data[None]
+    elif data.ndim == 4:
+        data = np.moveaxis(data, -1, 0)  # (X, Y, Z, T) -> channels first
+    else:
+        raise ValueError(f"volume {source!r} must be 3-D or 4-D, got shape {data.shape}")
+    if not np.isfinite(data).all():
+        data = np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0)
+    return torch.from_numpy(np.ascontiguousarray(data))
+
+
+def load_volume(
+    path: str | os.PathLike,
+    normalize: str | None = "zscore",
+    max_size: int | None = None,
+    canonical: bool = True,
+    *,
+    max_voxels: int | None = MAX_VOLUME_VOXELS,
+) -> Tensor:
+    """Reads a NIfTI volume (``.nii`` / ``.nii.gz``) with nibabel.
+
+    The volume is reoriented to the closest canonical (RAS+) orientation, so the tensor axes
+    ``(D, H, W)`` are (left->Right, posterior->Anterior, inferior->Superior); a 4-D file's last
+    axis becomes the channels. Non-finite voxels become 0.
+
+    Args:
+        path (str | PathLike): the file.
+        normalize (str | None): see :func:`normalize_intensity`. Default ``"zscore"``.
+        max_size (int, optional): shrink (trilinear) so the longest axis is at most this.
+        canonical (bool): reorient to RAS+. Default True.
+        max_voxels (int, optional): refuse a file whose header declares more voxels (all
+            channels together); default :data:`MAX_VOLUME_VOXELS`, None lifts the limit.
+
+    Returns:
+        Tensor[C, D, H, W], float32 (``C = 1`` for a 3-D file).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a volume nibabel reads (also a truncated or corrupt file); not 3-D / 4-D
+            or an empty axis; voxels that are not real scalars (RGB24, RGBA32, complex); more
+            than ``max_voxels`` voxels; an uncompressed file shorter than its header says. These
+            are checked on the header, before any voxel is read, and every message names the
+            file. Bad ``normalize`` / ``max_size`` / ``max_voxels``.
+        ImportError: nibabel is missing (``pip install 'vispos[medical]'``).
+
+    References:
+        nibabel (Brett et al.), ``nibabel.load``, ``as_closest_canonical``.
+    """
+    try:
+        import nibabel as nib
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("NIfTI volumes are read with nibabel: pip install 'vispos[medical]'") from exc
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"volume file {path!r} is a directory, not a NIfTI file")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"volume file {path!r} does not exist")
+    if max_voxels is not None and (isinstance(max_voxels, bool) or not isinstance(max_voxels, int) or max_voxels <= 0):
+        raise ValueError(f"max_voxels must be a positive int or None, got {max_voxels!r}")
+    check_max_size(max_size)
+    if normalize not in VOLUME_NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {VOLUME_NORMALIZATIONS}, got {normalize!r}")
+    # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
+    # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
+    # naming the file. MemoryError cannot happen: the size is checked on the header first.
+    try:
+        img = nib.load(path)  # the header only: the voxels are read lazily
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ValueError(f"volume file {path!r} could not be read as a NIfTI volume: {_why(exc)}") from None
+    _check_nifti_header(img, path, max_voxels)
+    try:
+        # a truncated or corrupt file fails here, not in nib.load
+        vol = _nifti_to_tensor(img, path, canonical)
+    except ValueError as exc:
+        if path in str(exc):
+            raise
+        raise ValueError(f"volume file {path!r} could not be read as a NIfTI volume: {_why(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - see above
+        raise ValueError(f"volume file {path!r} could not be read as a NIfTI volume: {_why(exc)}") from None
+    vol = resize_volume(vol, max_size) if max_size is not None else vol
+    return normalize_intensity(vol, normalize)
+
+
+def load_volumes(
+    paths: Sequence[str | os.PathLike],
+    normalize: str | None = "zscore",
+    max_size: int | None = None,
+    progress: bool | None = None,
+    *,
+    max_voxels: int | None = MAX_VOLUME_VOXELS,
+) -> list[Tensor]:
+    """Reads several NIfTI volumes (see :func:`load_volume`) with a tqdm progress bar.
+
+    Args:
+        paths: the files.
+        normalize, max_size, max_voxels: as in :func:`load_volume`.
+        progress (bool, optional): show a progress bar; default: when more than 4 paths.
+
+    Returns:
+        list of Tensor[C, D_i, H_i, W_i], float32.
+
+    Raises:
+        TypeError: ``paths`` is a single path rather than a list.
+        FileNotFoundError / ValueError / ImportError: as :func:`load_volume`.
+    """
+    from tqdm.auto import tqdm
+
+    check_paths(paths)
+    if progress is None:
+        progress = len(paths) > 4
+    return [
+        load_volume(p, normalize, max_size, max_voxels=max_voxels)
+        for p in tqdm(paths, desc="loading volumes", disable=not progress)
+    ]
+
+
+def mni152_template(
+    resolution: int | None = None, normalize: str | None = "zscore", max_size: int | None = None
+) -> Tensor:
+    """nilearn's MNI152 T1 template (2009 nonlinear asymmetric, skull-stripped), shipped inside
+    nilearn: no download.
+
+    Args:
+        resolution (int, optional): voxel size in mm passed to
+            ``nilearn.datasets.load_mni152_template`` (default 1 mm: 197 x 233 x 189).
+        normalize, max_size: as in :func:`load_volume`.
+
+    Returns:
+        Tensor[1, D, H, W], float32, RAS+ axes.
+
+    Raises:
+        ImportError: nilearn is missing (``pip install 'vispos[medical]'``).
+
+    References:
+        Fonov et al., Unbiased average age-appropriate atlases for pediatric studies, NeuroImage
+        2011 (MNI152 2009); Abraham et al., nilearn, Front. Neuroinform. 2014.
+    """
+    try:
+        from nilearn.datasets import load_mni152_template
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("the MNI152 template comes with nilearn: pip install 'vispos[medical]'") from exc
+    vol = _nifti_to_tensor(load_mni152_template(resolution=resolution), "MNI152", canonical=True)
+    vol = resize_volume(vol, max_size) if max_size is not None else vol
+    return normalize_intensity(vol, normalize)
+
+
+def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list[tuple[str, Tensor]]:
+    """Three volumes of different shapes cut from the MNI152 template, for ``vispos demo --volume``.
+
+    ``mni152``: the whole template shrunk so its longest axis is ``max_size``;
+    ``mni152_coarse``: the whole template at 3/4 of that size (a coarser scan);
+    ``mni152_superior``: the superior 55% of the brain (a partial field of view) at the first
+    one's voxel size.
+
+    Args:
+        max_size (int): longest axis of the first volume. Default 64.
+        normalize (str | None): see :func:`normalize_intensity`.
+
+    Returns:
+        list of ``(name, Tensor[1, D, H, W])``, float32.
+
+    Raises:
+        ValueError: ``max_size`` < 8.
+    """
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 8:
+        raise ValueError(f"max_size must be an int >= 8, got {max_size!r}")
+    full = mni152_template(normalize=None)
+    scale = max_size / max(full.shape[1:])
+    depth = full.shape[-1]
+    crop = full[..., int(round(0.45 * depth)):]
+    vols = [
+        ("mni152", resize_volume(full, scale=scale)),
+        ("mni152_coarse", resize_volume(full, scale=0.75 * scale)),
+        ("mni152_superior", resize_volume(crop, scale=scale)),
+    ]
+    return [(name, normalize_intensity(v, normalize)) for name, v in vols]
