@@ -119,9 +119,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     @property
     def dtype_override(self) -> torch.dtype | None:
-        """The output dtype (None: the input's). Assigning it is checked as in the constructor
-        (a floating ``torch.dtype`` or None); tables are keyed on the dtype, so none built for
-        the old one is returned."""
+        """The output dtype (None: the input's); assigning it is checked as in the constructor."""
         return self._dtype_override
 
     @dtype_override.setter
@@ -439,17 +437,15 @@ class FixEncoding(nn.Module):
                 f"PositionalEncodingPermute{{1,2,3}}D, got {type(encoding).__name__}"
             )
         self.pos_encoder = encoding
-        # one table per (device, shape, channels, dtype), whatever its size: the shape is fixed
-        # by the caller; keyed on the encoding's settings, so assigning ``org_channels`` or
-        # ``dtype_override`` (or ``shape``) later is followed, never answered from a stale table
+        # one table per (device, shape, channels, dtype), whatever its size (the caller fixed
+        # the shape): settings assigned later are followed, never answered from a stale table
         self._tables = TensorCache(4, max_bytes=None)
         self.shape = shape
         self._lookup(torch.device("cpu"))
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """tuple[int, ...]: the fixed spatial shape ``S``; assigning it is checked as in the
-        constructor."""
+        """tuple[int, ...]: the fixed spatial shape ``S``; assignments are checked."""
         return self._shape
 
     @shape.setter
