@@ -85,8 +85,10 @@ def test_sample_volumes_shapes():
     assert shapes["mni152"][2] == 32 and len(set(shapes.values())) == 3
     for v in vols.values():
         assert float(v.min()) == 0.0 and float(v.max()) == 1.0
-    with pytest.raises(ValueError, match="max_size must be an int >= 8"):
+    with pytest.raises(ValueError, match="max_size must be an int from 8 to 256, got 4"):
         sample_volumes(max_size=4)
+    with pytest.raises(ValueError, match="max_size must be an int from 8 to 256, got 4096"):
+        sample_volumes(max_size=4096)  # careful-user pass: this asked for tens of GB
 
 
 def test_normalize_intensity():

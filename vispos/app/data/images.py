@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._args import check_max_size, check_paths
+from ._args import check_max_size, check_paths, shrunk_size
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -60,10 +60,9 @@ def _shrink(image: Tensor, max_size: int | None) -> Tensor:
 
     check_max_size(max_size)
     h, w = image.shape[-2:]
-    if max_size is None or max(h, w) <= max_size:
+    size = list(shrunk_size((h, w), max_size))
+    if size == [h, w]:
         return image
-    ratio = max_size / max(h, w)
-    size = [max(1, round(h * ratio)), max(1, round(w * ratio))]
     out = resize(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True)
     return out.clamp_(0.0, 1.0)
 
@@ -216,6 +215,29 @@ def _damaged(path: str, codec_error: BaseException | None, pillow_error: BaseExc
     if codec_error is not None:
         why = f"TorchCodec: {_why(codec_error)}; Pillow: {why}"
     return f"image file {path!r} could not be read as an image (damaged or truncated?): {why}"
+
+
+def displayed_size(path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(H, W)`` of the image :func:`load_image` would return (before ``max_size``), read from
+    the header alone (EXIF orientations 5-8 swap the axes); None when the header cannot be read
+    (:func:`load_image` then says why). Lets a caller bound a batch before decoding it."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(os.fspath(path)) as im:
+                w, h = im.size
+                if im.format == "PNG":  # PNG's getexif() decodes the image to find a late eXIf
+                    exif = Image.Exif()
+                    if im.info.get("exif"):
+                        exif.load(im.info["exif"])
+                else:
+                    exif = im.getexif()
+                orientation = exif.get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - load_image reports the file's problem
+        return None
+    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
 
 
 def _header_size(path: str) -> tuple[int, int] | None:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_bool
-from ._args import check_max_size, check_paths
+from ._args import check_max_size, check_paths, shrunk_size
 
 __all__ = [
     "MAX_VOLUME_VOXELS",
@@ -127,7 +127,9 @@ def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | No
         Tensor[C, D', H', W'], ``volume``'s dtype.
 
     Raises:
-        ValueError: both or a non-positive ``max_size`` / ``scale``; a volume that is not 4-D.
+        ValueError: both or a non-positive ``max_size`` / ``scale`` (or a non-finite
+            ``scale``); a ``scale`` giving more than :data:`MAX_VOLUME_VOXELS` voxels (checked
+            before anything is allocated); a volume that is not 4-D.
     """
     if volume.dim() != 4:
         raise ValueError(f"volume must be a Tensor[C, D, H, W], got shape {tuple(volume.shape)}")
@@ -136,15 +138,24 @@ def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | No
     if max_size is not None:
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= 0:
             raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
-        longest = max(volume.shape[1:])
-        if longest <= max_size:
+        size = list(shrunk_size(volume.shape[1:], max_size))
+        if size == list(volume.shape[1:]):
             return volume.clone()
-        scale = max_size / longest
-    if scale is None:
+    elif scale is None:
         return volume.clone()
-    if not scale > 0:
-        raise ValueError(f"scale must be > 0, got {scale!r}")
-    size = [max(1, round(s * scale)) for s in volume.shape[1:]]
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
+            math.isfinite(scale) and scale > 0
+        ):
+            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        size = [max(1, round(s * scale)) for s in volume.shape[1:]]
+        voxels = volume.shape[0] * math.prod(size)
+        if voxels > MAX_VOLUME_VOXELS:
+            raise ValueError(
+                f"scale={scale!r} would resize the volume {tuple(volume.shape)} to "
+                f"{(volume.shape[0], *size)} = {voxels} voxels, more than MAX_VOLUME_VOXELS="
+                f"{MAX_VOLUME_VOXELS}"
+            )
     return torch.nn.functional.interpolate(
         volume[None], size=size, mode="trilinear", align_corners=False
     )[0]
@@ -209,6 +220,26 @@ def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
                 f"volume file {path!r} is truncated: its header declares shape {shape} of {dtype} "
                 f"({needed} bytes with the header) but {data_file!r} has {found} bytes"
             )
+
+
+def volume_shape(path: str | os.PathLike, canonical: bool = True) -> tuple[int, ...] | None:
+    """``(C, D, H, W)`` of the volume :func:`load_volume` would return (before ``max_size``),
+    read from the header alone (the RAS+ reorientation permutes the axes); None when the header
+    cannot be read or is refused (:func:`load_volume` then says why). Lets a caller bound a batch
+    before reading it."""
+    try:
+        import nibabel as nib
+
+        img = nib.load(os.fspath(path))
+        _check_nifti_header(img, os.fspath(path), MAX_VOLUME_VOXELS)  # what load_volume refuses
+        shape = tuple(int(n) for n in img.shape)
+        spatial = list(shape[:3])
+        if canonical:
+            for axis, (target, _) in enumerate(nib.io_orientation(img.affine)):
+                spatial[int(target)] = shape[axis]
+    except Exception:  # noqa: BLE001 - load_volume reports the file's problem
+        return None
+    return (shape[3] if len(shape) == 4 else 1, *spatial)
 
 
 def _nifti_to_tensor(img, source: str, canonical: bool) -> Tensor:
@@ -384,10 +415,11 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
         list of ``(name, Tensor[1, D, H, W])``, float32.
 
     Raises:
-        ValueError: ``max_size`` < 8.
+        ValueError: ``max_size`` < 8 or > 256 (the template's longest axis is 233 voxels at 1 mm:
+            larger sizes would only interpolate it, and ``max_size=4096`` asked for tens of GB).
     """
-    if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 8:
-        raise ValueError(f"max_size must be an int >= 8, got {max_size!r}")
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or not 8 <= max_size <= 256:
+        raise ValueError(f"max_size must be an int from 8 to 256, got {max_size!r}")
     full = mni152_template(normalize=None)
     scale = max_size / max(full.shape[1:])
     depth = full.shape[-1]
