@@ -57,7 +57,7 @@ from torchvision.transforms import v2
 
 import vispos
 from vispos.backbones import DetrEncoder, Joiner, TimmBackbone
-from vispos.app.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
+from vispos.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
 
 CLASSES = ("rectangle", "circle", "triangle")
 #: scikit-image sample photographs used as training backgrounds (all shipped, no download)

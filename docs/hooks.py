@@ -19,7 +19,7 @@ log = logging.getLogger("mkdocs.hooks.vispos")
 _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]*)</code>")
 
 MODULES = (
-    "vispos", "vispos.backbones", "vispos.config", "vispos.encodings",
+    "vispos", "vispos.backbones", "vispos.transformer", "vispos.config", "vispos.encodings",
     "vispos.app.data", "vispos.app.figures", "vispos.app.png",
 )
 

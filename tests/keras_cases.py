@@ -195,7 +195,7 @@ def test_channels_value(channels):
 
 
 def test_integer_dtype_rejected():
-    with pytest.raises(ValueError, match=r"dtype must be a floating dtype.*got int32"):
+    with pytest.raises(TypeError, match=r"dtype must be a floating dtype.*got int32"):
         TFPositionalEncoding1D(4, dtype="int32")
 
 

@@ -90,7 +90,8 @@ def test_checkpoint_round_trip(tmp_path, resnet18):
         (dict(model_name="resnet_does_not_exist"), ValueError, "is not a timm model"),
         (dict(model_name="resnet18", out_indices=(7,)), ValueError, "out_indices"),
         (dict(model_name="resnet18", out_indices=4), TypeError, "out_indices must be a non-empty sequence"),
-        (dict(model_name="resnet18", out_indices=()), TypeError, "out_indices"),
+        (dict(model_name="resnet18", out_indices=()), ValueError, r"out_indices must be a non-empty sequence of ints, got \(\)"),
+        (dict(model_name="resnet18", out_indices=(1, 2.0)), TypeError, r"out_indices\[1\] must be an int, got 2.0"),
         (dict(model_name=18), TypeError, "model_name must be a str"),
     ],
 )

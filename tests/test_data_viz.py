@@ -85,9 +85,9 @@ def test_sample_volumes_shapes():
     assert shapes["mni152"][2] == 32 and len(set(shapes.values())) == 3
     for v in vols.values():
         assert float(v.min()) == 0.0 and float(v.max()) == 1.0
-    with pytest.raises(ValueError, match="max_size must be an int from 8 to 256, got 4"):
+    with pytest.raises(ValueError, match="max_size must be >= 8"):
         sample_volumes(max_size=4)
-    with pytest.raises(ValueError, match="max_size must be an int from 8 to 256, got 4096"):
+    with pytest.raises(ValueError, match=r"max_size must be from 8 to 256 \(the template's longest axis is 233\), got 4096"):
         sample_volumes(max_size=4096)  # careful-user pass: this asked for tens of GB
 
 
@@ -526,7 +526,7 @@ def test_decompression_bomb_is_refused_from_the_header(tmp_path):
         load_image(medium)
     with pytest.raises(ValueError, match=r"declares 10000x10000 = 100000000 pixels, more than max_pixels=1000"):
         load_image(medium, max_pixels=1000)
-    with pytest.raises(ValueError, match="max_pixels must be a positive int or None, got 0"):
+    with pytest.raises(ValueError, match="max_pixels must be a positive int, got 0"):
         load_image(medium, max_pixels=0)
 
 

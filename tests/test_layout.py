@@ -34,7 +34,18 @@ OLD_PUBLIC = {
         "plot_similarity", "plot_padded_batch", "plot_normalized_coords", "plot_rotary_invariance",
     ],
     "vispos.cli": ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"],
+    "vispos.backbones": [
+        "Backbone", "BackboneBase", "SpatialPositionEmbedding", "DetrEncoder", "DetrEncoderLayer",
+        "FlatLevels", "FrozenBatchNorm3d", "Joiner", "TimmBackbone", "TorchvisionBackbone",
+        "VOLUME_MODELS", "VolumeBackbone", "backbone_border_effect", "flatten_levels",
+        "format_load_report", "freeze_batch_norm", "load_checkpoint_state", "unflatten_levels",
+        "valid_ratios",
+    ],
 }
+
+#: names importable before issue 19 that left their module's ``__all__`` with the move (they
+#: resolve lazily, so the package does not import the module it moved to)
+MOVED_OUT_OF_ALL = {"vispos.backbones": {"DetrEncoder", "DetrEncoderLayer"}}
 
 #: modules still over the size limit, waiting for their owner's part of issue 19 (padcore:
 #: the thin sine module and the Padding value object); remove an entry when it lands
@@ -79,7 +90,7 @@ def test_core_never_imports_the_app_side(path):
 
 def test_import_vispos_loads_no_app_module():
     code = (
-        "import sys, vispos, vispos.backbones, vispos.config, vispos.encodings;"
+        "import sys, vispos, vispos.backbones, vispos.config, vispos.encodings, vispos.transformer;"
         "print(sorted(m for m in sys.modules if m.startswith('vispos.app') or m in "
         "('vispos.data', 'vispos.viz', 'vispos.cli', 'matplotlib')))"
     )
@@ -94,7 +105,7 @@ def test_old_import_paths_still_work(module):
     for name in OLD_PUBLIC[module]:
         assert hasattr(mod, name), f"{module}.{name} no longer importable"
         exec(f"from {module} import {name}", {})
-    assert set(OLD_PUBLIC[module]) <= set(mod.__all__)
+    assert set(OLD_PUBLIC[module]) - MOVED_OUT_OF_ALL.get(module, set()) <= set(mod.__all__)
 
 
 def test_old_paths_are_the_new_objects():
@@ -110,6 +121,13 @@ def test_old_paths_are_the_new_objects():
     assert vispos.viz.plot_similarity is vispos.app.figures.plot_similarity
     assert vispos.viz.plot_position_similarity is vispos.app.png.plot_position_similarity
     assert vispos.cli.main is vispos.app.cli.main
+    import vispos.backbones
+    import vispos.transformer
+
+    assert vispos.backbones.DetrEncoder is vispos.transformer.DetrEncoder
+    assert vispos.backbones.DetrEncoderLayer is vispos.transformer.DetrEncoderLayer
+    with pytest.raises(AttributeError, match="has no attribute 'NotAThing'"):
+        vispos.backbones.NotAThing  # noqa: B018
 
 
 def test_console_script_and_module_entry_points():
@@ -132,5 +150,7 @@ def test_each_module_is_one_room(path):
     lines = path.read_text().count("\n")
     if _rel(path) not in OVERSIZED_PENDING:
         assert lines < 500, f"{_rel(path)} has {lines} lines (rooms stay under 500)"
+    else:
+        assert lines >= 500, f"{_rel(path)} is down to {lines} lines: remove it from OVERSIZED_PENDING"
     doc = ast.get_docstring(ast.parse(path.read_text()))
     assert doc and doc.strip(), f"{_rel(path)} has no module docstring"

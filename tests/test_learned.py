@@ -167,8 +167,8 @@ def test_interpolate_half_table_in_float32_and_grad():
         (dict(num_embeddings=(5,) * 4), ValueError, r"one int per spatial axis \(1 to 3\)"),
         (dict(num_embeddings="50"), TypeError, "num_embeddings must be a positive int or a sequence"),
         (dict(num_embeddings=(5, 5), spatial_dims=3), ValueError, r"num_embeddings has 2 entries \(5, 5\) but spatial_dims=3"),
-        (dict(spatial_dims=4), ValueError, "spatial_dims must be 1, 2 or 3, got 4"),
-        (dict(spatial_dims="2"), TypeError, "spatial_dims must be 1, 2 or 3, got '2'"),
+        (dict(spatial_dims=4), ValueError, r"spatial_dims must be one of \(1, 2, 3\), got 4"),
+        (dict(spatial_dims="2"), TypeError, r"spatial_dims must be one of \(1, 2, 3\), got '2'"),
         (dict(interpolate=1), TypeError, "interpolate must be a bool, got 1"),
     ],
 )

@@ -225,7 +225,7 @@ def test_depth_added_repr_state_pickle():
         (lambda: mae_sincos_2d(30, 4), ValueError, r"embed_dim must be a positive multiple of 4 .*got 30"),
         (lambda: mae_sincos_2d(32, "14"), TypeError, r"grid_size must be an int or a sequence of 2 ints, got '14'"),
         (lambda: mae_sincos_2d(32, 4, cls_token=1), TypeError, r"cls_token must be a bool, got 1"),
-        (lambda: monai_sincos(4, 64, 4), ValueError, r"spatial_dims must be 2 or 3, got 4"),
+        (lambda: monai_sincos(4, 64, 4), ValueError, r"spatial_dims must be one of \(2, 3\), got 4"),
         (lambda: monai_sincos(4, 64, 3), ValueError, r"embed_dim must be a positive multiple of 6 .*got 64"),
         (lambda: monai_sincos((4, 4), 96, 3), ValueError, r"grid_size must be an int or a sequence of 3 ints, got \(4, 4\)"),
         (lambda: dino_sine(7), ValueError, r"num_pos_feats must be a positive even int .*got 7"),

@@ -1,4 +1,5 @@
 import copy
+import itertools
 import math
 import pickle
 
@@ -6,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import torch
+import torch.nn.functional as F
 from torch.testing import assert_close
 
 from vispos.encodings.sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
@@ -57,20 +59,50 @@ FAIRSEQ2_TABLE = [
 PRINTED = dict(rtol=0, atol=5.1e-5)  # half a unit in the 5th significant digit of values <= 1
 
 
-def slow_reference(positions, d_model, layout="interleaved", ladder="standard", temperature=10000.0):
-    """The formulas written channel by channel in float64 (Vaswani et al. / tensor2tensor)."""
+def slow_reference(positions, d_model, layout="interleaved", ladder="standard", temperature=10000.0,
+                   dtype=torch.float32):
+    """The formulas written channel by channel in float64 (Vaswani et al. / tensor2tensor /
+    speechain's continued ladder: cosine k on rung D/2 + k), cast to ``dtype``."""
     half = d_model // 2
     pos = torch.as_tensor(positions, dtype=torch.float64)
     out = torch.empty(*pos.shape, d_model, dtype=torch.float64)
     for k in range(half):
-        if ladder == "standard":
-            w = 1.0 / temperature ** (2 * k / d_model)
+        if ladder == "t2t":
+            w_sin = w_cos = math.exp(-math.log(temperature) * k / (half - 1))
         else:
-            w = math.exp(-math.log(temperature) * k / (half - 1))
+            w_sin = w_cos = 1.0 / temperature ** (2 * k / d_model)
+            if ladder == "continued":
+                w_cos = 1.0 / temperature ** ((d_model + 2 * k) / d_model)
         sin_ch, cos_ch = (2 * k, 2 * k + 1) if layout == "interleaved" else (k, half + k)
-        out[..., sin_ch] = torch.sin(pos * w)
-        out[..., cos_ch] = torch.cos(pos * w)
-    return out.float()
+        out[..., sin_ch] = torch.sin(pos * w_sin)
+        out[..., cos_ch] = torch.cos(pos * w_cos)
+    return out.to(dtype)
+
+
+def fairseq2_table(encoding_dim, max_seq_len, dtype=torch.float32, legacy_pad_idx=None):
+    """fairseq2's ``SinusoidalPositionEncoder.freqs``, statement by statement from its
+    ``reset_non_persistent_buffers`` / ``_fill_sin_freq_table`` (the buffer in ``dtype``)."""
+    freqs = torch.empty((max_seq_len, encoding_dim), dtype=dtype)
+    start_step = 0 if legacy_pad_idx is None else 1 + legacy_pad_idx
+    num_sin = encoding_dim // 2
+    l_half = freqs[:, :num_sin]
+    r_half = freqs[:, num_sin:]
+    steps = torch.arange(start_step, start_step + max_seq_len, dtype=dtype)
+    indices = torch.arange(num_sin, dtype=dtype)
+    # "This is identical to tensor2tensor's implementation."
+    table_freqs = torch.exp(indices * -math.log(10000.0) / (num_sin - 1))
+    torch.outer(steps, table_freqs, out=l_half)
+    r_half.copy_(l_half)
+    l_half.sin_()
+    r_half.cos_()
+    return freqs
+
+
+def fairseq2_forward(seqs, freqs, start_step=0):
+    """fairseq2's ``_do_forward``: the padding mask is not read; the sum is taken in float32."""
+    seq_len = seqs.size(-2)
+    fp32_seqs = seqs.float() + freqs[start_step : start_step + seq_len]
+    return fp32_seqs.type_as(seqs)
 
 
 # ----------------------------------------------------------------------------- golden tables
@@ -95,7 +127,7 @@ def test_fairseq2_docstring_example():
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "split"])
-@pytest.mark.parametrize("ladder", ["standard", "t2t"])
+@pytest.mark.parametrize("ladder", ["standard", "t2t", "continued"])
 @pytest.mark.parametrize("d_model", [4, 10, 64])
 def test_table_against_formula(layout, ladder, d_model):
     m = SinusoidalPositionalEncoding(d_model, max_len=60, layout=layout, ladder=ladder)
@@ -134,7 +166,9 @@ def test_emb_scale_and_layernorm_without_modifying_input(device):
         m.layernorm.bias.uniform_(-0.5, 0.5)
     out = m(x)
     pe = slow_reference(torch.arange(5), 8).to(device)
-    assert_close(out, m.layernorm(x * math.sqrt(8)) + pe)
+    # speechain's order: LayerNorm first, then the scale (not LayerNorm(x * sqrt(D)), which would
+    # undo the scale)
+    assert_close(out, m.layernorm(x) * math.sqrt(8) + pe)
     assert torch.equal(x, before)
     out2 = SinusoidalPositionalEncoding(8, emb_scale=True)(x)
     assert_close(out2, x * math.sqrt(8) + pe)
@@ -218,10 +252,12 @@ def test_dtype_follows_input(dtype):
     x = torch.randn(2, 300, 32).to(dtype)
     out = m(x)
     assert out.dtype == dtype
-    expected = x.double() + slow_reference(torch.arange(300), 32).double()
-    if dtype == torch.float64:  # angles are float32 by design: float32 tolerance at p < 300
-        assert_close(out, expected, rtol=1.3e-6, atol=3e-5)
+    if dtype == torch.float64:  # the encoding is computed in float64 for a float64 input
+        expected = x + slow_reference(torch.arange(300), 32, dtype=torch.float64)
+        assert_close(out, expected, rtol=0, atol=300 * 4 * torch.finfo(torch.float64).eps)
+        assert m.pe.dtype == torch.float32  # the cached float32 table is left as it was
     else:  # added in float32, rounded once: the correctly rounded sum
+        expected = x.double() + slow_reference(torch.arange(300), 32).double()
         assert_close(out, expected.to(dtype))
 
 
@@ -312,7 +348,8 @@ def test_learnable_sinusoidal_repr_and_defaults():
         (dict(d_model=8, max_len=0), ValueError, r"max_len must be a positive int, got 0"),
         (dict(d_model=8, max_len=10.0), TypeError, r"max_len must be a positive int, got 10.0 \(float\)"),
         (dict(d_model=8, layout="mix"), ValueError, r"layout must be one of \('interleaved', 'split'\), got 'mix'"),
-        (dict(d_model=8, ladder="log"), ValueError, r"ladder must be one of \('standard', 't2t'\), got 'log'"),
+        (dict(d_model=8, layout=1), TypeError, r"layout must be one of \('interleaved', 'split'\), got 1 \(int\)"),
+        (dict(d_model=8, ladder="log"), ValueError, r"ladder must be one of \('standard', 't2t', 'continued'\), got 'log'"),
         (dict(d_model=8, batch_first=1), TypeError, r"batch_first must be a bool, got 1 \(int\)"),
         (dict(d_model=8, emb_scale="yes"), TypeError, r"emb_scale must be a bool, got 'yes'"),
         (dict(d_model=8, temperature=0), ValueError, r"temperature must be a finite number > 0, got 0"),
@@ -386,3 +423,106 @@ def test_property_padding_anywhere(rows):
         valid = (~mask[b]).nonzero().flatten()
         assert_close(out[b, valid], x[b, valid] + pe[: len(valid)])
         assert torch.equal(out[b, mask[b]], x[b, mask[b]])
+
+
+# ----------------------------------------------------------------------------- fairseq2, bit for bit
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("encoding_dim, max_seq_len", [(4, 16), (6, 50), (32, 10), (512, 5000), (1022, 300)])
+def test_fairseq2_table_bit_identical(encoding_dim, max_seq_len, dtype):
+    # fairseq2 multiplies by exp(j * -ln(10000) / (h - 1)); dividing by exp(+...) rounds otherwise
+    # (4.9e-4 at position 5000, d=512): the "t2t" ladder uses fairseq2's expression
+    ref = fairseq2_table(encoding_dim, max_seq_len, dtype)
+    m = SinusoidalPositionalEncoding(encoding_dim, max_len=max_seq_len, layout="split", ladder="t2t")
+    out = m(torch.zeros(1, max_seq_len, encoding_dim, dtype=dtype))[0]
+    assert out.dtype == dtype
+    assert_close(out, ref, rtol=0, atol=0)
+    if dtype == torch.float32:
+        assert_close(m.pe, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fairseq2_forward_and_incremental_decoding(dtype):
+    # fairseq2's forward: step i of a call at state_bag.step_nr = start gets table row start + i;
+    # vispos: the same rows through ``positions``, added in float32 and rounded once, as fairseq2
+    torch.manual_seed(0)
+    freqs = fairseq2_table(64, 40)
+    m = SinusoidalPositionalEncoding(64, max_len=8, layout="split", ladder="t2t")  # grows to 40
+    x = torch.randn(3, 40, 64).to(dtype)
+    assert_close(m(x), fairseq2_forward(x, freqs), rtol=0, atol=0)
+    for start, length in ((0, 5), (5, 1), (6, 1), (7, 33)):
+        step = x[:, start : start + length]
+        out = m(step, positions=start + torch.arange(length))
+        assert out.dtype == dtype
+        assert_close(out, fairseq2_forward(step, freqs, start_step=start), rtol=0, atol=0)
+        assert_close(out, m(x)[:, start : start + length], rtol=0, atol=0)
+
+
+def test_fairseq2_padded_steps_and_legacy_pad_idx():
+    # fairseq2 does not read its padding mask: padded steps get their table row like any other,
+    # and a left-padded item's first token sits at its absolute index. vispos' key_padding_mask
+    # gives padded steps no encoding and counts valid steps from 0; to reproduce fairseq2, pass
+    # the absolute positions and no mask.
+    torch.manual_seed(0)
+    freqs = fairseq2_table(16, 12)
+    m = SinusoidalPositionalEncoding(16, layout="split", ladder="t2t")
+    x = torch.randn(2, 12, 16)
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[0, 9:] = True  # right padding
+    mask[1, :4] = True  # left padding
+    fs2 = fairseq2_forward(x, freqs)
+    assert_close(m(x, positions=torch.arange(12)), fs2, rtol=0, atol=0)
+    ours = m(x, key_padding_mask=mask)
+    assert torch.equal(ours[mask], x[mask])  # vispos: padded steps hold the input
+    assert not torch.equal(fs2[mask], x[mask])  # fairseq2: they got table rows
+    assert_close(ours[0, :9], fs2[0, :9], rtol=0, atol=0)  # right padding: valid steps agree
+    assert_close(ours[1, 4:], x[1, 4:] + freqs[:8], rtol=0, atol=0)  # left: counted from 0
+    assert_close(fs2[1, 4:], x[1, 4:] + freqs[4:], rtol=0, atol=0)  # fairseq2: absolute index
+    # fairseq2's _legacy_pad_idx (fairseq compatibility) starts the steps at 1 + pad_idx
+    legacy = fairseq2_table(16, 12, legacy_pad_idx=1)
+    assert_close(m(torch.zeros(1, 12, 16), positions=torch.arange(12) + 2)[0], legacy, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- every option
+FLAGS = list(itertools.product([False, True], repeat=3))  # emb_scale, emb_layernorm, learnable_scale
+
+
+def _formula_forward(m, x, layout, ladder, emb_scale, emb_layernorm, learnable_scale):
+    """``dropout(LayerNorm(x) * sqrt(D) + alpha * PE)`` written out with torch.nn.functional."""
+    d = x.shape[-1]
+    out = F.layer_norm(x, (d,), m.layernorm.weight, m.layernorm.bias, m.layernorm.eps) if emb_layernorm else x
+    out = out * math.sqrt(d) if emb_scale else out
+    pe = slow_reference(torch.arange(x.shape[1]), d, layout, ladder, dtype=x.dtype)
+    pe = m.alpha * pe if learnable_scale else pe
+    return F.dropout(out + pe, m.dropout.p, training=m.training)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("emb_scale, emb_layernorm, learnable_scale", FLAGS)
+@pytest.mark.parametrize("layout, ladder", list(itertools.product(["interleaved", "split"], ["standard", "t2t", "continued"])))
+def test_every_option_forward_and_gradients(layout, ladder, emb_scale, emb_layernorm, learnable_scale, dtype):
+    torch.manual_seed(0)
+    d, length = 8, 9
+    kwargs = dict(layout=layout, ladder=ladder, emb_scale=emb_scale, emb_layernorm=emb_layernorm,
+                  learnable_scale=learnable_scale, init_alpha=0.75 if learnable_scale else 1.0)
+    m = SinusoidalPositionalEncoding(d, dropout=0.25, **kwargs).to(dtype)
+    if emb_layernorm:
+        with torch.no_grad():
+            m.layernorm.weight.uniform_(0.5, 1.5)
+            m.layernorm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(3, length, d, dtype=dtype)
+    for training in (False, True):  # dropout under the same seed draws the same mask
+        m.train(training)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        torch.manual_seed(1)
+        out = m(xa)
+        torch.manual_seed(1)
+        ref = _formula_forward(m, xb, layout, ladder, emb_scale, emb_layernorm, learnable_scale)
+        assert out.dtype == dtype
+        assert_close(out, ref)
+        grad = torch.randn_like(out)
+        params = [p for p in m.parameters()]
+        got = torch.autograd.grad(out, [xa, *params], grad)
+        want = torch.autograd.grad(ref, [xb, *params], grad)
+        for g, w in zip(got, want):
+            assert_close(g, w)
+        assert torch.equal(xa, x)

@@ -147,3 +147,51 @@ def test_check_out_errors():
         check_out(good, (2, 3), torch.float16, good.device)
     with pytest.raises(ValueError, match="must not require grad"):
         check_out(torch.empty(2, 3, requires_grad=True), (2, 3), torch.float32, good.device)
+
+
+# ----------------------------------------------------------------------------- continued ladder
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("feats", [2, 4, 38, 48, 512])
+def test_continued_ladder(feats, dtype):
+    # speechain's 'sep' (div_term / div_term_ext): the sines on T^(2k/F), the cosines on the next
+    # F/2 rungs T^((F + 2k)/F); the sine half is the standard ladder to the last bit (F = 38 and 48
+    # are sizes where a pow over a table of length F would round differently from one of F/2)
+    div = frequency_divisors(feats, 10000.0, ladder="continued", dtype=dtype)
+    assert div.shape == (feats,) and div.dtype == dtype
+    torch.testing.assert_close(div[: feats // 2], frequency_divisors(feats, 10000.0, dtype=dtype), rtol=0, atol=0)
+    exact = torch.tensor([10000.0 ** (2 * j / feats) for j in range(feats)], dtype=torch.float64)
+    # the exponent 2j/F is rounded (relative eps/2), which T^e turns into e * ln(T) * eps/2 <= 9.3 eps
+    torch.testing.assert_close(div.double(), exact, rtol=12 * torch.finfo(dtype).eps, atol=0)
+    inv = frequency_divisors(feats, 10000.0, ladder="continued", dtype=dtype, inverse=True)
+    torch.testing.assert_close(inv, 1.0 / div, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split"])
+@pytest.mark.parametrize("channel_dim", [1, -1])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_continued_ladder_embedding(layout, channel_dim, requires_grad):
+    # the in-place path and the autograd path write the same numbers, cos on their own divisors
+    pos = (torch.arange(12.0) * 7).view(2, 6).requires_grad_(requires_grad)
+    out = sincos_embed([pos], 8, layout=layout, ladder="continued", channel_dim=channel_dim)
+    div = frequency_divisors(8, 10000.0, ladder="continued")
+    angles_sin, angles_cos = pos.detach()[..., None] / div[:4], pos.detach()[..., None] / div[4:]
+    ref = torch.empty(2, 6, 8)
+    sin_ch, cos_ch = (slice(0, 8, 2), slice(1, 8, 2)) if layout == "interleaved" else (slice(0, 4), slice(4, 8))
+    ref[..., sin_ch], ref[..., cos_ch] = angles_sin.sin(), angles_cos.cos()
+    ref = ref if channel_dim == -1 else ref.movedim(-1, 1)
+    torch.testing.assert_close(out.detach(), ref, rtol=0, atol=0)
+    if requires_grad:
+        out.sum().backward()
+        expected = (angles_sin.cos() / div[:4]).sum(-1) - (angles_cos.sin() / div[4:]).sum(-1)
+        torch.testing.assert_close(pos.grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_t2t_inverse_is_fairseq2_expression(dtype):
+    # fairseq2: freqs = exp(indices * -log(10000) / (num_sin - 1)), evaluated in that order
+    for feats in (4, 6, 64, 1024):
+        half = feats // 2
+        ref = torch.exp(torch.arange(half, dtype=dtype) * -math.log(10000.0) / (half - 1))
+        inv = frequency_divisors(feats, 10000.0, ladder="t2t", dtype=dtype, inverse=True)
+        torch.testing.assert_close(inv, ref, rtol=0, atol=0)
+        torch.testing.assert_close(inv, 1.0 / frequency_divisors(feats, ladder="t2t", dtype=dtype))

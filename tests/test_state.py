@@ -47,6 +47,7 @@ MODULES = {
     "FixEncoding": (lambda: vispos.FixEncoding(vispos.PositionalEncoding2D(6), (5, 4)), torch.randn(2, 5, 4, 6, generator=G)),
     "SinusoidalPositionalEncoding": (lambda: vispos.SinusoidalPositionalEncoding(16, learnable_scale=True), torch.randn(2, 7, 16, generator=G)),
     "LearnableSinusoidalPositionalEncoding": (lambda: vispos.LearnableSinusoidalPositionalEncoding(16, hidden_dim=8), torch.randn(2, 7, 16, generator=G)),
+    "SpeechainPositionalEncoding": (lambda: vispos.SpeechainPositionalEncoding("sep", 16, emb_scale=True, emb_layernorm=True, posenc_scale=True), torch.randn(2, 7, 16, generator=G)),
     "CoordSineEmbedding": (lambda: vispos.CoordSineEmbedding(4, d_model=32, hidden_dim=16), torch.rand(2, 5, 4, generator=G)),
     "RotaryEmbedding": (lambda: vispos.RotaryEmbedding(8), torch.randn(2, 5, 8, generator=G)),
     "AxialRotaryEmbedding": (lambda: vispos.AxialRotaryEmbedding(8), torch.randn(2, 12, 8, generator=G)),

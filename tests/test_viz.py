@@ -77,7 +77,7 @@ def test_encode_grid_errors():
         viz.encode_grid(vispos.PositionalEncoding2D(8), (4,))
     with pytest.raises(ValueError, match="encodes sequences"):
         viz.encode_grid(vispos.SinusoidalPositionalEncoding(8), (4, 4))
-    with pytest.raises(ValueError, match=r"shape must have 1 or 2 or 3 axes"):
+    with pytest.raises(ValueError, match=r"shape must hold 1 or 2 or 3 ints"):
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (2, 2, 2, 2))
     with pytest.raises(TypeError, match="shape must hold ints"):
         viz.encode_grid(vispos.PositionEmbeddingSine(8), (2.0, 3))
@@ -116,7 +116,18 @@ def test_channel_wavelengths_normalize_and_split_layout():
     ref = torch.tensor([2 * math.pi * math.exp(math.log(10000) * (c % 4) / 3) for c in range(8)], dtype=torch.float64)
     torch.testing.assert_close(lam, ref)
     assert viz.channel_wavelengths(vispos.PositionEmbeddingLearned(8), 10) is None
-    with pytest.raises(ValueError, match="length must be an int >= 1"):
+    # speechain's 'sep' (the continued ladder): cosine k on rung 4 + k; checked on the channels
+    for enc, rung in ((vispos.SpeechainPositionalEncoding("sep", 8), lambda c: c),
+                      (vispos.SinusoidalPositionalEncoding(8, ladder="continued"), lambda c: c // 2 + 4 * (c % 2))):
+        lam = viz.channel_wavelengths(enc, 10)
+        ref = torch.tensor([2 * math.pi * 10000 ** (2 * rung(c) / 8) for c in range(8)], dtype=torch.float64)
+        torch.testing.assert_close(lam, ref)
+        table = viz.encode_grid(enc, (60,))  # channels-first, the period read back from the channels
+        p = torch.arange(60.0)
+        for c in range(8):
+            f = torch.sin if (c < 4 if isinstance(enc, vispos.SpeechainPositionalEncoding) else c % 2 == 0) else torch.cos
+            torch.testing.assert_close(table[c], f(2 * math.pi * p / lam[c]).float(), atol=2e-5, rtol=0)
+    with pytest.raises(ValueError, match="length must be a positive int, got 0"):
         viz.channel_wavelengths(enc, 0)
 
 
@@ -154,13 +165,13 @@ def test_plot_channels_1d_and_2d():
     assert len(fig.axes) == 3 + 1
     with pytest.raises(ValueError, match=r"channels must index the 16 channels"):
         viz.plot_channels(pos2, channels=[16])
-    with pytest.raises(TypeError, match="channels must hold ints"):
+    with pytest.raises(TypeError, match="channels entry must be an int, got 1.5"):
         viz.plot_channels(pos2, channels=[1.5])
     with pytest.raises(ValueError, match="1 or 2 spatial axes"):
         viz.plot_channels(torch.zeros(4, 2, 2, 2))
     with pytest.raises(TypeError, match="pos must be a Tensor"):
         viz.plot_channels(np.zeros((4, 5)))
-    with pytest.raises(ValueError, match="max_panels must be an int >= 1"):
+    with pytest.raises(ValueError, match="max_panels must be a positive int, got 0"):
         viz.plot_channels(pos2, max_panels=0)
 
 
@@ -296,7 +307,7 @@ def test_plot_rotary_invariance():
     np.testing.assert_allclose([a[d] for d in sorted(common)], [b[d] for d in sorted(common)], atol=1e-4)
     with pytest.raises(TypeError, match="rotary must be a RotaryEmbedding"):
         viz.plot_rotary_invariance(vispos.PositionEmbeddingSine(8))
-    with pytest.raises(ValueError, match="length must be an int >= 2"):
+    with pytest.raises(ValueError, match="length must be >= 2, got 1"):
         viz.plot_rotary_invariance(rot, 1)
 
 

@@ -105,7 +105,9 @@ def test_joiner_3d_position_embedding():
         (dict(name_or_model=torchvision.models.resnet18()), ValueError, "must be a 3D network"),
         (dict(name_or_model=3), TypeError, "name_or_model must be one of"),
         (dict(in_chans=0), ValueError, "in_chans must be a positive int"),
-        (dict(stem_stride=(1, 2)), TypeError, "stem_stride must be a positive int or three"),
+        (dict(stem_stride=(1, 2)), ValueError, r"stem_stride must be an int or a sequence of 3 ints, got \(1, 2\)"),
+        (dict(stem_stride=(1, 2.0, 2)), TypeError, "stem_stride must hold ints"),
+        (dict(stem_stride=0), ValueError, r"stem_stride must hold positive ints, got \(0, 0, 0\)"),
         (dict(return_nodes=["layer7"]), ValueError, "not all nodes"),
     ],
 )

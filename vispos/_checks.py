@@ -15,7 +15,9 @@ References:
 from __future__ import annotations
 
 import math
+import numbers
 import operator
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,11 +27,14 @@ __all__ = [
     "MAX_SPATIAL",
     "check_bool",
     "check_choice",
+    "check_dropout",
+    "check_file",
     "check_float_dtype",
     "check_int",
     "check_multiple",
     "check_number",
     "check_sizes",
+    "is_int",
 ]
 
 MAX_SPATIAL = 3
@@ -40,8 +45,19 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def check_int(value: Any, name: str, *, minimum: int | None = None, optional: bool = False) -> Any:
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` and not a ``bool``: for arguments that take an int *or*
+    something else (one size or a sequence of sizes), before the matching check."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(
+    value: Any, name: str, *, minimum: int | None = None, optional: bool = False, integral: bool = False
+) -> Any:
     """An ``int`` (not ``bool``) ``>= minimum``; ``None`` passes when ``optional``.
+
+    With ``integral``, any ``numbers.Integral`` (numpy integers) is accepted and returned as ``int``
+    (for the Keras twins, whose callers pass numpy sizes).
 
     Raises:
         TypeError: not an int. ValueError: below ``minimum``.
@@ -49,6 +65,8 @@ def check_int(value: Any, name: str, *, minimum: int | None = None, optional: bo
     if value is None and optional:
         return None
     want = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+    if integral and isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
         raise TypeError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
     if minimum is not None and value < minimum:
@@ -103,6 +121,41 @@ def check_number(
     return value
 
 
+def check_dropout(value: Any, name: str = "dropout") -> float:
+    """A dropout probability: a real number in ``[0, 1)``, returned as ``float``.
+
+    The one rule for every module with a ``dropout`` argument (1 would zero everything).
+
+    Raises:
+        TypeError: not a real number (``bool`` included). ValueError: outside ``[0, 1)``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {value!r} ({_type_name(value)})")
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a float in [0, 1), got {value}")
+    return float(value)
+
+
+def check_file(path: Any, what: str, expected: str) -> str:
+    """An existing regular file (symbolic links followed), returned as ``str``.
+
+    Args:
+        path (str | PathLike): the file.
+        what (str): names it in messages, e.g. ``"image file"``.
+        expected (str): what a directory should have been, e.g. ``"an image file"``.
+
+    Raises:
+        TypeError: ``path`` is not a str or PathLike. IsADirectoryError: it is a directory.
+        FileNotFoundError: nothing is there.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} {path!r} is a directory, not {expected}")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} {path!r} does not exist")
+    return path
+
+
 def check_choice(value: Any, choices: Sequence[Any], name: str) -> Any:
     """One of ``choices`` (compared with ``==``; types are not coerced).
 
@@ -147,7 +200,7 @@ def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[
     Raises:
         TypeError: not an int / sequence of ints. ValueError: wrong length, or a non-positive entry.
     """
-    if n is not None and not isinstance(value, bool) and isinstance(value, int):
+    if n is not None and is_int(value):
         value = (value,) * n
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, torch.Size)):
         want = f"an int or a sequence of {n} ints" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"

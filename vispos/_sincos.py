@@ -3,7 +3,9 @@
 Pure functions, no ``nn.Module``. For one axis with ``F`` channels and temperature ``T`` the
 ``F / 2`` frequencies are ``w_k = 1 / T^(2k / F)`` (``k = 0 .. F/2 - 1``, the "standard" ladder of
 Vaswani et al. and DETR) or ``w_j = exp(-ln(T) * j / (F/2 - 1))`` (the tensor2tensor / fairseq2
-ladder). A position ``p`` becomes ``sin(p w_k)`` and ``cos(p w_k)``, laid out either
+ladder). A position ``p`` becomes ``sin(p w_k)`` and ``cos(p w_k)`` (with the "continued" ladder
+of speechain's ``posenc_type="sep"``, ``cos(p w_{F/2+k})``: the cosines take the standard ladder's
+next ``F / 2`` rungs), laid out either
 
 * ``"interleaved"``: ``sin w0, cos w0, sin w1, cos w1, ...`` (DETR, positional-encodings), or
 * ``"split"``: ``sin w0 .. sin w_{F/2-1}, cos w0 .. cos w_{F/2-1}`` (tensor2tensor, timm, MAE,
@@ -36,7 +38,8 @@ host asks :func:`host_side`, so the device branch provably reads nothing back.
 References:
     Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5);
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (2D extension);
-    tensor2tensor ``get_timing_signal_1d`` (split layout, log-spaced ladder).
+    tensor2tensor ``get_timing_signal_1d`` (split layout, log-spaced ladder); speechain
+    ``PositionalEncoding`` (``posenc_type="sep"``: the continued ladder).
 """
 
 from __future__ import annotations
@@ -62,10 +65,10 @@ __all__ = [
 ]
 
 Layout = Literal["interleaved", "split"]
-Ladder = Literal["standard", "t2t"]
+Ladder = Literal["standard", "t2t", "continued"]
 
 _LAYOUTS = ("interleaved", "split")
-_LADDERS = ("standard", "t2t")
+_LADDERS = ("standard", "t2t", "continued")
 _COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
@@ -102,15 +105,20 @@ def frequency_divisors(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
     repeat: int = 1,
+    inverse: bool = False,
 ) -> Tensor:
-    """The ``F / 2`` divisors ``d_k = 1 / w_k`` of one axis' frequencies.
+    """The ``F / 2`` divisors ``d_k = 1 / w_k`` of one axis' frequencies (``F`` for "continued").
 
     Args:
         num_feats (int): channels of the axis, ``F`` (positive, even).
         temperature (float): ``T``, the longest wavelength's scale.
         ladder (str): ``"standard"``: ``d_k = T^(2k/F)`` (Vaswani et al., DETR; computed exactly
             as DETR does, ``T ** (arange(0, F, 2) / F)`` in float32); ``"t2t"``:
-            ``d_j = exp(ln(T) * j / (F/2 - 1))`` (tensor2tensor, fairseq2; ``F >= 4``).
+            ``d_j = exp(ln(T) * j / (F/2 - 1))`` (tensor2tensor, fairseq2; ``F >= 4``);
+            ``"continued"``: the standard ladder's ``F / 2`` divisors for the sines, then
+            ``T * T^(2k/F) = T^((F + 2k)/F)`` for the cosines, ``F`` in all (speechain's
+            ``posenc_type="sep"``, its ``div_term_ext``; the sine half is bit-identical to
+            ``"standard"``).
         device: where to build the table.
         dtype (torch.dtype): float32 (default) or float64.
         repeat (int): evaluate the "standard" power on a table holding every exponent
@@ -119,13 +127,18 @@ def frequency_divisors(
             a vectorised path for long tables): DETR and transformers evaluate a table of length
             ``F`` (``repeat=2``), positional-encodings / timm / MONAI one of length ``F / 2``
             (``repeat=1``). Used to reproduce a peer to the last bit.
+        inverse (bool): return the frequencies ``w_k`` (what peers that multiply use) instead,
+            computed with those peers' own expressions: ``1 / T^(2k/F)`` (positional-encodings,
+            timm, MONAI) and, for "t2t", fairseq2's ``exp(j * -ln(T) / (F/2 - 1))``, so a
+            fairseq2 table is reproduced to the last bit.
 
     Returns:
-        Tensor[F // 2]: the divisors, in ``dtype``.
+        Tensor[F // 2] (Tensor[F] for "continued"): the divisors (or frequencies), in ``dtype``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5) for the standard ladder;
-        tensor2tensor ``get_timing_signal_1d`` / fairseq2 ``SinusoidalPositionEncoder`` for "t2t".
+        tensor2tensor ``get_timing_signal_1d`` / fairseq2 ``SinusoidalPositionEncoder`` for "t2t";
+        speechain ``PositionalEncoding`` (``div_term_ext``) for "continued".
 
     Raises:
         ValueError: bad ``num_feats``, ``temperature``, ``ladder`` or ``dtype``.
@@ -134,19 +147,24 @@ def frequency_divisors(
     check_temperature(temperature)
     if dtype not in _COMPUTE_DTYPES:
         raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    if ladder == "standard":
+    if ladder in ("standard", "continued"):
         if repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {repeat}")
         k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
         if repeat > 1:
             k2 = k2.repeat_interleave(repeat)
         divisors = temperature ** (k2 / num_feats)
-        return divisors[::repeat] if repeat > 1 else divisors
+        divisors = divisors[::repeat] if repeat > 1 else divisors
+        if ladder == "continued":  # the cosines' rungs: T^((F + 2k) / F) = T * T^(2k / F)
+            divisors = torch.cat([divisors, divisors * temperature])
+        return 1.0 / divisors if inverse else divisors
     if ladder == "t2t":
         half = num_feats // 2
         if half < 2:
             raise ValueError(f"the 't2t' ladder needs num_feats >= 4, got {num_feats}")
         steps = torch.arange(half, device=device, dtype=dtype)
+        if inverse:  # fairseq2's own expression (two roundings: the product, then the quotient)
+            return torch.exp(steps * -math.log(temperature) / (half - 1))
         return torch.exp(steps * (math.log(temperature) / (half - 1)))
     raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
 
@@ -192,17 +210,20 @@ def _embed_axis(
     """Writes one axis block: ``sin``/``cos`` of ``pos / div`` (or ``pos * div``) into ``out``.
 
     ``pos`` has the output's non-channel rank and broadcasts to it; ``div`` holds the ``F / 2``
-    divisors. When the angles have the block's full size they are computed in the sine slots
-    of ``out`` itself, the cosines are taken from there, then the sines in place: no temporary
-    of the output's size.
+    divisors (``F`` with the "continued" ladder: the cosines' own in ``div[F/2:]``). When the
+    angles have the block's full size they are computed in the sine slots of ``out`` itself, the
+    cosines are taken from there, then the sines in place: no temporary of the output's size.
     """
     half = f // 2
     rank = pos.dim()
     if traced is None:
         traced = tracing()
+    cos_div = div[half:] if div.shape[0] == f else None  # None: the cosines share the sines' angles
+    div = div[:half]
     if channel_dim == 1:
         pos = pos.unsqueeze(1)
         div = div.view(half, *([1] * (rank - 1)))
+        cos_div = None if cos_div is None else cos_div.view(div.shape)
         angle_shape = (*pos.shape[:1], half, *pos.shape[2:])
     else:
         pos = pos.unsqueeze(-1)
@@ -212,13 +233,19 @@ def _embed_axis(
     # compilers refuse ``out=`` on strided views: they fuse the plain form into one kernel anyway
     if in_place and not traced:
         torch.mul(pos, div, out=sin_dst) if reciprocal else torch.div(pos, div, out=sin_dst)
-        torch.cos(sin_dst, out=_block(out, channel_dim, start, f, layout, "cos"))
+        cos_dst = _block(out, channel_dim, start, f, layout, "cos")
+        if cos_div is None:
+            torch.cos(sin_dst, out=cos_dst)
+        else:
+            torch.mul(pos, cos_div, out=cos_dst) if reciprocal else torch.div(pos, cos_div, out=cos_dst)
+            cos_dst.cos_()
         sin_dst.sin_()
     else:
         angles = pos * div if reciprocal else pos / div
+        cos_angles = angles if cos_div is None else (pos * cos_div if reciprocal else pos / cos_div)
         # views are taken right before each write so autograd sees fresh views of ``out``
         _write(_block(out, channel_dim, start, f, layout, "sin"), torch.sin, angles, traced)
-        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, angles, traced)
+        _write(_block(out, channel_dim, start, f, layout, "cos"), torch.cos, cos_angles, traced)
 
 
 def sincos_embed(
@@ -248,16 +275,17 @@ def sincos_embed(
             Default: the broadcast shape of ``positions``.
         temperature (float): ``T`` of the frequency ladder.
         layout (str): ``"interleaved"`` (DETR) or ``"split"`` (sines first), see the module doc.
-        ladder (str): ``"standard"`` or ``"t2t"``, see :func:`frequency_divisors`.
-        reciprocal (bool): compute angles as ``p * (1 / d_k)`` rather than ``p / d_k``. The two
-            round differently in float32; DETR and transformers divide, positional-encodings,
-            timm and MONAI multiply by an inverse-frequency table. Set it to reproduce the peer.
+        ladder (str): ``"standard"``, ``"t2t"`` or ``"continued"``, see :func:`frequency_divisors`.
+        reciprocal (bool): compute angles as ``p * w_k`` rather than ``p / d_k``. The two
+            round differently in float32; DETR, transformers and speechain divide,
+            positional-encodings, timm, MONAI and fairseq2 multiply by a frequency table
+            (:func:`frequency_divisors` with ``inverse=True``). Set it to reproduce the peer.
         channel_dim (int): ``1`` for channels-first output ``(B, C, *S)``, ``-1`` for
             channel-last ``(..., C)``.
         dtype (torch.dtype): the output dtype (any float dtype).
         compute_dtype (torch.dtype): float32 (default) or float64, the dtype of the angles.
         divisors (sequence of Tensor, optional): precomputed :func:`frequency_divisors`
-            (or inverse frequencies when ``reciprocal``), one per axis, in ``compute_dtype`` on
+            (``inverse=True`` when ``reciprocal``), one per axis, in ``compute_dtype`` on
             the positions' device; skips rebuilding them.
 
     Returns:
@@ -324,9 +352,9 @@ def sincos_embed(
         if divisors is not None:
             div = divisors[axis]
         else:
-            div = frequency_divisors(f, temperature, ladder=ladder, device=device, dtype=compute_dtype)
-            if reciprocal:
-                div = 1.0 / div
+            div = frequency_divisors(
+                f, temperature, ladder=ladder, device=device, dtype=compute_dtype, inverse=reciprocal
+            )
         _embed_axis(out, channel_dim, start, f, layout, pos.to(compute_dtype), div, reciprocal, traced)
         start += f
     return out

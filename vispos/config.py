@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from ._checks import check_file
+
 __all__ = ["build_from_config", "register", "registered", "load_config"]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
@@ -87,7 +89,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         dict: the top-level mapping.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist or is a directory.
+        FileNotFoundError: ``path`` does not exist.
+        IsADirectoryError: ``path`` is a directory.
         ValueError: the file is larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 text or not
             valid YAML; its top level is not a mapping; it expands too far (see above).
 
@@ -95,11 +98,7 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         YAML 1.1 (anchors, aliases, merge keys); PyYAML ``safe_load``; the "billion laughs"
         entity-expansion attack (CVE-2003-1564).
     """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise FileNotFoundError(f"config file {path!r} is a directory, expected a YAML file")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"config file {path!r} does not exist")
+    path = check_file(path, "config file", "a YAML file")
     size = os.path.getsize(path)
     if size > MAX_CONFIG_BYTES:
         raise ValueError(f"config file {path!r} has {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
@@ -161,7 +160,8 @@ def _register_builtins() -> None:
     if _BUILTINS_DONE:
         return
     from . import encodings
-    from .backbones import DetrEncoder, Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
+    from .backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
+    from .transformer import DetrEncoder
 
     for cls in (TimmBackbone, TorchvisionBackbone, VolumeBackbone, Joiner, DetrEncoder):
         register(cls)

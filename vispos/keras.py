@@ -37,9 +37,7 @@ References:
 
 from __future__ import annotations
 
-import numbers
 import sys
-
 
 try:
     import keras
@@ -50,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         f"(keras and tensorflow-cpu), or keras with jax or torch. ({exc})"
     ) from exc
 
+from ._checks import check_int
 from ._sincos import frequency_divisors
 
 if not str(getattr(keras, "__version__", "0")).startswith("3"):  # pragma: no cover
@@ -75,16 +74,10 @@ class _TFGridEncoding(keras.layers.Layer):
     _n_axes = 1
 
     def __init__(self, channels: int, dtype=None, **kwargs) -> None:
-        if isinstance(channels, bool) or not isinstance(channels, numbers.Integral):
-            raise TypeError(
-                f"channels must be a positive int, got {channels!r} ({type(channels).__name__})"
-            )
-        channels = int(channels)
-        if channels <= 0:
-            raise ValueError(f"channels must be a positive int, got {channels}")
+        channels = check_int(channels, "channels", minimum=1, integral=True)
         super().__init__(dtype=dtype, **kwargs)
-        if not _is_floating(self.compute_dtype):
-            raise ValueError(
+        if not _is_floating(self.compute_dtype):  # a dtype of the wrong kind: TypeError (vispos._checks)
+            raise TypeError(
                 f"dtype must be a floating dtype (the encodings' dtype), got {self.compute_dtype}"
             )
         self.org_channels = channels
@@ -227,9 +220,10 @@ _CLASS_DOC = """Sinusoidal {n}D encoding of a channel-last tensor, as ``position
           tensor per call.
 
     Raises:
-        TypeError: ``channels`` is not an int; the input has no ``shape``; the input is ragged
-            (``tf.RaggedTensor``, ``keras.Input(ragged=True)``): pad it first (``x.to_tensor()``).
-        ValueError: ``channels`` <= 0; ``dtype`` is not floating; the input does not have
+        TypeError: ``channels`` is not an int; ``dtype`` is not floating; the input has no
+            ``shape``; the input is ragged (``tf.RaggedTensor``, ``keras.Input(ragged=True)``):
+            pad it first (``x.to_tensor()``).
+        ValueError: ``channels`` <= 0; the input does not have
             {rank} dims, or has another channel count than ``channels``.
 
     References:

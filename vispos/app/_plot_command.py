@@ -112,6 +112,7 @@ def _value(text: str) -> Any:
 
 
 def _encoder(args: argparse.Namespace) -> torch.nn.Module:
+    from ..backbones import Joiner
     from ..config import build_from_config, load_config
 
     if args.config is not None and (args.encoder is not None or args.kw):
@@ -127,9 +128,8 @@ def _encoder(args: argparse.Namespace) -> torch.nn.Module:
                 raise CLIError(f"--kw expects KEY=VALUE, got {item!r}")
             cfg[key] = _value(text)
     built = build_from_config(cfg)
-    inner = getattr(built, "position_embedding", None)  # a Joiner: draw its embedding
-    if isinstance(inner, torch.nn.Module):
-        built = inner
+    if isinstance(built, Joiner):  # draw its embedding
+        built = built.position_embedding
     if not isinstance(built, torch.nn.Module):
         raise CLIError(f"the encoder must be a module, the config built a {type(built).__name__}")
     return built.eval()
@@ -251,7 +251,9 @@ def _figure(args: argparse.Namespace):
         _, batch = _batch(args)
         h, w = batch.tensors.shape[-2:]
         mask = interpolate_mask(batch.mask, (max(1, h // args.stride), max(1, w // args.stride)))
-        params = {k: getattr(encoder, k) for k in ("scale", "offset", "eps") if hasattr(encoder, k)}
+        params = {}
+        if isinstance(encoder, PositionEmbeddingSine):  # DETR's normalisation of this encoder
+            params = {"scale": encoder.scale, "offset": encoder.offset, "eps": encoder.eps}
         return figures.plot_normalized_coords(mask, **params)
     shape = _shape(args)
     _check_work(encoder, shape)

@@ -26,6 +26,7 @@ import torch
 from ._errors import CLIError
 from ._io import Terminated, write_files
 from ._plot_command import add_plot_parser, write_plot
+from .. import caching
 from ..config import build_from_config, load_config
 from .data._args import shrunk_size
 from .data.images import displayed_size
@@ -96,7 +97,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _is_volume(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "volume", False) or getattr(args, "volumes", None))
+    """``vispos demo --volume`` or ``vispos run --volumes ...`` (each subcommand parses its own flags)."""
+    if args.command == "demo":
+        return bool(args.volume)
+    return args.command == "run" and bool(args.volumes)
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,11 +126,9 @@ def _weights_note(cfg: dict[str, Any]) -> str:
 
 
 def _uncached(position_embedding, level: NestedTensor):
-    """One embedding computed from scratch (the module's cache is emptied first)."""
-    clear = getattr(position_embedding, "clear_cache", None)
-    if clear is not None:
-        clear()
-    return position_embedding(level, dtype=level.tensors.dtype)
+    """One embedding computed from scratch: no encoder cache is read or filled (:func:`vispos.caching`)."""
+    with caching(False):
+        return position_embedding(level, dtype=level.tensors.dtype)
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -425,9 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     if args.command != "plot" and args.out is None:
-        volumes = getattr(args, "volume", False) or getattr(args, "volumes", None)
         base = "vispos-demo" if args.command == "demo" else "vispos-out"
-        args.out = f"{base}-volume" if volumes else base
+        args.out = f"{base}-volume" if _is_volume(args) else base
     try:
         if args.command == "plot":
             print(f"wrote {write_plot(args)}")

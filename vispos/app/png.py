@@ -79,6 +79,7 @@ def plot_position_similarity(
         str: ``path``.
 
     Raises:
+        TypeError: ``batch`` is not a :class:`~vispos.NestedTensor`.
         ValueError: ``levels`` and ``pos`` differ in length; a 3D batch (not drawable here).
         OSError: ``path`` cannot be written.
 
@@ -118,6 +119,7 @@ def plot_volume_similarity(
         str: ``path``.
 
     Raises:
+        TypeError: ``batch`` is not a :class:`~vispos.NestedTensor`.
         ValueError: ``levels`` and ``pos`` differ in length; the batch is not 3D.
         OSError: ``path`` cannot be written.
 

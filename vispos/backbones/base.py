@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
-from ._common import check_input_device, check_input_dtype
 
 __all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
 
@@ -95,9 +94,53 @@ class BackboneBase(nn.Module):
             raise ValueError(
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
-        check_input_device(tensors, self.body)
-        check_input_dtype(tensors, self.body)
+        _check_device(tensors, self.body)
+        _check_dtype(tensors, self.body)
         return [x.with_features(f) for f in self._features(tensors)]
+
+
+def _check_device(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``ValueError`` when ``tensors`` and ``module``'s first parameter are on different
+    devices (torch would otherwise fail deep inside the first convolution)."""
+    param = next(iter(module.parameters()), None)
+    if param is not None and param.device != tensors.device:
+        raise ValueError(
+            f"x is on {tensors.device} but the backbone's weights are on {param.device}; move the "
+            f"model with .to({str(tensors.device)!r}) or the batch with x.to({str(param.device)!r})"
+        )
+
+
+_AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_dtype(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``TypeError`` when ``tensors`` cannot go through ``module``'s weights as they are
+    (torch would otherwise fail inside the first convolution with "expected scalar type Byte but
+    found Float"): an integer batch always (images must be converted to float and normalized
+    first), a floating batch of another dtype than the weights unless ``torch.autocast`` is on
+    for its device and both are float32 / float16 / bfloat16 (autocast then casts them)."""
+    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if param is None or tensors.dtype == param.dtype:
+        return
+    if not tensors.is_floating_point():
+        raise TypeError(
+            f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; "
+            "convert the images to float and normalize them first, e.g. "
+            "torchvision.transforms.v2.ToDtype(torch.float32, scale=True) then Normalize(mean, std) "
+            "(or x.tensors.float() / 255)"
+        )
+    device_type = tensors.device.type
+    if (
+        torch.is_autocast_enabled(device_type)
+        and tensors.dtype in _AUTOCAST_DTYPES
+        and param.dtype in _AUTOCAST_DTYPES
+    ):
+        return
+    raise TypeError(
+        f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; cast "
+        f"the batch with x.to({param.dtype}) or the model with .to({tensors.dtype}), or run under "
+        f"torch.autocast({device_type!r}) (float32, float16 and bfloat16 only)"
+    )
 
 
 @torch.no_grad()

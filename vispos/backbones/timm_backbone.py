@@ -12,19 +12,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-
-from .._checks import check_bool
+from .._checks import check_bool, check_int
+from ._batch_norm import freeze_batch_norm
+from ._checkpoints import load_checkpoint_state, load_state_with_report
+from ._freezing import check_freeze_args, freeze_through
 from .base import BackboneBase
-from ._common import (
-    check_freeze_args,
-    check_in_chans,
-    freeze_batch_norm,
-    freeze_through,
-    load_checkpoint_state,
-    load_state_with_report,
-)
 
-__all__ = ["TimmBackbone", "load_checkpoint_state"]
+__all__ = ["TimmBackbone"]
 
 
 def _cached_pretrained_file(model_name: str) -> tuple[str | None, list[str]]:
@@ -124,13 +118,15 @@ class TimmBackbone(BackboneBase):
           masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``out_indices`` is not a sequence of ints; a non-int ``in_chans``; a non-bool
+        TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints; a
+            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``pretrained`` /
             ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
             NestedTensor.
-        ValueError: an unknown model name; ``out_indices`` not supported by the model;
-            ``in_chans`` <= 0; an input on another device than the weights; a corrupt checkpoint;
-            ``frozen_stages`` < -1 or beyond the model's stages; input channels other than
-            ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
+        ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
+            model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
+            checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
+            than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
+            ``pretrained=True`` for a model timm has no weights for.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
             weights for ``model_name`` are not cached on this machine.
 
@@ -156,13 +152,15 @@ class TimmBackbone(BackboneBase):
 
         if not isinstance(model_name, str):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
-        if isinstance(out_indices, int) or not isinstance(out_indices, Sequence) or any(
-            isinstance(i, bool) or not isinstance(i, int) for i in out_indices
-        ) or len(out_indices) == 0:
+        if isinstance(out_indices, str) or not isinstance(out_indices, Sequence):
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        for i, index in enumerate(out_indices):
+            check_int(index, f"out_indices[{i}]")
+        if len(out_indices) == 0:
+            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_bool(pretrained, "pretrained")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        check_in_chans(in_chans)
+        check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")

@@ -1,10 +1,8 @@
-"""torchvision models as sources of padded feature levels, through
-``torchvision.models.feature_extraction.create_feature_extractor``.
+"""torchvision image models as sources of padded 2D feature levels.
 
-One private base (:class:`_GraphBackbone`) holds what 2D and 3D share: the feature extractor,
-the checkpoint report, frozen batch norm and stages, stem adaptation and the measured channels and
-strides. :class:`TorchvisionBackbone` (images) and
-:class:`~vispos.backbones.VolumeBackbone` (volumes) only build the model.
+Built through ``torchvision.models.feature_extraction.create_feature_extractor`` by the shared
+:class:`~vispos.backbones._graph.GraphBackbone` (also behind
+:class:`~vispos.backbones.VolumeBackbone`); this module only builds the 2D model.
 
 References:
     torchvision ``models/feature_extraction.py``; Carion et al., DETR ``models/backbone.py``
@@ -14,161 +12,23 @@ References:
 from __future__ import annotations
 
 import copy
-import os
-import re
-from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
-from .._checks import check_bool, check_int
-from .base import BackboneBase
-from ._common import (
-    adapt_stem,
-    check_freeze_args,
-    first_conv,
-    freeze_batch_norm,
-    freeze_through,
-    load_checkpoint_state,
-    load_state_with_report,
-    measure_levels,
-)
+from .._checks import check_bool
+from ._freezing import check_freeze_args
+from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
 
 __all__ = ["TorchvisionBackbone"]
-
-ReturnNodes = Union[Sequence[str], Mapping[str, str]]
 
 #: DETR's ``return_interm_layers``: ``layer1..4`` (strides 4..32), or ``layer4`` alone.
 DETR_INTERM_NODES = ("layer1", "layer2", "layer3", "layer4")
 DETR_LAST_NODE = ("layer4",)
 
-_STAGE = re.compile(r"^layer(\d+)$")
 
-
-def _check_return_nodes(return_nodes: Any) -> dict[str, str]:
-    if isinstance(return_nodes, Mapping):
-        nodes = dict(return_nodes)
-    elif isinstance(return_nodes, Sequence) and not isinstance(return_nodes, str):
-        nodes = {str(n): str(i) for i, n in enumerate(return_nodes)}
-    else:
-        raise TypeError(
-            "return_nodes must be a list of node names or a {node: output name} mapping, got "
-            f"{return_nodes!r}"
-        )
-    if not nodes or not all(isinstance(k, str) and isinstance(v, str) for k, v in nodes.items()):
-        raise TypeError(f"return_nodes must be a non-empty list or mapping of str, got {return_nodes!r}")
-    return nodes
-
-
-class _GraphBackbone(BackboneBase):
-    """Shared machinery of the torchvision adapters (2D and 3D); not public.
-
-    Subclasses build ``model`` (a private copy the base may modify) and call ``_setup``.
-    """
-
-    n_spatial: int = 2
-    _probe: tuple[int, ...] = (128, 128)
-
-    def _setup(
-        self,
-        model: nn.Module,
-        return_nodes: dict[str, str],
-        *,
-        in_chans: int | None,
-        weights: Any,
-        checkpoint_path: str | None,
-        train_backbone: bool,
-        frozen_stages: int,
-        frozen_batch_norm: bool,
-    ) -> None:
-        self.weights = weights
-        self.checkpoint_path = checkpoint_path
-        self.train_backbone = train_backbone
-        self.frozen_stages = frozen_stages
-        self.frozen_batch_norm = frozen_batch_norm
-        from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
-
-        try:
-            self.body = create_feature_extractor(model, return_nodes=return_nodes)
-        except ValueError as exc:
-            _, eval_nodes = get_graph_node_names(model)
-            tops = [n for n in eval_nodes if "." not in n][:20]
-            raise ValueError(
-                f"return_nodes {list(return_nodes)} are not all nodes of {type(model).__name__}: {exc}. "
-                f"Top-level nodes: {tops}; see torchvision.models.feature_extraction.get_graph_node_names"
-            ) from None
-        self.return_nodes = dict(return_nodes)
-        stem_name, stem = first_conv(self.body)
-        want = stem.in_channels if in_chans is None else check_int(in_chans, "in_chans", minimum=1)
-        self.load_report: dict[str, Any] | None = None
-        if checkpoint_path is not None:
-            state = load_checkpoint_state(checkpoint_path)
-            key = f"{stem_name}.weight"
-            ckpt_stem = next(
-                (v for k, v in state.items() if k == key or k.endswith("." + key)), None
-            )
-            if ckpt_stem is not None and ckpt_stem.dim() > 1 and ckpt_stem.shape[1] == want:
-                adapt_stem(self.body, want)  # the file was trained on want channels already
-            self.load_report = load_state_with_report(
-                self.body, state, source=os.fspath(checkpoint_path)
-            )
-        adapt_stem(self.body, want)
-        self.in_chans = want
-        if frozen_batch_norm:
-            freeze_batch_norm(self.body, n_spatial=self.n_spatial)
-        if not train_backbone:
-            freeze_through(self.body, None)
-        elif frozen_stages >= 0:
-            freeze_through(self.body, self._stage_boundary(frozen_stages))
-        channels, strides = measure_levels(
-            lambda t: list(self.body(t).values()), self.body, self.in_chans, self._probe
-        )
-        self.num_channels = channels
-        self.level_strides = strides  # per axis, tensor axis order
-
-    def _own_repr(self) -> str:
-        """Subclass hook: the constructor arguments only that subclass has."""
-        return ""
-
-    def extra_repr(self) -> str:
-        own = self._own_repr()
-        return (
-            f"name_or_model={self.model_name!r}, return_nodes={list(self.return_nodes)}, "
-            f"in_chans={self.in_chans}, {own + ', ' if own else ''}weights={self.weights!r}, "
-            f"checkpoint_path={self.checkpoint_path!r}, train_backbone={self.train_backbone}, "
-            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
-            f"num_channels={self.num_channels}, strides={self.strides}"
-        )
-
-    def _stage_boundary(self, k: int) -> str:
-        """Stage 0 is everything before ``layer1``; stage ``k`` ends with ``layer<k>``."""
-        tops = [n for n, _ in self.body.named_children()]
-        stages = [n for n in tops if _STAGE.match(n)]
-        if not stages:
-            raise ValueError(
-                f"frozen_stages={k} needs ResNet-style stages named layer1, layer2, ...; this model's "
-                f"top-level modules are {tops}. Use train_backbone=False, or requires_grad_(False) "
-                "on the modules to freeze"
-            )
-        if k == 0:
-            first = tops.index(stages[0])
-            if first == 0:
-                raise ValueError("frozen_stages=0: the model has no stem before layer1")
-            return tops[first - 1]
-        if k > len(stages):
-            raise ValueError(f"frozen_stages={k} but the feature model has stages {stages}")
-        return stages[k - 1]
-
-    @property
-    def strides(self) -> list[Any]:
-        """Stride of each level: an int when all axes agree, else a per-axis tuple."""
-        return [s[0] if len(set(s)) == 1 else tuple(s) for s in self.level_strides]
-
-    def _features(self, tensors):
-        return list(self.body(tensors).values())
-
-
-class TorchvisionBackbone(_GraphBackbone):
+class TorchvisionBackbone(GraphBackbone):
     """A torchvision image model cut at ``return_nodes``, returning one :class:`NestedTensor`
     per node.
 
@@ -279,7 +139,7 @@ class TorchvisionBackbone(_GraphBackbone):
             )
         if return_nodes is None:
             return_nodes = DETR_INTERM_NODES if return_interm_layers else DETR_LAST_NODE
-        nodes = _check_return_nodes(return_nodes)
+        nodes = check_return_nodes(return_nodes)
         self.return_interm_layers = return_interm_layers
         self.dilation = dilation
         self._setup(

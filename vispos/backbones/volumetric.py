@@ -9,14 +9,14 @@ References:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from torch import nn
 
-from .._checks import check_int
-from ._common import check_freeze_args, first_conv
-from .torchvision_backbone import ReturnNodes, _check_return_nodes, _GraphBackbone
+from .._checks import check_int, check_sizes
+from ._freezing import check_freeze_args
+from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
+from ._stems import first_conv
 
 __all__ = ["VolumeBackbone", "VOLUME_MODELS"]
 
@@ -24,18 +24,7 @@ __all__ = ["VolumeBackbone", "VOLUME_MODELS"]
 VOLUME_MODELS = ("r3d_18", "mc3_18", "r2plus1d_18")
 
 
-def _check_stem_stride(value: Any) -> tuple[int, int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,) * 3
-    if (
-        isinstance(value, (str, Mapping)) or not isinstance(value, Sequence) or len(value) != 3
-        or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in value)
-    ):
-        raise TypeError(f"stem_stride must be a positive int or three positive ints, got {value!r}")
-    return (int(value[0]), int(value[1]), int(value[2]))
-
-
-class VolumeBackbone(_GraphBackbone):
+class VolumeBackbone(GraphBackbone):
     """A torchvision 3D ResNet (``r3d_18``, ``mc3_18``, ``r2plus1d_18``) for ``(B, C, D, H, W)``
     volumes, returning one 3D :class:`NestedTensor` per level.
 
@@ -75,11 +64,13 @@ class VolumeBackbone(_GraphBackbone):
           ``(B, D_l, H_l, W_l)`` (input mask resized, nearest), True = padding.
 
     Raises:
-        TypeError: ``name_or_model`` neither a str nor an nn.Module; malformed ``return_nodes`` or
-            ``stem_stride``; non-bool flags; ``forward`` given anything but a NestedTensor.
+        TypeError: ``name_or_model`` neither a str nor an nn.Module; malformed ``return_nodes``;
+            a ``stem_stride`` that is not an int or a sequence of ints; a non-int ``in_chans`` /
+            ``frozen_stages``; non-bool flags; ``forward`` given anything but a NestedTensor.
         ValueError: an unknown name (the message lists :data:`VOLUME_MODELS`); a model without a
-            ``Conv3d`` stem; unknown nodes; a bad ``frozen_stages``; wrong input shape; a
-            checkpoint missing weights.
+            ``Conv3d`` stem; ``weights`` with a built model; unknown nodes; a ``stem_stride`` of
+            another length than 3 or with a non-positive entry; ``in_chans`` <= 0; a bad
+            ``frozen_stages``; wrong input shape; a checkpoint missing weights.
         FileNotFoundError: ``checkpoint_path`` does not exist.
 
     References:
@@ -130,9 +121,9 @@ class VolumeBackbone(_GraphBackbone):
                 f"name_or_model must be a 3D network (first convolution Conv3d), got {type(stem).__name__}"
             )
         if stem_stride is not None:
-            stem_stride = _check_stem_stride(stem_stride)
+            stem_stride = check_sizes(stem_stride, "stem_stride", n=3)
             stem.stride = stem_stride
-        nodes = _check_return_nodes(return_nodes)
+        nodes = check_return_nodes(return_nodes)
         self.stem_stride = stem_stride
         self._setup(
             model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,

@@ -15,6 +15,7 @@ from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
 from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
 from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary
 from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
+from .speechain import SpeechainPositionalEncoding
 from .sine import PositionEmbeddingSine, cumulative_positions
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "resample_abs_pos_embed",
     "SinusoidalPositionalEncoding",
     "LearnableSinusoidalPositionalEncoding",
+    "SpeechainPositionalEncoding",
     "sine_embed_coords",
     "CoordSineEmbedding",
     "RotaryEmbedding",

@@ -19,17 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_num_feats, check_temperature, sincos_embed
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, check_number
 
 __all__ = ["sine_embed_coords", "CoordSineEmbedding"]
-
-
-def _check_scale(scale: object) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a positive number, got {scale!r} ({type(scale).__name__})")
-    if not math.isfinite(scale) or scale <= 0:
-        raise ValueError(f"scale must be a finite number > 0, got {scale}")
-    return float(scale)
 
 
 def _check_coords(coords: object, num_coords: int | None = None) -> Tensor:
@@ -93,7 +85,7 @@ def sine_embed_coords(
     _check_coords(coords)
     check_num_feats(num_pos_feats)
     check_temperature(temperature)
-    scale = _check_scale(scale)
+    scale = float(check_number(scale, "scale", positive=True))
     check_bool(swap_xy, "swap_xy")
     compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
     # scale in float32 first, exactly as the peers do, then divide (sincos_embed's default).
@@ -173,7 +165,7 @@ class CoordSineEmbedding(nn.Module):
             hidden_dim = d_model
         check_int(hidden_dim, "hidden_dim", minimum=1)
         check_temperature(temperature)
-        scale = _check_scale(scale)
+        scale = float(check_number(scale, "scale", positive=True))
         check_bool(swap_xy, "swap_xy")
         self.num_coords = num_coords
         self.d_model = d_model

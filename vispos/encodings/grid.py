@@ -49,7 +49,7 @@ from .._cache import (
     expand_batch,
     tracing,
 )
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_float_dtype, check_int, check_sizes
 from .._sincos import frequency_divisors, sincos_embed
 
 __all__ = [
@@ -65,22 +65,6 @@ __all__ = [
 
 _TEMPERATURE = 10000.0
 _CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
-
-
-def _check_dtype_override(dtype_override: object) -> torch.dtype | None:
-    if dtype_override is None:
-        return None
-    if not isinstance(dtype_override, torch.dtype):
-        raise TypeError(
-            "dtype_override must be None or a floating torch.dtype (e.g. torch.float16), got "
-            f"{dtype_override!r} ({type(dtype_override).__name__})"
-        )
-    if not dtype_override.is_floating_point:
-        raise TypeError(
-            f"dtype_override must be a floating torch.dtype, got {dtype_override}; a sinusoid "
-            "stored in an integer dtype is truncated to 0, 1 and -1"
-        )
-    return dtype_override
 
 
 class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
@@ -106,7 +90,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         check_int(channels, "channels", minimum=1)
         check_bool(cache, "cache")
         check_bool(zero_copy, "zero_copy")
-        self._dtype_override = _check_dtype_override(dtype_override)
+        self._dtype_override = check_float_dtype(dtype_override, "dtype_override", optional=True)
         budget = check_max_bytes(cache_bytes, "cache_bytes")
         self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
         self.zero_copy = zero_copy
@@ -124,7 +108,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     @dtype_override.setter
     def dtype_override(self, dtype: torch.dtype | None) -> None:
-        self._dtype_override = _check_dtype_override(dtype)
+        self._dtype_override = check_float_dtype(dtype, "dtype_override", optional=True)
         self.cached_penc = None
 
     @property
@@ -299,12 +283,11 @@ _CLASS_DOC = """Sinusoidal {n}D encoding of a {layout_word} tensor, as ``positio
           owned by the caller; with ``zero_copy=True`` a broadcast view of the cached table.
 
     Raises:
-        TypeError: ``channels`` is not an int; ``dtype_override`` is not a torch.dtype; the input
-            is not a tensor, or is not floating and ``dtype_override`` is not given; ``cache``
-            or ``zero_copy`` is not a bool; ``cache_bytes`` is not an int or None.
-        ValueError: ``channels`` <= 0; ``cache_bytes`` < 0; ``dtype_override`` is not
-            floating; the input does not
-            have {rank} dims or has another channel count than ``channels``.
+        TypeError: ``channels`` is not an int; ``dtype_override`` is not a floating torch.dtype;
+            the input is not a tensor, or is not floating and ``dtype_override`` is not given;
+            ``cache`` or ``zero_copy`` is not a bool; ``cache_bytes`` is not an int or None.
+        ValueError: ``channels`` <= 0; ``cache_bytes`` < 0; the input does not have {rank}
+            dims or has another channel count than ``channels``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5); P. Tatkowski,
@@ -450,20 +433,8 @@ class FixEncoding(nn.Module):
 
     @shape.setter
     def shape(self, shape: Sequence[int]) -> None:
-        if isinstance(shape, torch.Size):
-            shape = tuple(shape)
-        if not isinstance(shape, Sequence) or any(
-            isinstance(s, bool) or not isinstance(s, int) for s in shape
-        ):
-            raise TypeError(f"shape must be a sequence of ints (the spatial shape), got {shape!r}")
         n = self.pos_encoder.n_spatial
-        if len(shape) != n or any(s <= 0 for s in shape):
-            raise ValueError(
-                f"shape must hold {n} positive ints (the spatial shape of "
-                f"{type(self.pos_encoder).__name__}, batch and channels excluded), got "
-                f"{tuple(shape)}"
-            )
-        self._shape = tuple(shape)
+        self._shape = check_sizes(shape, "shape", ranks=(n,))  # the spatial shape only
         self.dim = n
 
     def _lookup(self, device: torch.device) -> tuple[Tensor, bool]:

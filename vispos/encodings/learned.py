@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_float_dtype, check_int, check_sizes
+from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
 from ..nested_tensor import NestedTensor, NestedTensorLike, parse_spatial_input
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
@@ -85,11 +85,8 @@ class PositionEmbeddingLearned(nn.Module):
         check_int(num_pos_feats, "num_pos_feats", minimum=1)
         check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
-            if isinstance(spatial_dims, bool) or not isinstance(spatial_dims, int):
-                raise TypeError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims!r}")
-            if spatial_dims not in (1, 2, 3):
-                raise ValueError(f"spatial_dims must be 1, 2 or 3, got {spatial_dims}")
-        if isinstance(num_embeddings, int) and not isinstance(num_embeddings, bool):
+            check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
+        if is_int(num_embeddings):  # one size for every axis
             check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import check_bool, check_multiple, check_sizes
+from .._checks import check_bool, check_choice, check_multiple, check_sizes
 from .._sincos import check_temperature, sincos_embed
 from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
@@ -195,15 +195,14 @@ def monai_sincos(
         ``nn.Parameter``; register it as a buffer instead to keep it out of checkpoints).
 
     Raises:
-        TypeError: non-int sizes.
+        TypeError: non-int sizes or ``spatial_dims``.
         ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``; ``embed_dim`` not a positive
             multiple of ``2 * spatial_dims``; non-positive ``temperature``.
 
     References:
         MONAI ``networks/blocks/pos_embed_utils.py``; SelfMedMAE ``lib/models/mae3d.py``.
     """
-    if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
-        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}")
+    check_choice(spatial_dims, (2, 3), "spatial_dims")
     sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
     check_multiple(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
     check_temperature(temperature)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import check_temperature, sincos_embed
-from .._checks import check_int, check_multiple
+from .._checks import check_choice, check_int, check_multiple, check_sizes
 
 __all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary"]
 
@@ -237,7 +237,7 @@ class AxialRotaryEmbedding(nn.Module):
 
     Raises:
         TypeError: non-int ``dim`` / ``num_axes``; a non-number ``theta``; at ``forward``, a
-            non-float ``x``, non-real ``positions``, a non-int grid size.
+            non-float ``x``, non-real ``positions``, a ``grid_shape`` that is not a sequence of ints.
         ValueError: ``num_axes`` not 2 or 3; ``dim`` not a positive multiple of ``2 * num_axes``;
             non-positive ``theta``; at ``forward``, both ``grid_shape`` and ``positions``; a grid
             whose product is not ``N``; too few channels or axes; positions that do not broadcast.
@@ -254,10 +254,7 @@ class AxialRotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, num_axes: int = 2, theta: float = 10000.0) -> None:
         super().__init__()
-        if isinstance(num_axes, bool) or not isinstance(num_axes, int):
-            raise TypeError(f"num_axes must be 2 or 3, got {num_axes!r} ({type(num_axes).__name__})")
-        if num_axes not in (2, 3):
-            raise ValueError(f"num_axes must be 2 or 3, got {num_axes}")
+        check_choice(num_axes, (2, 3), "num_axes")
         check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
         check_temperature(theta, "theta")
         self.dim = dim
@@ -337,15 +334,7 @@ class AxialRotaryEmbedding(nn.Module):
         return _rotate(x, sin, cos)
 
     def _check_grid(self, grid_shape: object, x: Tensor) -> tuple[int, ...]:
-        n = self.num_axes
-        if not isinstance(grid_shape, (tuple, list)) or len(grid_shape) != n:
-            raise ValueError(f"grid_shape must be a sequence of {n} ints, got {grid_shape!r}")
-        for s in grid_shape:
-            if isinstance(s, bool) or not isinstance(s, int):
-                raise TypeError(f"grid_shape must hold positive ints, got {grid_shape!r}")
-            if s <= 0:
-                raise ValueError(f"grid_shape must hold positive ints, got {grid_shape!r}")
-        spatial = tuple(grid_shape)
+        spatial = check_sizes(grid_shape, "grid_shape", ranks=(self.num_axes,))
         if math.prod(spatial) != x.shape[-2]:
             raise ValueError(
                 f"grid_shape {spatial} has {math.prod(spatial)} cells but x has N={x.shape[-2]} tokens "

@@ -6,11 +6,14 @@ N-D core :func:`vispos._sincos.sincos_embed`; these modules only choose the posi
 cached table and combine it with the input.
 
 References:
-    Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5, "interleaved");
-    tensor2tensor ``get_timing_signal_1d`` and fairseq2 ``SinusoidalPositionEncoder`` ("split",
-    ``ladder="t2t"``); Li et al., Neural Speech Synthesis with Transformer Network, AAAI 2019
-    (the learnable scale ``alpha``); Wang et al., A Simple yet Effective Learnable Positional
-    Encoding Method for Improving Document Transformer Model, Findings of AACL 2022.
+    Vaswani et al., Attention Is All You Need, NeurIPS 2017 (section 3.5: "interleaved", the
+    standard ladder); tensor2tensor ``get_timing_signal_1d`` ("split", ``ladder="t2t"``; its
+    comment notes that this differs from the paper, tensor2tensor PR 177) and fairseq2
+    ``SinusoidalPositionEncoder`` ("initialized as in tensor2tensor"); speechain
+    ``PositionalEncoding`` (``posenc_type="sep"``: ``ladder="continued"``, and the order
+    LayerNorm, then scale); Li et al., Neural Speech Synthesis with Transformer Network, AAAI
+    2019 (the learnable scale ``alpha``); Wang et al., A Simple yet Effective Learnable
+    Positional Encoding Method for Improving Document Transformer Model, Findings of AACL 2022.
 """
 
 from __future__ import annotations
@@ -22,18 +25,29 @@ from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
 from .._cache import DerivedBuffers
-from .._checks import check_bool, check_int, check_number
+from .._checks import check_bool, check_choice, check_dropout, check_int, check_number
 from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
 
-def _check_dropout(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"dropout must be a float in [0, 1), got {value!r} ({type(value).__name__})")
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"dropout must be a float in [0, 1), got {value}")
-    return float(value)
+def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_model: int) -> Tensor:
+    """``LayerNorm(x) * sqrt(d_model)``, each step optional, in speechain's order; never in place.
+
+    Args:
+        x (Tensor[..., D]): token embeddings (not modified).
+        layernorm (nn.Module, optional): applied first when given.
+        emb_scale (bool): then multiply by ``sqrt(d_model)`` (Vaswani et al., section 3.4).
+        d_model (int): ``D``.
+
+    Returns:
+        Tensor[..., D]: ``x`` itself when neither step applies, else a new tensor.
+
+    References:
+        speechain ``PositionalEncoding.forward`` (steps 1 and 2 of its docstring).
+    """
+    out = x if layernorm is None else layernorm(x)
+    return out * math.sqrt(d_model) if emb_scale else out
 
 
 class _SequenceSinusoid(DerivedBuffers, nn.Module):
@@ -57,12 +71,10 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
     ) -> None:
         super().__init__()
         check_num_feats(d_model, "d_model")
-        _check_dropout(dropout)
+        check_dropout(dropout)
         check_int(max_len, "max_len", minimum=1)
-        if layout not in _LAYOUTS:
-            raise ValueError(f"layout must be one of {_LAYOUTS}, got {layout!r}")
-        if ladder not in _LADDERS:
-            raise ValueError(f"ladder must be one of {_LADDERS}, got {ladder!r}")
+        check_choice(layout, _LAYOUTS, "layout")
+        check_choice(ladder, _LADDERS, "ladder")
         if ladder == "t2t" and d_model < 4:
             raise ValueError(f"ladder='t2t' needs d_model >= 4 (two frequencies at least), got {d_model}")
         check_bool(batch_first, "batch_first")
@@ -83,15 +95,22 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
             positions = torch.arange(self.pe.shape[0], dtype=torch.float32, device=self.pe.device)
             self.pe = self._embed(positions)
 
-    def _embed(self, positions: Tensor) -> Tensor:
-        """``Tensor[*P, D]`` float32: the sinusoids of ``positions`` (any shape), via the core."""
+    def _embed(self, positions: Tensor, compute_dtype: torch.dtype = torch.float32) -> Tensor:
+        """``Tensor[*P, D]`` in ``compute_dtype``: the sinusoids of ``positions``, via the core.
+
+        The "t2t" ladder multiplies by fairseq2's frequencies (its table to the last bit); the
+        others divide by the divisors (as Vaswani et al.'s formula, DETR and speechain do).
+        """
         return sincos_embed(
             [positions],
             self.d_model,
             temperature=self.temperature,
             layout=self.layout,  # type: ignore[arg-type]
             ladder=self.ladder,  # type: ignore[arg-type]
+            reciprocal=self.ladder == "t2t",
             channel_dim=-1,
+            dtype=compute_dtype,
+            compute_dtype=compute_dtype,
         )
 
     def forward(
@@ -111,8 +130,15 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         Returns:
             Tensor: like ``x``, in ``x``'s dtype (half inputs are added in float32, rounded once).
         """
-        batch, length = self._check_input(x)
-        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask)
+        return self._add_encoding(x, positions, key_padding_mask)
+
+    def _add_encoding(
+        self, x: Tensor, positions: Tensor | None, key_padding_mask: Tensor | None, name: str = "x"
+    ) -> Tensor:
+        """The forward pass; ``name`` is the input's name in error messages."""
+        batch, length = self._check_input(x, name)
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        enc, mask = self._encoding(batch, length, x.device, positions, key_padding_mask, compute)
         enc = self._shape_encoding(enc)
         if mask is not None:
             enc = enc.masked_fill(mask.unsqueeze(-1), 0.0)
@@ -130,25 +156,28 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
     def _table(self, length: int, device: torch.device) -> Tensor:
         """The first ``length`` rows of the cached table, extending the cache when needed."""
         if length > self.pe.shape[0]:
-            # Longer than any sequence seen so far: rebuild (not grow in place) so views handed
-            # out earlier stay valid. Stays a non-persistent buffer. Built outside inference mode
-            # and autograd, so a table first extended under torch.inference_mode() can still
-            # serve a training step.
-            with torch.inference_mode(False), torch.no_grad():
-                positions = torch.arange(length, dtype=torch.float32, device=self.pe.device)
-                self.pe = self._embed(positions)
+            self._rebuild_table(length)
         table = self.pe[:length]
         return table if table.device == device else table.to(device)
 
-    def _check_input(self, x: object) -> tuple[int, int]:
+    def _rebuild_table(self, length: int) -> None:
+        """Replaces the cached table by one of ``length`` rows (float32, on its device)."""
+        # Rebuilt, not grown in place, so views handed out earlier stay valid. Stays a
+        # non-persistent buffer. Built outside inference mode and autograd, so a table first
+        # extended under torch.inference_mode() can still serve a training step.
+        with torch.inference_mode(False), torch.no_grad():
+            positions = torch.arange(length, dtype=torch.float32, device=self.pe.device)
+            self.pe = self._embed(positions)
+
+    def _check_input(self, x: object, name: str = "x") -> tuple[int, int]:
         if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a Tensor, got {type(x).__name__}")
+            raise TypeError(f"{name} must be a Tensor, got {type(x).__name__}")
         if not x.is_floating_point():
-            raise TypeError(f"x must be a floating tensor of token embeddings, got {x.dtype}")
+            raise TypeError(f"{name} must be a floating tensor of token embeddings, got {x.dtype}")
         layout = "(B, L, D)" if self.batch_first else "(L, B, D)"
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
-                f"x must have shape {layout} with D = d_model = {self.d_model} "
+                f"{name} must have shape {layout} with D = d_model = {self.d_model} "
                 f"(batch_first={self.batch_first}), got {tuple(x.shape)}"
             )
         if self.batch_first:
@@ -162,19 +191,23 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         device: torch.device,
         positions: Tensor | None,
         key_padding_mask: Tensor | None,
+        compute: torch.dtype = torch.float32,
     ) -> tuple[Tensor, Tensor | None]:
-        """The raw sinusoid, ``Tensor[B or 1, L, D]`` float32, and the checked mask (or None)."""
+        """The raw sinusoid, ``Tensor[B or 1, L, D]`` in ``compute`` (float32, or float64 for a
+        float64 input: then built for the call, not cached), and the checked mask (or None)."""
         if key_padding_mask is not None:
             key_padding_mask = self._check_mask(key_padding_mask, batch, length, device)
         if positions is not None:
             positions = self._check_positions(positions, batch, length, device)
-            enc = self._embed(positions)
+            enc = self._embed(positions, compute)
             return (enc if enc.dim() == 3 else enc.unsqueeze(0)), key_padding_mask
         if key_padding_mask is not None:
             # Count valid steps only: the first valid step is position 0 whatever the padding
             # before it (left padding), padded steps are zeroed by the caller.
             counted = (~key_padding_mask).cumsum(1, dtype=torch.int64) - 1
-            return self._embed(counted.clamp_min(0).to(torch.float32)), key_padding_mask
+            return self._embed(counted.clamp_min(0).to(compute), compute), key_padding_mask
+        if compute != torch.float32:
+            return self._embed(torch.arange(length, dtype=compute, device=device), compute).unsqueeze(0), None
         return self._table(length, device).unsqueeze(0), None
 
     def _check_positions(self, positions: object, batch: int, length: int, device: torch.device) -> Tensor:
@@ -216,19 +249,31 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
 class SinusoidalPositionalEncoding(_SequenceSinusoid):
     """Adds a fixed sinusoidal encoding to a sequence of token embeddings.
 
-    ``out = dropout(norm(x * s) + alpha * PE(p))`` where ``s = sqrt(d_model)`` when ``emb_scale``
-    (else 1), ``norm`` is a LayerNorm when ``emb_layernorm`` (else identity), ``alpha`` is a trained
-    scalar when ``learnable_scale`` (else 1) and ``PE(p)`` embeds position ``p`` with ``D / 2``
-    frequencies ``w_k = temperature^(-2k / D)`` (``ladder="standard"``, Vaswani et al.) or
-    ``w_j = exp(-ln(temperature) * j / (D/2 - 1))`` (``ladder="t2t"``, tensor2tensor / fairseq2),
-    laid out ``"interleaved"`` (``sin w0, cos w0, sin w1, ...``: sin at even channels, cos at odd)
-    or ``"split"`` (all sines, then all cosines: tensor2tensor, fairseq2, Speech-Transformer).
-    ``layout="split", ladder="t2t"`` reproduces fairseq2's ``SinusoidalPositionEncoder``.
+    ``out = dropout(norm(x) * s + alpha * PE(p))``, in speechain's order: ``norm`` is a LayerNorm
+    when ``emb_layernorm`` (else identity), then ``s = sqrt(d_model)`` when ``emb_scale`` (else 1),
+    ``alpha`` is a trained scalar when ``learnable_scale`` (else 1) and ``PE(p)`` embeds position
+    ``p`` with ``D / 2`` frequencies ``w_k``, each as a sine and a cosine channel:
+
+    * ``ladder="standard"``: ``w_k = temperature^(-2k / D)`` (Vaswani et al., section 3.5);
+    * ``ladder="t2t"``: ``w_j = exp(-ln(temperature) * j / (D/2 - 1))`` (tensor2tensor's
+      ``get_timing_signal_1d``, fairseq2), computed with fairseq2's own expression;
+    * ``ladder="continued"``: the sines on the standard ladder, the cosines on its continuation
+      ``temperature^(-(D + 2k) / D)`` (speechain's ``posenc_type="sep"``);
+
+    laid out ``"interleaved"`` (``sin w0, cos w0, sin w1, ...``: sin at even channels, cos at
+    odd; Vaswani et al.) or ``"split"`` (all sines, then all cosines: tensor2tensor).
+
+    Peers: ``layout="split", ladder="t2t"`` is fairseq2's ``SinusoidalPositionEncoder`` (its table
+    bit for bit, in float32 and float64); ``layout="split", ladder="continued"`` is speechain's
+    ``posenc_type="sep"`` and the default is its ``"mix"`` (both to float32 rounding, see
+    :class:`~vispos.SpeechainPositionalEncoding` for the drop-in with speechain's names).
 
     Positions are ``0 .. L-1`` by default. ``positions`` gives any others (offsets for
     incremental decoding, left padding, fractional positions). With ``key_padding_mask`` the
     positions count valid steps only (the first valid step is 0) unless ``positions`` is given,
-    and padded steps get no encoding (``PE = 0``, so they hold ``norm(x * s)``).
+    and padded steps get no encoding (``PE = 0``, so they hold ``norm(x) * s``). fairseq2 instead
+    ignores its padding mask: every step ``i`` gets row ``start + i`` of the table, padded or
+    not. To match it, pass ``positions=start + arange(L)`` and no ``key_padding_mask``.
 
     The default table of ``max_len`` rows is a non-persistent buffer; a longer input rebuilds it
     for the new length (no error, nothing in ``state_dict``). The input is never modified in
@@ -240,12 +285,13 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         max_len (int): rows of the table built at construction. Default 5000.
         layout (str): ``"interleaved"`` (default) or ``"split"``.
         batch_first (bool): input is ``(B, L, D)`` (default) rather than ``(L, B, D)``.
-        emb_scale (bool): multiply the input by ``sqrt(d_model)`` first (Vaswani et al. 3.4).
-        emb_layernorm (bool): LayerNorm the (scaled) input before adding the encoding.
+        emb_scale (bool): multiply the (normalised) input by ``sqrt(d_model)`` (Vaswani et
+            al., section 3.4).
+        emb_layernorm (bool): LayerNorm the input first (speechain).
         learnable_scale (bool): multiply the encoding by a trained scalar ``alpha``
             (Transformer-TTS).
         init_alpha (float): initial ``alpha``; only with ``learnable_scale=True``. Default 1.
-        ladder (str): ``"standard"`` (default) or ``"t2t"``.
+        ladder (str): ``"standard"`` (default), ``"t2t"`` or ``"continued"``.
         temperature (float): ``T`` of the ladder. Default 10000.
 
     Shape:
@@ -253,22 +299,24 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         - positions (optional): ``Tensor[B, L]`` or ``Tensor[L]``, any real dtype, on x's device.
           Always batch-first, whatever ``batch_first`` says (like ``key_padding_mask``).
         - key_padding_mask (optional): ``Tensor[B, L]``, bool, True marks padding.
-        - output: same shape and dtype as ``x`` (the encoding is computed in float32; half and
-          bfloat16 inputs are added to it in float32 and the sum cast back once).
+        - output: same shape and dtype as ``x``. The encoding is computed in float32 (float64
+          for a float64 ``x``); half and bfloat16 inputs are added to it in float32 and the sum
+          cast back once.
 
     Raises:
         TypeError: a non-int ``d_model`` / ``max_len``, a non-bool flag, a non-number
-            ``dropout`` / ``init_alpha`` / ``temperature``; at ``forward``: a non-float ``x``, a
-            non-bool mask (with a hint on how to convert), non-real positions.
+            ``dropout`` / ``init_alpha`` / ``temperature``, a non-str ``layout`` / ``ladder``; at
+            ``forward``: a non-float ``x``, a non-bool mask (with a hint on how to convert),
+            non-real positions.
         ValueError: odd or non-positive ``d_model``; ``dropout`` outside ``[0, 1)``; non-positive
             ``max_len`` or ``temperature``; unknown ``layout`` / ``ladder``; ``init_alpha != 1``
             without ``learnable_scale``; at ``forward``: wrong shapes or devices.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017; tensor2tensor
-        ``get_timing_signal_1d``; fairseq2 ``SinusoidalPositionEncoder``; Dong et al.,
-        Speech-Transformer, ICASSP 2018; Li et al., Neural Speech Synthesis with Transformer
-        Network, AAAI 2019 (``learnable_scale``).
+        ``get_timing_signal_1d``; fairseq2 ``SinusoidalPositionEncoder``; speechain
+        ``PositionalEncoding`` (the continued ladder, LayerNorm before the scale); Li et al.,
+        Neural Speech Synthesis with Transformer Network, AAAI 2019 (``learnable_scale``).
     """
 
     def __init__(
@@ -307,8 +355,7 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         return enc if self.alpha is None else self.alpha * enc
 
     def _prepare_input(self, x: Tensor) -> Tensor:
-        out = x * math.sqrt(self.d_model) if self.emb_scale else x  # a new tensor, never in place
-        return out if self.layernorm is None else self.layernorm(out)
+        return _norm_then_scale(x, self.layernorm, self.emb_scale, self.d_model)
 
     def extra_repr(self) -> str:
         return (
@@ -334,7 +381,7 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
         max_len (int): rows of the sinusoid table built at construction; longer inputs extend it.
         layout (str): ``"interleaved"`` (default) or ``"split"``.
         batch_first (bool): input is ``(B, L, D)`` (default) rather than ``(L, B, D)``.
-        ladder (str): ``"standard"`` (default) or ``"t2t"``.
+        ladder (str): ``"standard"`` (default), ``"t2t"`` or ``"continued"``.
         temperature (float): ``T`` of the ladder. Default 10000.
 
     Shape:

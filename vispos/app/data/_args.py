@@ -1,15 +1,9 @@
-"""Argument checks shared by the image and volume loaders: path lists and size limits."""
+"""Argument check shared by the image and volume loaders: a list of paths, never one string."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-
-
-def check_max_size(max_size: object) -> None:
-    """``max_size`` must be a positive int or None."""
-    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= 0):
-        raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
 
 
 def check_paths(paths: object) -> None:

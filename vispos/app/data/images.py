@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._args import check_max_size, check_paths, shrunk_size
+from ..._checks import check_file, check_int
+from ._args import check_paths, shrunk_size
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -58,7 +59,7 @@ def _shrink(image: Tensor, max_size: int | None) -> Tensor:
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2.functional import resize
 
-    check_max_size(max_size)
+    check_int(max_size, "max_size", minimum=1, optional=True)
     h, w = image.shape[-2:]
     size = list(shrunk_size((h, w), max_size))
     if size == [h, w]:
@@ -135,11 +136,12 @@ def load_image(
 
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
+        TypeError: a non-int ``max_size`` / ``max_pixels``.
         ValueError: the file is not an image, is in a format outside :data:`IMAGE_FORMATS`, or is
             damaged (every message names the file); it has more than ``max_pixels`` pixels (the
             message names its size and the limit); integers above 16 bits or non-finite floats;
-            bad ``max_size`` / ``max_pixels``.
-        IsADirectoryError: ``path`` is a directory.
+            a non-positive ``max_size`` / ``max_pixels``.
 
     References:
         TorchCodec ``torchcodec.decoders.decode_image``; Pillow ``Image.open``,
@@ -147,14 +149,9 @@ def load_image(
     """
     from PIL import Image, UnidentifiedImageError
 
-    check_max_size(max_size)
-    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels <= 0):
-        raise ValueError(f"max_pixels must be a positive int or None, got {max_pixels!r}")
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"image file {path!r} is a directory, not an image file")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"image file {path!r} does not exist")
+    check_int(max_size, "max_size", minimum=1, optional=True)
+    check_int(max_pixels, "max_pixels", minimum=1, optional=True)
+    path = check_file(path, "image file", "an image file")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit below
@@ -292,7 +289,7 @@ def load_images(
         list of Tensor[3, H_i, W_i], float32 in [0, 1].
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list.
+        TypeError: ``paths`` is a single path rather than a list; as :func:`load_image`.
         FileNotFoundError / ValueError: as :func:`load_image`.
     """
     from tqdm.auto import tqdm

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_bool
-from ._args import check_max_size, check_paths, shrunk_size
+from ..._checks import check_bool, check_choice, check_file, check_int, check_number
+from ._args import check_paths, shrunk_size
 
 __all__ = [
     "MAX_VOLUME_VOXELS",
@@ -31,6 +31,14 @@ __all__ = [
 
 #: intensity normalisations :func:`normalize_intensity` knows (None: leave intensities as read)
 VOLUME_NORMALIZATIONS = ("zscore", "minmax", "percentile", None)
+
+
+def _check_volume(volume: object) -> None:
+    """``volume`` must be a ``Tensor[C, D, H, W]`` (TypeError for another type, ValueError for another rank)."""
+    if not isinstance(volume, Tensor):
+        raise TypeError(f"volume must be a Tensor[C, D, H, W], got {type(volume).__name__}")
+    if volume.dim() != 4:
+        raise ValueError(f"volume must be a Tensor[C, D, H, W], got shape {tuple(volume.shape)}")
 
 
 def normalize_intensity(
@@ -65,16 +73,14 @@ def normalize_intensity(
         ``"minmax"``, ``"percentile"``; ``None`` rounds float64 beyond float32's range to inf).
 
     Raises:
+        TypeError: ``method`` is neither a str nor None; ``volume`` is not a tensor.
         ValueError: an unknown ``method``; a volume that is not ``(C, D, H, W)``; bad percentiles.
 
     References:
         Isensee et al., nnU-Net, Nature Methods 2021 (foreground z-score for MRI).
     """
-    if method not in VOLUME_NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {VOLUME_NORMALIZATIONS}, got {method!r}")
-    if not isinstance(volume, Tensor) or volume.dim() != 4:
-        got = tuple(volume.shape) if isinstance(volume, Tensor) else type(volume).__name__
-        raise ValueError(f"volume must be a Tensor[C, D, H, W], got {got}")
+    check_choice(method, VOLUME_NORMALIZATIONS, "normalize")
+    _check_volume(volume)
     lo_p, hi_p = percentiles
     if not 0 <= lo_p < hi_p <= 100:
         raise ValueError(f"percentiles must satisfy 0 <= low < high <= 100, got {percentiles!r}")
@@ -127,27 +133,23 @@ def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | No
         Tensor[C, D', H', W'], ``volume``'s dtype.
 
     Raises:
+        TypeError: ``volume`` is not a tensor; a non-int ``max_size`` or non-number ``scale``.
         ValueError: both or a non-positive ``max_size`` / ``scale`` (or a non-finite
             ``scale``); a ``scale`` giving more than :data:`MAX_VOLUME_VOXELS` voxels (checked
             before anything is allocated); a volume that is not 4-D.
     """
-    if volume.dim() != 4:
-        raise ValueError(f"volume must be a Tensor[C, D, H, W], got shape {tuple(volume.shape)}")
+    _check_volume(volume)
     if max_size is not None and scale is not None:
         raise ValueError("give max_size or scale, not both")
     if max_size is not None:
-        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size <= 0:
-            raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
+        check_int(max_size, "max_size", minimum=1)
         size = list(shrunk_size(volume.shape[1:], max_size))
         if size == list(volume.shape[1:]):
             return volume.clone()
     elif scale is None:
         return volume.clone()
     else:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (
-            math.isfinite(scale) and scale > 0
-        ):
-            raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+        check_number(scale, "scale", positive=True)
         size = [max(1, round(s * scale)) for s in volume.shape[1:]]
         voxels = volume.shape[0] * math.prod(size)
         if voxels > MAX_VOLUME_VOXELS:
@@ -289,12 +291,14 @@ def load_volume(
 
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: ``path`` is a directory.
+        TypeError: a ``normalize`` that is not a str or None; a non-int ``max_size`` /
+            ``max_voxels``; a non-bool ``canonical``.
         ValueError: not a NIfTI volume (also a truncated or corrupt file); not 3-D / 4-D
             or an empty axis; voxels that are not real scalars (RGB24, RGBA32, complex); more
             than ``max_voxels`` voxels; an uncompressed file shorter than its header says. These
             are checked on the header, before any voxel is read, and every message names the
-            file. Bad ``normalize`` / ``max_size`` / ``max_voxels``.
-        TypeError: ``canonical`` is not a bool.
+            file. An unknown ``normalize``; a non-positive ``max_size`` / ``max_voxels``.
         ImportError: nibabel is missing (``pip install 'vispos[medical]'``).
 
     References:
@@ -304,17 +308,11 @@ def load_volume(
         import nibabel as nib
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("NIfTI volumes are read with nibabel: pip install 'vispos[medical]'") from exc
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"volume file {path!r} is a directory, not a NIfTI file")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"volume file {path!r} does not exist")
-    if max_voxels is not None and (isinstance(max_voxels, bool) or not isinstance(max_voxels, int) or max_voxels <= 0):
-        raise ValueError(f"max_voxels must be a positive int or None, got {max_voxels!r}")
-    check_max_size(max_size)
+    path = check_file(path, "volume file", "a NIfTI file")
+    check_int(max_voxels, "max_voxels", minimum=1, optional=True)
+    check_int(max_size, "max_size", minimum=1, optional=True)
     check_bool(canonical, "canonical")
-    if normalize not in VOLUME_NORMALIZATIONS:
-        raise ValueError(f"normalize must be one of {VOLUME_NORMALIZATIONS}, got {normalize!r}")
+    check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
     # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
     # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
     # naming the file. MemoryError cannot happen: the size is checked on the header first.
@@ -355,7 +353,7 @@ def load_volumes(
         list of Tensor[C, D_i, H_i, W_i], float32.
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list.
+        TypeError: ``paths`` is a single path rather than a list; as :func:`load_volume`.
         FileNotFoundError / ValueError / ImportError: as :func:`load_volume`.
     """
     from tqdm.auto import tqdm
@@ -415,11 +413,13 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
         list of ``(name, Tensor[1, D, H, W])``, float32.
 
     Raises:
+        TypeError: ``max_size`` is not an int.
         ValueError: ``max_size`` < 8 or > 256 (the template's longest axis is 233 voxels at 1 mm:
             larger sizes would only interpolate it, and ``max_size=4096`` asked for tens of GB).
     """
-    if isinstance(max_size, bool) or not isinstance(max_size, int) or not 8 <= max_size <= 256:
-        raise ValueError(f"max_size must be an int from 8 to 256, got {max_size!r}")
+    check_int(max_size, "max_size", minimum=8)
+    if max_size > 256:
+        raise ValueError(f"max_size must be from 8 to 256 (the template's longest axis is 233), got {max_size}")
     full = mni152_template(normalize=None)
     scale = max_size / max(full.shape[1:])
     depth = full.shape[-1]

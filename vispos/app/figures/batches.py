@@ -1,4 +1,4 @@
-"""Figures of padded batches: each item as padded with its mask, and DETR's normalised coordinates.
+"""Figures of padded batches: items as padded into the batch, their masks, DETR's normalised coordinates.
 
 Each function returns a ``matplotlib.figure.Figure`` and never shows or writes it.
 """

@@ -1,4 +1,4 @@
-"""Figures of an encoding's channels: heatmaps, sin/cos curves and the wavelength ladder.
+"""Figures of an encoding's channels: heatmaps, sin/cos curves, the wavelength ladder.
 
 :func:`encode_grid` evaluates any vispos encoder on one item's grid, channels-first, for the
 plots here and in :mod:`~vispos.app.figures.similarity`. Each ``plot_*`` function returns a
@@ -26,7 +26,9 @@ from ...encodings import (
     PositionEmbeddingLearned,
     PositionEmbeddingSine,
     SinusoidalPositionalEncoding,
+    SpeechainPositionalEncoding,
 )
+from ..._checks import check_bool, check_int
 from ...padding import check_mask
 from ._draw import new_figure
 from ._inputs import check_channels, check_pos, check_shape
@@ -53,7 +55,8 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
     :class:`~vispos.PositionEmbeddingLearned`) get a bool mask ``(1, *S)``; the
     ``positional-encodings`` grid classes get a zero tensor in their layout; the 1D sequence
     encoders (:class:`~vispos.SinusoidalPositionalEncoding`,
-    :class:`~vispos.LearnableSinusoidalPositionalEncoding`) get a zero sequence, so the result is
+    :class:`~vispos.LearnableSinusoidalPositionalEncoding`,
+    :class:`~vispos.SpeechainPositionalEncoding`) get a zero sequence, so the result is
     the added encoding itself (plus any LayerNorm bias).
 
     Args:
@@ -65,8 +68,8 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
         Tensor[C, *S]: float32 on the CPU, channels-first whatever the encoder's layout.
 
     Raises:
-        TypeError: an encoder of another kind; a non-bool ``mask``; a ``mask`` for an encoder
-            that takes none.
+        TypeError: an encoder of another kind; ``shape`` not an int or a sequence of ints; a
+            non-bool ``mask``; a ``mask`` for an encoder that takes none.
         ValueError: a bad ``shape``, or one the encoder does not support; a ``mask`` whose shape
             is not ``S``.
 
@@ -92,7 +95,9 @@ def encode_grid(encoder: torch.nn.Module, shape: Sequence[int], mask: Tensor | N
             if encoder.channels_first:
                 return encoder(torch.zeros(1, encoder.org_channels, *shape))[0].float().contiguous()
             return encoder(torch.zeros(1, *shape, encoder.org_channels))[0].movedim(-1, 0).float().contiguous()
-        if isinstance(encoder, (SinusoidalPositionalEncoding, LearnableSinusoidalPositionalEncoding)):
+        if isinstance(
+            encoder, (SinusoidalPositionalEncoding, LearnableSinusoidalPositionalEncoding, SpeechainPositionalEncoding)
+        ):
             if len(shape) != 1:
                 raise ValueError(f"{type(encoder).__name__} encodes sequences (1 axis), got shape {shape}")
             x = torch.zeros(1, shape[0], encoder.d_model)
@@ -125,7 +130,8 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
         encoder (nn.Module): an encoder whose channels are fixed sinusoids:
             :class:`~vispos.PositionEmbeddingSine` (``num_pos_feats`` channels per axis,
             interleaved), the ``positional-encodings`` classes (interleaved) or
-            :class:`~vispos.SinusoidalPositionalEncoding` (its ``layout`` and ``ladder``).
+            :class:`~vispos.SinusoidalPositionalEncoding` / :class:`~vispos.SpeechainPositionalEncoding`
+            (their ``layout`` and ``ladder``).
         length (int): the line's length in cells (only used with ``normalize``), >= 1.
 
     Returns:
@@ -133,18 +139,18 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
             block (``F`` channels); ``None`` for an encoder without fixed frequencies (learned).
 
     Raises:
+        TypeError: ``length`` is not an int.
         ValueError: ``length < 1``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5).
     """
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be an int >= 1, got {length!r}")
+    check_int(length, "length", minimum=1)
     if isinstance(encoder, PositionEmbeddingSine):
         feats, temp, layout, ladder = encoder.num_pos_feats, encoder.temperature, "interleaved", "standard"
     elif isinstance(encoder, _GRID_CLASSES):
         feats, temp, layout, ladder = encoder.channels_per_axis, 10000.0, "interleaved", "standard"
-    elif isinstance(encoder, SinusoidalPositionalEncoding):
+    elif isinstance(encoder, (SinusoidalPositionalEncoding, SpeechainPositionalEncoding)):
         feats, temp = encoder.d_model, encoder.temperature
         layout, ladder = encoder.layout, encoder.ladder
     else:
@@ -155,6 +161,8 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
         lam = lam * (length + encoder.eps) / encoder.scale
     k = torch.arange(feats)
     index = k // 2 if layout == "interleaved" else k % (feats // 2)
+    if div.shape[0] == feats:  # the "continued" ladder: the cosines have their own divisors
+        index = index + feats // 2 * (k % 2 if layout == "interleaved" else k // (feats // 2))
     return lam[index]
 
 
@@ -183,17 +191,17 @@ def plot_channels(
             a colorbar in 2D. Never shown; save it with ``fig.savefig(path)``.
 
     Raises:
-        TypeError: ``pos`` is not a tensor; ``channels`` does not hold ints.
-        ValueError: ``pos`` is not ``(C, L)`` / ``(C, H, W)`` floating; a channel out of range;
-            ``max_panels < 1``.
+        TypeError: ``pos`` is not a floating tensor; ``channels`` does not hold ints; a non-int
+            ``max_panels``.
+        ValueError: ``pos`` is not ``(C, L)`` / ``(C, H, W)``; an empty ``channels`` or one out
+            of range; ``max_panels < 1``.
 
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (the sinusoid table figure).
     """
     pos = check_pos(pos, "pos", (1, 2))
     c = pos.shape[0]
-    if isinstance(max_panels, bool) or not isinstance(max_panels, int) or max_panels < 1:
-        raise ValueError(f"max_panels must be an int >= 1, got {max_panels!r}")
+    check_int(max_panels, "max_panels", minimum=1)
     if pos.dim() == 2:
         chans = list(range(c)) if channels is None else check_channels(channels, c)
         fig = new_figure(7.0, 3.2 + 0.006 * len(chans))
@@ -252,8 +260,8 @@ def plot_sincos_curves(
         matplotlib.figure.Figure: ``len(channels)`` axes sharing the x axis.
 
     Raises:
-        TypeError: ``pos`` is not a tensor; ``channels`` does not hold ints.
-        ValueError: ``pos`` is not ``(C, L)``; a channel out of range; ``wavelengths`` shorter
+        TypeError: ``pos`` is not a floating tensor; ``channels`` does not hold ints.
+        ValueError: ``pos`` is not ``(C, L)``; an empty ``channels`` or one out of range; ``wavelengths`` shorter
             than ``C`` or ``positions`` not of length ``L``.
 
     References:
@@ -320,7 +328,8 @@ def plot_wavelengths(
             ``len(temperatures)`` lines of ``F / 2`` points.
 
     Raises:
-        TypeError: ``num_feats`` is not an int; a temperature is not a number.
+        TypeError: ``num_feats`` is not an int; a temperature is not a number; a ladder is not
+            a str; a non-bool ``frequency``.
         ValueError: odd or non-positive ``num_feats``; an empty ``temperatures`` / ``ladders``;
             an unknown ladder; a non-positive temperature.
 
@@ -328,6 +337,7 @@ def plot_wavelengths(
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5); tensor2tensor
         ``get_timing_signal_1d``; Zhang et al., DINO, ICLR 2023 (temperature 20).
     """
+    check_bool(frequency, "frequency")
     temperatures = list(temperatures)
     ladders = list(ladders)
     if not temperatures or not ladders:

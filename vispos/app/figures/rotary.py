@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..._checks import check_int
 from ...encodings import RotaryEmbedding
 from ._draw import new_figure
 
@@ -31,7 +32,7 @@ def plot_rotary_invariance(rotary: torch.nn.Module, length: int = 64, *, seed: i
         matplotlib.figure.Figure: 2 axes (matrix, offset curves) plus a colorbar.
 
     Raises:
-        TypeError: ``rotary`` is not a :class:`~vispos.RotaryEmbedding`.
+        TypeError: ``rotary`` is not a :class:`~vispos.RotaryEmbedding`; a non-int ``length``.
         ValueError: ``length < 2``.
 
     References:
@@ -39,8 +40,7 @@ def plot_rotary_invariance(rotary: torch.nn.Module, length: int = 64, *, seed: i
     """
     if not isinstance(rotary, RotaryEmbedding):
         raise TypeError(f"rotary must be a RotaryEmbedding, got {type(rotary).__name__}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-        raise ValueError(f"length must be an int >= 2, got {length!r}")
+    check_int(length, "length", minimum=2)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(rotary.dim, generator=gen).expand(length, rotary.dim)
     k = torch.randn(rotary.dim, generator=gen).expand(length, rotary.dim)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..._checks import check_int
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
 from ._draw import (
@@ -48,11 +49,14 @@ def cosine_similarity_map(pos: Tensor, query: Sequence[int]) -> Tensor:
         Tensor[*S], float32 in [-1, 1].
 
     Raises:
+        TypeError: ``pos`` is not a tensor.
         ValueError: ``query`` has the wrong length or lies outside ``S``.
 
     References:
         Carion et al., DETR (ECCV 2020), figure of position-embedding similarities.
     """
+    if not isinstance(pos, Tensor):
+        raise TypeError(f"pos must be a Tensor[C, *S], got {type(pos).__name__}")
     spatial = tuple(pos.shape[1:])
     query = tuple(int(q) for q in query)
     if len(query) != len(spatial) or any(not 0 <= q < s for q, s in zip(query, spatial)):
@@ -74,13 +78,13 @@ def query_cells(valid_size: Sequence[int], n: int = 3) -> list[tuple[int, ...]]:
         list of tuples of int: cell indices, each inside ``valid_size``.
 
     Raises:
+        TypeError: ``n`` is not an int.
         ValueError: ``n < 1``.
 
     References:
         Carion et al., DETR (ECCV 2020): the similarity figure picks a few query cells.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    check_int(n, "n", minimum=1)
     fractions = np.linspace(0.2, 0.8, n) if n > 1 else np.array([0.5])
     return [tuple(min(s - 1, int(f * s)) for s in valid_size) for f in fractions]
 
@@ -110,7 +114,7 @@ def plot_similarity(
             a colorbar.
 
     Raises:
-        TypeError: ``pos`` is not a tensor; ``mask`` is not a bool tensor.
+        TypeError: ``pos`` is not a floating tensor; ``mask`` is not a bool tensor.
         ValueError: ``pos`` is not 2D or 3D; ``mask`` of another shape; a query outside the grid.
 
     References:
@@ -170,6 +174,8 @@ def plot_similarity(
 
 
 def _check_levels(batch: NestedTensor, levels: Sequence[NestedTensor], pos: Sequence[Tensor], n: int, what: str):
+    if not isinstance(batch, NestedTensor):
+        raise TypeError(f"batch must be a NestedTensor, got {type(batch).__name__}")
     if len(levels) != len(pos):
         raise ValueError(f"levels ({len(levels)}) and pos ({len(pos)}) must have the same length")
     if batch.n_spatial != n:
@@ -208,6 +214,7 @@ def plot_level_similarity(
             plus a colorbar. Never shown; :func:`vispos.app.png.save_figure` writes it.
 
     Raises:
+        TypeError: ``batch`` is not a :class:`~vispos.NestedTensor`.
         ValueError: ``levels`` and ``pos`` differ in length; a batch that is not 2D.
 
     References:
@@ -301,6 +308,7 @@ def plot_volume_level_similarity(
             plus a colorbar. Never shown; :func:`vispos.app.png.save_figure` writes it.
 
     Raises:
+        TypeError: ``batch`` is not a :class:`~vispos.NestedTensor`.
         ValueError: ``levels`` and ``pos`` differ in length; the batch is not 3D.
 
     References:

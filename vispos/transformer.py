@@ -1,4 +1,4 @@
-"""A small DETR transformer encoder over flattened feature levels.
+"""The DETR transformer encoder over flattened feature levels (positions added to queries and keys).
 
 The encoder adds ``pos`` to queries and keys (not values) in every layer and ignores padded keys
 through ``key_padding_mask``, as DETR does; so the output on an item's valid cells does not
@@ -18,9 +18,9 @@ import copy
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_int
-from ..padding import check_mask
-from .joiner import FlatLevels
+from ._checks import check_bool, check_choice, check_dropout, check_int
+from .backbones.joiner import FlatLevels
+from .padding import check_mask
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]
 
@@ -45,8 +45,11 @@ class DetrEncoderLayer(nn.Module):
         - output ``Tensor[B, N, C]``, ``src``'s dtype.
 
     Raises:
-        ValueError: ``nhead`` does not divide ``d_model``; bad sizes, ``dropout`` or
-            ``activation``; at forward, mismatched shapes or a non-bool mask.
+        TypeError: a non-int size, a non-number ``dropout``, a non-str ``activation``, a non-bool
+            ``normalize_before``; at forward, a ``src`` / ``pos`` that is not a tensor or a
+            non-bool ``key_padding_mask``.
+        ValueError: a non-positive size; ``nhead`` does not divide ``d_model``; ``dropout``
+            outside ``[0, 1)``; an unknown ``activation``; at forward, mismatched shapes.
 
     References:
         DETR ``models/transformer.py`` (``TransformerEncoderLayer``).
@@ -66,10 +69,8 @@ class DetrEncoderLayer(nn.Module):
             check_int(value, name, minimum=1)
         if d_model % nhead:
             raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
-        if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        check_dropout(dropout)
+        check_choice(activation, tuple(_ACTIVATIONS), "activation")
         check_bool(normalize_before, "normalize_before")
         self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward
         self.dropout_p, self.activation_name, self.normalize_before = float(dropout), activation, normalize_before
@@ -109,12 +110,14 @@ class DetrEncoderLayer(nn.Module):
 
 
 def _check_inputs(src: Tensor, pos: Tensor | None, mask: Tensor | None, d_model: int) -> None:
-    if not isinstance(src, Tensor) or src.dim() != 3 or src.shape[-1] != d_model:
-        got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
-        raise ValueError(f"src must be a Tensor[B, N, {d_model}] (batch-first), got {got}")
-    if pos is not None and (not isinstance(pos, Tensor) or pos.shape != src.shape):
-        got = tuple(pos.shape) if isinstance(pos, Tensor) else type(pos).__name__
-        raise ValueError(f"pos must have src's shape {tuple(src.shape)}, got {got}")
+    if not isinstance(src, Tensor):
+        raise TypeError(f"src must be a Tensor[B, N, {d_model}] (batch-first), got {type(src).__name__}")
+    if src.dim() != 3 or src.shape[-1] != d_model:
+        raise ValueError(f"src must be a Tensor[B, N, {d_model}] (batch-first), got {tuple(src.shape)}")
+    if pos is not None and not isinstance(pos, Tensor):
+        raise TypeError(f"pos must be a Tensor of src's shape {tuple(src.shape)} or None, got {type(pos).__name__}")
+    if pos is not None and pos.shape != src.shape:
+        raise ValueError(f"pos must have src's shape {tuple(src.shape)}, got {tuple(pos.shape)}")
     if mask is not None:
         check_mask(mask, "key_padding_mask")
         if tuple(mask.shape) != tuple(src.shape[:2]):
@@ -136,7 +139,9 @@ class DetrEncoder(nn.Module):
         :class:`~vispos.backbones.FlatLevels` as ``src``.
 
     Raises:
-        ValueError / TypeError: as :class:`DetrEncoderLayer`.
+        TypeError: as :class:`DetrEncoderLayer`; a non-int ``num_layers``.
+        ValueError: as :class:`DetrEncoderLayer`; ``num_layers < 1``; at forward, a
+            :class:`~vispos.backbones.FlatLevels` together with ``pos`` / ``key_padding_mask``.
 
     References:
         DETR ``models/transformer.py`` (``TransformerEncoder``; final LayerNorm only with
