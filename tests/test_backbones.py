@@ -286,3 +286,32 @@ def test_pretrained_loads_timm_cached_weights_without_network(empty_caches, wher
     bb = TimmBackbone("resnet18", out_indices=(4,), pretrained=True)
     torch.testing.assert_close(bb.body.layer4[1].conv2.weight, reference.layer4[1].conv2.weight, rtol=0, atol=0)
     torch.testing.assert_close(bb.body.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls, name", [("TorchvisionBackbone", "resnet18"), ("VolumeBackbone", "r3d_18")])
+def test_torchvision_weights_are_read_from_the_cache_only(empty_caches, cls, name):
+    """Careful-user pass: ``TorchvisionBackbone("resnet18", weights="DEFAULT")`` printed
+    "Downloading ..." and raised urllib's URLError without network; now weights that are not
+    in the torch hub cache raise FileNotFoundError at once, and cached ones load with no
+    network access."""
+    import torchvision
+
+    import vispos.backbones as backbones
+
+    make = getattr(backbones, cls)
+    url = torchvision.models.get_model_weights(name).DEFAULT.url
+    file = url.rsplit("/", 1)[1]
+    with pytest.raises(FileNotFoundError, match=rf"weights='DEFAULT' \(.*\) needs torchvision's file '{file}' "
+                       r"in the torch hub cache .*vispos never downloads. Pass checkpoint_path="):
+        make(name, weights="DEFAULT")
+    with pytest.raises(ValueError, match=rf"weights='NOPE' is not one of '{name}''s weights: \['DEFAULT', "):
+        make(name, weights="NOPE")
+    _, hub = empty_caches
+    (hub / "checkpoints").mkdir(parents=True)
+    torch.manual_seed(5)
+    reference = torchvision.models.get_model(name)
+    torch.save(reference.state_dict(), hub / "checkpoints" / file)
+    bb = make(name, weights="DEFAULT")
+    assert "weights='DEFAULT'" in repr(bb)
+    key = "layer4.0.conv1.0.weight" if cls == "VolumeBackbone" else "layer4.0.conv1.weight"
+    torch.testing.assert_close(bb.body.state_dict()[key], reference.state_dict()[key], rtol=0, atol=0)

@@ -16,60 +16,10 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
+from ._pretrained import cached_timm_weights
 from .base import BackboneBase
 
 __all__ = ["TimmBackbone"]
-
-
-def _cached_pretrained_file(model_name: str) -> tuple[str | None, list[str]]:
-    """Where timm's pretrained weights for ``model_name`` already lie on this machine.
-
-    Looks, without any network access, where timm itself would have stored them: the Hugging
-    Face hub cache (``hf_hub_id``: ``model.safetensors`` / ``pytorch_model.bin`` or the config's
-    ``hf_hub_filename``), the torch hub cache (``url``: ``<torch.hub.get_dir()>/checkpoints``), or
-    the config's own ``file``.
-
-    Returns:
-        (path or None, the places looked at, for the error message).
-
-    Raises:
-        ValueError: timm knows no pretrained weights for ``model_name``.
-    """
-    from urllib.parse import urlparse
-
-    import torch.hub
-    from timm.models import get_pretrained_cfg
-
-    cfg = get_pretrained_cfg(model_name)
-    if cfg is None or not (cfg.hf_hub_id or cfg.url or cfg.file):
-        raise ValueError(
-            f"pretrained=True, but timm has no pretrained weights for model_name={model_name!r}; "
-            "pass pretrained=False (random weights) or checkpoint_path=<a local state dict>"
-        )
-    looked: list[str] = []
-    if cfg.file:
-        looked.append(str(cfg.file))
-        if os.path.isfile(cfg.file):
-            return str(cfg.file), looked
-    if cfg.hf_hub_id:
-        from huggingface_hub import constants, try_to_load_from_cache
-
-        repo, _, revision = cfg.hf_hub_id.partition("@")
-        names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else ["pytorch_model.bin"]
-        for name in list(names):
-            if name.endswith(".bin"):  # timm prefers the safetensors twin
-                names.insert(0, "model.safetensors" if name == "pytorch_model.bin" else name[:-4] + ".safetensors")
-        for name in names:
-            found = try_to_load_from_cache(repo, name, cache_dir=constants.HF_HUB_CACHE, revision=revision or None)
-            if isinstance(found, str) and os.path.isfile(found):
-                return found, looked
-        looked.append(f"{repo} ({' or '.join(names)}) in the Hugging Face cache {constants.HF_HUB_CACHE}")
-    if cfg.url:
-        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(cfg.url).path))
-        if os.path.isfile(path):
-            return path, looked
-        looked.append(path)
-    return None, looked
 
 
 class TimmBackbone(BackboneBase):
@@ -166,18 +116,7 @@ class TimmBackbone(BackboneBase):
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
         extra: dict[str, Any] = {}
         if pretrained:  # from the local cache only: timm alone would retry the network for ~50 s
-            local, looked = _cached_pretrained_file(model_name)
-            if local is None:
-                raise FileNotFoundError(
-                    f"pretrained=True needs timm's weights for model_name={model_name!r} on this "
-                    f"machine, and none are cached (looked for {'; '.join(looked)}); vispos never "
-                    "downloads. Pass checkpoint_path='/path/to/weights.safetensors' (or .pth: a "
-                    "local state dict, e.g. saved once with torch.save(timm.create_model("
-                    f"{model_name!r}, pretrained=True).state_dict(), 'weights.pth') where there is "
-                    "network) and pretrained=False, or fill timm's cache on a machine with network "
-                    "access"
-                )
-            extra["pretrained_cfg_overlay"] = {"file": local, "source": "timm"}
+            extra["pretrained_cfg_overlay"] = {"file": cached_timm_weights(model_name), "source": "timm"}
         try:
             self.body = timm.create_model(
                 model_name,
