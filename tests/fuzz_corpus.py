@@ -687,6 +687,15 @@ def _child(list_file: str) -> None:
             record.update(status="raised", type=type(exc).__name__, message=str(exc)[:500])
         else:
             problem = _check_result(job["kind"], value)
+            if problem is None:  # the header the CLI bounds batches with must tell the truth
+                if job["kind"] == "image":
+                    told = vdata.images.displayed_size(job["path"])
+                    got = tuple(value.shape[1:])
+                else:
+                    told = vdata.volumes.volume_shape(job["path"])
+                    got = tuple(value.shape)
+                if told != got:
+                    problem = f"the header says {told} but the loader returned {got}"
             record.update(status="bad" if problem else "ok", problem=problem)
         print(json.dumps(record), flush=True)
 

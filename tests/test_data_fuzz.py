@@ -5,7 +5,9 @@ A seeded corpus (``tests/fuzz_corpus.py``) of damaged copies of every format ``l
 stops answering is replaced by a new one that starts after the file it was reading, and that file
 is then read again alone to confirm it. A file fails the test when its read crashes the process,
 hangs, raises anything but the documented ``ValueError`` naming the file, or returns a tensor
-outside the documented contract (float32, shape, finite, images in ``[0, 1]``).
+outside the documented contract (float32, shape, finite, images in ``[0, 1]``), or of another
+shape than its header announces (``displayed_size`` / ``volume_shape``, which the CLI bounds
+batches with before decoding).
 """
 
 from __future__ import annotations

@@ -365,6 +365,8 @@ def test_every_exif_orientation_matches_pillow_exif_transpose(tmp_path, fmt):
     Pillow's ``ImageOps.exif_transpose`` (lossy formats: of Pillow's own decode of the file)."""
     from PIL import ImageOps
 
+    from vispos.app.data.images import displayed_size
+
     rng = np.random.default_rng(7)
     blocks = rng.integers(0, 255, (6, 10, 3), dtype=np.uint8)
     stored = Image.fromarray(np.kron(blocks, np.ones((5, 5, 1), np.uint8)))  # 30x50, blocky
@@ -380,6 +382,7 @@ def test_every_exif_orientation_matches_pillow_exif_transpose(tmp_path, fmt):
         img = load_image(path)
         want = (3, 30, 50) if orientation <= 4 else (3, 50, 30)
         assert img.shape == expected.shape == want, (fmt, orientation)
+        assert displayed_size(path) == want[1:]  # the header-only size the CLI bounds batches with
         # TorchCodec's and Pillow's lossy decoders may differ by a grey level or two
         torch.testing.assert_close(img, expected, atol=3 / 255 if fmt in ("jpg", "avif") else 0, rtol=0)
 
@@ -605,3 +608,13 @@ def test_nifti_truncated_empty_and_corrupt_headers(tmp_path):
     (tmp_path / "nan_affine.nii").write_bytes(hdr.binaryblock + b"\0" * 4 + b"\0" * 480)
     with pytest.raises(ValueError, match=r"nan_affine.nii' could not be read as a NIfTI volume: LinAlgError"):
         load_volume(tmp_path / "nan_affine.nii")
+
+
+def test_loaders_check_progress(tmp_path):
+    """Careful-user pass: ``progress="no"`` (truthy) showed the bar."""
+    from vispos.data import load_volumes
+
+    with pytest.raises(TypeError, match="progress must be a bool or None, got 'no'"):
+        load_images([tmp_path / "a.png"], progress="no")
+    with pytest.raises(TypeError, match="progress must be a bool or None, got 0"):
+        load_volumes([tmp_path / "a.nii"], progress=0)

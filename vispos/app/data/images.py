@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_file, check_int
+from ..._checks import check_bool, check_file, check_int
 from ._args import check_paths, shrunk_size
 
 __all__ = [
@@ -225,6 +225,8 @@ def displayed_size(path: str | os.PathLike) -> tuple[int, int] | None:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(os.fspath(path)) as im:
                 w, h = im.size
+                if im.format == "TIFF":  # Pillow's TIFF size is already the upright one
+                    return h, w
                 if im.format == "PNG":  # PNG's getexif() decodes the image to find a late eXIf
                     exif = Image.Exif()
                     if im.info.get("exif"):
@@ -289,12 +291,14 @@ def load_images(
         list of Tensor[3, H_i, W_i], float32 in [0, 1].
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list; as :func:`load_image`.
+        TypeError: ``paths`` is a single path rather than a list; ``progress`` is not a bool or
+            None; as :func:`load_image`.
         FileNotFoundError / ValueError: as :func:`load_image`.
     """
     from tqdm.auto import tqdm
 
     check_paths(paths)
+    check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 8
     return [

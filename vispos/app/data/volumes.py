@@ -353,12 +353,14 @@ def load_volumes(
         list of Tensor[C, D_i, H_i, W_i], float32.
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list; as :func:`load_volume`.
+        TypeError: ``paths`` is a single path rather than a list; ``progress`` is not a bool or
+            None; as :func:`load_volume`.
         FileNotFoundError / ValueError / ImportError: as :func:`load_volume`.
     """
     from tqdm.auto import tqdm
 
     check_paths(paths)
+    check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 4
     return [
