@@ -372,6 +372,8 @@ def test_cli_plot_config_and_default(tmp_path, capsys, monkeypatch):
         (["plot", "similarity", "--queries", "a,b"], "--queries expects comma-separated ints"),
         (["plot", "similarity", "--queries", "40,1"], "must index a cell"),
         (["plot", "channels", "--shape", "2", "2", "2"], "channels draws a 1D or 2D grid"),
+        (["plot", "channels", "--encoder", "PositionalEncoding1D", "--kw", "channels=8", "--shape", "4", "4"],
+         r"PositionalEncoding1D encodes 1 spatial axes, got shape \(4, 4\)"),
         (["plot", "curves", "--shape", "4", "4"], "curves draws a 1D grid"),
         (["plot", "curves", "--channels", "999"], "channels must index"),
         (["plot", "rotary", "--encoder", "PositionEmbeddingSine"], "rotary must be a RotaryEmbedding"),
