@@ -137,10 +137,10 @@ CASES = [
     ("nt/image_sizes too big", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [(5, 4), (4, 4)]), ValueError, r"image_sizes\[0\] = \(5, 4\)"),
     ("nt/image_sizes float", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [(2.5, 4), (4, 4)]), TypeError, r"image_sizes\[0\] must hold ints, got \(2.5, 4\)"),
     ("nt/image_sizes str", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [("a", 4), (4, 4)]), TypeError, r"image_sizes\[0\] must hold ints"),
-    ("nt/image_sizes flat", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [4, 4]), TypeError, r"image_sizes\[0\] must be a sequence of ints"),
+    ("nt/image_sizes flat", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [4, 4]), TypeError, r"image_sizes\[0\] must be a sequence of 2 ints"),
     ("nt/image_sizes length", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, [(4, 4)]), ValueError, r"image_sizes must have one entry per batch item \(2\), got 1"),
     ("nt/rectangular not bool", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, rectangular="yes"), TypeError, r"rectangular must be a bool, got 'yes'"),
-    ("nt/rectangular without sizes", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK, rectangular=True), ValueError, r"rectangular=True needs both a mask and image_sizes"),
+    ("nt/rectangular claim on a holed mask", lambda f: NestedTensor(torch.zeros(2, 3, 4, 4), MASK.index_put((torch.tensor([0]), torch.tensor([1]), torch.tensor([1])), torch.tensor(True)), rectangular=True), ValueError, r"rectangular=True but the mask is not per-item boxes"),
     ("nt/index type", lambda f: _nt((4, 4))["a"], TypeError, r"index must be an int, got str"),
     ("nt/index out of range", lambda f: _nt((4, 4))[5], IndexError, r"index 5 is out of range for a batch of 1 items"),
     ("ntl/empty list", lambda f: nested_tensor_from_tensor_list([]), ValueError, r"tensors must hold at least one tensor"),
@@ -333,14 +333,22 @@ def test_empty_inputs_give_empty_embeddings(x):
     assert out.shape == (x.shape[0], 8 * len(spatial), *spatial) and out.dtype == torch.float16
 
 
-def test_float_tensor_is_a_feature_map_not_a_mask():
-    """A float ``(B, H, W)`` tensor cannot be told from a 1-D feature map ``(B, C, L)``: it is
-    documented as a feature map (no padding). Masks must be bool; NestedTensor refuses others."""
-    pe = PositionEmbeddingSine(8)
-    out = pe(torch.zeros(2, 4, 5))
-    assert out.shape == (2, 8, 5)
+def test_float_tensor_of_mask_rank_is_refused_not_read_as_a_1d_map():
+    """Issue 26 item 6: a float 0/1 ``(B, H, W)`` tensor cannot be told from a 1-D feature map
+    ``(B, C, L)``; it was silently embedded as one (``(2, 16, 6)`` instead of ``(2, 32, 5, 6)``).
+    Now it is refused with both readings in the message; a 1D map goes in as a NestedTensor."""
+    pe = PositionEmbeddingSine(16)
+    mask = torch.zeros(2, 5, 6)
+    mask[0, 3:] = 1.0
+    with pytest.raises(TypeError, match=r"a float mask \(B, H, W\) and a 1D feature map \(B, C, L\) look alike.*mask\.bool\(\)"):
+        pe(mask)
+    torch.testing.assert_close(pe(mask.bool()), pe(NestedTensor(torch.zeros(2, 1, 5, 6), mask.bool())), rtol=0, atol=0)
+    assert pe(NestedTensor(torch.zeros(2, 4, 5), None)).shape == (2, 16, 5)
     with pytest.raises(TypeError, match="mask must have dtype torch.bool"):
         NestedTensor(torch.zeros(2, 3, 4, 5), torch.zeros(2, 4, 5))
+    # encoders of a fixed rank read the tensor as a feature map and say what a mask-rank one is
+    with pytest.raises(ValueError, match=r"x has the rank of a mask \(B, \*S\) with 3 spatial axes"):
+        PositionEmbeddingSineDepthAdded(4)(torch.zeros(2, 3, 4, 5))
 
 
 # ------------------------------------------------------------------------------------- CLI

@@ -83,8 +83,8 @@ def test_changing_bounds_evicts_at_once():
 @pytest.mark.parametrize(
     "kwargs, exc, match",
     [
-        (dict(maxsize=-1), ValueError, r"cache size must be an int >= 0, got -1"),
-        (dict(maxsize=True), ValueError, r"cache size must be an int >= 0, got True"),
+        (dict(maxsize=-1), ValueError, r"cache size must be >= 0, got -1"),
+        (dict(maxsize=True), TypeError, r"cache size must be a non-negative int, got True \(bool\)"),
         (dict(maxsize=2, max_bytes=-5), ValueError, r"max_bytes must be >= 0, got -5"),
         (dict(maxsize=2, max_bytes=1.5), TypeError, r"max_bytes must be a non-negative int or None, got 1.5"),
     ],

@@ -107,6 +107,17 @@ TABLE: dict[str, list[Case]] = {
         ("mask shape", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 4), _mask(1, 4, 5))),
         ("index out of range", lambda: _nt((4, 4))[3]),
         ("index not int", lambda: _nt((4, 4))["a"]),
+        ("sizes disagree with mask", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 5), _mask(1, 4, 5), [(2, 3)], rectangular=True)),
+        ("rectangular not bool", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 5), None, rectangular=1)),
+    ],
+    "Padding": [
+        ("called directly", lambda: vispos.Padding()),
+        ("sizes do not fit", lambda: vispos.Padding.from_sizes([(5, 2)], (4, 4))),
+        ("sizes floats", lambda: vispos.Padding.from_sizes([(2.0, 2)], (4, 4))),
+        ("mask not bool", lambda: vispos.Padding.from_mask(torch.zeros(1, 4, 4))),
+        ("mask rank", lambda: vispos.Padding.from_mask(_mask(1, 2, 2, 2, 2))),
+        ("resize to 0", lambda: vispos.Padding.none(1, (4, 4)).resize((0, 2))),
+        ("to copy int", lambda: vispos.Padding.none(1, (4, 4)).to(copy=1)),
     ],
     "PaddedCollate": [
         ("size_divisibility float", lambda: vispos.PaddedCollate(size_divisibility=2.0)),

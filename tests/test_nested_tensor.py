@@ -211,7 +211,7 @@ def test_padded_collate_takes_tv_tensors_and_returns_plain_tensors():
 def test_padded_collate_pickles_and_repr():
     collate = PaddedCollate(size_divisibility=8, pad_value=2)
     clone = pickle.loads(pickle.dumps(collate))
-    assert repr(clone) == "PaddedCollate(size_divisibility=8, pad_value=2.0)" == repr(collate)
+    assert repr(clone) == "PaddedCollate(size_divisibility=8, pad_value=2)" == repr(collate)
     batch = [_VariableSizeItems(2)[i] for i in range(2)]
     _assert_same_batch(clone(batch), collate(batch))
     assert pickle.loads(pickle.dumps(collate_fn)) is collate_fn
@@ -271,7 +271,7 @@ def test_pin_memory_is_what_the_dataloader_calls(monkeypatch):
     assert isinstance(out, NestedTensor) and out is not nested
     assert any(out.tensors is p for p in pinned) and any(out.mask is p for p in pinned)
     _assert_same_batch((out, out_targets), (nested, targets))
-    assert out.rectangular and out._image_sizes == nested._image_sizes
+    assert out.rectangular and out.padding == nested.padding
     assert torch.equal(nested.tensors, before[0]) and torch.equal(nested.mask, before[1])
     unmasked = NestedTensor(nested.tensors, None).pin_memory()
     assert unmasked.mask is None and any(unmasked.tensors is p for p in pinned)
@@ -284,7 +284,7 @@ def test_pin_memory_and_non_blocking_copy_on_cuda():
     pinned = nested.pin_memory()
     assert pinned.tensors.is_pinned() and pinned.mask.is_pinned() and not nested.tensors.is_pinned()
     moved = pinned.to("cuda", non_blocking=True)
-    assert moved.rectangular and moved._image_sizes == nested._image_sizes
+    assert moved.rectangular and moved.padding == nested.padding.to("cuda")
     torch.testing.assert_close(moved.tensors.cpu(), nested.tensors, rtol=0, atol=0)
     assert torch.equal(moved.mask.cpu(), nested.mask)
 
@@ -294,18 +294,159 @@ def test_pin_memory_and_non_blocking_copy_on_cuda():
     [(("cpu",), {"non_blocking": True}), ((torch.float64,), {"non_blocking": True}), (("cpu", torch.float64, True), {})],
 )
 def test_to_keeps_sizes_and_rectangular_flag(args, kwargs, monkeypatch):
+    from vispos import Padding
+
     nested, _ = collate_fn([_VariableSizeItems(3)[i] for i in range(3)])
     seen = []
-    original = torch.Tensor.to
+    original = Padding.to
 
     def spy(self, *a, **k):
-        if self.dtype == torch.bool:
-            seen.append(k.get("non_blocking"))
+        seen.append(k.get("non_blocking"))
         return original(self, *a, **k)
 
-    monkeypatch.setattr(torch.Tensor, "to", spy)
+    monkeypatch.setattr(Padding, "to", spy)
     moved = nested.to(*args, **kwargs)
-    assert moved is not nested and moved.rectangular and moved._image_sizes == nested._image_sizes
-    assert seen == [True]  # the mask is copied with the caller's non_blocking
+    assert moved is not nested and moved.rectangular and moved.padding == nested.padding
+    assert seen == [True]  # the padding (and its mask) follow with the caller's non_blocking
     torch.testing.assert_close(moved.tensors, nested.tensors.to(*args, **kwargs), rtol=0, atol=0)
     assert moved.mask.dtype == torch.bool and torch.equal(moved.mask, nested.mask)
+
+
+# ------------------------------------------------------- one truth: claims are checked (issue 19)
+from vispos import Padding  # noqa: E402
+
+
+def test_inconsistent_mask_and_sizes_are_refused_at_construction():
+    """The issue's repro: a mask with no padding and sizes that claim some. It used to build, and
+    the embedding followed the sizes (off by up to 2.0 from the mask's)."""
+    with pytest.raises(ValueError, match=r"image_sizes\[0\] = \(2, 3\) disagrees with the mask, whose item 0 has valid region \(4, 5\)"):
+        NestedTensor(torch.zeros(1, 3, 4, 5), torch.zeros(1, 4, 5, dtype=torch.bool), [(2, 3)], rectangular=True)
+    with pytest.raises(ValueError, match=r"image_sizes\[0\] = \(2, 3\) disagrees"):
+        NestedTensor(torch.zeros(1, 3, 4, 5), torch.zeros(1, 4, 5, dtype=torch.bool), [(2, 3)])
+    holed = torch.zeros(1, 4, 5, dtype=torch.bool)
+    holed[0, 1, 1] = True
+    with pytest.raises(ValueError, match="rectangular=True but the mask is not per-item boxes"):
+        NestedTensor(torch.zeros(1, 3, 4, 5), holed, [(4, 5)], rectangular=True)
+    padding = Padding.from_sizes([(2, 3)], (4, 5))
+    with pytest.raises(ValueError, match=r"image_sizes\[0\] = \(4, 5\) disagrees"):
+        NestedTensor(torch.zeros(1, 3, 4, 5), padding, [(4, 5)])
+    with pytest.raises(ValueError, match=r"mask \(a Padding of shape \(1, 4, 5\) on cpu\) must have shape \(B, \*S\) = \(1, 4, 6\)"):
+        NestedTensor(torch.zeros(1, 3, 4, 6), padding)
+
+
+def test_consistent_claims_are_accepted_and_derived_not_stored():
+    mask = Padding.from_sizes([(2, 3), (4, 5)], (4, 5)).mask
+    nt = NestedTensor(torch.zeros(2, 3, 4, 5), mask, [(2, 3), (4, 5)], rectangular=True)
+    assert nt.rectangular and nt.image_sizes == [(2, 3), (4, 5)] and nt.mask is mask
+    holed = mask.clone()
+    holed[1, 0, 0] = True  # holes, bounding box unchanged: image_sizes is the valid region's size
+    arbitrary = NestedTensor(torch.zeros(2, 3, 4, 5), holed, [(2, 3), (4, 5)])
+    assert not arbitrary.rectangular and arbitrary.padding.kind == "arbitrary"
+    sizes_only = NestedTensor(torch.zeros(2, 3, 4, 5), None, [(2, 3), (4, 5)], rectangular=True)
+    assert sizes_only.padding == nt.padding and torch.equal(sizes_only.mask, mask)
+    assert NestedTensor(torch.zeros(2, 3, 4, 5), None).mask is None
+
+
+def test_symmetric_padding_places_items_in_the_middle():
+    items = [torch.arange(6.0).view(1, 2, 3), torch.ones(1, 5, 4)]
+    nt = nested_tensor_from_tensor_list(items, pad_value=-1.0, method="symmetric")
+    assert nt.padding.starts == ((1, 0), (0, 0)) and nt.image_sizes == [(2, 3), (5, 4)]
+    assert torch.equal(nt[0], items[0]) and torch.equal(nt[1], items[1])
+    assert torch.equal(nt.tensors[0, 0, 1:3, 0:3], items[0][0]) and (nt.tensors[0][:, nt.mask[0]] == -1).all()
+    collated, _ = PaddedCollate(method="symmetric")([(t, None) for t in items])
+    assert collated.padding == nt.padding
+    assert repr(PaddedCollate(method="symmetric")) == "PaddedCollate(size_divisibility=0, pad_value=0.0, method='symmetric')"
+    with pytest.raises(ValueError, match=r"method must be one of \('end', 'symmetric'\), got 'center'"):
+        nested_tensor_from_tensor_list(items, method="center")
+
+
+# ------------------------------------------------------------------------------- issue 26, 4 5 8
+def test_int64_pad_value_is_exact_at_both_entry_points():
+    """Item 4: PaddedCollate stored float(pad_value), so 2**53 + 1 became 2**53, and 2**63 - 1
+    was refused with a message whose two numbers contradicted each other."""
+    items = [torch.zeros(1, 2, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64)]
+    for value in (2**53 + 1, 2**63 - 1, -(2**63)):
+        direct = nested_tensor_from_tensor_list(items, pad_value=value)
+        collated, _ = PaddedCollate(pad_value=value)([(t, None) for t in items])
+        assert int(direct.tensors[0, 0, 2]) == value and int(collated.tensors[0, 0, 2]) == value
+    for call in (
+        lambda: nested_tensor_from_tensor_list(items, pad_value=2**63),
+        lambda: PaddedCollate(pad_value=2**63)([(t, None) for t in items]),
+    ):
+        with pytest.raises(ValueError, match=r"pad_value=9223372036854775808 cannot be stored in the items' dtype torch.int64: expected an integer in \[-9223372036854775808, 9223372036854775807\]"):
+            call()
+
+
+@pytest.mark.parametrize(
+    "dtype, value",
+    [(torch.float16, 1e6), (torch.float16, 65520.0), (torch.float32, 1e39), (torch.bfloat16, 1e39), (torch.float32, 10**400)],
+)
+def test_pad_value_overflow_is_a_value_error_at_both_entry_points(dtype, value):
+    """Item 5: torch's "value cannot be converted to type c10::Half without overflow"."""
+    items = [torch.zeros(1, 2, dtype=dtype), torch.zeros(1, 3, dtype=dtype)]
+    for call in (
+        lambda: nested_tensor_from_tensor_list(items, pad_value=value),
+        lambda: PaddedCollate(pad_value=value)([(t, None) for t in items]),
+    ):
+        with pytest.raises(ValueError, match=rf"pad_value=.* cannot be stored in the items' dtype {dtype}: expected a value that does not overflow"):
+            call()
+    assert nested_tensor_from_tensor_list(items, pad_value=65504.0 if dtype == torch.float16 else 1e30).tensors.isfinite().all()
+    assert nested_tensor_from_tensor_list(items, pad_value=float("-inf")).tensors[0, 0, 2] == float("-inf")
+
+
+def test_size_divisibility_that_cannot_fit_is_refused_before_allocating(monkeypatch):
+    """Item 5: size_divisibility=10**9 gave "Storage size calculation overflowed"; a batch
+    larger than the machine's memory is refused too, naming the parameter, before allocating."""
+    items = [torch.zeros(3, 4, 5), torch.zeros(3, 6, 2)]
+    allocated = []
+    original = torch.Tensor.new_full
+    monkeypatch.setattr(torch.Tensor, "new_full", lambda self, *a, **k: allocated.append(a) or original(self, *a, **k))
+    for call in (
+        lambda: nested_tensor_from_tensor_list(items, size_divisibility=10**9),
+        lambda: PaddedCollate(size_divisibility=10**9)([(t, None) for t in items]),
+    ):
+        with pytest.raises(ValueError, match=r"size_divisibility=1000000000 pads the batch to \(1000000000, 1000000000\) cells.*use a smaller size_divisibility"):
+            call()
+    import vispos.batching as batching
+
+    monkeypatch.setattr(batching, "_memory_bytes", lambda device: 2**20)  # a 1 MiB machine
+    with pytest.raises(ValueError, match=r"size_divisibility=512 pads the batch to \(512, 512\) cells: 2 x 3 channels of torch.float32 need 6.5 MiB, more than the 1.0 MiB of cpu"):
+        nested_tensor_from_tensor_list(items, size_divisibility=512)
+    with pytest.raises(ValueError, match=r"tensors \(largest item \(600, 600\)\) pads the batch .* use smaller items"):
+        nested_tensor_from_tensor_list([torch.zeros(1, 600, 600)])
+    assert allocated == []
+    assert nested_tensor_from_tensor_list(items, size_divisibility=32).tensors.shape == (2, 3, 32, 32)
+
+
+@pytest.mark.parametrize(
+    "args, kwargs",
+    [
+        ((), {"copy": True}),
+        (("cpu",), {"copy": True}),
+        ((torch.float32,), {"copy": True}),
+        ((torch.float32, False, True), {}),
+        (("cpu", torch.float32, False, True), {}),
+        ((torch.zeros(1), False, True), {}),
+        ((), {"device": "cpu", "dtype": torch.float32, "copy": True, "non_blocking": False}),
+    ],
+)
+@pytest.mark.parametrize("kind", ["rectangular", "arbitrary", "built from sizes"])
+def test_to_copy_returns_a_mask_of_its_own_in_every_call_form(args, kwargs, kind):
+    """Item 8: ``to(..., copy=True)`` returned a mask sharing storage with the original."""
+    nested = nested_tensor_from_tensor_list([torch.zeros(1, 3, 4), torch.zeros(1, 2, 5)])
+    if kind == "arbitrary":
+        holed = nested.mask.clone()
+        holed[0, 0, 0] = True
+        nested = NestedTensor(nested.tensors, holed)
+    elif kind == "built from sizes":
+        nested = NestedTensor(nested.tensors, None, nested.image_sizes)
+        nested.mask  # noqa: B018 - built
+    moved = nested.to(*args, **kwargs)
+    assert moved.padding == nested.padding and moved.padding.kind == nested.padding.kind
+    assert moved.tensors.untyped_storage().data_ptr() != nested.tensors.untyped_storage().data_ptr()
+    assert moved.mask.untyped_storage().data_ptr() != nested.mask.untyped_storage().data_ptr()
+    before = nested.mask.clone()
+    moved.mask.fill_(True)  # writing into the copy leaves the original alone
+    assert torch.equal(nested.mask, before)
+    same = nested.to("cpu")  # no copy asked: torch shares storage, and so does the mask
+    assert same.mask is nested.mask

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import vispos._sincos as core
+import vispos._tracing as core
 from benchmarks.bench_position_embedding import count_ops
 from vispos import (
     PositionalEncodingPermute2D,

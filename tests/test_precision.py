@@ -66,7 +66,7 @@ def test_half_inputs(device, dtype):
     _assert_rounded(pe(plain, dtype=dtype), ref, dtype)
     # an unmasked half feature map
     x = torch.randn(2, 3, LONG, device=device, dtype=dtype)
-    _assert_rounded(pe(x, dtype=dtype), pe(x.float()), dtype)
+    _assert_rounded(pe(NestedTensor(x, None), dtype=dtype), pe(NestedTensor(x.float(), None)), dtype)
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -256,7 +256,7 @@ def test_errors(call, exc, match):
 def test_depth_added_rectangular_fast_path_equals_formula():
     """A padded batch (rectangular, host sizes known) takes the fast path; it equals the slow
     formula reference and the cumulative-sum path of the same mask bit for bit."""
-    from vispos import nested_tensor_from_tensor_list
+    from vispos import Padding, nested_tensor_from_tensor_list
 
     items = [torch.rand(1, 3, 5, 7), torch.rand(1, 4, 6, 4), torch.rand(1, 1, 2, 3)]
     nt = nested_tensor_from_tensor_list(items)
@@ -264,7 +264,7 @@ def test_depth_added_rectangular_fast_path_equals_formula():
     for kwargs in (dict(), dict(normalize=True, offset=-0.5)):
         m = PositionEmbeddingSineDepthAdded(8, **kwargs)
         fast = m(nt)
-        slow = m._masked(nt.mask, torch.float32, check=False)
+        slow = m._embed_padding(Padding.from_mask(nt.mask, classify=False), torch.float32, True)
         assert_close(fast, slow, **EXACT)
         expected = depth_added_reference(nt.mask, 8, 10000, kwargs.get("normalize", False), offset=kwargs.get("offset", 0.0))
         assert_close(fast.transpose(1, 2), expected, rtol=1.3e-6, atol=2.5e-7)

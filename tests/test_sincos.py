@@ -79,7 +79,9 @@ def test_gradients_flow():
         (dict(positions=[torch.zeros(1, 2), torch.zeros(2)], num_feats=4), ValueError, "same rank"),
         (dict(positions=[torch.zeros(1, 3)], num_feats=4, shape=(1, 2)), ValueError, "does not broadcast"),
         (dict(positions=[torch.zeros(1, 2, dtype=torch.bool)], num_feats=4), TypeError, "real-valued"),
-        (dict(positions=[torch.zeros(1, 2)], num_feats=4, dtype=torch.int32), ValueError, "floating"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, dtype=torch.int32), TypeError, "dtype must be a floating torch.dtype"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, layout=1), TypeError, r"layout must be one of \('interleaved', 'split'\), got 1"),
+        (dict(positions=[torch.zeros(1, 2)], num_feats=4, compute_dtype=torch.float16), ValueError, "compute_dtype must be one of"),
         (dict(positions=[torch.zeros(1, 2)], num_feats=4, temperature=0), ValueError, "temperature"),
     ],
 )
@@ -119,7 +121,7 @@ def test_sincos_table_rejects_a_scalar():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_sincos_embed_indexed_equals_embedding_the_gathered_positions(dtype):
-    from vispos._sincos import sincos_embed_indexed
+    from vispos._sincos_lines import sincos_embed_indexed
 
     torch.manual_seed(0)
     values = torch.rand(13) * 7

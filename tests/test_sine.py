@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers.models.deformable_detr.modeling_deformable_detr import DeformableDetrSinePositionEmbedding
 from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
 
-from vispos import NestedTensor, PositionEmbeddingSine, nested_tensor_from_tensor_list
+from vispos import NestedTensor, Padding, PositionEmbeddingSine, nested_tensor_from_tensor_list
 from vispos._sincos import frequency_divisors
 
 
@@ -154,8 +154,8 @@ def test_nested_tensor_input_and_dtype(device):
 
 def test_half_input_computes_angles_in_float32():
     x = torch.zeros(1, 1, 3000, dtype=torch.bfloat16)
-    ours = PositionEmbeddingSine(64)(x, dtype=torch.bfloat16)
-    exact = PositionEmbeddingSine(64)(x.float()).to(torch.bfloat16)
+    ours = PositionEmbeddingSine(64)(NestedTensor(x, None), dtype=torch.bfloat16)
+    exact = PositionEmbeddingSine(64)(NestedTensor(x.float(), None)).to(torch.bfloat16)
     torch.testing.assert_close(ours, exact, rtol=0, atol=0)
     # what a bf16 computation would give: positions themselves are rounded
     naive = torch.arange(1, 3001, dtype=torch.bfloat16)
@@ -243,7 +243,8 @@ def test_3d_nested_tensor_volume():
 
 
 def _general(pe, mask, dtype=torch.float32):
-    return pe._masked(mask, dtype, check=False)
+    """DETR's cumulative counts cell by cell (no gather, no line table)."""
+    return pe._counts(mask, dtype, False, None)
 
 
 @pytest.mark.parametrize(
@@ -259,20 +260,52 @@ def _general(pe, mask, dtype=torch.float32):
 def test_fast_path_equals_general_path(sizes, padded, normalize, offset, dtype, device):
     pe = PositionEmbeddingSine(16, 20, normalize, offset=offset, cache_size=0).to(device)
     mask = _rect_mask(sizes, padded).to(device)
+    padding = Padding.from_mask(mask, classify=True)
+    assert padding.kind == "rectangular" and padding.at_origin
     general = _general(pe, mask, dtype)
-    torch.testing.assert_close(pe._rectangular(mask, dtype), general, rtol=0, atol=0)  # select
-    host = tuple(tuple(s) for s in sizes)
-    torch.testing.assert_close(pe._rectangular(mask, dtype, host), general, rtol=0, atol=0)  # slices
+    # sizes read from the mask on the device, one select per axis (traced / captured calls)
+    torch.testing.assert_close(pe._embed_padding(padding, dtype, False), general, rtol=0, atol=0)
+    # boxes from the host: slices on CPU, selects elsewhere
+    torch.testing.assert_close(pe._embed_padding(padding, dtype, True), general, rtol=0, atol=0)
+    from_sizes = Padding.from_sizes(sizes, padded, device=device)
+    torch.testing.assert_close(pe._embed_padding(from_sizes, dtype, True), general, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "sizes, padded",
+    [([(20, 31), (13, 37), (23, 9), (0, 0)], (23, 37)), ([(7,), (3,), (1,), (3,)], (9,)), ([(3, 4, 2), (2, 1, 5), (1, 1, 1)], (5, 6, 7))],
+)
+@pytest.mark.parametrize("normalize, offset", [(False, 0.0), (True, 0.0), (True, -0.5), (False, -1.0)])
+def test_symmetric_boxes_take_the_line_path_and_equal_detr_counts(sizes, padded, normalize, offset, device):
+    """Boxes away from the origin (MONAI's symmetric padding): the line table shifted by the
+    box's start equals DETR's cumulative counts of the mask, bit for bit."""
+    pe = PositionEmbeddingSine(16, 20, normalize, offset=offset, cache_size=0).to(device)
+    padding = Padding.from_sizes(sizes, padded, starts="symmetric", device=device)
+    assert padding.kind == "rectangular" and not padding.at_origin
+    general = _general(pe, padding.mask)
+    torch.testing.assert_close(pe._embed_padding(padding, torch.float32, True), general, rtol=0, atol=0)
+    torch.testing.assert_close(pe(padding.mask), general, rtol=0, atol=0)  # found in the mask
+    assert Padding.from_mask(padding.mask.cpu(), classify=True) == padding.to("cpu")
+    nt = NestedTensor(torch.zeros(len(sizes), 1, *padded, device=device), padding)
+    torch.testing.assert_close(pe(nt), general, rtol=0, atol=0)
 
 
 def test_nested_tensor_takes_fast_path_without_reading_mask(monkeypatch):
-    import vispos.encodings.sine as sine
+    import vispos._masks as masks
+    import vispos._positions as positions
 
     nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])
     assert nt.rectangular
     pe = PositionEmbeddingSine(32, normalize=True, cache_size=0)
-    monkeypatch.setattr(sine, "is_rectangular", lambda m: pytest.fail("the mask was inspected"))
-    torch.testing.assert_close(pe(nt), _general(pe, nt.mask), rtol=0, atol=0)
+    expected = _general(pe, nt.mask)
+
+    def fail(*args, **kwargs):
+        pytest.fail("the mask was inspected")
+
+    monkeypatch.setattr(masks, "find_boxes", fail)
+    monkeypatch.setattr(positions, "rectangular_sizes", fail)
+    monkeypatch.setattr(Padding, "mask", property(fail))
+    torch.testing.assert_close(pe(nt), expected, rtol=0, atol=0)
 
 
 def test_arbitrary_cpu_mask_takes_general_path():
@@ -281,6 +314,8 @@ def test_arbitrary_cpu_mask_takes_general_path():
     from vispos.encodings.sine import is_rectangular
 
     assert not is_rectangular(mask) and is_rectangular(MASKS["rectangular"]())
+    assert Padding.from_mask(mask).kind == "arbitrary"
+    assert Padding.from_mask(MASKS["rectangular"]()).kind == "rectangular"
     torch.testing.assert_close(pe(mask), _general(pe, mask), rtol=0, atol=0)
 
 
@@ -427,6 +462,22 @@ def test_out_buffer_errors():
         pe(mask, out=torch.empty(2, 32, 5, 6, requires_grad=True))
 
 
+@pytest.mark.parametrize("kind", ["nested", "mask", "arbitrary", "features"])
+def test_expanded_out_buffer_is_refused_naming_out(kind):
+    """Issue 26 item 9: a stride-0 buffer got torch's raw "more than one element of the
+    written-to tensor refers to a single memory location"."""
+    nt = nested_tensor_from_tensor_list([torch.zeros(1, 9, 12), torch.zeros(1, 12, 7)])
+    x = {"nested": nt, "mask": nt.mask, "arbitrary": MASKS["arbitrary"](), "features": torch.zeros(2, 3, 12, 12)}[kind]
+    pe = PositionEmbeddingSine(16, normalize=True)
+    shape = pe(x).shape
+    expanded = torch.empty(1, *shape[1:]).expand(shape)
+    with pytest.raises(ValueError, match=r"out must not overlap itself, got strides \(0, .*expanded \(stride-0\) view"):
+        pe(x, out=expanded)
+    channel_broadcast = torch.empty(shape[0], 1, *shape[2:]).expand(shape)
+    with pytest.raises(ValueError, match="out must not overlap itself"):
+        pe(x, out=channel_broadcast)
+
+
 def test_out_buffer_with_an_empty_batch():
     out = torch.empty(0, 32, 5, 6)
     assert PositionEmbeddingSine(16)(torch.zeros(0, 5, 6, dtype=torch.bool), out=out) is out
@@ -434,10 +485,9 @@ def test_out_buffer_with_an_empty_batch():
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-8, 1e-12, 7.7e-7, 3.3e-5, 1e-3, 0.1, 1.0])
 def test_host_rounded_denominator_equals_the_device_sum(eps):
-    from vispos.encodings.sine import _float32_lengths
+    from vispos._positions import _float32_sum
 
     sizes = [[v, v + 1] for v in range(0, 70000, 3)]
-    lengths, denominators = _float32_lengths(sizes, eps)
+    denominators = _float32_sum(sizes, eps)
     device = torch.tensor(sizes, dtype=torch.float32) + eps
     torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
-    torch.testing.assert_close(torch.tensor(lengths), torch.tensor(sizes, dtype=torch.float32), rtol=0, atol=0)

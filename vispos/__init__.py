@@ -34,6 +34,7 @@ from .encodings import (
     Summer,
     resample_abs_pos_embed,
 )
+from .padding import Padding
 from .nested_tensor import (
     NestedTensor,
     PaddedCollate,
@@ -48,6 +49,7 @@ __all__ = [
     "caching",
     "is_caching_enabled",
     "set_caching",
+    "Padding",
     "NestedTensor",
     "nested_tensor_from_tensor_list",
     "interpolate_mask",

@@ -161,9 +161,7 @@ class CacheInfo(NamedTuple):
 
 
 def _check_maxsize(maxsize: object, name: str) -> int:
-    if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {maxsize!r}")
-    return maxsize
+    return check_int(maxsize, name, minimum=0)
 
 
 def check_max_bytes(max_bytes: object, name: str) -> int | None:
@@ -220,8 +218,8 @@ class TensorCache:
             ``FixEncoding``'s), 0 disables caching.
 
     Raises:
-        ValueError: ``maxsize`` is not an int >= 0; ``max_bytes`` < 0.
-        TypeError: ``max_bytes`` is not an int or None.
+        ValueError: ``maxsize`` or ``max_bytes`` < 0.
+        TypeError: ``maxsize`` is not an int; ``max_bytes`` is not an int or None.
 
     References:
         ``functools.lru_cache`` (LRU order, ``cache_info()``).

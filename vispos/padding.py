@@ -1,352 +1,498 @@
-"""Every fact about a padding mask, in one place.
+"""The one truth about which cells of a padded batch are valid: the :class:`Padding` value object.
 
-A padding mask is a ``bool`` tensor ``Tensor[B, *S]`` (1 to 3 spatial axes) where **True marks
-padding**, as in DETR. Items sit at the origin of every axis. This module answers, for every
-caller (the batch container, the encoders, the Joiner, the figures):
+A :class:`Padding` says, for a batch of ``B`` items on a grid ``S`` (1 to 3 spatial axes), which
+cells are valid. It is built from per-item sizes (detectron2's ``image_sizes``; the mask is
+derived exactly when asked for), from a ``bool`` mask (DETR's convention, **True = padding**;
+rectangularity is decided once, on the host), or as "no padding". Every other fact is a view of
+it: the mask, the per-item sizes and boxes, Deformable-DETR's valid ratios, the padding of a
+feature level (:meth:`Padding.resize`). :class:`vispos.NestedTensor` holds one; the encoders
+branch on :attr:`Padding.kind` only; nothing trusts a flag over it.
 
-* is this a valid mask? (:func:`check_mask`)
-* which cells of item ``b`` are valid? on the host (:func:`mask_sizes`) or on the device
-  (:func:`rectangular_sizes`);
-* is the padding rectangular? (:func:`is_rectangular`, :func:`matches_rectangle`);
-* what does the mask, and what do the sizes, become at a feature level? (:func:`interpolate_mask`,
-  :func:`resize_image_sizes`);
-* what fraction of each axis is valid? (:func:`valid_ratios`, Deformable-DETR);
-* what did an encoder receive? (:class:`SpatialInput`, the record
-  :func:`vispos.nested_tensor.parse_spatial_input` returns).
-
-Empty inputs (an empty batch, a zero-size axis) give empty results of the documented shape.
+The mask functions of the padding's machinery (:func:`check_mask`, :func:`mask_sizes`,
+:func:`interpolate_mask`, :func:`valid_ratios`, ...) are re-exported here, their documented home.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``,
-    ``models/backbone.py``); Zhu et al., Deformable DETR, ICLR 2021 (``get_valid_ratio``).
+    ``models/backbone.py``); Zhu et al., Deformable DETR, ICLR 2021 (``get_valid_ratio``);
+    detectron2 ``ImageList``; MONAI ``SpatialPad`` (``method="symmetric"``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL
-from ._tracing import tracing
+from . import _masks, _tracing
+from ._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int
+from ._masks import (  # the mask functions, re-exported: this is their documented home
+    Spans, check_mask, check_spans, interpolate_mask, is_rectangular, mask_sizes, matches_rectangle,
+    rectangular_sizes, rectangular_valid, resize_image_sizes, valid_ratios,
+)
 
 __all__ = [
-    "SpatialInput",
-    "check_mask",
-    "mask_sizes",
-    "rectangular_sizes",
-    "rectangular_valid",
-    "is_rectangular",
-    "matches_rectangle",
-    "interpolate_mask",
-    "resize_image_sizes",
-    "valid_ratios",
+    "Padding", "Kind", "SpatialInput", "check_mask", "mask_sizes", "rectangular_sizes",
+    "rectangular_valid", "is_rectangular", "matches_rectangle", "interpolate_mask",
+    "resize_image_sizes", "valid_ratios",
 ]
+
+Kind = Literal["none", "rectangular", "arbitrary"]
+_is_compiling = torch.compiler.is_compiling  # _tracing.compiling, without a call on the hot path
+
+
+def _resolve(device: Any) -> torch.device:
+    """A device with its index (``"cuda"`` -> ``cuda:0``), as tensors report theirs."""
+    device = torch.device(device)
+    if device.index is None and device.type not in ("cpu", "meta"):
+        device = torch.empty(0, device=device).device
+    return device
+
+
+class Padding:
+    """Which cells of a padded batch ``(B, *S)`` are valid: an immutable value.
+
+    Build it with :meth:`from_sizes`, :meth:`from_mask` or :meth:`none` (the constructor itself
+    is not public). Its :attr:`kind` is one of
+
+    * ``"none"``: no padding, every cell valid (DETR's ``mask=None``; :attr:`mask` gives zeros);
+    * ``"rectangular"``: item ``b`` is valid exactly on a box ``[starts[b], stops[b])`` known on
+      the host. DETR pads at the end of every axis (boxes at the origin); MONAI's symmetric
+      padding centres them (``starts="symmetric"``). Proven, never assumed: from sizes the mask
+      is derived from the box; from a mask the box is found in it;
+    * ``"arbitrary"``: any mask, no box known (holes, or a mask that was not read: one on an
+      accelerator, or while tracing). Exact for every mask, rectangular ones included.
+
+    Encoders give every kind the same numbers for the same cells (DETR's cumulative counts;
+    rectangular padding only takes a faster path). Equality is about the cells: two paddings
+    are equal when they have the same ``batch``, ``spatial``, ``device`` and valid cells, whatever
+    their kinds; ``hash`` agrees with it. Pickles (DataLoader workers) with its mask when it
+    has one; ``to`` / ``pin_memory`` return new paddings. A mask written in place after the
+    padding read (or built) it is the truth from then on: it is read again on next use.
+
+    Attributes:
+        kind (str): ``"none"``, ``"rectangular"`` or ``"arbitrary"``.
+        batch (int): ``B``. spatial (tuple of int): ``S``. device (torch.device): of the mask.
+
+    Raises:
+        TypeError: ``Padding(...)`` called directly (use the class methods); an argument of a
+            class method or of :meth:`resize` / :meth:`to` of the wrong type.
+        ValueError: sizes, starts or a target size out of range (see each method).
+
+    References:
+        Carion et al., DETR, ECCV 2020 (mask True = padding); detectron2 ``ImageList``
+        (``image_sizes``); MONAI ``SpatialPad``.
+    """
+
+    __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin", "_version")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("build a Padding with Padding.from_sizes, Padding.from_mask or Padding.none")
+
+    @classmethod
+    def _make(cls, kind, batch, spatial, device, starts=None, stops=None, mask=None) -> "Padding":
+        self = object.__new__(cls)
+        self._kind, self._batch, self._spatial, self._device = kind, batch, spatial, device
+        self._starts, self._stops, self._mask = starts, stops, mask
+        self._at_origin = kind == "none" or (
+            kind == "rectangular" and all(v == 0 for start in starts for v in start)
+        )
+        # the mask's version counter when it was read (or built): a later in-place write to it
+        # is noticed (see :meth:`_sync`); not read while TorchDynamo traces
+        self._version = _version_of(mask)
+        return self
+
+    def _sync(self) -> None:
+        """Follows the mask when it was written in place after this padding read or built it:
+        the mask in the caller's hands is then the truth (read again, as :meth:`from_mask`
+        does), so boxes never disagree with it."""
+        version = self._version
+        if version is None or _is_compiling() or self._mask._version == version:
+            return
+        fresh = Padding.from_mask(self._mask)
+        self._kind, self._starts, self._stops = fresh._kind, fresh._starts, fresh._stops
+        self._at_origin, self._version = fresh._at_origin, fresh._version
+
+    # ---------------------------------------------------------------------- constructors
+    @classmethod
+    def none(cls, batch: int, spatial: Sequence[int], device: Any = None) -> "Padding":
+        """No padding: every cell of the ``(batch, *spatial)`` grid is valid.
+
+        Args:
+            batch (int): ``B >= 0``.
+            spatial (sequence of int): ``S``, 1 to 3 sizes ``>= 0``.
+            device (torch.device or str, optional): where :attr:`mask` is built; CPU by default.
+
+        Returns:
+            Padding: ``kind == "none"``.
+
+        Raises:
+            TypeError: non-int ``batch`` or ``spatial`` entries. ValueError: negative sizes, or
+                not 1 to 3 spatial axes.
+        """
+        check_int(batch, "batch", minimum=0)
+        spatial = cls._check_spatial(spatial)
+        return cls._make("none", batch, spatial, _resolve("cpu" if device is None else device))
+
+    @classmethod
+    def from_sizes(
+        cls,
+        sizes: Any,
+        spatial: Sequence[int],
+        *,
+        starts: Any = None,
+        device: Any = None,
+    ) -> "Padding":
+        """Rectangular padding from each item's valid size (and, optionally, where it starts).
+
+        Args:
+            sizes (sequence of B sequences of n ints, or Tensor[B, n] int): item ``b`` covers
+                ``sizes[b][i]`` cells along axis ``i`` (detectron2's ``image_sizes``). A tensor
+                is read on the host.
+            spatial (sequence of int): ``S``, the padded size, 1 to 3 axes.
+            starts (same form as ``sizes``, or "symmetric", optional): the first valid index of
+                each item along each axis. None (default): 0, DETR's padding at the end of every
+                axis. ``"symmetric"``: ``(S_i - sizes[b][i]) // 2``, MONAI's
+                ``SpatialPad(method="symmetric")``.
+            device (torch.device or str, optional): where :attr:`mask` is built; CPU by default.
+
+        Returns:
+            Padding: ``kind == "rectangular"``; an item with a size 0 along some axis has no
+            valid cell, and its box is stored as ``(0, .., 0)`` twice.
+
+        Raises:
+            TypeError: ``sizes`` / ``starts`` not sequences of ints (or integer tensors).
+            ValueError: wrong number of entries; a negative size or start; a box that does not
+                fit in ``spatial``.
+
+        References:
+            detectron2 ``ImageList.from_tensors``; MONAI ``SpatialPad``.
+        """
+        spatial = cls._check_spatial(spatial)
+        n = len(spatial)
+        sizes = _masks.check_spans(sizes, "sizes", n)
+        if isinstance(starts, str):
+            if starts != "symmetric":
+                raise ValueError(f"starts must be per-item ints or 'symmetric', got {starts!r}")
+            starts = tuple(tuple(max(0, (s - v) // 2) for s, v in zip(spatial, size)) for size in sizes)
+        elif starts is None:
+            starts = tuple(tuple(0 for _ in spatial) for _ in sizes)
+        else:
+            starts = _masks.check_spans(starts, "starts", n)
+            if len(starts) != len(sizes):
+                raise ValueError(f"starts has {len(starts)} items but sizes has {len(sizes)}")
+        out_starts, out_stops = [], []
+        for i, (start, size) in enumerate(zip(starts, sizes)):
+            if any(v < 0 for v in size) or any(v < 0 for v in start):
+                raise ValueError(f"sizes[{i}] = {size} and starts[{i}] = {start} must be >= 0")
+            stop = tuple(s + v for s, v in zip(start, size))
+            if any(e > m for e, m in zip(stop, spatial)):
+                raise ValueError(
+                    f"item {i} (starts {start}, sizes {size}) does not fit in the padded size {spatial}"
+                )
+            if 0 in size:  # no valid cell: one canonical empty box
+                start = stop = tuple(0 for _ in spatial)
+            out_starts.append(start)
+            out_stops.append(stop)
+        device = _resolve("cpu" if device is None else device)
+        return cls._make("rectangular", len(sizes), spatial, device, tuple(out_starts), tuple(out_stops))
+
+    @classmethod
+    def from_mask(cls, mask: Tensor, *, classify: bool | None = None) -> "Padding":
+        """Padding from a ``bool`` mask, True = padding (the mask is kept, not copied).
+
+        Args:
+            mask (Tensor[B, *S], bool): 1 to 3 spatial axes.
+            classify (bool, optional): read the mask to find out whether it is rectangular
+                (per-item boxes, at the origin or not). None (default): on the host (a CPU
+                mask, not while tracing or capturing), where it costs one pass and no
+                synchronisation. True: also on an accelerator (one synchronisation). False:
+                never (``kind == "arbitrary"``).
+
+        Returns:
+            Padding: ``"rectangular"`` when the mask was read and is per-item boxes, else
+            ``"arbitrary"``.
+
+        Raises:
+            TypeError: ``mask`` is not a bool tensor (with a hint on how to convert);
+                ``classify`` is not a bool or None.
+            ValueError: ``mask`` has not 1 to 3 spatial axes.
+
+        References:
+            Carion et al., DETR, ECCV 2020 (True = padding).
+        """
+        _masks.check_spatial_mask(mask)
+        check_bool(classify, "classify", optional=True)
+        if classify is None:
+            classify = _tracing.host_side(mask.device) and _tracing.host_facts(mask.device)
+        batch, spatial = mask.shape[0], tuple(mask.shape[1:])
+        boxes = _masks.find_boxes(mask) if classify else None
+        if boxes is None:
+            return cls._make("arbitrary", batch, spatial, mask.device, mask=mask)
+        return cls._make("rectangular", batch, spatial, mask.device, boxes[0], boxes[1], mask)
+
+    @staticmethod
+    def _check_spatial(spatial: Any) -> tuple[int, ...]:
+        if isinstance(spatial, (str, bytes)) or not isinstance(spatial, (Sequence, torch.Size)):
+            raise TypeError(f"spatial must be a sequence of 1 to {MAX_SPATIAL} ints, got {spatial!r}")
+        if not 1 <= len(spatial) <= MAX_SPATIAL:
+            raise ValueError(f"spatial must hold 1 to {MAX_SPATIAL} sizes, got {tuple(spatial)}")
+        return _masks.check_spatial_size(spatial, len(spatial), "spatial", minimum=0)
+
+    # ----------------------------------------------------------------------------- views
+    @property
+    def kind(self) -> Kind:
+        """str: ``"none"``, ``"rectangular"`` or ``"arbitrary"`` (see the class docstring)."""
+        self._sync()
+        return self._kind
+
+    @property
+    def batch(self) -> int:
+        """int: ``B`` (read from the mask's shape when there is one, so it stays symbolic under
+        ``torch.compile``)."""
+        return self._batch if self._mask is None else self._mask.shape[0]
+
+    @property
+    def spatial(self) -> tuple[int, ...]:
+        """tuple of int: ``S`` (from the mask's shape when there is one)."""
+        return self._spatial if self._mask is None else tuple(self._mask.shape[1:])
+
+    @property
+    def n_spatial(self) -> int:
+        """int: number of spatial axes (1 to 3)."""
+        return len(self._spatial)
+
+    @property
+    def device(self) -> torch.device:
+        """torch.device: where the mask is (or is built)."""
+        return self._device if self._mask is None else self._mask.device
+
+    @property
+    def at_origin(self) -> bool:
+        """bool: every item's box starts at index 0 of every axis (DETR's padding). False for
+        ``"arbitrary"`` (no box is known)."""
+        self._sync()
+        return self._at_origin
+
+    @property
+    def mask(self) -> Tensor:
+        """Tensor[B, *S], bool: True marks padding. Derived from the boxes on first use for
+        ``"none"`` / ``"rectangular"`` built from sizes (then kept); never to be written to."""
+        mask = self._mask
+        if mask is None:
+            if self._kind == "none":
+                mask = torch.zeros((self._batch, *self._spatial), dtype=torch.bool, device=self._device)
+            else:
+                mask = _masks.boxes_mask(self._starts, self._stops, self._spatial, self._device)
+            if not _tracing.tracing():  # a traced tensor must not outlive its trace
+                self._mask, self._version = mask, _version_of(mask)
+        return mask
+
+    @property
+    def starts(self) -> Spans:
+        """tuple of B tuples: each item's first valid index along every axis: its box for
+        ``"rectangular"``, the bounding box of its valid cells for ``"arbitrary"`` (read from
+        the mask once, one synchronisation). ``(0, .., 0)`` for an item without a valid cell."""
+        self._sync()
+        if self._starts is None:
+            if self._kind == "none":
+                return tuple(tuple(0 for _ in self._spatial) for _ in range(self._batch))
+            self._starts, self._stops = _masks.bounding_boxes(self._mask)
+        return self._starts
+
+    @property
+    def stops(self) -> Spans:
+        """tuple of B tuples: one past each item's last valid index along every axis (the
+        extent; see :attr:`starts`)."""
+        self._sync()
+        if self._kind == "none":
+            return (self._spatial,) * self._batch
+        if self._stops is None:
+            self.starts  # noqa: B018 - fills both
+        return self._stops
+
+    @property
+    def sizes(self) -> Spans:
+        """tuple of B tuples: each item's valid size along every axis, ``stops - starts``
+        (detectron2's ``image_sizes``). Host values; read from the mask for ``"arbitrary"``."""
+        return tuple(tuple(e - s for s, e in zip(a, b)) for a, b in zip(self.starts, self.stops))
+
+    def region(self, index: int) -> tuple[slice, ...]:
+        """The slices ``(start:stop, ...)`` of item ``index``'s box (bounding box for
+        ``"arbitrary"``), one per spatial axis."""
+        return tuple(slice(s, e) for s, e in zip(self.starts[index], self.stops[index]))
+
+    def valid_ratios(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        """Deformable-DETR's ``get_valid_ratio``: valid cells on the line through index 0 of the
+        other axes, over ``S_i``, **last axis first** (``(w, h)`` in 2D).
+
+        For rectangular padding the counts come from the boxes (no device read), equal to
+        :func:`valid_ratios` of the mask (tested). Deformable-DETR assumes boxes at the origin;
+        for others this is its formula's value all the same.
+
+        Args:
+            dtype (torch.dtype): a floating dtype.
+
+        Returns:
+            Tensor[B, n] in ``dtype`` on :attr:`device`.
+
+        Raises:
+            TypeError: ``dtype`` is not a floating ``torch.dtype``.
+
+        References:
+            Zhu et al., Deformable DETR, ICLR 2021 (``get_valid_ratio``).
+        """
+        check_float_dtype(dtype)
+        self._sync()
+        device = self.device
+        if self._kind == "arbitrary" or not _tracing.host_facts(device):
+            return _masks.valid_ratios(self.mask, dtype)
+        n = len(self._spatial)
+        counts = [
+            [
+                stop[i] - start[i] if all(start[j] == 0 < stop[j] for j in range(n) if j != i) else 0
+                for i in range(n)
+            ]
+            for start, stop in zip(self.starts, self.stops)
+        ]
+        counts_t = _tracing.host_tensor(counts, torch.int64, device).view(len(counts), n)
+        return _masks.ratios(counts_t, self._spatial, dtype)
+
+    # ------------------------------------------------------------------------- transforms
+    def resize(self, size: int | Sequence[int]) -> "Padding":
+        """This padding at a feature level of spatial size ``size`` (DETR's nearest rule).
+
+        ``"rectangular"`` resizes its boxes on the host, exactly to what
+        :func:`interpolate_mask` gives for its mask (tested), and stays rectangular; an
+        ``"arbitrary"`` mask is interpolated. While tracing, masks are interpolated on the
+        device and nothing is read on the host. The same size returns ``self``.
+
+        Args:
+            size (int or sequence of int): the level's spatial size ``S'`` (positive ints).
+
+        Returns:
+            Padding: of shape ``(B, *S')``.
+
+        Raises:
+            TypeError: ``size`` holds non-integers. ValueError: wrong length, or a size < 1.
+
+        References:
+            DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
+        """
+        size = _masks.check_spatial_size(size, len(self._spatial))
+        self._sync()
+        host = _tracing.host_facts(self.device)
+        if host and size == self.spatial:  # compilers: no guard on the sizes
+            return self
+        if self._kind == "none":
+            return Padding._make("none", self.batch, size, self.device)
+        if self._kind == "rectangular" and host:
+            starts, stops = _masks.resize_boxes(self._starts, self._stops, self._spatial, size)
+            return Padding._make("rectangular", self._batch, size, self.device, starts, stops)
+        mask = _masks._interpolate(self.mask, size)
+        return Padding.from_mask(mask, classify=host and _tracing.host_side(mask.device))
+
+    def to(self, device: Any = None, *, non_blocking: bool = False, copy: bool = False) -> "Padding":
+        """This padding on ``device`` (a new object unless nothing changes).
+
+        Args:
+            device (torch.device or str, optional): the target (default: the current one).
+            non_blocking (bool): passed to the mask's copy.
+            copy (bool): a mask of its own even on the same device (never shares storage).
+
+        Returns:
+            Padding: the same cells; a rectangular padding without a built mask builds it on
+            the new device when asked (no copy).
+
+        Raises:
+            TypeError: ``non_blocking`` or ``copy`` not a bool.
+        """
+        check_bool(non_blocking, "non_blocking")
+        check_bool(copy, "copy")
+        self._sync()
+        device = self.device if device is None else _resolve(device)
+        if device == self.device and not copy:
+            return self
+        mask = self._mask
+        if mask is not None:
+            mask = mask.to(device, non_blocking=non_blocking, copy=copy)
+        return Padding._make(self._kind, self.batch, self.spatial, device, self._starts, self._stops, mask)
+
+    def pin_memory(self) -> "Padding":
+        """This padding with its mask in page-locked host memory (``"none"``: itself).
+
+        Raises:
+            RuntimeError: from torch, when no accelerator is available to pin for.
+        """
+        if self.kind == "none":
+            return self
+        mask = self.mask.pin_memory()
+        return Padding._make(self._kind, self.batch, self.spatial, self.device, self._starts, self._stops, mask)
+
+    # --------------------------------------------------------------------- value semantics
+    def _host_key(self) -> tuple[tuple, Tensor | None]:
+        """``(key, content)`` for an encoder's cache: rectangular and unpadded batches by their
+        boxes, an arbitrary mask by its values (``content``)."""
+        self._sync()
+        if self._kind == "none":
+            return ("none", self.spatial), None
+        if self._kind == "rectangular":
+            return ("rect", self.spatial, self._starts, self._stops), None
+        return ("mask", tuple(self._mask.shape)), self._mask
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Padding):
+            return NotImplemented
+        if (self.batch, self.spatial, self.device) != (other.batch, other.spatial, other.device):
+            return False
+        if "arbitrary" not in (self.kind, other.kind):
+            return (self.starts, self.stops) == (other.starts, other.stops)
+        return bool(torch.equal(self.mask, other.mask))
+
+    def __hash__(self) -> int:
+        return hash((self.batch, self.spatial, self.device))
+
+    def __reduce__(self):
+        self._sync()
+        return (_restore, (self._kind, self.batch, self.spatial, self.device, self._starts, self._stops, self._mask))
+
+    def __repr__(self) -> str:
+        text = f"Padding(kind={self.kind!r}, batch={self.batch}, spatial={self.spatial}"
+        if self._kind == "rectangular":
+            text += f", sizes={_short(self.sizes)}"
+            if not self._at_origin:
+                text += f", starts={_short(self._starts)}"
+        return text + f", device={self.device})"
 
 
 class SpatialInput(NamedTuple):
-    """What a spatial encoder was given, read once (see
-    :func:`vispos.nested_tensor.parse_spatial_input`).
+    """What a spatial encoder was given, read once (see :func:`vispos.nested_tensor.parse_spatial_input`).
 
     Attributes:
-        mask (Tensor[B, *S] bool or None): True = padding; None means no padding.
-        spatial (tuple[int, ...]): ``S``.
-        batch (int): ``B``.
-        device (torch.device): where the input lives.
-        host_sizes (tuple of tuples or None): each item's valid size, when already known on the
-            host (never read from the device for this record).
-        rectangular (bool): the mask is known to be exactly "item ``b`` valid on
-            ``[0, host_sizes[b])``" (the encoders' fast path).
+        padding (Padding): which cells are valid; its ``batch``, ``spatial`` and ``device``
+            are the input's.
+        host (bool): host-side facts may be used for this call (:func:`vispos._tracing.host_facts`:
+            False while tracing or capturing a CUDA graph).
     """
 
-    mask: Tensor | None
-    spatial: tuple[int, ...]
-    batch: int
-    device: torch.device
-    host_sizes: tuple[tuple[int, ...], ...] | None = None
-    rectangular: bool = False
+    padding: Padding
+    host: bool
 
 
-def check_mask(mask: Any, name: str = "mask", peer: str = "pixel_mask", cells: str = "pixels") -> Tensor:
-    """Validates a padding mask's type: a ``bool`` tensor. Returns it.
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-        name (str): the parameter's name in messages.
-        peer, cells (str): the transformers-style "1 = valid" mask the hint mentions
-            (``pixel_mask`` / pixels for images, ``attention_mask`` / tokens for sequences).
-
-    Returns:
-        Tensor: ``mask`` itself (not copied).
-
-    Raises:
-        TypeError: not a tensor; not ``torch.bool`` (with a hint on how to convert).
-
-    References:
-        DETR's convention (True = padding); transformers' ``pixel_mask`` is its inverse.
-    """
-    if not isinstance(mask, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            f"{name} must have dtype torch.bool with True marking padding, got {mask.dtype}. "
-            f"Convert with `{name}.bool()` if nonzero marks padding, or `~{peer}.bool()` for a "
-            f"transformers-style {peer} where 1 marks valid {cells}."
-        )
-    return mask
+def _version_of(mask: Tensor | None) -> int | None:
+    """``mask``'s version counter, or None where there is none to follow (no mask, inference
+    tensors, TorchDynamo tracing)."""
+    if mask is None or _is_compiling() or mask.is_inference():
+        return None
+    return mask._version
 
 
-def _check_spatial_mask(mask: Any, name: str = "mask") -> Tensor:
-    check_mask(mask, name)
-    if not 1 <= mask.dim() - 1 <= MAX_SPATIAL:
-        raise ValueError(
-            f"{name} must have shape (B, *S) with 1 to {MAX_SPATIAL} spatial axes, got {tuple(mask.shape)}"
-        )
-    return mask
+def _short(spans: Spans, most: int = 8) -> str:
+    items = ", ".join(map(str, spans[:most]))
+    return f"[{items}{', ...' if len(spans) > most else ''}]"
 
 
-def mask_sizes(mask: Tensor) -> list[tuple[int, ...]]:
-    """Each item's valid extent, on the host: along every axis, one past the last valid index.
-
-    For an origin-anchored rectangular mask this is the item's size. Reads the mask on the host
-    (one synchronisation).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-
-    Returns:
-        list of ``B`` tuples of ``len(S)`` ints (0 along every axis for a fully padded item; an
-        empty list for an empty batch; 0 along a zero-size axis).
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor. ValueError: not 1 to 3 spatial axes.
-
-    References:
-        detectron2 ``ImageList.image_sizes``; DETR ``util/misc.py``.
-    """
-    _check_spatial_mask(mask)
-    batch, n = mask.shape[0], mask.dim() - 1
-    if batch == 0:
-        return []
-    if mask.numel() == 0:
-        return [tuple(0 for _ in range(n))] * batch
-    valid = ~mask
-    sizes = []
-    for axis in range(n):
-        other = [d for d in range(1, valid.dim()) if d != axis + 1]
-        along = valid.any(dim=other) if other else valid  # (B, S_axis)
-        idx = torch.arange(1, along.shape[1] + 1, device=along.device)
-        sizes.append((along * idx).amax(dim=1))
-    return [tuple(int(v) for v in row) for row in torch.stack(sizes, 1).tolist()]
-
-
-def rectangular_sizes(mask: Tensor) -> Tensor:
-    """Per-item valid sizes of an origin-anchored rectangular padding mask, on its device.
-
-    Reads the line through the origin along every axis (no host synchronisation).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-
-    Returns:
-        Tensor[B, n], int64: valid cells along each axis (0 for a fully padded item or along a
-        zero-size axis). Only meaningful for rectangular masks (see :func:`is_rectangular`).
-
-    Raises:
-        Nothing beyond torch's own errors: callers validate ``mask`` with :func:`check_mask`
-        first (this runs on the hot path).
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
-    """
-    if 0 in mask.shape[1:]:
-        return torch.zeros((mask.shape[0], mask.dim() - 1), dtype=torch.int64, device=mask.device)
-    valid = ~mask
-    sizes = []
-    for axis in range(1, mask.dim()):
-        line = valid
-        for other in range(mask.dim() - 1, 0, -1):
-            if other != axis:
-                line = line.select(other, 0)
-        sizes.append(line.sum(1))
-    return torch.stack(sizes, 1)
-
-
-def rectangular_valid(sizes: Tensor, spatial: Sequence[int]) -> list[Tensor]:
-    """Per axis ``i``, the bool table ``(c < sizes[b, i])`` of shape ``(B, S_i)`` (True = valid).
-
-    Args:
-        sizes (Tensor[B, n], int): per-item valid sizes (:func:`rectangular_sizes`).
-        spatial (sequence of int): ``S``.
-
-    Returns:
-        list of Tensor[B, S_i], bool.
-
-    Raises:
-        Nothing beyond torch's own errors (an internal helper of the fast paths; inputs come
-        from :func:`rectangular_sizes`).
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
-    """
-    return [torch.arange(s, device=sizes.device) < sizes[:, i : i + 1] for i, s in enumerate(spatial)]
-
-
-def matches_rectangle(mask: Tensor, sizes: Tensor) -> bool:
-    """True when ``mask`` equals "item ``b`` valid on ``[0, sizes[b])`` along every axis".
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-        sizes (Tensor[B, n], int): candidate valid sizes (usually :func:`rectangular_sizes`).
-
-    Returns:
-        bool (reads one value on the host).
-
-    Raises:
-        Nothing beyond torch's own errors (callers validate ``mask`` with :func:`check_mask`).
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list`` (items at the origin).
-    """
-    spatial = tuple(mask.shape[1:])
-    n = len(spatial)
-    valid = None
-    for i, a in enumerate(rectangular_valid(sizes, spatial)):
-        view = [a.shape[0]] + [1] * n
-        view[1 + i] = spatial[i]
-        a = a.view(view)
-        valid = a if valid is None else valid & a
-    return bool(torch.equal(~mask, valid.expand_as(mask)))
-
-
-def is_rectangular(mask: Tensor) -> bool:
-    """True when ``mask`` is origin-anchored rectangular padding (reads the mask on the host).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding.
-
-    Returns:
-        bool: the mask equals "item ``b`` valid on ``[0, size_b)`` along every axis".
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor.
-
-    References:
-        The padding of DETR's ``nested_tensor_from_tensor_list``; the fast path it enables is
-        :func:`vispos._sincos.sincos_embed_lines`.
-    """
-    check_mask(mask)
-    return matches_rectangle(mask, rectangular_sizes(mask))
-
-
-def interpolate_mask(mask: Tensor, size: int | Sequence[int]) -> Tensor:
-    """Resizes a padding mask to a feature map's spatial size (nearest neighbour, as DETR does).
-
-    Args:
-        mask (Tensor[B, *S], bool): True marks padding; 1 to 3 spatial axes. An empty batch gives
-            an empty result; a mask with a zero-size axis (no valid cell) gives all padding.
-        size (int or sequence of int): the target spatial size ``S'`` (one int per spatial axis,
-            or one int for all).
-
-    Returns:
-        Tensor[B, *S'], bool: the resized mask (a new tensor).
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor; ``size`` holds non-integers.
-        ValueError: ``mask`` has no or more than 3 spatial axes; ``size`` has the wrong length or
-            a non-positive entry.
-
-    References:
-        DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
-    """
-    _check_spatial_mask(mask)
-    n = mask.dim() - 1
-    if isinstance(size, int) and not isinstance(size, bool):
-        size = (size,) * n
-    if isinstance(size, torch.Size):
-        size = tuple(size)
-    if not isinstance(size, Sequence) or any(
-        isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)) for s in size
-    ):
-        raise TypeError(f"size must be an int or a sequence of {n} ints, got {size!r}")
-    if len(size) != n or any(s <= 0 for s in size):
-        raise ValueError(
-            f"size must hold {n} positive ints for a mask of shape {tuple(mask.shape)}, got {tuple(size)}"
-        )
-    if mask.numel() == 0:  # empty batch, or no valid cell at all: nothing to interpolate
-        return torch.ones((mask.shape[0], *size), dtype=torch.bool, device=mask.device)
-    if not tracing() and tuple(size) == tuple(mask.shape[1:]):  # compilers: no size guard
-        return mask.clone()
-    return F.interpolate(mask[None].float(), size=tuple(size), mode="nearest")[0].to(torch.bool)
-
-
-def resize_image_sizes(
-    image_sizes: Sequence[Sequence[int]], old: Sequence[int], new: Sequence[int]
-) -> list[tuple[int, ...]]:
-    """Valid sizes after a nearest resize of an origin-anchored padding mask from ``old`` to ``new``.
-
-    Nearest interpolation is separable, so each axis is resized as a 1-D mask on the host with
-    the same :func:`torch.nn.functional.interpolate` rule :func:`interpolate_mask` uses; the
-    count of valid cells is the new size. No device tensor is read.
-
-    Args:
-        image_sizes (sequence of tuples): each item's valid size in the old grid.
-        old, new (sequence of int): the old and new spatial sizes.
-
-    Returns:
-        list of tuples: each item's valid size in the new grid (0 along an axis whose old size
-        is 0).
-
-    Raises:
-        ValueError: ``old`` and ``new`` have different lengths.
-
-    References:
-        DETR ``models/backbone.py`` (masks resized with nearest interpolation).
-    """
-    if len(old) != len(new):
-        raise ValueError(f"old {tuple(old)} and new {tuple(new)} must have the same number of axes")
-    out = [[0] * len(old) for _ in image_sizes]
-    if not image_sizes:
-        return []
-    for axis, (s_old, s_new) in enumerate(zip(old, new)):
-        if s_old == 0 or s_new == 0:
-            continue
-        lines = torch.ones(len(image_sizes), s_old, dtype=torch.bool)
-        for b, size in enumerate(image_sizes):
-            lines[b, : size[axis]] = False
-        resized = F.interpolate(lines[None].float(), size=(s_new,), mode="nearest")[0]
-        for b, count in enumerate((resized == 0).sum(1).tolist()):
-            out[b][axis] = int(count)
-    return [tuple(s) for s in out]
-
-
-def valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Deformable-DETR's ``get_valid_ratio`` for 1 to 3 spatial axes.
-
-    Along axis ``i`` the valid length is the number of valid cells in the line through index 0 of
-    every other axis (items sit at the origin), divided by the padded size ``S_i``.
-
-    Args:
-        mask (Tensor[B, *S], bool): True = padding.
-        dtype (torch.dtype): of the result.
-
-    Returns:
-        Tensor[B, n]: ratios in **reversed** axis order (``(w, h)`` in 2D), as Deformable-DETR.
-        0 along a zero-size axis.
-
-    Raises:
-        TypeError: ``mask`` is not a bool tensor of shape ``(B, *S)``.
-
-    References:
-        Zhu et al., Deformable DETR, ICLR 2021 (``DeformableTransformer.get_valid_ratio``).
-    """
-    check_mask(mask)
-    if mask.dim() < 2:
-        raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
-    spatial = mask.shape[1:]
-    sizes = rectangular_sizes(mask).to(dtype)
-    ratios = [sizes[:, i] / spatial[i] if spatial[i] else sizes[:, i] for i in range(len(spatial))]
-    return torch.stack(ratios[::-1], -1)
+def _restore(kind, batch, spatial, device, starts, stops, mask) -> Padding:
+    """Unpickles a :class:`Padding` (module level, so DataLoader workers can pickle it)."""
+    return Padding._make(kind, batch, tuple(spatial), torch.device(device), starts, stops, mask)

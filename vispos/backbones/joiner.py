@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from .._checks import check_bool, check_int
 from ..encodings.grid import _GridEncoding
 from ..nested_tensor import NestedTensor
-from ..padding import valid_ratios
+from ..padding import Padding, valid_ratios
 from .base import Backbone, SpatialPositionEmbedding
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels", "valid_ratios"]
@@ -93,18 +93,18 @@ def flatten_levels(
         raise ValueError("features must hold at least one level, got none")
     if len(features) != len(pos):
         raise ValueError(f"features ({len(features)} levels) and pos ({len(pos)}) must have the same length")
-    tensors, masks = [], []
+    tensors, paddings = [], []
     for i, f in enumerate(features):
         if isinstance(f, NestedTensor):
-            t, m = f.decompose()
+            t, padding = f.tensors, f.padding
         elif isinstance(f, Tensor):
-            t, m = f, None
+            t, padding = f, None
         else:
             raise TypeError(f"features[{i}] must be a NestedTensor or a Tensor, got {type(f).__name__}")
-        if m is None:
-            m = torch.zeros((t.shape[0], *t.shape[2:]), dtype=torch.bool, device=t.device)
+        if padding is None or padding.kind == "none":  # sizes from the tensor (symbolic if traced)
+            padding = Padding.none(t.shape[0], t.shape[2:], t.device)
         tensors.append(t)
-        masks.append(m)
+        paddings.append(padding)
     first = tensors[0]
     for i, (t, p) in enumerate(zip(tensors, pos)):
         if t.dim() != first.dim() or t.shape[:2] != first.shape[:2]:
@@ -129,11 +129,11 @@ def flatten_levels(
         if level_embed is not None:
             p = p + level_embed[lvl].to(p.dtype).view(1, 1, -1)
         pos_flat.append(p)
-    key_padding_mask = torch.cat([m.flatten(1) for m in masks], 1)
+    key_padding_mask = torch.cat([p.mask.flatten(1) for p in paddings], 1)
     spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=src.device)
     level_start_index = torch.cat((spatial_shapes.new_zeros((1,)), spatial_shapes.prod(1).cumsum(0)[:-1]))
     ratio_dtype = src.dtype if src.is_floating_point() else torch.float32
-    ratios = torch.stack([valid_ratios(m, ratio_dtype) for m in masks], 1)
+    ratios = torch.stack([p.valid_ratios(ratio_dtype) for p in paddings], 1)
     return FlatLevels(
         src, torch.cat(pos_flat, 1), key_padding_mask, spatial_shapes, level_start_index, ratios, shapes
     )

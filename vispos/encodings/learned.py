@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
-from ..nested_tensor import NestedTensor, NestedTensorLike, parse_spatial_input
+from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 
@@ -148,14 +148,14 @@ class PositionEmbeddingLearned(nn.Module):
                 an axis longer than its table without ``interpolate``.
         """
         check_float_dtype(dtype, optional=True)
-        inp = parse_spatial_input(x)
-        spatial, batch, device = inp.spatial, inp.batch, inp.device
+        padding = parse_spatial_input(x, self.spatial_dims).padding
+        spatial, batch, device = padding.spatial, padding.batch, padding.device
         n = self.spatial_dims
         if len(spatial) != n:
             raise ValueError(
                 f"{type(self).__name__}(spatial_dims={n}) got an input with {len(spatial)} spatial "
                 f"axes {spatial}; build it with spatial_dims={len(spatial)} (or num_embeddings "
-                "with one entry per axis)"
+                f"with one entry per axis){float_mask_hint(x, n)}"
             )
         tables = self._tables()
         if tables[0].weight.device != device:

@@ -1,0 +1,275 @@
+"""DETR's positions of a padded batch: line tables for boxes, per-cell counts for any mask.
+
+Pure functions from a :class:`~vispos.Padding` to the positions the sine core embeds. DETR
+counts valid cells along every axis with a cumulative sum (the first valid cell is 1, padding
+repeats the last count, 0 before any valid cell) and, with ``normalize``, maps a count ``p`` to
+``(p + offset) / (p_last + eps) * scale`` where ``p_last`` is the line's final count
+(:class:`PositionRule`). Three shapes of the same numbers, bit for bit:
+
+* no padding: one broadcastable ``arange`` per axis (:func:`grid_positions`);
+* boxes (rectangular padding): every line that crosses item ``b``'s box holds the same
+  positions, and every other line one value, so a table ``[B, n, max S + 1]`` holds them all
+  (:func:`line_table`; column 0 is the padding-only line, column ``1 + c`` cell ``c``);
+* any mask: the counts cell by cell (:func:`cumulative_positions`), or, where a block takes
+  few distinct values, those values and an index (:func:`distinct_positions`).
+
+Which one a call takes is decided by the padding's ``kind`` and by ``host`` (may host facts be
+used, :func:`vispos._tracing.host_facts`), nothing else.
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
+    (``PositionEmbeddingSine.forward``); Zhu et al., Deformable DETR, ICLR 2021 (``offset=-0.5``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _tracing
+from ._masks import check_mask, rectangular_sizes
+from .padding import Padding
+
+__all__ = [
+    "PositionRule",
+    "cumulative_positions",
+    "grid_positions",
+    "LineTable",
+    "line_table",
+    "box_positions",
+    "detr_positions",
+    "distinct_positions",
+]
+
+
+class PositionRule(NamedTuple):
+    """DETR's map from a 1-based valid count to a position (see the module docstring)."""
+
+    normalize: bool = False
+    scale: float = 2 * math.pi
+    offset: float = 0.0
+    eps: float = 1e-6
+
+    def __call__(self, count: Tensor, last: Tensor | None, denominator: Tensor | None = None) -> Tensor:
+        """Positions of ``count`` (float32) in lines whose final count is ``last``;
+        ``denominator``, when given, is ``last + eps`` already rounded to float32."""
+        if self.offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
+            count = count + self.offset
+        if not self.normalize:
+            return count
+        return count / (last + self.eps if denominator is None else denominator) * self.scale
+
+
+def cumulative_positions(
+    mask: Tensor,
+    *,
+    normalize: bool = False,
+    scale: float = 2 * math.pi,
+    offset: float = 0.0,
+    eps: float = 1e-6,
+) -> list[Tensor]:
+    """DETR's positions: a cumulative count of valid cells along every spatial axis.
+
+    Along axis ``i`` the position of a cell is the number of valid cells up to and including it
+    in its line (the first valid cell is 1; padding repeats the last count, or 0 before any valid
+    cell). With ``normalize`` it becomes ``(p + offset) / (p_last + eps) * scale`` where
+    ``p_last`` is the count at the line's end; otherwise ``p + offset``.
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding.
+        normalize, scale, offset, eps: as in :class:`~vispos.PositionEmbeddingSine`.
+
+    Returns:
+        list of Tensor[B, *S], float32: one per spatial axis, in tensor axis order.
+
+    Raises:
+        TypeError: ``mask`` is not a bool tensor (with a hint on how to convert).
+
+    References:
+        DETR ``PositionEmbeddingSine.forward``; Deformable DETR for ``offset=-0.5``.
+    """
+    check_mask(mask)
+    rule = PositionRule(normalize, scale, offset, eps)
+    not_mask = ~mask
+    out = []
+    for axis in range(1, mask.dim()):
+        count = not_mask.cumsum(axis, dtype=torch.float32)
+        out.append(rule(count, count.narrow(axis, count.shape[axis] - 1, 1)))
+    return out
+
+
+def grid_positions(spatial: Sequence[int], device: torch.device, rule: PositionRule) -> list[Tensor]:
+    """No padding: axis ``i`` gets ``arange(1, S_i + 1)`` through ``rule``, shaped
+    ``(1, .., S_i, .., 1)`` (rank ``1 + n``, broadcastable; sizes stay symbolic when traced)."""
+    n = len(spatial)
+    out = []
+    for i, size in enumerate(spatial):
+        count = torch.arange(1, size + 1, device=device, dtype=torch.float32)
+        view = [1] * (n + 1)
+        view[i + 1] = size
+        out.append(rule(count, count[-1:]).view(view))
+    return out
+
+
+class LineTable(NamedTuple):
+    """The positions of a rectangular (or unpadded) batch, as :func:`~vispos._sincos.sincos_embed_lines`
+    takes them.
+
+    Attributes:
+        lines (Tensor[B', n, M], float32): column 0 the padding-only line, ``1 + c`` cell ``c``.
+        valid (Tensor[B', n, M - 1] bool or None): cell ``c`` of axis ``j`` lies in item ``b``'s
+            box; None where ``spans`` replace it (CPU) or in 1D (rows are whole lines).
+        spans (tuple or None): host ``(starts, stops)`` of the items in ``lines``; None when
+            host facts may not be used.
+        window (tuple of int or None), rows (Tensor[B - W] int64 or None): 1D items that share
+            a row (see :func:`~vispos._sincos.sincos_embed_lines`).
+    """
+
+    lines: Tensor
+    valid: Tensor | None
+    spans: tuple | None
+    window: tuple[int, int] | None = None
+    rows: Tensor | None = None
+
+
+def _float32_sum(values: Sequence[Sequence[int]], eps: float) -> list:
+    """``values + eps`` rounded as torch rounds ``float32 + eps`` (both operands in float32, one
+    IEEE addition), so a host-side denominator is bit for bit the device's ``last + eps``."""
+    eps32 = np.float32(eps)
+    return [[float(np.float32(v) + eps32) for v in item] for item in values]
+
+
+def _shortest_window(values: Sequence) -> tuple[int, int]:
+    """The shortest range ``[start, stop)`` of ``values`` that holds each distinct value."""
+    need = len(set(values))
+    seen: dict = {}
+    best = (0, len(values))
+    start = 0
+    for stop, v in enumerate(values, 1):
+        seen[v] = seen.get(v, 0) + 1
+        while seen[values[start]] > 1:
+            seen[values[start]] -= 1
+            start += 1
+        if len(seen) == need and stop - start < best[1] - best[0]:
+            best = (start, stop)
+    return best
+
+
+def line_table(padding: Padding, host: bool, rule: PositionRule, *, selects: bool = False, share_rows: bool = False) -> LineTable:
+    """The line table of a ``"none"`` / ``"rectangular"`` padding.
+
+    With ``host`` the boxes come from the padding's host values (one small host-to-device
+    copy, no synchronisation). Without it (tracing, CUDA graph capture) only boxes at the origin
+    are supported: their sizes are read from the mask on the device, so a graph stays dynamic
+    in them. ``selects``: always build ``valid`` (else only where host spans cannot replace it);
+    ``share_rows``: 1D items of one box share a row (``window`` / ``rows``).
+    """
+    spatial, device = padding.spatial, padding.device
+    n = len(spatial)
+    window = rows = starts_f = denominator = spans = None
+    if host:
+        starts, stops = padding.starts, padding.stops
+        if n == 1 and share_rows:  # 1-D: items with one box share their line (the whole row)
+            keys = list(zip(starts, stops))
+            begin, end = _shortest_window(keys)
+            if end - begin < len(keys):
+                first: dict = {}
+                for k in range(begin, end):
+                    first.setdefault(keys[k], k - begin)
+                outside = [first[key] for k, key in enumerate(keys) if not begin <= k < end]
+                rows = _tracing.host_tensor(outside, torch.int64, device)
+                starts, stops, window = starts[begin:end], stops[begin:end], (begin, end)
+        sizes = [[e - s for s, e in zip(a, b)] for a, b in zip(starts, stops)]
+        host_rows = [sizes]
+        with_denominator = rule.normalize and not rule.offset  # ``length + eps`` from the host
+        if with_denominator:
+            host_rows.append(_float32_sum(sizes, rule.eps))
+        if not padding.at_origin:
+            host_rows.append([list(s) for s in starts])
+        table = _tracing.host_tensor(host_rows, torch.float32, device)  # one copy for all
+        sizes_f = table[0]
+        if with_denominator:
+            denominator = table[1].unsqueeze(-1)
+        if not padding.at_origin:
+            starts_f = table[-1].unsqueeze(-1)
+        spans = (starts, stops)
+    else:
+        if not padding.at_origin:
+            raise ValueError("boxes away from the origin need host facts; embed the mask instead")
+        sizes_f = rectangular_sizes(padding.mask).to(torch.float32)
+    count = torch.arange(max(spatial) + 1, device=device, dtype=torch.float32)
+    last = sizes_f.unsqueeze(-1)  # [B, n, 1]
+    shifted = count if starts_f is None else (count - starts_f).clamp_(min=0)
+    capped = torch.minimum(shifted, last)  # DETR's count: 1-based, stopped at the last valid cell
+    if rule.normalize and rule.offset:
+        # the padding-only column (count 0) has a valid length of 0; with offset 0 its
+        # position is 0 over any length, so the item's own length gives the same bits
+        lines = rule(capped, last * count.clamp(max=1))
+    else:
+        lines = rule(capped, last, denominator)
+    valid = None
+    if n > 1 and (selects or spans is None or not _tracing.host_side(device)):
+        cells = count[1:]
+        valid = cells <= last if starts_f is None else (cells > starts_f) & (cells <= starts_f + last)
+    return LineTable(lines, valid, spans, window, rows)
+
+
+def box_positions(table: LineTable, spatial: Sequence[int]) -> list[Tensor]:
+    """Per-axis positions ``Tensor[B, *S]`` (broadcast) of a line table built with ``selects``:
+    the crossing line where every other axis is inside the box, the padding-only value
+    elsewhere. For embedders that take position tensors (:func:`~vispos._sincos.sincos_embed`)."""
+    lines, valid = table.lines, table.valid
+    batch, n = lines.shape[0], len(spatial)
+    out = []
+    for i, size in enumerate(spatial):
+        view = [batch] + [1] * n
+        view[1 + i] = size
+        line = lines[:, i, 1 : 1 + size].reshape(view)
+        inside = None
+        for j in range(n):
+            if j != i:
+                v = [batch] + [1] * n
+                v[1 + j] = spatial[j]
+                c = valid[:, j, : spatial[j]].reshape(v)
+                inside = c if inside is None else inside & c
+        outside = lines[:, i, :1].reshape([batch] + [1] * n)
+        out.append(line if inside is None else torch.where(inside, line, outside))
+    return out
+
+
+def detr_positions(padding: Padding, host: bool, rule: PositionRule) -> list[Tensor]:
+    """DETR's positions of ``padding``, one broadcastable float32 tensor per axis: the
+    generic form, for embedders over :func:`~vispos._sincos.sincos_embed`."""
+    if padding.kind == "none":
+        return grid_positions(padding.spatial, padding.device, rule)
+    if padding.kind == "rectangular" and (host or padding.at_origin):
+        return box_positions(line_table(padding, host, rule, selects=True), padding.spatial)
+    return cumulative_positions(
+        padding.mask, normalize=rule.normalize, scale=rule.scale, offset=rule.offset, eps=rule.eps
+    )
+
+
+def distinct_positions(
+    valid: Tensor, axis: int, rule: PositionRule
+) -> tuple[Tensor, Tensor] | None:
+    """A block's positions as ``(values[K] float32, index[B, *S] int64)`` when its cells take
+    few distinct values (at most ``S_i + 1`` counts per valid length), or None when there are
+    too many to pay off. Reads the mask's valid lengths (host only)."""
+    size = valid.shape[axis]
+    count = valid.cumsum(axis)  # int64, 1-based
+    cells = count.numel()
+    counts = torch.arange(size + 1, device=valid.device, dtype=torch.float32)
+    if rule.normalize:  # the position depends on the count and on the line's valid length
+        last = count.narrow(axis, size - 1, 1)
+        lengths, inverse = torch.unique(last, return_inverse=True)
+        if 4 * lengths.numel() * (size + 1) > cells:
+            return None
+        return rule(counts, lengths.to(torch.float32).unsqueeze(1)), inverse * (size + 1) + count
+    if 4 * (size + 1) > cells:
+        return None
+    return rule(counts, None), count
