@@ -42,12 +42,9 @@ from bench_position_embedding import (  # noqa: E402
     FLOOR,
     Workload,
     _inner_calls,
-    _malloc_setup,
-    count_ops,
     format_table,
-    peak_bytes,
-    time_sample,
 )
+from _measure import count_ops, malloc_setup, peak_bytes, time_sample  # noqa: E402
 
 import vispos  # noqa: E402
 
@@ -145,7 +142,7 @@ def _side_workloads(side: int, device: torch.device) -> list[Workload]:
 
 
 def peak_pass(device: torch.device, quick: bool) -> list[dict[str, int]]:
-    _malloc_setup()
+    malloc_setup()
     workloads = build_workloads(device, quick)
     with torch.inference_mode():
         for wl in workloads:

@@ -1,8 +1,8 @@
 """Resident memory over a long training loop: flat after warm-up?
 
-Runs ``demos.train_detr``'s training loop (DataLoader + PaddedCollate with multi-scale padded
-batches, timm backbone -> Joiner -> PositionEmbeddingSine -> DetrEncoder -> decoder, Hungarian
-matching, backward, AdamW) for ``--steps`` steps on small images, reads the process's resident
+Runs ``demos.train_detr``'s training loop (the shared core ``demos.detr``: DataLoader +
+PaddedCollate with multi-scale padded batches, timm backbone -> Joiner -> PositionEmbeddingSine ->
+DetrEncoder -> DETR decoder, Hungarian matching, backward, AdamW) for ``--steps`` steps on small images, reads the process's resident
 set size after every step and compares the value after ``--warmup`` steps with the end. Every
 batch has its own padded size, so a cache keyed on shapes that grew without bound would show.
 
@@ -24,6 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demos import train_detr  # noqa: E402
+from demos.detr import DistContext, train_arm  # noqa: E402
+from demos.detr.cli import parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,13 +39,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        train_args = train_detr.build_parser().parse_args([
+        _, train_args = parse_args(train_detr.TASK, [
             "--steps", str(args.steps), "--out", tmp, "--pos", args.pos,
             "--photo-size", "80", "--scales", "48", "56", "64", "72", "80",
             "--min-object", "8", "--max-object", "28", "--batch-size", "4",
             "--eval-every", str(args.steps), "--eval-images", "8",
         ])
-        metrics = train_detr.train_arm(args.pos, train_args, os.path.join(tmp, args.pos), log=lambda *_: None)
+        train_args.train_images = args.steps * train_args.batch_size
+        metrics = train_arm(train_detr.TASK, args.pos, train_args, DistContext(), os.path.join(tmp, args.pos),
+                            log=lambda *_: None)
     rss = np.asarray(metrics["rss_mb"])
     warm, end = rss[args.warmup - 1], rss[-1]
     growth = 100 * (end / warm - 1)

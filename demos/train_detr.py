@@ -7,57 +7,49 @@ through torchvision ``transforms.v2`` with ``tv_tensors.BoundingBoxes`` (horizon
 multi-scale resize of the longer side), so every batch holds images of different sizes and is
 padded by :class:`vispos.PaddedCollate`. Held-out images use other photographs.
 
-Model: a timm backbone (``pretrained=False``) -> :class:`vispos.backbones.Joiner` (1x1 input
-projection, position embedding) -> :class:`vispos.backbones.DetrEncoder` -> ``nn.TransformerDecoder``
-with learned object queries -> class and box heads. Training: Hungarian matching
-(``scipy.optimize.linear_sum_assignment``) and DETR's losses (cross-entropy with a no-object
-weight, L1 and generalized IoU from ``torchvision.ops``).
+Model and training come from the shared core (:mod:`demos.detr`, also used by the 3D demo): a
+timm backbone (``pretrained=False``) -> :class:`vispos.backbones.Joiner` -> ``DetrEncoder`` ->
+DETR's decoder (zero targets, learned query positions on queries and keys at every layer, memory
+positions on the cross-attention's keys only) -> class and box heads; Hungarian matching and
+DETR's losses with ``torchvision.ops`` geometry; held-out COCO mAP / AP50 / AP75 from
+``torchmetrics`` and the mean IoU of matched boxes.
 
-Position embeddings (``--pos``, one run per arm, same seed, data and steps):
+Position embeddings (``--pos``, same seed, data, initial weights and steps in every arm):
+``none`` (zeros), ``grid`` (``vispos.PositionalEncodingPermute2D`` over the padded canvas, blind
+to the mask), ``sine`` (``vispos.PositionEmbeddingSine(normalize=True)`` on the mask).
 
-* ``none``: no position embedding (zeros);
-* ``grid``: ``vispos.PositionalEncodingPermute2D`` on the padded feature map, blind to the mask
-  (positional-encodings' behaviour: integer cell positions over the padded canvas);
-* ``sine``: ``vispos.PositionEmbeddingSine(normalize=True)`` on the mask (DETR: positions
-  normalised by each image's own valid extent).
+    python -m demos.train_detr --steps 3000 --out runs/detr --pos sine --seed 0 --threads 1
+    python -m demos.train_detr --out runs/detr --report     # tables over seeds, curves
+    torchrun --nproc_per_node 2 -m demos.train_detr --steps 3000 --batch-size 4 --out runs/ddp
+    python -m demos.train_detr --steps 20 --tiny --out /tmp/detr-tiny    # seconds, for CI
 
-Writes ``OUT/<arm>/metrics.json`` (per-step losses, seconds and resident memory; held-out mean
-IoU of matched boxes and AP50 every ``--eval-every`` steps), ``OUT/curves.png`` and
-``OUT/ablation.md``.
-
-    python -m demos.train_detr --steps 3000 --out runs/detr --pos sine grid none --threads 1
-    # or one process per arm (same flags), then the table and curves from their metrics.json:
-    python -m demos.train_detr --out runs/detr --pos sine grid none --report
-    python -m demos.train_detr --steps 20 --out /tmp/detr-tiny --tiny    # seconds, for CI
-
-Defaults (chosen on the sine arm with short runs, see docs/training.md): timm ``test_resnet`` at
-stride 8 (``--out-index 2``), photographs with longer side 96-128 px, shapes of 20-56 px,
-10 object queries for at most 2 objects, AdamW at 1e-3 with 100 warm-up steps and a tenfold
-decay for the last 20 % of the steps, class weight 2 in the loss and the matching cost.
+Writes ``OUT/<arm>/seed<S>/metrics.json`` (per step: losses, learning rate, seconds, resident
+memory, padded fraction; every ``--eval-every`` steps the held-out metrics), optionally
+``checkpoint.pt`` next to it, and ``OUT/ablation.md`` and ``OUT/curves.png`` over every run found
+under ``OUT``. See docs/training.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import platform
-import time
 from collections.abc import Sequence
-from typing import Any
+from typing import NoReturn
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torchvision import tv_tensors
-from torchvision.ops import box_convert, box_iou, generalized_box_iou
+from torchvision.ops import box_convert
 from torchvision.transforms import v2
 
-import vispos
-from vispos.backbones import DetrEncoder, Joiner, TimmBackbone
-from vispos.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
+from demos.detr import BOX_OPS_2D, POS_ARMS, DetrTask, coco_map, run
+from vispos.app.data import IMAGENET_MEAN, IMAGENET_STD, load_image, sample_images
+from vispos.backbones import TimmBackbone
+
+__all__ = ["CLASSES", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "POS_ARMS", "TASK", "ShapesOnPhotos", "draw_objects",
+           "load_photos", "main"]
 
 CLASSES = ("rectangle", "circle", "triangle")
 #: scikit-image sample photographs used as training backgrounds (all shipped, no download)
@@ -67,7 +59,8 @@ TRAIN_PHOTOS = (
 )
 #: held-out backgrounds: other scikit-image photographs and matplotlib's grace_hopper.jpg
 HELDOUT_PHOTOS = ("text", "clock", "coins", "grace_hopper")
-POS_ARMS = ("none", "grid", "sine")
+#: the largest photo side and resize scale the demo accepts (px)
+MAX_SIDE = 2048
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -176,398 +169,82 @@ class ShapesOnPhotos(torch.utils.data.Dataset):
         return self.normalize(image).as_subclass(Tensor), {"labels": labels, "boxes": cxcywh.float()}
 
 
-# ---------------------------------------------------------------------------------------- model
-class ZeroPosition(nn.Module):
-    """Arm (a): no position embedding (zeros of the level's shape)."""
+# ----------------------------------------------------------------------------------------- task
+def add_arguments(g: argparse._ArgumentGroup) -> None:
+    from demos.detr.cli import int_at_least
 
-    def __init__(self, num_pos_feats: int) -> None:
-        super().__init__()
-        self.num_pos_feats = num_pos_feats
-
-    def forward(self, x: vispos.NestedTensor, dtype: torch.dtype | None = None) -> Tensor:
-        t = x.tensors
-        return t.new_zeros((t.shape[0], 2 * self.num_pos_feats, *t.shape[2:]), dtype=dtype or t.dtype)
-
-
-class MaskBlindGrid(nn.Module):
-    """Arm (b): positional-encodings' 2D grid on the padded feature map, the mask ignored."""
-
-    def __init__(self, num_pos_feats: int) -> None:
-        super().__init__()
-        self.num_pos_feats = num_pos_feats
-        self.grid = vispos.PositionalEncodingPermute2D(2 * num_pos_feats)
-
-    def forward(self, x: vispos.NestedTensor, dtype: torch.dtype | None = None) -> Tensor:
-        pos = self.grid(x.tensors)
-        return pos if dtype is None else pos.to(dtype)
+    pos1 = int_at_least(1)
+    g.add_argument("--photo-size", type=pos1, default=128, help="longer side of the photographs (px)")
+    g.add_argument("--scales", type=pos1, nargs="+", default=[96, 112, 128],
+                   help="multi-scale resize: longer sides (px)")
+    g.add_argument("--photos", type=pos1, default=len(TRAIN_PHOTOS), help="training photographs used")
+    g.add_argument("--max-objects", type=pos1, default=2, help="objects per image: 1 to this")
+    g.add_argument("--min-object", type=int_at_least(4), default=20, help="smallest object side (px)")
+    g.add_argument("--max-object", type=pos1, default=56, help="largest object side (px)")
+    g.add_argument("--backbone", default="test_resnet", help="timm model (pretrained=False)")
+    g.add_argument("--out-index", type=int_at_least(0), default=2,
+                   help="timm feature index (2: stride 8, 3: stride 16)")
 
 
-def make_position_embedding(arm: str, num_pos_feats: int) -> nn.Module:
-    if arm == "none":
-        return ZeroPosition(num_pos_feats)
-    if arm == "grid":
-        return MaskBlindGrid(num_pos_feats)
-    if arm == "sine":
-        return vispos.PositionEmbeddingSine(num_pos_feats, normalize=True)
-    raise ValueError(f"pos must be one of {POS_ARMS}, got {arm!r}")
+def validate(args: argparse.Namespace, error) -> NoReturn | None:
+    if args.photos > len(TRAIN_PHOTOS):
+        error("--photos", f"at most {len(TRAIN_PHOTOS)} training photographs exist, got {args.photos}")
+    if args.photo_size > MAX_SIDE:
+        error("--photo-size", f"must be <= {MAX_SIDE}, got {args.photo_size}")
+    if any(s > MAX_SIDE for s in args.scales):
+        error("--scales", f"must be <= {MAX_SIDE}, got {args.scales}")
+    if args.min_object > args.max_object:
+        error("--min-object", f"must be <= --max-object {args.max_object}, got {args.min_object}")
+    if args.max_object > args.photo_size:
+        error("--max-object", f"must be <= --photo-size {args.photo_size}, got {args.max_object}")
+    if args.queries < args.max_objects:
+        error("--queries", f"must be >= --max-objects {args.max_objects} (one query per object), got {args.queries}")
+    if args.size_divisibility > max(args.scales):
+        error("--size-divisibility", f"must be <= the largest of --scales ({max(args.scales)}): a larger one "
+              f"only adds padding, got {args.size_divisibility}")
+    import timm
 
-
-class SmallDetr(nn.Module):
-    """timm backbone -> Joiner -> DetrEncoder -> nn.TransformerDecoder -> class / box heads.
-
-    ``forward(NestedTensor)`` returns ``logits Tensor[B, Q, K + 1]`` (last class = no object) and
-    ``boxes Tensor[B, Q, 4]`` (cxcywh in [0, 1], relative to each image's own size).
-    """
-
-    def __init__(
-        self, pos: str, num_classes: int, backbone: str, out_index: int, hidden: int,
-        num_queries: int, enc_layers: int, dec_layers: int, nhead: int, ffn: int,
-    ) -> None:
-        super().__init__()
-        body = TimmBackbone(backbone, out_indices=(out_index,), pretrained=False)
-        self.joiner = Joiner(
-            body, make_position_embedding(pos, hidden // 2), hidden_dim=hidden, level_embed=False,
-            num_groups=8,
-        )
-        self.encoder = DetrEncoder(hidden, nhead, enc_layers, ffn, dropout=0.0)
-        layer = nn.TransformerDecoderLayer(hidden, nhead, ffn, dropout=0.0, batch_first=True)
-        self.decoder = nn.TransformerDecoder(layer, dec_layers, norm=nn.LayerNorm(hidden))
-        self.query = nn.Embedding(num_queries, hidden)
-        self.class_head = nn.Linear(hidden, num_classes + 1)
-        self.box_head = nn.Sequential(
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 4)
-        )
-
-    def forward(self, x: vispos.NestedTensor, aux: bool = False) -> Any:
-        """``(logits, boxes)`` of the last decoder layer; with ``aux=True`` a list of them, one
-        per decoder layer (DETR's auxiliary decoding losses), last layer last."""
-        features, pos = self.joiner(x)
-        flat = self.joiner.flatten(features, pos)
-        memory = self.encoder(flat)
-        # nn.TransformerDecoder has no separate key position: the embedding joins the memory
-        memory = memory + flat.pos
-        out = self.query.weight[None].expand(memory.shape[0], -1, -1)
-        outputs = []
-        for layer in self.decoder.layers:  # the stack of nn.TransformerDecoder, intermediates kept
-            out = layer(out, memory, memory_key_padding_mask=flat.key_padding_mask)
-            hs = self.decoder.norm(out)
-            outputs.append((self.class_head(hs), self.box_head(hs).sigmoid()))
-        return outputs if aux else outputs[-1]
-
-
-# ------------------------------------------------------------------------------ matching, loss
-W_CLASS, W_L1, W_GIOU, EOS_COEF = 1.0, 5.0, 2.0, 0.1
-
-
-@torch.no_grad()
-def hungarian_match(
-    logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]], w_class: float = W_CLASS,
-) -> list[tuple[Tensor, Tensor]]:
-    """DETR's matcher: per image, (query indices, target indices) minimising class + L1 + GIoU cost."""
-    from scipy.optimize import linear_sum_assignment
-
-    prob = logits.softmax(-1)
-    out = []
-    for b, tgt in enumerate(targets):
-        if tgt["labels"].numel() == 0:
-            empty = torch.empty(0, dtype=torch.int64)
-            out.append((empty, empty))
-            continue
-        cost = (
-            -w_class * prob[b][:, tgt["labels"]]
-            + W_L1 * torch.cdist(boxes[b], tgt["boxes"], p=1)
-            - W_GIOU * generalized_box_iou(box_convert(boxes[b], "cxcywh", "xyxy"), box_convert(tgt["boxes"], "cxcywh", "xyxy"))
-        )
-        rows, cols = linear_sum_assignment(cost.cpu().numpy())
-        out.append((torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)))
-    return out
-
-
-def detr_loss(
-    logits: Tensor, boxes: Tensor, targets: Sequence[dict[str, Tensor]], w_class: float = W_CLASS,
-    eos_coef: float = EOS_COEF,
-) -> dict[str, Tensor]:
-    """DETR's set loss: CE (weight ``w_class``, no-object weight ``eos_coef``) + L1 + GIoU over matched pairs."""
-    num_classes = logits.shape[-1] - 1
-    matches = hungarian_match(logits, boxes, targets, w_class)
-    target_classes = torch.full(logits.shape[:2], num_classes, dtype=torch.int64, device=logits.device)
-    src_boxes, tgt_boxes = [], []
-    for b, (rows, cols) in enumerate(matches):
-        target_classes[b, rows] = targets[b]["labels"][cols].to(logits.device)
-        src_boxes.append(boxes[b, rows])
-        tgt_boxes.append(targets[b]["boxes"][cols].to(boxes.device))
-    weight = torch.ones(num_classes + 1, device=logits.device)
-    weight[-1] = eos_coef
-    loss_ce = F.cross_entropy(logits.transpose(1, 2), target_classes, weight)
-    src, tgt = torch.cat(src_boxes), torch.cat(tgt_boxes)
-    n = max(float(tgt.shape[0]), 1.0)
-    loss_l1 = F.l1_loss(src, tgt, reduction="sum") / n
-    giou = torch.diag(generalized_box_iou(box_convert(src, "cxcywh", "xyxy"), box_convert(tgt, "cxcywh", "xyxy")))
-    loss_giou = (1 - giou).sum() / n
-    total = w_class * loss_ce + W_L1 * loss_l1 + W_GIOU * loss_giou
-    return {"loss": total, "loss_ce": loss_ce, "loss_l1": loss_l1, "loss_giou": loss_giou}
-
-
-# ---------------------------------------------------------------------------------- evaluation
-def average_precision(
-    preds: Sequence[tuple[Tensor, Tensor, Tensor]], gts: Sequence[dict[str, Tensor]], num_classes: int,
-    iou_threshold: float = 0.5,
-) -> float:
-    """Mean over classes of VOC all-point AP at ``iou_threshold`` (boxes xyxy, any common unit)."""
-    aps = []
-    for c in range(num_classes):
-        n_gt = sum(int((g["labels"] == c).sum()) for g in gts)
-        if n_gt == 0:
-            continue
-        records = []
-        for i, (scores, labels, boxes) in enumerate(preds):
-            keep = labels == c
-            records += [(float(s), i, bx) for s, bx in zip(scores[keep], boxes[keep])]
-        records.sort(key=lambda r: -r[0])
-        used = [torch.zeros(int((g["labels"] == c).sum()), dtype=torch.bool) for g in gts]
-        tp = np.zeros(len(records))
-        for k, (_, i, bx) in enumerate(records):
-            gt = gts[i]["boxes"][gts[i]["labels"] == c]
-            if gt.numel() == 0:
-                continue
-            ious = box_iou(bx[None], gt)[0]
-            j = int(ious.argmax())
-            if float(ious[j]) >= iou_threshold and not used[i][j]:
-                used[i][j] = True
-                tp[k] = 1
-        if not records:
-            aps.append(0.0)
-            continue
-        ctp = np.cumsum(tp)
-        recall = ctp / n_gt
-        precision = ctp / np.arange(1, len(records) + 1)
-        mrec = np.concatenate(([0.0], recall, [1.0]))
-        mpre = np.concatenate(([0.0], precision, [0.0]))
-        mpre = np.maximum.accumulate(mpre[::-1])[::-1]
-        idx = np.nonzero(mrec[1:] != mrec[:-1])[0]
-        aps.append(float(((mrec[idx + 1] - mrec[idx]) * mpre[idx + 1]).sum()))
-    return float(np.mean(aps)) if aps else 0.0
-
-
-@torch.no_grad()
-def evaluate(model: SmallDetr, batches: Sequence[tuple[vispos.NestedTensor, tuple]], device: torch.device) -> dict[str, float]:
-    """Held-out mean IoU of Hungarian-matched boxes (over every ground-truth box) and AP50."""
-    model.eval()
-    ious, preds, gts = [], [], []
-    for nested, targets in batches:
-        logits, boxes = model(nested.to(device))
-        logits, boxes = logits.cpu(), boxes.cpu()
-        for b, (rows, cols) in enumerate(hungarian_match(logits, boxes, targets)):
-            tgt = box_convert(targets[b]["boxes"], "cxcywh", "xyxy")
-            src = box_convert(boxes[b], "cxcywh", "xyxy")
-            ious += torch.diag(box_iou(src[rows], tgt[cols])).tolist()
-            scores, labels = logits[b].softmax(-1)[:, :-1].max(-1)
-            preds.append((scores, labels, src))
-            gts.append({"labels": targets[b]["labels"], "boxes": tgt})
-    model.train()
-    return {
-        "mean_iou": float(np.mean(ious)) if ious else 0.0,
-        "ap50": average_precision(preds, gts, model.class_head.out_features - 1),
-    }
-
-
-def resident_memory_mb() -> float:
-    """Current resident set size of this process in MiB (``/proc/self/statm``; peak RSS elsewhere)."""
+    if not timm.is_model(args.backbone):
+        error("--backbone", f"not a timm model name: {args.backbone!r}")
     try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except OSError:  # pragma: no cover - non-Linux
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False)
+    except (ValueError, IndexError) as exc:
+        error("--out-index", str(exc))
+    return None
 
 
-# ------------------------------------------------------------------------------------- training
-def train_arm(arm: str, args: argparse.Namespace, out_dir: str, log: Any = print) -> dict[str, Any]:
-    """Trains one arm and writes ``out_dir/metrics.json``; returns the metrics dict."""
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    train_photos = load_photos(TRAIN_PHOTOS[: args.photos], args.photo_size)
-    held_photos = load_photos(HELDOUT_PHOTOS, args.photo_size)
+def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPhotos]:
     obj = dict(max_objects=args.max_objects, min_size=args.min_object, max_size=args.max_object)
-    train_set = ShapesOnPhotos(train_photos, args.steps * args.batch_size, args.seed, args.scales, True, **obj)
-    held_set = ShapesOnPhotos(held_photos, args.eval_images, args.seed + 1, args.scales, False, **obj)
-    collate = vispos.PaddedCollate(size_divisibility=args.size_divisibility)
-    loader = torch.utils.data.DataLoader(
-        train_set, batch_size=args.batch_size, shuffle=False, collate_fn=collate,
-        num_workers=args.workers, pin_memory=device.type == "cuda",
-        persistent_workers=args.workers > 0,
-    )
-    held = list(torch.utils.data.DataLoader(held_set, batch_size=args.batch_size, collate_fn=collate))
-
-    torch.manual_seed(args.seed)  # same initial weights in every arm (the embedding has none)
-    model = SmallDetr(
-        arm, len(CLASSES), args.backbone, args.out_index, args.hidden, args.queries,
-        args.enc_layers, args.dec_layers, args.heads, args.ffn,
-    ).to(device)
-    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min(1.0, (s + 1) / args.warmup) * (0.1 if s >= int(0.8 * args.steps) else 1.0)
-    )
-    metrics: dict[str, Any] = {
-        "arm": arm, "args": {k: v for k, v in vars(args).items() if k != "pos"},
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-        "steps": [], "loss": [], "loss_ce": [], "loss_l1": [], "loss_giou": [], "seconds": [],
-        "rss_mb": [], "padded_fraction": [], "eval": [],
-    }
-    t_prev = time.perf_counter()
-    for step, (nested, targets) in enumerate(loader, start=1):
-        nested = nested.to(device, non_blocking=True)
-        per_layer = [
-            detr_loss(lg, bx, targets, args.class_weight, args.eos_coef) for lg, bx in model(nested, aux=True)
-        ]
-        losses = dict(per_layer[-1])  # logged: the last layer's; optimised: the sum over layers
-        losses["loss_total"] = sum(pl["loss"] for pl in per_layer)
-        optim.zero_grad(set_to_none=True)
-        losses["loss_total"].backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 0.1)
-        optim.step()
-        sched.step()
-        now = time.perf_counter()
-        metrics["steps"].append(step)
-        for k in ("loss", "loss_ce", "loss_l1", "loss_giou"):
-            metrics[k].append(round(float(losses[k].detach()), 5))
-        metrics["seconds"].append(round(now - t_prev, 4))
-        metrics["rss_mb"].append(round(resident_memory_mb(), 2))
-        metrics["padded_fraction"].append(round(float(nested.mask.float().mean()), 4))
-        if step % args.eval_every == 0 or step == args.steps:
-            ev = evaluate(model, held, device)
-            metrics["eval"].append({"step": step, **{k: round(v, 4) for k, v in ev.items()}})
-            log(
-                f"[{arm}] step {step}/{args.steps} loss {np.mean(metrics['loss'][-args.eval_every:]):.3f} "
-                f"held-out mIoU {ev['mean_iou']:.3f} AP50 {ev['ap50']:.3f} "
-                f"{np.mean(metrics['seconds'][-args.eval_every:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
-            )
-        t_prev = time.perf_counter()  # evaluation time is not part of the step time
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f)
-    return metrics
+    train = ShapesOnPhotos(load_photos(TRAIN_PHOTOS[: args.photos], args.photo_size), args.train_images,
+                           args.seed, args.scales, True, **obj)
+    held = ShapesOnPhotos(load_photos(HELDOUT_PHOTOS, args.photo_size), args.eval_images, args.seed + 1,
+                          args.scales, False, **obj)
+    return train, held
 
 
-def summarize(metrics: dict[str, Any], warmup: int) -> dict[str, float]:
-    """Final held-out numbers, mean seconds per step and resident memory after warm-up / at the end."""
-    last = metrics["eval"][-1]
-    rss = metrics["rss_mb"]
-    w = min(warmup, len(rss) - 1)
-    return {
-        "mean_iou": last["mean_iou"], "ap50": last["ap50"],
-        "best_ap50": max(e["ap50"] for e in metrics["eval"]),
-        "final_loss": float(np.mean(metrics["loss"][-max(1, len(rss) // 10):])),
-        "s_per_step": float(np.median(metrics["seconds"][1:] or metrics["seconds"])),
-        "rss_warm_mb": rss[w], "rss_end_mb": rss[-1], "rss_growth_pct": 100 * (rss[-1] / rss[w] - 1),
-    }
+def build_backbone(args: argparse.Namespace) -> TimmBackbone:
+    return TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False)
 
 
-def plot_curves(all_metrics: dict[str, dict[str, Any]], path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), dpi=80)
-    for arm, m in all_metrics.items():
-        loss = np.asarray(m["loss"])
-        k = max(1, len(loss) // 50)
-        smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        axes[0].plot(np.arange(len(smooth)) + k, smooth, label=arm)
-        steps = [e["step"] for e in m["eval"]]
-        axes[1].plot(steps, [e["mean_iou"] for e in m["eval"]], marker=".", label=arm)
-        axes[2].plot(steps, [e["ap50"] for e in m["eval"]], marker=".", label=arm)
-        axes[3].plot(m["steps"], m["rss_mb"], label=arm)
-    titles = ("train loss (moving mean)", "held-out mean IoU (matched)", "held-out AP50", "resident memory (MiB)")
-    for ax, title in zip(axes, titles):
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--out", default="runs/train_detr")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--pos", nargs="+", choices=POS_ARMS, default=list(POS_ARMS))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
-    p.add_argument("--photo-size", type=int, default=128, help="longer side of the photographs")
-    p.add_argument("--scales", type=int, nargs="+", default=[96, 112, 128],
-                   help="multi-scale resize: longer sides")
-    p.add_argument("--photos", type=int, default=len(TRAIN_PHOTOS), help="training photographs used")
-    p.add_argument("--max-objects", type=int, default=2)
-    p.add_argument("--min-object", type=int, default=20)
-    p.add_argument("--max-object", type=int, default=56)
-    p.add_argument("--size-divisibility", type=int, default=0)
-    p.add_argument("--backbone", default="test_resnet", help="timm model (pretrained=False)")
-    p.add_argument("--out-index", type=int, default=2, help="timm feature index (2: stride 8, 3: stride 16)")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--queries", type=int, default=10)
-    p.add_argument("--enc-layers", type=int, default=2)
-    p.add_argument("--dec-layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn", type=int, default=128)
-    p.add_argument("--class-weight", type=float, default=2.0, help="class loss and matching cost weight")
-    p.add_argument("--eos-coef", type=float, default=EOS_COEF, help="cross-entropy weight of the no-object class")
-    p.add_argument("--eval-every", type=int, default=300)
-    p.add_argument("--eval-images", type=int, default=48)
-    p.add_argument("--memory-warmup", type=int, default=50, help="step after which memory should be flat")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--report", action="store_true",
-                   help="train nothing: read OUT/<arm>/metrics.json of earlier runs (e.g. arms run as "
-                        "separate processes) and write OUT/ablation.md and OUT/curves.png")
-    p.add_argument("--tiny", action="store_true", help="CI settings: small images, few eval images")
-    return p
+TASK = DetrTask(
+    name="2d",
+    description=__doc__.splitlines()[0],
+    classes=CLASSES,
+    box_ops=BOX_OPS_2D,
+    add_arguments=add_arguments,
+    validate=validate,
+    build_datasets=build_datasets,
+    build_backbone=build_backbone,
+    metric=coco_map,
+    metric_names=("map", "ap50", "ap75"),
+    headline="ap50",
+    tiny_defaults={"photo_size": 64, "scales": [48, 64], "min_object": 8, "max_object": 24, "photos": 3},
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.tiny:
-        args.photo_size, args.scales, args.batch_size = 64, [48, 64], 2
-        args.min_object, args.max_object, args.eval_images = 8, 24, 4
-        args.eval_every = min(args.eval_every, max(1, args.steps // 2))
-        args.memory_warmup = min(args.memory_warmup, max(0, args.steps // 2))
-        args.photos = min(args.photos, 3)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    os.makedirs(args.out, exist_ok=True)
-    all_metrics = {}
-    for arm in args.pos:
-        if args.report:
-            with open(os.path.join(args.out, arm, "metrics.json")) as f:
-                all_metrics[arm] = json.load(f)
-        else:
-            all_metrics[arm] = train_arm(arm, args, os.path.join(args.out, arm))
-    rows = [
-        "| arm | held-out mean IoU | held-out AP50 | best AP50 | final train loss | s/step | RSS after warm-up -> end (MiB) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for arm, m in all_metrics.items():
-        s = summarize(m, args.memory_warmup)
-        rows.append(
-            f"| {arm} | {s['mean_iou']:.3f} | {s['ap50']:.3f} | {s['best_ap50']:.3f} | {s['final_loss']:.3f} | "
-            f"{s['s_per_step']:.3f} | {s['rss_warm_mb']:.0f} -> {s['rss_end_mb']:.0f} ({s['rss_growth_pct']:+.1f}%) |"
-        )
-    table = "\n".join(rows)
-    with open(os.path.join(args.out, "ablation.md"), "w") as f:
-        f.write(table + "\n")
-    print(table)
-    print(f"wrote {plot_curves(all_metrics, os.path.join(args.out, 'curves.png'))}")
-    return 0
+    """``python -m demos.train_detr``; see the module docstring and ``--help``."""
+    return run(TASK, argv)
 
 
 if __name__ == "__main__":

@@ -290,6 +290,28 @@ if BACKEND == "tensorflow":
         want = _torch_encoding(3, 9, (2, 3, 4, 5))
         np.testing.assert_allclose(eager.numpy(), want, rtol=0, atol=1e-5)
 
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_ragged_input_is_refused_with_a_hint(n):
+        """Issue 26 item 14: ragged input ended in "Attempt to convert a value (None)"; it is
+        refused with a TypeError saying how to pad it, eagerly and at model build."""
+        rows = [np.ones((2,) * n + (4,), np.float32), np.ones((3,) * n + (4,), np.float32)]
+        x = tf.ragged.constant([r.tolist() for r in rows], ragged_rank=n, inner_shape=(4,))
+        for layer in (KERAS_CLASSES[n](4), TFSummer(KERAS_CLASSES[n](4))):
+            name = type(layer).__name__
+            with pytest.raises(TypeError, match=rf"{name} does not take ragged input .* x.to_tensor\(\)"):
+                layer(x)
+        symbolic = keras.Input(shape=(None,) * n + (4,), ragged=True)
+        with pytest.raises(TypeError, match="does not take ragged input"):
+            TFSummer(KERAS_CLASSES[n](4))(symbolic)
+        with pytest.raises(TypeError, match="does not take ragged input"):
+            KERAS_CLASSES[n](4)(symbolic)
+        # the advice works: the padded tensor's valid cells carry each row's own encoding
+        dense = x.to_tensor()
+        got = KERAS_CLASSES[n](4)(dense).numpy()
+        for b, row in enumerate(rows):
+            cells = tuple(slice(0, s) for s in row.shape[:-1])
+            np.testing.assert_array_equal(got[(b, *cells)], KERAS_CLASSES[n](4)(row[None]).numpy()[0])
+
     def test_tf_dtype_objects_accepted():
         layer = TFPositionalEncoding1D(6, dtype=tf.float64)
         assert layer(tf.zeros((1, 4, 6))).dtype == tf.float64

@@ -227,3 +227,91 @@ def test_levels_keep_rectangular_sizes(resnet18):
         assert level.rectangular
         rebuilt = NestedTensor(level.tensors, level.mask).image_sizes  # read back from the mask
         assert level.image_sizes == rebuilt
+
+
+# ------------------------------------------------------------------- pretrained, no network
+@pytest.fixture
+def empty_caches(tmp_path, monkeypatch):
+    """Empty Hugging Face and torch hub caches; any network access fails at once."""
+    import socket
+
+    import huggingface_hub.constants
+
+    hf, hub = tmp_path / "hf", tmp_path / "torchhub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf))
+    old = torch.hub.get_dir()
+    torch.hub.set_dir(str(hub))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("vispos tried to open a network connection")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    yield hf, hub
+    torch.hub.set_dir(old)
+
+
+def test_pretrained_without_cached_weights_fails_at_once(empty_caches):
+    """Issue 26 item 13: timm retried the network for ~50 s, then raised huggingface_hub's
+    error; now a FileNotFoundError at once, saying how to pass a local checkpoint."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"pretrained=True needs timm's weights for model_name='resnet18'.*"
+                       r"timm/resnet18.a1_in1k.*resnet18_a1_0-d63eafa0.pth.*checkpoint_path="):
+        TimmBackbone("resnet18", pretrained=True)
+    assert time.perf_counter() - start < 5
+    with pytest.raises(TypeError, match="pretrained must be a bool, got 'yes'"):
+        TimmBackbone("resnet18", pretrained="yes")
+
+
+@pytest.mark.parametrize("where", ["hf", "torchhub"])
+def test_pretrained_loads_timm_cached_weights_without_network(empty_caches, where):
+    import timm
+    from safetensors.torch import save_file
+
+    hf, hub = empty_caches
+    torch.manual_seed(3)
+    reference = timm.create_model("resnet18", pretrained=False)
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    if where == "hf":  # the layout huggingface_hub writes
+        repo = hf / "models--timm--resnet18.a1_in1k"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("0" * 40)
+        (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+        save_file(state, str(repo / "snapshots" / ("0" * 40) / "model.safetensors"))
+    else:  # timm's URL weights, as torch.hub.download_url_to_file leaves them
+        (hub / "checkpoints").mkdir(parents=True)
+        torch.save(state, hub / "checkpoints" / "resnet18_a1_0-d63eafa0.pth")
+    bb = TimmBackbone("resnet18", out_indices=(4,), pretrained=True)
+    torch.testing.assert_close(bb.body.layer4[1].conv2.weight, reference.layer4[1].conv2.weight, rtol=0, atol=0)
+    torch.testing.assert_close(bb.body.conv1.weight, reference.conv1.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cls, name", [("TorchvisionBackbone", "resnet18"), ("VolumeBackbone", "r3d_18")])
+def test_torchvision_weights_are_read_from_the_cache_only(empty_caches, cls, name):
+    """Careful-user pass: ``TorchvisionBackbone("resnet18", weights="DEFAULT")`` printed
+    "Downloading ..." and raised urllib's URLError without network; now weights that are not
+    in the torch hub cache raise FileNotFoundError at once, and cached ones load with no
+    network access."""
+    import torchvision
+
+    import vispos.backbones as backbones
+
+    make = getattr(backbones, cls)
+    url = torchvision.models.get_model_weights(name).DEFAULT.url
+    file = url.rsplit("/", 1)[1]
+    with pytest.raises(FileNotFoundError, match=rf"weights='DEFAULT' \(.*\) needs torchvision's file '{file}' "
+                       r"in the torch hub cache .*vispos never downloads. Pass checkpoint_path="):
+        make(name, weights="DEFAULT")
+    with pytest.raises(ValueError, match=rf"weights='NOPE' is not one of '{name}''s weights: \['DEFAULT', "):
+        make(name, weights="NOPE")
+    _, hub = empty_caches
+    (hub / "checkpoints").mkdir(parents=True)
+    torch.manual_seed(5)
+    reference = torchvision.models.get_model(name)
+    torch.save(reference.state_dict(), hub / "checkpoints" / file)
+    bb = make(name, weights="DEFAULT")
+    assert "weights='DEFAULT'" in repr(bb)
+    key = "layer4.0.conv1.0.weight" if cls == "VolumeBackbone" else "layer4.0.conv1.weight"
+    torch.testing.assert_close(bb.body.state_dict()[key], reference.state_dict()[key], rtol=0, atol=0)

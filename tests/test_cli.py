@@ -296,3 +296,95 @@ def test_flags_that_would_exhaust_memory_or_misplace_outputs(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert rc == 2 and err.strip() == f"vispos: error: {match}"
     assert sorted(os.listdir(tmp_path)) == ["img0.png"]
+
+
+# ------------------------------------------- issue 26 item 11: bounds derived from the inputs
+def _forged_nifti_header(path, shape):
+    """A NIfTI-1 file declaring ``shape`` float32, its voxels a hole (a sparse file: the right
+    length, no disk used; only the header is read before the batch is refused)."""
+    import math
+
+    import nibabel as nib
+
+    hdr = nib.Nifti1Header()
+    hdr.set_data_shape(shape)
+    hdr.set_data_dtype(np.float32)
+    hdr["vox_offset"] = 352
+    with open(path, "wb") as fh:
+        fh.write(hdr.binaryblock + b"\0" * 4)
+        fh.seek(352 + 4 * math.prod(shape) - 1)
+        fh.write(b"\0")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "make, flags, match",
+    [
+        (lambda d: ["--images", *_write_images(d, [(48, 64)])], ["--size-divisibility", "4096"],
+         r"--size-divisibility 4096 would pad the batch from 48x64 to 4096x4096 \(5,461x its cells, at most 4x\); "
+         r"give --size-divisibility 110 or less"),
+        (lambda d: ["--images", *_write_images(d, [(3000, 4000)]) * 8], [],
+         r"the 8 inputs make a padded batch of 8x3x3000x4000 = 288,000,000 values \(1.1 GiB as float32\), more "
+         r"than 67,108,864; give --max-size 1930 or less, or fewer inputs"),
+        (lambda d: ["--images", *_write_images(d, [(3000, 4000)]) * 8], ["--max-size", "2000"],
+         r"8x3x1500x2000 = 72,000,000 values .* give --max-size 1930 or less"),
+        (lambda d: ["--volumes", _forged_nifti_header(d / "big.nii", (500, 300, 200)),
+                    _forged_nifti_header(d / "big2.nii", (300, 500, 200))], [],
+         r"the 2 inputs make a padded batch of 2x1x500x500x200 = 100,000,000 values"),
+        (lambda d: ["--volumes", _forged_nifti_header(d / "big.nii", (500, 400, 200, 2))], [],
+         r"the 1 input makes a padded batch of 1x2x500x400x200 = 80,000,000 values .* give --max-size 471 or less"),
+        (lambda d: ["--images", *_write_images(d, [(8, 8)]) * 65], [],
+         r"--images takes at most 64 files per run \(one figure row each\), got 65"),
+    ],
+)
+def test_run_refuses_batches_that_cannot_fit_before_decoding(tmp_path, capsys, monkeypatch, make, flags, match):
+    """Issue 26 item 11: ``vispos run --size-divisibility 4096`` took 21 s and 3.2 GB on one 48x64
+    image. The padded batch is computed from the file headers (after --max-size) and refused
+    before any file is decoded (the loaders would fail this test) when it cannot fit."""
+    import re
+
+    import vispos.app.cli as cli
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a file was decoded before the batch was checked")
+
+    monkeypatch.setattr(cli, "load_images", must_not_load)
+    monkeypatch.setattr(cli, "load_volumes", must_not_load)
+    inputs = make(tmp_path)
+    rc = main(["run", *inputs, *flags, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert re.search(match, err), err
+    assert err.startswith("vispos: error: ") and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_size_divisibility_that_fits_still_runs(tmp_path, capsys):
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    paths = _write_images(tmp_path, [(48, 64)])
+    rc = main(["run", "--config", str(cfg), "--images", *paths, "--size-divisibility", "96",
+               "--out", str(tmp_path / "o"), "--repeats", "1"])
+    assert rc == 0, capsys.readouterr().err
+    saved = torch.load(tmp_path / "o" / "embeddings.pt", weights_only=False)
+    assert saved["levels"][1]["mask"].shape == (1, 3, 3)  # 96x96 at stride 32
+
+
+def test_demo_refuses_sizes_it_cannot_make(capsys):
+    """Careful-user pass: ``vispos demo --volume --max-size 4096`` enlarged the MNI152 template
+    to tens of GB."""
+    assert main(["demo", "--volume", "--max-size", "4096"]) == 2
+    assert "--max-size must be from 8 to 256 with --volume" in capsys.readouterr().err
+    assert main(["demo", "--samples", *["astronaut"] * 65]) == 2
+    assert "--samples takes at most 64 files per run" in capsys.readouterr().err
+
+
+def test_figure_dpi_is_lowered_for_huge_figures(capsys):
+    from matplotlib.figure import Figure
+
+    from vispos.app.cli import MAX_FIGURE_PIXELS, _figure_dpi
+
+    assert _figure_dpi(Figure(figsize=(10, 8)), 90) == 90
+    dpi = _figure_dpi(Figure(figsize=(45, 600)), 90)  # 64 items x 4 levels x 16 queries
+    assert dpi == 49 and 45 * 600 * dpi**2 <= MAX_FIGURE_PIXELS < 45 * 600 * (dpi + 1) ** 2
+    assert "figure.png drawn at 49 dpi instead of 90" in capsys.readouterr().out

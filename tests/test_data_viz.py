@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -84,6 +87,8 @@ def test_sample_volumes_shapes():
         assert float(v.min()) == 0.0 and float(v.max()) == 1.0
     with pytest.raises(ValueError, match="max_size must be >= 8"):
         sample_volumes(max_size=4)
+    with pytest.raises(ValueError, match=r"max_size must be from 8 to 256 \(the template's longest axis is 233\), got 4096"):
+        sample_volumes(max_size=4096)  # careful-user pass: this asked for tens of GB
 
 
 def test_normalize_intensity():
@@ -107,6 +112,92 @@ def test_normalize_intensity():
         normalize_intensity(vol, "robust")
     with pytest.raises(ValueError, match=r"Tensor\[C, D, H, W\]"):
         normalize_intensity(vol[0], "zscore")
+
+
+def _normalize_reference(vol: torch.Tensor, method: str, percentiles=(0.5, 99.5)) -> torch.Tensor:
+    """The normalisations written from their formulas in float64 (whose range holds 3e38**2)."""
+    out = vol.double().clone()
+    for c in range(out.shape[0]):
+        chan = out[c]
+        fg = chan[chan != 0] if bool((chan != 0).any()) else chan.flatten()
+        if method == "zscore":
+            chan.sub_(fg.mean()).div_(fg.std())
+        else:
+            if method == "minmax":
+                lo, hi = chan.min(), chan.max()
+            else:
+                lo, hi = torch.quantile(fg, torch.tensor(percentiles, dtype=torch.float64) / 100)
+                chan.clamp_(lo, hi)
+            chan.sub_(lo).div_(hi - lo)
+    return out
+
+
+@pytest.mark.parametrize("method", ["zscore", "minmax", "percentile"])
+@pytest.mark.parametrize("extreme", [[3.0e38, -3.0e38], [3.4028235e38, 3.4028235e38, 1.0], [-3.4028235e38] * 3, [1e-44, 3e-45]])
+def test_normalize_extreme_finite_voxels_stays_finite(method, extreme):
+    """Issue 26 item 3: float32 voxels near 3e38 (a flipped byte in a compressed file can give
+    them) normalised to NaN: the float32 sums and ``max - min`` overflowed. Now finite, and equal
+    to the float64 formula."""
+    from vispos.data import normalize_intensity
+
+    vol = torch.linspace(-50, 200, 2 * 5 * 4 * 3).reshape(2, 5, 4, 3)
+    vol[:, 0] = 0  # background
+    vol[0].view(-1)[-len(extreme):] = torch.tensor(extreme)
+    got = normalize_intensity(vol, method)
+    assert got.dtype == torch.float32 and bool(torch.isfinite(got).all())
+    torch.testing.assert_close(got, _normalize_reference(vol, method).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_load_volume_with_extreme_voxels_is_finite(tmp_path):
+    """Item 3 end to end: a NIfTI whose float32 voxels include +-3e38 loads finite with every
+    normalisation; NaN / inf voxels become 0 as documented and take no part in the statistics."""
+    import nibabel as nib
+
+    from vispos.data import load_volume
+
+    arr = np.random.default_rng(1).normal(100, 20, (5, 4, 3)).astype(np.float32)
+    arr[0, 0, :2] = [3.0e38, -3.0e38]
+    arr[1, 1, 1] = np.nan
+    nib.save(nib.Nifti1Image(arr, np.eye(4)), tmp_path / "extreme.nii.gz")
+    for method in ("zscore", "minmax", "percentile"):
+        vol = load_volume(tmp_path / "extreme.nii.gz", normalize=method)
+        assert bool(torch.isfinite(vol).all()), method
+        clean = torch.from_numpy(np.nan_to_num(arr, nan=0.0))[None]
+        torch.testing.assert_close(vol, _normalize_reference(clean, method).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_normalize_leaves_non_finite_voxels_out_of_the_statistics():
+    from vispos.data import normalize_intensity
+
+    vol = torch.arange(1.0, 25.0).reshape(1, 2, 3, 4)
+    vol[0, 0, 0, 0] = float("nan")
+    vol[0, 1, 2, 3] = float("inf")
+    z = normalize_intensity(vol, "zscore")
+    finite = vol[torch.isfinite(vol)]
+    torch.testing.assert_close(z[torch.isfinite(vol)], ((finite - finite.mean()) / finite.std()))
+    assert z[0, 0, 0, 0].isnan() and z[0, 1, 2, 3] == float("inf")
+
+
+def test_load_volume_reads_nifti_pairs_and_refuses_other_formats(tmp_path):
+    """Careful-user pass: a .hdr/.img NIfTI pair opened by its .img was called "corrupt" (its
+    voxels start at byte 0 of their own file), and an MGH .mgz "truncated" (it is gzipped);
+    pairs now load by either name, and non-NIfTI formats are refused with a conversion hint."""
+    import nibabel as nib
+
+    from vispos.data import load_volume
+
+    arr = np.random.default_rng(2).random((4, 5, 6)).astype(np.float32)
+    nib.save(nib.Nifti1Pair(arr, np.eye(4)), tmp_path / "pair.img")
+    for name in ("pair.img", "pair.hdr"):
+        torch.testing.assert_close(load_volume(tmp_path / name, normalize=None)[0], torch.from_numpy(arr))
+    nib.save(nib.MGHImage(arr, np.eye(4)), tmp_path / "brain.mgz")
+    with pytest.raises(ValueError, match=r"brain.mgz' is MGH, not NIfTI; load_volume reads NIfTI-1 / NIfTI-2 .* nib.save"):
+        load_volume(tmp_path / "brain.mgz")
+    nib.save(nib.AnalyzeImage(arr, np.eye(4)), tmp_path / "old.img")
+    with pytest.raises(ValueError, match=r"old.img' is Spm2Analyze, not NIfTI"):
+        load_volume(tmp_path / "old.img")
+    with pytest.raises(TypeError, match="canonical must be a bool, got 'no'"):
+        load_volume(tmp_path / "pair.img", canonical="no")
 
 
 def test_load_nifti_round_trip(tmp_path):
@@ -264,6 +355,169 @@ def test_exif_orientation_is_applied(tmp_path, fmt, orientation, transpose):
     torch.testing.assert_close(img, expected, atol=3 / 255 if fmt == "jpg" else 0, rtol=0)
 
 
+_ORIENTATION_FORMATS = ["png", "jpg", "webp", "tif", "avif"]
+
+
+@pytest.mark.parametrize("fmt", _ORIENTATION_FORMATS)
+def test_every_exif_orientation_matches_pillow_exif_transpose(tmp_path, fmt):
+    """Issue 26 item 2: a WebP with orientation 6 loaded as (3, 30, 50) while JPEG, PNG and TIFF
+    gave (3, 50, 30). Every orientation 1-8 of every format carrying EXIF now gives the pixels of
+    Pillow's ``ImageOps.exif_transpose`` (lossy formats: of Pillow's own decode of the file)."""
+    from PIL import ImageOps
+
+    from vispos.app.data.images import displayed_size
+
+    rng = np.random.default_rng(7)
+    blocks = rng.integers(0, 255, (6, 10, 3), dtype=np.uint8)
+    stored = Image.fromarray(np.kron(blocks, np.ones((5, 5, 1), np.uint8)))  # 30x50, blocky
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        path = tmp_path / f"o{orientation}.{fmt}"
+        options = {"jpg": {"quality": 95}, "webp": {"lossless": True}, "avif": {"quality": 100}}
+        stored.save(path, exif=exif.tobytes(), **options.get(fmt, {}))
+        with Image.open(path) as im:
+            upright = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+        expected = torch.from_numpy(upright.copy()).permute(2, 0, 1).float() / 255
+        img = load_image(path)
+        want = (3, 30, 50) if orientation <= 4 else (3, 50, 30)
+        assert img.shape == expected.shape == want, (fmt, orientation)
+        assert displayed_size(path) == want[1:]  # the header-only size the CLI bounds batches with
+        # TorchCodec's and Pillow's lossy decoders may differ by a grey level or two
+        torch.testing.assert_close(img, expected, atol=3 / 255 if fmt in ("jpg", "avif") else 0, rtol=0)
+
+
+def _png_cases(tmp_path) -> dict[str, tuple]:
+    """Issue 26 item 1's minimal PNGs: (path, pixels Pillow reads from the undamaged file)."""
+    import struct
+    import zlib
+
+    rng = np.random.default_rng(11)
+    rgb = rng.integers(0, 255, (9, 13, 3), dtype=np.uint8)
+    variants = {
+        "rgb": Image.fromarray(rgb),
+        "grey": Image.fromarray(rgb[..., 0]),
+        "rgba": Image.fromarray(np.dstack([rgb, rgb[..., :1]])),
+        "palette": Image.fromarray(rgb).convert("P"),
+        "grey16": Image.fromarray(rgb[..., 0].astype(np.uint16) * 257),
+        "interlaced": Image.fromarray(rgb),
+    }
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    cases = {}
+    for name, im in variants.items():
+        buf = __import__("io").BytesIO()
+        im.save(buf, "PNG", interlace=name == "interlaced")
+        data = buf.getvalue()
+        start = data.index(b"IDAT") - 4
+        (length,) = struct.unpack(">I", data[start : start + 4])
+        head, idat, tail = data[:start], data[start + 8 : start + 8 + length], data[start + 12 + length :]
+        raw = bytearray(zlib.decompress(idat))
+        raw[0] = 7  # the first row's filter type: 0..4 are defined
+        damaged = {
+            "empty_idat": head + chunk(b"IDAT", b"") + tail,
+            "short_idat": head + chunk(b"IDAT", idat[: len(idat) // 3]) + tail,
+            "bad_crc": head + data[start : start + 8 + length] + b"\0\0\0\0" + tail,
+            "garbage_idat": head + chunk(b"IDAT", rng.bytes(len(idat))) + tail,
+            "filter_7": head + chunk(b"IDAT", zlib.compress(bytes(raw))) + tail,
+            "truncated": data[: start + 8 + length // 2],
+        }
+        for kind, blob in damaged.items():
+            path = tmp_path / f"{name}_{kind}.png"
+            path.write_bytes(blob)
+            cases[f"{name}_{kind}"] = path
+    return cases
+
+
+def test_damaged_pngs_raise_instead_of_ending_the_process(tmp_path):
+    """Issue 26 item 1: torchvision's PNG decoder ended the process (SIGSEGV) on PNGs with an
+    empty, short or garbage IDAT or a row filter of 7, in every colour type. Read in a child
+    process (a crash must not take pytest down): each raises ValueError naming the file, except
+    a bad CRC alone, whose pixels are intact and are read (as Pillow reads them)."""
+    import json
+    import subprocess
+    import sys
+
+    cases = _png_cases(tmp_path)
+    code = (
+        "import json, sys\n"
+        "from vispos.app.data import load_image\n"
+        "out = {}\n"
+        "for name, path in json.loads(sys.argv[1]).items():\n"
+        "    try:\n"
+        "        out[name] = ['ok', load_image(path).mul(255).round().int().tolist()]\n"
+        "    except Exception as exc:\n"
+        "        out[name] = [type(exc).__name__, str(exc)]\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps({k: str(v) for k, v in cases.items()})],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.returncode == 0, f"the process died ({done.returncode}): {done.stderr[-500:]}"
+    results = json.loads(done.stdout)
+    for name, (status, value) in results.items():
+        if name.endswith("bad_crc"):
+            with Image.open(cases[name]) as im:
+                im = im.convert("RGB") if im.mode != "I;16" else im
+                ref = np.asarray(im).astype(np.float64)
+            ref = ref / 257 if ref.max() > 255 else ref
+            ref = np.broadcast_to(ref[..., None], (*ref.shape, 3)) if ref.ndim == 2 else ref
+            assert status == "ok", (name, value)
+            np.testing.assert_allclose(np.asarray(value).transpose(1, 2, 0), ref.round(), atol=1)
+        else:
+            assert status == "ValueError", (name, status, value)
+            assert f"{cases[name]}' could not be read as an image" in value, value
+
+
+def test_no_torchvision_io_decoding_left():
+    """Issue 26 item 1: torchvision's image decoders are deprecated (pytorch/vision #9609) and
+    crashed on damaged PNGs; neither the library nor the demos use them, and TorchCodec is a
+    requirement."""
+    import configparser
+
+    root = Path(__file__).resolve().parents[1]
+    users = [
+        str(p.relative_to(root)) for folder in ("vispos", "demos") for p in (root / folder).rglob("*.py")
+        if "torchvision.io" in p.read_text()
+    ]
+    assert users == []
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    assert "torchcodec>=0.17" in cfg["options"]["install_requires"].split()
+
+
+def test_formats_outside_the_list_are_refused_by_name(tmp_path):
+    from vispos.app.data import IMAGE_FORMATS
+
+    assert IMAGE_FORMATS == ("AVIF", "BMP", "GIF", "JPEG", "MPO", "PNG", "PPM", "TIFF", "WEBP")
+    Image.new("RGB", (4, 3)).save(tmp_path / "a.tga")
+    with pytest.raises(ValueError, match=r"a.tga' is TGA; load_image reads AVIF, BMP, GIF, JPEG, MPO, PNG, PPM, TIFF, WEBP"):
+        load_image(tmp_path / "a.tga")
+    (tmp_path / "notes.png").write_text("not an image")
+    with pytest.raises(ValueError, match=r"notes.png' could not be read as an image: Pillow identifies no image format in it \(load_image reads AVIF"):
+        load_image(tmp_path / "notes.png")
+
+
+@pytest.mark.parametrize("fmt, options", [("MPO", {}), ("AVIF", {"quality": 100}), ("PPM", {}), ("BMP", {})])
+def test_other_accepted_formats_match_pillow(tmp_path, fmt, options):
+    rng = np.random.default_rng(3)
+    frames = [Image.fromarray(np.kron(rng.integers(0, 255, (4, 6, 3), dtype=np.uint8), np.ones((4, 4, 1), np.uint8)))
+              for _ in range(2)]
+    path = tmp_path / f"a.{fmt.lower()}"
+    if fmt == "MPO":  # a real multi-picture file: two JPEGs, as phone cameras write
+        frames[0].save(path, "MPO", save_all=True, append_images=frames[1:])
+    else:
+        frames[0].save(path, fmt, **options)
+    with Image.open(path) as im:
+        assert im.format == fmt
+        expected = torch.from_numpy(np.asarray(im.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
+    torch.testing.assert_close(load_image(path), expected, atol=3 / 255, rtol=0)
+
+
 def test_decompression_bomb_is_refused_from_the_header(tmp_path):
     """Item 6: a ~100-byte PNG declaring 100000x100000 (above Pillow's own limit) and one
     declaring 10000x10000 (above ours) answer ValueError naming the file, the size and the limit."""
@@ -354,3 +608,13 @@ def test_nifti_truncated_empty_and_corrupt_headers(tmp_path):
     (tmp_path / "nan_affine.nii").write_bytes(hdr.binaryblock + b"\0" * 4 + b"\0" * 480)
     with pytest.raises(ValueError, match=r"nan_affine.nii' could not be read as a NIfTI volume: LinAlgError"):
         load_volume(tmp_path / "nan_affine.nii")
+
+
+def test_loaders_check_progress(tmp_path):
+    """Careful-user pass: ``progress="no"`` (truthy) showed the bar."""
+    from vispos.data import load_volumes
+
+    with pytest.raises(TypeError, match="progress must be a bool or None, got 'no'"):
+        load_images([tmp_path / "a.png"], progress="no")
+    with pytest.raises(TypeError, match="progress must be a bool or None, got 0"):
+        load_volumes([tmp_path / "a.nii"], progress=0)

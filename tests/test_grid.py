@@ -402,3 +402,42 @@ def test_fix_encoding_forward_errors():
         fixed(torch.zeros(2, 4, 3))
     with pytest.raises(TypeError, match="FixEncoding expects a torch.Tensor"):
         fixed(None)
+
+
+def test_fix_encoding_follows_settings_assigned_later():
+    """Issue 26 item 7: ``enc.org_channels = 12`` after ``FixEncoding(enc, ...)`` was answered
+    with the old 8-channel table."""
+    enc = PositionalEncoding2D(8)
+    fixed = FixEncoding(enc, (4, 5))
+    assert fixed(torch.zeros(2, 4, 5, 8)).shape == (2, 4, 5, 8)
+    enc.org_channels = 12
+    x = torch.zeros(2, 4, 5, 12)
+    assert_close(fixed(x), peer.PositionalEncoding2D(12)(x), **F32)
+    with pytest.raises(ValueError, match=r"built for inputs \(B, 4, 5, 12\).*got shape \(2, 4, 5, 8\)"):
+        fixed(torch.zeros(2, 4, 5, 8))
+    enc.dtype_override = torch.float64
+    assert fixed(x).dtype == torch.float64
+    assert_close(fixed(x), peer.PositionalEncoding2D(12)(x.double()), rtol=0, atol=1e-12)
+    fixed.shape = (3, 2)
+    y = torch.zeros(1, 3, 2, 12)
+    assert_close(fixed(y), peer.PositionalEncoding2D(12)(y.double()), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "attr, value, exc, match",
+    [
+        ("dtype_override", torch.int64, TypeError, r"dtype_override must be a floating torch.dtype \(sin/cos values\), got torch.int64"),
+        ("dtype_override", "float16", TypeError, r"dtype_override must be a floating torch.dtype such as torch.float16, got 'float16'"),
+        ("org_channels", 0, ValueError, "org_channels"),
+    ],
+)
+def test_grid_settings_assigned_later_are_checked(attr, value, exc, match):
+    enc = PositionalEncodingPermute2D(6)
+    with pytest.raises(exc, match=match):
+        setattr(enc, attr, value)
+    fixed = FixEncoding(enc, (2, 3))
+    with pytest.raises(ValueError, match=r"shape must hold positive ints, got \(2, 0\)"):
+        fixed.shape = (2, 0)
+    with pytest.raises(TypeError, match="shape must be a sequence of 2 ints"):
+        fixed.shape = 4
+    assert fixed.shape == (2, 3)

@@ -195,3 +195,98 @@ def test_joiner_accepts_depth_added_embedding():
         torch.testing.assert_close(p, pe(f.mask), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"hidden_dim=96 must equal .*PositionEmbeddingSineDepthAdded.out_channels\(3\) = 64"):
         Joiner(bb, pe, hidden_dim=96, num_groups=8)
+
+
+# ------------------------------------------------ issue 26 item 10: image dtypes, grid encodings
+@pytest.fixture(scope="module")
+def r18_last():
+    torch.manual_seed(0)
+    return TorchvisionBackbone("resnet18", return_nodes=["layer4"]).eval()
+
+
+@pytest.mark.parametrize(
+    "dtype, match",
+    [
+        (torch.uint8, r"x.tensors has dtype torch.uint8 but the backbone's weights are torch.float32; "
+                      r"convert the images to float and normalize them first, e.g. torchvision.transforms.v2.ToDtype"),
+        (torch.float16, r"x.tensors has dtype torch.float16 but the backbone's weights are torch.float32; "
+                        r"cast the batch with x.to\(torch.float32\) or the model with .to\(torch.float16\), or run under torch.autocast"),
+        (torch.bfloat16, r"dtype torch.bfloat16 but the backbone's weights are torch.float32"),
+        (torch.float64, r"dtype torch.float64 but the backbone's weights are torch.float32"),
+    ],
+)
+def test_joiner_refuses_image_dtypes_the_backbone_cannot_take(r18_last, dtype, match):
+    joiner = Joiner(r18_last, PositionEmbeddingSine(256, normalize=True))
+    batch = nested_tensor_from_tensor_list([torch.zeros(3, 32, 48, dtype=dtype), torch.zeros(3, 40, 32, dtype=dtype)])
+    with pytest.raises(TypeError, match=match):
+        joiner(batch)
+
+
+def test_joiner_dtypes_that_work(r18_last):
+    joiner = Joiner(r18_last, PositionEmbeddingSine(256, normalize=True))
+    batch = nested_tensor_from_tensor_list([torch.rand(3, 32, 48), torch.rand(3, 40, 32)])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        features, pos = joiner(batch)  # autocast casts float32 images for the convolutions
+        features16, _ = joiner(batch.to(torch.bfloat16))
+    assert features[0].tensors.dtype == pos[0].dtype == torch.bfloat16
+    torch.testing.assert_close(features16[0].tensors, features[0].tensors)
+    with pytest.raises(TypeError, match=r"dtype torch.float64 .* torch.autocast\('cpu'\)"):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            joiner(batch.to(torch.float64))  # autocast does not cast float64
+
+
+def test_joiner_with_channels_first_grid_encodings(r18_last, r18_three_levels):
+    """``Joiner(backbone, PositionalEncodingPermute2D(512))`` failed at forward with "unexpected
+    keyword argument 'dtype'" (the positional_encodings package's class too); both now work."""
+    import positional_encodings.torch_encodings as peer
+
+    from vispos import PositionalEncodingPermute2D
+
+    batch = nested_tensor_from_tensor_list([torch.rand(3, 64, 96), torch.rand(3, 80, 48)])
+    for pe in (PositionalEncodingPermute2D(512), peer.PositionalEncodingPermute2D(512)):
+        with torch.no_grad():
+            features, pos = Joiner(r18_last, pe)(batch)
+        level = features[0].tensors
+        assert pos[0].shape == level.shape and pos[0].dtype == level.dtype
+        torch.testing.assert_close(pos[0], peer.PositionalEncodingPermute2D(512)(level), rtol=0, atol=1e-6)
+    projected = Joiner(r18_three_levels, PositionalEncodingPermute2D(64), hidden_dim=64, num_feature_levels=4).eval()
+    with torch.no_grad():
+        features, pos = projected(batch)
+    assert [p.shape[1:] for p in pos] == [f.tensors.shape[1:] for f in features]
+    torch.testing.assert_close(pos[3], peer.PositionalEncodingPermute2D(64)(features[3].tensors), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "make, kwargs, exc, match",
+    [
+        (lambda: __import__("vispos").PositionalEncoding2D(512), {}, TypeError,
+         r"position_embedding=PositionalEncoding2D\(...\) takes channel-last input .* use PositionalEncodingPermute2D\(512\)"),
+        (lambda: __import__("positional_encodings.torch_encodings").torch_encodings.PositionalEncoding2D(512), {},
+         TypeError, "takes channel-last input"),
+        (lambda: __import__("vispos").PositionalEncodingPermute3D(512), {}, ValueError,
+         r"encodes 3 spatial axes, but the backbone's levels have 2; use PositionalEncodingPermute2D"),
+        (lambda: __import__("vispos").PositionalEncodingPermute2D(256), {}, ValueError,
+         r"PositionalEncodingPermute2D\(256\) must have the levels' channels, but they have \[512\]"),
+        (lambda: __import__("vispos").PositionalEncodingPermute2D(256), dict(hidden_dim=128), ValueError,
+         r"PositionalEncodingPermute2D\(256\) must have the levels' channels, but they have \[128\]"),
+    ],
+)
+def test_joiner_refuses_grid_encodings_that_cannot_fit_at_construction(r18_last, make, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        Joiner(r18_last, make(), **kwargs)
+
+
+def test_joiner_takes_detr_style_embedding_without_dtype(r18_last):
+    """DETR's own ``PositionEmbeddingSine.forward(tensor_list)`` has no ``dtype`` keyword: it is
+    called without one, and its output cast to the level's dtype."""
+    inner = PositionEmbeddingSine(256, normalize=True)
+
+    class DetrStyle(nn.Module):
+        def forward(self, tensor_list):
+            return inner(tensor_list).double()
+
+    batch = nested_tensor_from_tensor_list([torch.rand(3, 64, 96), torch.rand(3, 80, 48)])
+    with torch.no_grad():
+        features, pos = Joiner(r18_last, DetrStyle())(batch)
+    assert pos[0].dtype == torch.float32
+    torch.testing.assert_close(pos[0], inner(features[0]), rtol=0, atol=0)

@@ -1,5 +1,7 @@
-"""demos/train_detr.py: the CLI runs on tiny settings, and its pieces (data with exact boxes,
-Hungarian matching, DETR loss, AP50, the three position arms) against slow references."""
+"""demos/train_detr.py (the 2D task of the shared core): the CLI runs on tiny settings, every flag
+is checked before work starts (exit 2, the flag named), ``--tiny`` only sets defaults, and the data
+has exact boxes that follow the transforms. The core itself: tests/test_detr_core.py and
+tests/test_train_detr_dist.py."""
 
 import itertools
 import json
@@ -32,24 +34,144 @@ def test_cli_runs_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wrote" in proc.stdout
     for arm in T.POS_ARMS:
-        m = json.loads((out / arm / "metrics.json").read_text())
-        assert m["arm"] == arm and m["steps"] == list(range(1, 21))
-        for key in ("loss", "loss_ce", "loss_l1", "loss_giou", "seconds", "rss_mb", "padded_fraction"):
+        m = json.loads((out / arm / "seed0" / "metrics.json").read_text())
+        assert m["arm"] == arm and m["seed"] == 0 and m["steps"] == list(range(1, 21)) and m["world_size"] == 1
+        for key in ("loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "seconds", "rss_mb", "padded_fraction"):
             assert len(m[key]) == 20 and all(np.isfinite(m[key])), key
         assert all(s > 0 for s in m["seconds"]) and all(r > 0 for r in m["rss_mb"])
         assert any(p > 0 for p in m["padded_fraction"])  # the batches are padded
         assert [e["step"] for e in m["eval"]] == [10, 20]
-        assert all(0 <= e["mean_iou"] <= 1 and 0 <= e["ap50"] <= 1 for e in m["eval"])
-    table = (out / "ablation.md").read_text().splitlines()
-    assert [row.split("|")[1].strip() for row in table[2:]] == list(T.POS_ARMS)
+        for e in m["eval"]:
+            assert all(0 <= e[k] <= 1 for k in ("mean_iou", "map", "ap50", "ap75"))
+        assert m["lr"][0] == pytest.approx(1e-3 / 100) and m["lr"][-1] == pytest.approx(1e-3 * 20 / 100 * 0.1)
+    table = (out / "ablation.md").read_text()
+    assert "| 0 | " in table and "(c) sine, mask-aware" in table and "| sine - grid | ap50 |" in table
     with Image.open(out / "curves.png") as im:
         assert im.format == "PNG" and im.size[0] > 600
     # --report rebuilds the same table from the metrics files alone (arms run as separate processes)
     (out / "ablation.md").unlink()
     (out / "curves.png").unlink()
     assert T.main(["--report", "--tiny", "--steps", "20", "--out", str(out)]) == 0
-    assert (out / "ablation.md").read_text().splitlines() == table
+    assert (out / "ablation.md").read_text() == table
     assert (out / "curves.png").stat().st_size > 0
+
+
+def _exit_message(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        T.main(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "-1"], "argument --steps: must be >= 1, got -1"),
+    (["--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["--steps", "x"], "argument --steps: expected an int >= 1, got 'x'"),
+    (["--eval-every", "0"], "argument --eval-every: must be >= 1"),
+    (["--warmup", "0"], "argument --warmup: must be >= 1"),
+    (["--warmup", "-1"], "argument --warmup: must be >= 1"),
+    (["--photos", "0"], "argument --photos: must be >= 1"),
+    (["--photos", "15"], "argument --photos: at most 14 training photographs"),
+    (["--hidden", "30"], "argument --hidden: must be divisible by --heads 4, got 30"),
+    (["--hidden", "36", "--heads", "3"], "argument --hidden: must be divisible by 8"),
+    (["--hidden", "12", "--heads", "3"], "argument --hidden: must be divisible by 8"),
+    (["--threads", "-1"], "argument --threads: must be >= 0"),
+    (["--workers", "-1"], "argument --workers: must be >= 0"),
+    (["--max-objects", "0"], "argument --max-objects: must be >= 1"),
+    (["--scales", "0"], "argument --scales: must be >= 1"),
+    (["--scales", "4096"], "argument --scales: must be <= 2048"),
+    (["--photo-size", "5000"], "argument --photo-size: must be <= 2048"),
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1"),
+    (["--lr", "-1"], "argument --lr: must be a finite number > 0, got -1"),
+    (["--lr", "0"], "argument --lr: must be a finite number > 0"),
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0"),
+    (["--eos-coef", "-0.1"], "argument --eos-coef: must be a finite number >= 0"),
+    (["--dropout", "1"], "argument --dropout: must be in [0, 1)"),
+    (["--queries", "0"], "argument --queries: must be >= 1"),
+    (["--queries", "1", "--max-objects", "2"], "argument --queries: must be >= --max-objects 2"),
+    (["--min-object", "60", "--max-object", "20"], "argument --min-object: must be <= --max-object 20, got 60"),
+    (["--min-object", "2"], "argument --min-object: must be >= 4"),
+    (["--max-object", "100", "--photo-size", "64"], "argument --max-object: must be <= --photo-size 64"),
+    (["--eval-images", "0"], "argument --eval-images: must be >= 1"),
+    (["--size-divisibility", "-1"], "argument --size-divisibility: must be >= 0"),
+    (["--size-divisibility", "4096"], "argument --size-divisibility: must be <= the largest of --scales (64)"),
+    (["--train-images", "1"], "argument --train-images: must hold at least one global batch"),
+    (["--seed", "-1"], "argument --seed: must be >= 0"),
+    (["--backbone", "no_such_model"], "argument --backbone: not a timm model name"),
+    (["--out-index", "9"], "argument --out-index:"),
+    (["--device", "meta"], "argument --device: expected cpu or cuda"),
+    (["--device", "nonsense"], "argument --device: not a torch device"),
+    (["--norm", "sync"], "argument --norm: sync needs CUDA under torchrun"),
+    (["--pos", "sine", "--resume", "/no/such/file.pt"], "argument --resume: no such checkpoint file"),
+    (["--pos", "learned"], "argument --pos: invalid choice: 'learned'"),
+])
+def test_every_flag_is_checked_before_work_starts(capsys, argv, message):
+    assert message in _exit_message(capsys, ["--tiny", *argv])
+
+
+def test_out_must_not_be_a_file(tmp_path, capsys):
+    path = tmp_path / "a_file"
+    path.write_text("x")
+    assert f"argument --out: '{path}' exists and is not a folder" in _exit_message(capsys, ["--out", str(path)])
+    assert f"argument --report: no run under '{tmp_path}'" in _exit_message(capsys, ["--report", "--out", str(tmp_path)])
+
+
+def _fake_metrics(arm, seed, ap50):
+    n = 30
+    return {
+        "task": "2d", "arm": arm, "seed": seed, "steps": list(range(1, n + 1)), "world_size": 1, "global_batch": 8,
+        "args": {"eval_every": 10, "lr": 1e-3, "seed": seed, "steps": n}, "loss_last": [1.0] * n,
+        "seconds": [0.1] * n, "rss_mb": [100.0] * n,
+        "eval": [{"step": s, "mean_iou": 0.4, "map": ap50 / 3, "ap50": ap50, "ap75": ap50 / 4} for s in (10, 20, 30)],
+    }
+
+
+def test_report_joins_every_arm_and_seed_present(tmp_path):
+    """Arms and seeds trained by separate processes (the ablation's lanes), some still running:
+    --report joins every finished run, whatever --pos says, pairs arms over their common seeds and
+    says plainly whether they are level."""
+    ap50 = {"none": {0: 0.01, 1: 0.0}, "grid": {0: 0.20, 1: 0.30, 2: 0.25}, "sine": {0: 0.22, 1: 0.27, 2: 0.26, 3: 0.4}}
+    for arm, by_seed in ap50.items():
+        for seed, v in by_seed.items():
+            (tmp_path / arm / f"seed{seed}").mkdir(parents=True)
+            (tmp_path / arm / f"seed{seed}" / "metrics.json").write_text(json.dumps(_fake_metrics(arm, seed, v)))
+    (tmp_path / "grid" / "seed4").mkdir()  # in flight: no metrics.json yet
+    logs = []
+    assert T.run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
+    table = (tmp_path / "ablation.md").read_text()
+    assert logs[0] == table
+    assert "| seed | (a) none | (b) grid, mask-blind | (c) sine, mask-aware |" in table
+    assert "| 3 | - | - | 0.400 / 0.133 / 0.400 / 0.100 |" in table
+    assert "| (b) grid, mask-blind | 3 | 0.400 ± 0.000 | 0.083 ± 0.017 | 0.250 ± 0.050 |" in table
+    # sine - grid over seeds 0-2 only (seed 3 has no grid run): +0.02, -0.03, +0.01
+    assert "| sine - grid | ap50 | +0.020, -0.030, +0.010 | +0.000 ± 0.026 | 2 / 1 / 0 |" in table
+    assert ("- sine vs grid, ap50 (last 3) over seeds [0, 1, 2]: sine - grid = +0.000 ± 0.026; sine better on 2 "
+            "seed(s), grid on 1, 0 tie(s); **the arms are level**") in table
+    assert "| sine - none | ap50 | +0.210, +0.270 |" in table and "| grid - none | ap50 | +0.190, +0.300 |" in table
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_tiny_sets_defaults_only():
+    from demos.detr.cli import parse_args
+
+    _, tiny = parse_args(T.TASK, ["--tiny", "--steps", "20"])
+    assert (tiny.batch_size, tiny.eval_images, tiny.photo_size, tiny.scales) == (2, 4, 64, [48, 64])
+    assert (tiny.min_object, tiny.max_object, tiny.photos, tiny.eval_every, tiny.memory_warmup) == (8, 24, 3, 10, 10)
+    explicit = ["--tiny", "--steps", "20", "--batch-size", "5", "--eval-images", "7", "--photo-size", "96",
+                "--scales", "80", "96", "--min-object", "10", "--max-object", "30", "--photos", "14",
+                "--eval-every", "300", "--memory-warmup", "40", "--hidden", "64", "--queries", "10"]
+    _, a = parse_args(T.TASK, explicit)
+    assert (a.batch_size, a.eval_images, a.photo_size, a.scales) == (5, 7, 96, [80, 96])
+    assert (a.min_object, a.max_object, a.photos, a.eval_every, a.memory_warmup, a.hidden, a.queries) == (
+        10, 30, 14, 300, 40, 64, 10)
+    _, full = parse_args(T.TASK, [])
+    assert (full.batch_size, full.eval_every, full.photo_size, full.hidden, full.memory_warmup) == (8, 300, 128, 64, 600)
+    # a task's own defaults (3D: a width divisible by 6 and 8), then --tiny's, then explicit flags
+    import dataclasses
+
+    task = dataclasses.replace(T.TASK, defaults={"hidden": 96, "lr": 5e-4}, tiny_defaults={**T.TASK.tiny_defaults, "hidden": 48})
+    assert (parse_args(task, [])[1].hidden, parse_args(task, [])[1].lr) == (96, 5e-4)
+    assert parse_args(task, ["--tiny"])[1].hidden == 48 and parse_args(task, ["--tiny", "--hidden", "64"])[1].hidden == 64
 
 
 def test_draw_objects_boxes_are_exact():
@@ -104,136 +226,3 @@ def test_held_out_items_follow_a_reference_pipeline():
         ref_boxes = box_convert(boxes * scale, "xyxy", "cxcywh") / torch.tensor([w, h, w, h])
         torch.testing.assert_close(target["boxes"], ref_boxes)
         torch.testing.assert_close(target["labels"], labels, rtol=0, atol=0)
-
-
-def _random_targets(g, n):
-    xy = torch.rand(n, 2, generator=g) * 0.6
-    wh = torch.rand(n, 2, generator=g) * 0.3 + 0.05
-    return {"labels": torch.randint(0, 3, (n,), generator=g), "boxes": box_convert(torch.cat([xy, xy + wh], 1), "xyxy", "cxcywh")}
-
-
-@pytest.mark.parametrize("w_class", [T.W_CLASS, 2.0])
-def test_hungarian_match_is_the_brute_force_optimum(w_class):
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 5, 4, generator=g)
-    boxes = torch.rand(2, 5, 4, generator=g) * 0.5 + 0.2
-    targets = [_random_targets(g, 3), _random_targets(g, 2)]
-    for b, (rows, cols) in enumerate(T.hungarian_match(logits, boxes, targets, w_class)):
-        prob = logits[b].softmax(-1)
-        pred_xyxy = box_convert(boxes[b], "cxcywh", "xyxy")
-        tgt_xyxy = box_convert(targets[b]["boxes"], "cxcywh", "xyxy")
-
-        def cost(q, t):
-            return (
-                -w_class * prob[q, targets[b]["labels"][t]]
-                + 5 * (boxes[b][q] - targets[b]["boxes"][t]).abs().sum()
-                - 2 * generalized_box_iou(pred_xyxy[q : q + 1], tgt_xyxy[t : t + 1])[0, 0]
-            )
-
-        n = len(targets[b]["labels"])
-        best = min(sum(float(cost(q, t)) for t, q in enumerate(perm)) for perm in itertools.permutations(range(5), n))
-        got = sum(float(cost(int(q), int(t))) for q, t in zip(rows, cols))
-        assert sorted(cols.tolist()) == list(range(n))
-        torch.testing.assert_close(torch.tensor(got), torch.tensor(best))
-
-
-@pytest.mark.parametrize("w_class, eos_coef", [(T.W_CLASS, T.EOS_COEF), (2.0, 0.25)])
-def test_detr_loss_against_reference(w_class, eos_coef):
-    g = torch.Generator().manual_seed(1)
-    targets = [_random_targets(g, 2), _random_targets(g, 1)]
-    logits = torch.randn(2, 4, 4, generator=g)
-    boxes = torch.rand(2, 4, 4, generator=g) * 0.4 + 0.3
-    boxes[0, 1], boxes[0, 3], boxes[1, 2] = targets[0]["boxes"][0], targets[0]["boxes"][1], targets[1]["boxes"][0]
-    for b, q in ((0, 1), (0, 3), (1, 2)):  # make those queries confident of the right class
-        logits[b, q] = -5.0
-    logits[0, 1, targets[0]["labels"][0]] = logits[0, 3, targets[0]["labels"][1]] = logits[1, 2, targets[1]["labels"][0]] = 5.0
-    losses = T.detr_loss(logits, boxes, targets, w_class, eos_coef)
-    torch.testing.assert_close(losses["loss_l1"], torch.tensor(0.0))
-    torch.testing.assert_close(losses["loss_giou"], torch.tensor(0.0), atol=1e-6, rtol=0)
-    target_classes = torch.full((2, 4), 3)
-    target_classes[0, 1], target_classes[0, 3] = targets[0]["labels"]
-    target_classes[1, 2] = targets[1]["labels"][0]
-    weight = torch.tensor([1.0, 1.0, 1.0, eos_coef])
-    logp = logits.log_softmax(-1)
-    nll = -logp.gather(-1, target_classes[..., None])[..., 0] * weight[target_classes]
-    torch.testing.assert_close(losses["loss_ce"], nll.sum() / weight[target_classes].sum())
-    torch.testing.assert_close(losses["loss"], losses["loss_ce"] * w_class, atol=1e-6, rtol=0)
-
-
-def _slow_ap50(preds, gts, num_classes):
-    """VOC all-point AP from its definition: the area under the precision envelope."""
-    aps = []
-    for c in range(num_classes):
-        gt = [[bx for bx, lb in zip(g["boxes"], g["labels"]) if int(lb) == c] for g in gts]
-        n_gt = sum(len(x) for x in gt)
-        if n_gt == 0:
-            continue
-        dets = sorted(
-            ((float(s), i, bx) for i, p in enumerate(preds) for s, lb, bx in zip(*p) if int(lb) == c),
-            key=lambda d: -d[0],
-        )
-        used = [[False] * len(x) for x in gt]
-        points = []  # (recall, precision) after each detection
-        tp = 0
-        for k, (_, i, bx) in enumerate(dets, start=1):
-            best, best_j = 0.0, -1
-            for j, g in enumerate(gt[i]):
-                iou = float(box_iou(bx[None], g[None])[0, 0])
-                if iou > best:
-                    best, best_j = iou, j
-            if best >= 0.5 and not used[i][best_j]:
-                used[i][best_j] = True
-                tp += 1
-            points.append((tp / n_gt, tp / k))
-        ap, prev_r = 0.0, 0.0
-        for r, _ in points:
-            if r > prev_r:
-                ap += (r - prev_r) * max(p for rr, p in points if rr >= r)
-                prev_r = r
-        aps.append(ap)
-    return sum(aps) / len(aps)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_average_precision_against_reference(seed):
-    g = torch.Generator().manual_seed(seed)
-    gts = [{"labels": t["labels"], "boxes": box_convert(t["boxes"], "cxcywh", "xyxy")} for t in (_random_targets(g, 3) for _ in range(4))]
-    preds = []
-    for gt in gts:  # jittered copies of the truth (some hits, some misses) and random boxes
-        noisy = gt["boxes"] + torch.randn(3, 4, generator=g) * 0.04
-        extra = _random_targets(g, 2)
-        boxes = torch.cat([noisy, box_convert(extra["boxes"], "cxcywh", "xyxy")])
-        labels = torch.cat([gt["labels"], extra["labels"]])
-        preds.append((torch.rand(5, generator=g), labels, boxes))
-    got = T.average_precision(preds, gts, 3)
-    torch.testing.assert_close(torch.tensor(got), torch.tensor(_slow_ap50(preds, gts, 3)), rtol=1e-12, atol=1e-12)
-    perfect = [(torch.ones(3), gt["labels"], gt["boxes"]) for gt in gts]
-    assert T.average_precision(perfect, gts, 3) == 1.0
-
-
-def test_position_arms():
-    nested = vispos.nested_tensor_from_tensor_list([torch.randn(64, 5, 7), torch.randn(64, 3, 4)])
-    grid = T.make_position_embedding("grid", 32)
-    torch.testing.assert_close(grid(nested), vispos.PositionalEncodingPermute2D(64)(nested.tensors), rtol=0, atol=0)
-    unmasked = vispos.NestedTensor(nested.tensors, None)
-    torch.testing.assert_close(grid(nested), grid(unmasked), rtol=0, atol=0)  # blind to the mask
-    sine = T.make_position_embedding("sine", 32)
-    torch.testing.assert_close(sine(nested), vispos.PositionEmbeddingSine(32, normalize=True)(nested.mask))
-    assert not torch.equal(sine(nested)[1], sine(unmasked)[1])  # follows the mask
-    zero = T.make_position_embedding("none", 32)(nested, dtype=torch.float64)
-    torch.testing.assert_close(zero, torch.zeros(2, 64, 5, 7, dtype=torch.float64), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="pos must be one of .* got 'learned'"):
-        T.make_position_embedding("learned", 32)
-
-
-def test_small_detr_output_shapes():
-    torch.manual_seed(0)
-    model = T.SmallDetr("sine", 3, "test_resnet", 3, 32, 5, 1, 1, 4, 64).eval()
-    nested = vispos.nested_tensor_from_tensor_list([torch.randn(3, 64, 48), torch.randn(3, 40, 64)])
-    logits, boxes = model(nested)
-    assert logits.shape == (2, 5, 4) and boxes.shape == (2, 5, 4)
-    assert ((boxes > 0) & (boxes < 1)).all()
-    per_layer = model(nested, aux=True)  # one (logits, boxes) per decoder layer, last = forward()
-    assert len(per_layer) == 1
-    torch.testing.assert_close(per_layer[-1][0], logits)
-    torch.testing.assert_close(per_layer[-1][1], boxes)

@@ -105,7 +105,7 @@ def test_cli_plot_rope_kinds(tmp_path, capsys, argv):
 @pytest.mark.parametrize("argv, match", [
     (["plot", "rope", "--encoder", "RotaryEmbedding", "--kw", "dim=8"], "rope draws a 2D DinoV3RotaryEmbedding"),
     (["plot", "rope", "--kw", "dim=24", "num_axes=3"], "rope draws a 2D"),
-    (["plot", "rope", "--stride", "0"], "--stride must be >= 1"),
+    (["plot", "rope", "--stride", "0"], "--stride must be from 1 to 1024, got 0"),
 ])
 def test_cli_plot_rope_errors(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)

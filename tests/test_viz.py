@@ -400,11 +400,13 @@ def test_cli_plot_config_and_default(tmp_path, capsys, monkeypatch):
         (["plot", "similarity", "--queries", "a,b"], "--queries expects comma-separated ints"),
         (["plot", "similarity", "--queries", "40,1"], "must index a cell"),
         (["plot", "channels", "--shape", "2", "2", "2"], "channels draws a 1D or 2D grid"),
+        (["plot", "channels", "--encoder", "PositionalEncoding1D", "--kw", "channels=8", "--shape", "4", "4"],
+         r"PositionalEncoding1D encodes 1 spatial axes, got shape \(4, 4\)"),
         (["plot", "curves", "--shape", "4", "4"], "curves draws a 1D grid"),
         (["plot", "curves", "--channels", "999"], "channels must index"),
         (["plot", "rotary", "--encoder", "PositionEmbeddingSine"], "rotary must be a RotaryEmbedding"),
         (["plot", "wavelengths", "--num-feats", "7"], "num_feats must be a positive even int"),
-        (["plot", "coords", "--stride", "0"], "--stride must be >= 1"),
+        (["plot", "coords", "--stride", "0"], "--stride must be from 1 to 1024, got 0"),
         (["plot", "similarity", "--out", "figure.jpg"], "--out must name a .png file"),
         (["plot", "similarity", "--out", "/nonexistent-dir/x.png"], "folder '/nonexistent-dir' does not exist"),
         (["plot", "similarity", "--config", "missing.yaml"], "does not exist"),
@@ -426,6 +428,44 @@ def test_cli_plot_errors(tmp_path, capsys, monkeypatch, argv, match):
     assert err.startswith("vispos: error: ") and err.count("\n") == 1
     assert re.search(match, err), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["channels", "--shape", "1000000"], r"--shape 1000000 has 1,000,000 cells; vispos plot draws at most 262,144"),
+        (["similarity", "--shape", "20000", "20000"], r"--shape 20000 20000 has 400,000,000 cells"),
+        (["similarity", "--shape", "200", "200", "200"], r"--shape 200 200 200 has 8,000,000 cells"),
+        (["channels", "--dpi", "100000"], r"--dpi must be from 10 to 1200, got 100000"),
+        (["channels", "--shape", "512", "512", "--kw", "num_pos_feats=1024"],
+         r"--shape 512 512 with 2048 channels needs 2,048 MiB for the encoding; at most 256 MiB"),
+        (["channels", "--shape", "64", "64", "--channels", *map(str, range(64)), "--dpi", "1200"],
+         r"--dpi 1200 would render a 12,480x44,640-pixel figure, more than 67,108,864 pixels; give --dpi 416 or less"),
+        (["curves", "--channels", *map(str, range(65))], r"--channels takes at most 64 values, got 65"),
+        (["similarity", "--queries", *["1,1"] * 17], r"--queries takes at most 16 values, got 17"),
+        (["wavelengths", "--temperatures", *["2"] * 17], r"--temperatures takes at most 16 values, got 17"),
+        (["wavelengths", "--num-feats", "1000000"], r"--num-feats must be from 2 to 65536, got 1000000"),
+        (["rotary", "--length", "100000"], r"--length must be from 2 to 4096, got 100000"),
+        (["rotary", "--length", "4096", "--kw", "dim=100000"], r"--length 4096 with a rotary dim of 100000 needs 3,189 MiB"),
+        (["batch", "--samples", *["astronaut"] * 17], r"--samples takes at most 16 values, got 17"),
+        (["batch", "--max-size", "100000"], r"--max-size must be from 8 to 4096, got 100000"),
+    ],
+)
+def test_cli_plot_bounds_are_checked_before_any_work(tmp_path, capsys, monkeypatch, argv, match):
+    """Issue 26 item 11: --shape 1000000 grew past 2.5 GB, --dpi 100000 ended in
+    std::bad_alloc, --shape 20000 20000 asked for hundreds of GB. Each bound is derived from the
+    arguments and answered (exit 2, the flag named) before the encoding or the canvas exists."""
+    import re
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    assert main(["plot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vispos: error: ") and err.count("\n") == 1
+    assert re.search(match, err), err
+    assert list(tmp_path.iterdir()) == []
+    assert time.perf_counter() - start < 30
 
 
 def test_cli_plot_bad_kind_exits_2(capsys):

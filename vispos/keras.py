@@ -37,6 +37,8 @@ References:
 
 from __future__ import annotations
 
+import sys
+
 try:
     import keras
     from keras import ops
@@ -95,8 +97,13 @@ class _TFGridEncoding(keras.layers.Layer):
         Returns:
             Tensor[B, *S, C]: in the layer's compute dtype.
         """
+        _refuse_ragged(inputs, type(self).__name__)
         self._check_shape(_static_shape(inputs))
         return self._table(ops.shape(inputs))
+
+    def compute_output_spec(self, inputs):
+        _refuse_ragged(inputs, type(self).__name__)  # keras.Input(ragged=True): at model build
+        return super().compute_output_spec(inputs)
 
     def compute_output_shape(self, input_shape):
         shape = tuple(input_shape)
@@ -152,6 +159,23 @@ class _TFGridEncoding(keras.layers.Layer):
         return ops.broadcast_to(ops.expand_dims(table, 0), (batch, *spatial, self.org_channels))
 
 
+def _refuse_ragged(inputs, name: str) -> None:
+    """``TypeError`` for a ragged input (``tf.RaggedTensor``, or a ``keras.Input(ragged=True)``
+    placeholder): its rows have no common shape for the encoding to follow."""
+    tf = sys.modules.get("tensorflow")
+    ragged = getattr(inputs, "ragged", False) is True or (
+        tf is not None and isinstance(inputs, tf.RaggedTensor)
+    )
+    if ragged:
+        raise TypeError(
+            f"{name} does not take ragged input (tf.RaggedTensor or keras.Input(ragged=True)), "
+            f"got {type(inputs).__name__} of shape {tuple(inputs.shape)}: pad it to a dense tensor "
+            "first, e.g. x.to_tensor() (keep x.row_lengths() to mask the padding). Padding at the "
+            "end leaves the encoding of every valid position unchanged (positions are counted "
+            "from 0 at the start of each axis)"
+        )
+
+
 def _static_shape(inputs) -> tuple:
     if not hasattr(inputs, "shape"):
         raise TypeError(
@@ -196,7 +220,9 @@ _CLASS_DOC = """Sinusoidal {n}D encoding of a channel-last tensor, as ``position
           tensor per call.
 
     Raises:
-        TypeError: ``channels`` is not an int; ``dtype`` is not floating; the input has no ``shape``.
+        TypeError: ``channels`` is not an int; ``dtype`` is not floating; the input has no
+            ``shape``; the input is ragged (``tf.RaggedTensor``, ``keras.Input(ragged=True)``):
+            pad it first (``x.to_tensor()``).
         ValueError: ``channels`` <= 0; the input does not have
             {rank} dims, or has another channel count than ``channels``.
 
@@ -253,7 +279,8 @@ class TFSummer(keras.layers.Layer):
         - output: the same shape and dtype, a new tensor.
 
     Raises:
-        TypeError: ``penc`` is not a Keras layer; the input is not floating.
+        TypeError: ``penc`` is not a Keras layer; the input is not floating, or ragged (pad it
+            first: ``x.to_tensor()``).
         ValueError: the encoding's shape differs from the input's (the package: ``assert``).
 
     References:
@@ -276,6 +303,7 @@ class TFSummer(keras.layers.Layer):
         Returns:
             Tensor[B, *S, C]: in ``inputs``' dtype.
         """
+        _refuse_ragged(inputs, "TFSummer")
         inputs = ops.convert_to_tensor(inputs)
         dtype = keras.backend.standardize_dtype(inputs.dtype)
         if "float" not in dtype:
@@ -297,6 +325,7 @@ class TFSummer(keras.layers.Layer):
         self.built = True
 
     def compute_output_spec(self, inputs):
+        _refuse_ragged(inputs, "TFSummer")
         self.penc.compute_output_spec(inputs)  # validates rank and channels
         return keras.KerasTensor(inputs.shape, dtype=inputs.dtype)
 

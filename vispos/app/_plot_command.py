@@ -28,6 +28,7 @@ only builds the figure and writes it.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
@@ -57,6 +58,23 @@ KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
 }
 
 _DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48), "rope-periods": (32, 32)}
+
+# Upper bounds, checked from the arguments before anything is computed or drawn. Beyond them a
+# figure shows nothing more (a cell would be smaller than a pixel of the default canvas) and the
+# memory asked for grows without limit (issue 26: --shape 20000 20000 asked for hundreds of GB,
+# --dpi 100000 ended in std::bad_alloc).
+#: --shape: cells of the grid (512 x 512, 64 x 64 x 64, or 262,144 positions)
+MAX_CELLS = 2**18
+#: the encoding of the grid (or the rotary scores), float32, all channels together
+MAX_WORK_BYTES = 256 * 2**20
+#: --dpi: from screen to print resolution
+DPI_RANGE = (10, 1200)
+#: pixels of the rendered figure (width x height at --dpi): 268 MB as RGBA
+MAX_CANVAS_PIXELS = 2**26
+#: most entries of the list flags (each adds a panel, a curve or a line)
+MAX_ENTRIES = {"channels": 64, "queries": 16, "temperatures": 16, "samples": 16, "ladders": 4}
+#: --num-feats (wavelengths), --length (rotary), --max-size and --stride (batch, coords)
+INT_RANGES = {"num_feats": (2, 2**16), "length": (2, 4096), "max_size": (8, 4096), "stride": (1, 1024)}
 
 
 def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -137,7 +155,69 @@ def _shape(args: argparse.Namespace) -> tuple[int, ...]:
     shape = tuple(args.shape) if args.shape else _DEFAULT_SHAPES[args.kind]
     if not 1 <= len(shape) <= 3 or any(s < 1 for s in shape):
         raise CLIError(f"--shape must be 1 to 3 positive ints, got {' '.join(map(str, shape))}")
+    cells = math.prod(shape)
+    if cells > MAX_CELLS:
+        raise CLIError(
+            f"--shape {' '.join(map(str, shape))} has {cells:,} cells; vispos plot draws at most "
+            f"{MAX_CELLS:,} (e.g. 512 512 or 64 64 64): a figure shows no more"
+        )
     return shape
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_plot_args(args: argparse.Namespace) -> None:
+    """Refuses, from the arguments alone, what would draw nothing more or exhaust memory.
+
+    Raises:
+        CLIError: ``--dpi`` outside :data:`DPI_RANGE`; a list flag longer than
+            :data:`MAX_ENTRIES`; an int flag outside :data:`INT_RANGES`; a ``--shape`` with more
+            than :data:`MAX_CELLS` cells. Each message names the flag, the value and the bound.
+    """
+    lo, hi = DPI_RANGE
+    if not lo <= args.dpi <= hi:
+        raise CLIError(f"--dpi must be from {lo} to {hi}, got {args.dpi}")
+    for name, most in MAX_ENTRIES.items():
+        values = getattr(args, name)
+        if values is not None and len(values) > most:
+            raise CLIError(f"{_flag(name)} takes at most {most} values, got {len(values)}")
+    for name, (lo, hi) in INT_RANGES.items():
+        value = getattr(args, name)
+        if not lo <= value <= hi:
+            raise CLIError(f"{_flag(name)} must be from {lo} to {hi}, got {value}")
+    if args.kind in _DEFAULT_SHAPES:
+        _shape(args)
+
+
+def _check_work(encoder: torch.nn.Module, shape: tuple[int, ...]) -> None:
+    """Refuses an encoding of more than :data:`MAX_WORK_BYTES`, measured on one cell (the
+    channel count comes from the encoder's own arguments, ``--kw num_pos_feats=...``)."""
+    from . import figures
+
+    try:
+        channels = figures.encode_grid(encoder, (1,) * len(shape)).shape[0]
+    except (TypeError, ValueError):  # an encoder that cannot take this rank: the real call says so
+        return
+    need = channels * math.prod(shape) * 4
+    if need > MAX_WORK_BYTES:
+        raise CLIError(
+            f"--shape {' '.join(map(str, shape))} with {channels} channels needs "
+            f"{need / 2**20:,.0f} MiB for the encoding; at most {MAX_WORK_BYTES // 2**20} MiB: "
+            "give a smaller --shape or fewer channels"
+        )
+
+
+def _check_canvas(fig, dpi: int) -> None:
+    """Refuses a figure whose rendered canvas would exceed :data:`MAX_CANVAS_PIXELS`."""
+    width, height = (float(v) * dpi for v in fig.get_size_inches())
+    if width * height > MAX_CANVAS_PIXELS:
+        most = int(dpi * math.sqrt(MAX_CANVAS_PIXELS / (width * height)))
+        raise CLIError(
+            f"--dpi {dpi} would render a {width:,.0f}x{height:,.0f}-pixel figure, more than "
+            f"{MAX_CANVAS_PIXELS:,} pixels; give --dpi {most} or less (or fewer panels)"
+        )
 
 
 def _queries(args: argparse.Namespace) -> list[tuple[int, ...]] | None:
@@ -193,10 +273,17 @@ def _figure(args: argparse.Namespace):
     encoder = _encoder(args)
     name = type(encoder).__name__
     if kind == "rotary":
+        from ..encodings import RotaryEmbedding
+
+        dim = encoder.dim if isinstance(encoder, RotaryEmbedding) else 0  # else: the figure refuses it
+        need = (args.length * args.length + 2 * args.length * dim) * 4
+        if need > MAX_WORK_BYTES:
+            raise CLIError(
+                f"--length {args.length} with a rotary dim of {dim} needs {need / 2**20:,.0f} MiB; "
+                f"at most {MAX_WORK_BYTES // 2**20} MiB: give a smaller --length or dim"
+            )
         return figures.plot_rotary_invariance(encoder, args.length)
     if kind == "rope":
-        if args.stride < 1:
-            raise CLIError(f"--stride must be >= 1, got {args.stride}")
         if getattr(encoder, "num_axes", None) != 2 or not hasattr(encoder, "get_batch_embeds"):
             raise CLIError(f"rope draws a 2D DinoV3RotaryEmbedding or MixedRotaryEmbedding, got {name}")
         names, batch = _batch(args)
@@ -209,8 +296,6 @@ def _figure(args: argparse.Namespace):
                 mask[b, top : top + rows, left : left + cols] = False
         return figures.plot_rope_padding(encoder, mask, names=names)
     if kind == "coords":
-        if args.stride < 1:
-            raise CLIError(f"--stride must be >= 1, got {args.stride}")
         _, batch = _batch(args)
         h, w = batch.tensors.shape[-2:]
         mask = interpolate_mask(batch.mask, (max(1, h // args.stride), max(1, w // args.stride)))
@@ -219,6 +304,7 @@ def _figure(args: argparse.Namespace):
             params = {"scale": encoder.scale, "offset": encoder.offset, "eps": encoder.eps}
         return figures.plot_normalized_coords(mask, **params)
     shape = _shape(args)
+    _check_work(encoder, shape)
     spacing = _spacing(args, shape)
     pos = figures.encode_grid(encoder, shape, spacing=None if args.voxel_positions else spacing)
     if kind == "channels":
@@ -255,8 +341,11 @@ def write_plot(args: argparse.Namespace) -> str:
         str: the path written (``--out``, default ``vispos-plot-KIND.png``).
 
     Raises:
-        CLIError, ValueError, TypeError, OSError: a bad argument or file; :func:`vispos.app.cli.main`
-            prints them as one line and exits with 2.
+        CLIError, ValueError, TypeError, OSError: a bad argument or file, or one beyond the
+            bounds of :func:`check_plot_args` (checked before anything is computed), an encoding
+            over :data:`MAX_WORK_BYTES` or a canvas over :data:`MAX_CANVAS_PIXELS` (checked
+            before it is computed or rendered); :func:`vispos.app.cli.main` prints them as one
+            line and exits with 2.
     """
     from .png import save_figure
 
@@ -266,7 +355,8 @@ def write_plot(args: argparse.Namespace) -> str:
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         raise CLIError(f"--out {out!r}: folder {folder!r} does not exist")
-    if args.dpi < 10:
-        raise CLIError(f"--dpi must be >= 10, got {args.dpi}")
-    save_figure(_figure(args), out, dpi=args.dpi)
+    check_plot_args(args)
+    fig = _figure(args)
+    _check_canvas(fig, args.dpi)
+    save_figure(fig, out, dpi=args.dpi)
     return out

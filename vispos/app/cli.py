@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import os
 import statistics
 import sys
@@ -27,6 +28,9 @@ from ._io import Terminated, write_files
 from ._plot_command import add_plot_parser, write_plot
 from .. import caching
 from ..config import build_from_config, load_config
+from .data._args import shrunk_size
+from .data.images import displayed_size
+from .data.volumes import volume_shape
 from .data import (
     SAMPLE_IMAGES,
     VOLUME_NORMALIZATIONS,
@@ -157,6 +161,17 @@ def _write_outputs(folder: str, outputs: list[tuple[str, Any]]) -> None:
 #: upper bounds of the integer flags (each value above is a typo or a way to exhaust memory:
 #: --queries draws one figure panel per query and item, --size-divisibility pads every axis)
 _FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
+#: most inputs of one run (each adds a row of panels to figure.png)
+MAX_INPUTS = 64
+#: most values (items x channels x padded cells) of the padded input batch: 256 MiB as float32.
+#: The backbone holds several times that at its peak (a ResNet-50 about 16x: 4 GB), so a batch
+#: beyond it is refused from the file headers, before anything is decoded (issue 26 item 11)
+MAX_BATCH_VALUES = 2**26
+#: padding to a multiple of --size-divisibility may multiply the batch's cells at most by this
+#: (ViTDet's 1024 on 800x600 photos: 2.2x; --size-divisibility 4096 on a 48x64 photo: 5461x)
+MAX_DIVISIBILITY_GROWTH = 4
+#: pixels of figure.png at most: a figure of many items and levels is drawn at a lower dpi
+MAX_FIGURE_PIXELS = 2**26
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -165,10 +180,86 @@ def _check_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value > limit:
             raise CLIError(f"--{flag.replace('_', '-')} must be <= {limit}, got {value}")
+    if args.size_divisibility < 0:
+        raise CLIError(f"--size-divisibility must be >= 0, got {args.size_divisibility}")
+    if args.max_size is not None and args.max_size < 1:
+        raise CLIError(f"--max-size must be >= 1, got {args.max_size}")
+    if getattr(args, "volume", False) and args.max_size is not None and not 8 <= args.max_size <= 256:
+        raise CLIError(f"--max-size must be from 8 to 256 with --volume (the MNI152 template's "
+                       f"longest axis is 233), got {args.max_size}")
+    for flag in ("images", "volumes", "samples"):
+        given = getattr(args, flag, None)
+        if given is not None and len(given) > MAX_INPUTS:
+            raise CLIError(f"--{flag} takes at most {MAX_INPUTS} files per run (one figure row each), "
+                           f"got {len(given)}; run several times")
     if not args.out.strip():
         raise CLIError("--out must name a folder, got an empty string")
     if args.device.strip().lower().startswith("meta"):
         raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
+
+
+def _padded(shapes: list[tuple[int, ...]], divisor: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The batch's spatial extent (largest item per axis) and that extent padded to a multiple
+    of ``divisor`` (as :func:`~vispos.nested_tensor_from_tensor_list`)."""
+    extent = tuple(max(s[1 + a] for s in shapes) for a in range(len(shapes[0]) - 1))
+    if divisor <= 1:
+        return extent, extent
+    return extent, tuple(-(-e // divisor) * divisor for e in extent)
+
+
+def check_batch(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> None:
+    """Refuses, from the items' shapes ``(C, *S)`` (after ``--max-size``, read from the file
+    headers where possible), a padded batch that cannot fit: ``--size-divisibility`` growing
+    its cells more than :data:`MAX_DIVISIBILITY_GROWTH` times, or more than
+    :data:`MAX_BATCH_VALUES` values. The messages name the flag and the largest value that fits.
+
+    Raises:
+        CLIError: as above.
+    """
+    if not shapes:
+        return
+    extent, padded = _padded(shapes, args.size_divisibility)
+
+    def grows(divisor: int) -> float:
+        return math.prod(_padded(shapes, divisor)[1]) / math.prod(extent)
+
+    def values(items: list[tuple[int, ...]]) -> int:
+        return len(items) * max(s[0] for s in items) * math.prod(_padded(items, args.size_divisibility)[1])
+
+    growth = grows(args.size_divisibility)
+    if growth > MAX_DIVISIBILITY_GROWTH:
+        fits = 1  # the largest divisor such that it and every smaller one fit
+        while fits < args.size_divisibility and grows(fits + 1) <= MAX_DIVISIBILITY_GROWTH:
+            fits += 1
+        raise CLIError(
+            f"--size-divisibility {args.size_divisibility} would pad the batch from {_fmt_size(extent)} "
+            f"to {_fmt_size(padded)} ({growth:,.0f}x its cells, at most {MAX_DIVISIBILITY_GROWTH}x); "
+            f"give --size-divisibility {fits} or less"
+        )
+    total = values(shapes)
+    if total > MAX_BATCH_VALUES:
+        hint = max(1, int(max(extent) * (MAX_BATCH_VALUES / total) ** (1 / len(extent))))
+        while hint > 1 and values([(s[0], *shrunk_size(s[1:], hint)) for s in shapes]) > MAX_BATCH_VALUES:
+            hint -= 1
+        raise CLIError(
+            f"the {len(shapes)} {'inputs make' if len(shapes) > 1 else 'input makes'} a padded batch of {len(shapes)}x{max(s[0] for s in shapes)}x"
+            f"{_fmt_size(padded)} = {total:,} values ({total * 4 / 2**30:.1f} GiB as float32), more "
+            f"than {MAX_BATCH_VALUES:,}; give --max-size {hint} or less, or fewer inputs"
+        )
+
+
+def _check_headers(args: argparse.Namespace) -> None:
+    """:func:`check_batch` on the shapes ``load_images`` / ``load_volumes`` will return, read
+    from the file headers (skipped when one cannot be read: its loader then reports the file)."""
+    if getattr(args, "images", None):
+        sizes = [displayed_size(p) for p in args.images]
+        shapes = [(3, *shrunk_size(s, args.max_size)) for s in sizes if s is not None]
+    else:
+        found = [volume_shape(p) for p in args.volumes]
+        sizes = found
+        shapes = [(s[0], *shrunk_size(s[1:], args.max_size)) for s in found if s is not None]
+    if None not in sizes:
+        check_batch(args, shapes)
 
 
 def _fmt_size(size) -> str:
@@ -254,6 +345,17 @@ def _report(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run
 _IMAGE_DPI, _VOLUME_DPI = 90, 80
 
 
+def _figure_dpi(fig, dpi: int) -> int:
+    """``dpi``, lowered so the rendered canvas holds at most :data:`MAX_FIGURE_PIXELS` (a figure
+    of many items, levels and queries would otherwise need gigabytes to render)."""
+    width, height = (float(v) for v in fig.get_size_inches())
+    fits = int(math.sqrt(MAX_FIGURE_PIXELS / (width * height)))
+    if fits < dpi:
+        print(f"figure.png drawn at {fits} dpi instead of {dpi}: it holds many panels")
+        return max(fits, 1)
+    return dpi
+
+
 def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: _Run) -> None:
     """Writes ``embeddings.pt`` and ``figure.png`` together through :func:`_write_outputs`."""
     from . import figures
@@ -287,11 +389,11 @@ def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: 
         if volume:
             fig = figures.plot_volume_level_similarity(batch.to("cpu"), cpu_levels, cpu_pos, names=names,
                                                        strides=strides)
-            png_writer(fig, _VOLUME_DPI)(path)
+            png_writer(fig, _figure_dpi(fig, _VOLUME_DPI))(path)
         else:
             fig = figures.plot_level_similarity(batch.to("cpu"), cpu_levels, cpu_pos, names=names,
                                                 strides=strides, n_queries=args.queries)
-            png_writer(fig, _IMAGE_DPI)(path)
+            png_writer(fig, _figure_dpi(fig, _IMAGE_DPI))(path)
 
     _write_outputs(args.out, [(emb_path, lambda path: torch.save(saved, path)), (fig_path, write_figure)])
     print(f"wrote {emb_path}")
@@ -299,7 +401,8 @@ def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: 
 
 
 def _execute(args: argparse.Namespace, names: list[str], items: list[torch.Tensor]) -> None:
-    """build -> run -> report -> save."""
+    """check the batch -> build -> run -> report -> save."""
+    check_batch(args, [tuple(t.shape) for t in items])
     cfg, model, device = _build(args)
     run = _run(args, model, device, items)
     _report(args, cfg, names, run, device)
@@ -337,9 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             samples = sample_images(args.samples, max_size=args.max_size)
         elif args.volumes:
+            _check_headers(args)  # before any voxel is read
             samples = [(os.path.basename(p), v) for p, v in zip(
                 args.volumes, load_volumes(args.volumes, normalize=normalize, max_size=args.max_size))]
         else:
+            _check_headers(args)  # before any pixel is decoded
             samples = [(os.path.basename(p), im) for p, im in zip(
                 args.images, load_images(args.images, max_size=args.max_size))]
         _execute(args, [n for n, _ in samples], [t for _, t in samples])

@@ -68,7 +68,9 @@ class BackboneBase(nn.Module):
         - output: list of NestedTensor ``(B, num_channels[l], *S_l)``.
 
     Raises:
-        TypeError: ``x`` is not a NestedTensor.
+        TypeError: ``x`` is not a NestedTensor; ``x.tensors`` is an integer tensor (convert and
+            normalize images first), or floating of another dtype than the weights outside
+            ``torch.autocast``.
         ValueError: ``x.tensors`` has another rank or channel count, or is on another device.
 
     References:
@@ -93,6 +95,7 @@ class BackboneBase(nn.Module):
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
         _check_device(tensors, self.body)
+        _check_dtype(tensors, self.body)
         return [x.with_features(f) for f in self._features(tensors)]
 
 
@@ -105,6 +108,39 @@ def _check_device(tensors: Tensor, module: nn.Module) -> None:
             f"x is on {tensors.device} but the backbone's weights are on {param.device}; move the "
             f"model with .to({str(tensors.device)!r}) or the batch with x.to({str(param.device)!r})"
         )
+
+
+_AUTOCAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_dtype(tensors: Tensor, module: nn.Module) -> None:
+    """Raises ``TypeError`` when ``tensors`` cannot go through ``module``'s weights as they are
+    (torch would otherwise fail inside the first convolution with "expected scalar type Byte but
+    found Float"): an integer batch always (images must be converted to float and normalized
+    first), a floating batch of another dtype than the weights unless ``torch.autocast`` is on
+    for its device and both are float32 / float16 / bfloat16 (autocast then casts them)."""
+    param = next((p for p in module.parameters() if p.is_floating_point()), None)
+    if param is None or tensors.dtype == param.dtype:
+        return
+    if not tensors.is_floating_point():
+        raise TypeError(
+            f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; "
+            "convert the images to float and normalize them first, e.g. "
+            "torchvision.transforms.v2.ToDtype(torch.float32, scale=True) then Normalize(mean, std) "
+            "(or x.tensors.float() / 255)"
+        )
+    device_type = tensors.device.type
+    if (
+        torch.is_autocast_enabled(device_type)
+        and tensors.dtype in _AUTOCAST_DTYPES
+        and param.dtype in _AUTOCAST_DTYPES
+    ):
+        return
+    raise TypeError(
+        f"x.tensors has dtype {tensors.dtype} but the backbone's weights are {param.dtype}; cast "
+        f"the batch with x.to({param.dtype}) or the model with .to({tensors.dtype}), or run under "
+        f"torch.autocast({device_type!r}) (float32, float16 and bfloat16 only)"
+    )
 
 
 @torch.no_grad()

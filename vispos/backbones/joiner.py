@@ -11,6 +11,8 @@ References:
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -19,6 +21,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .._checks import check_bool, check_int
+from ..encodings.grid import _GridEncoding
 from ..nested_tensor import NestedTensor
 from ..padding import Padding, valid_ratios
 from .base import Backbone, SpatialPositionEmbedding
@@ -162,6 +165,30 @@ def unflatten_levels(seq: Tensor, spatial_shapes_list: Sequence[Sequence[int]]) 
     return out
 
 
+def _grid_layout(module: nn.Module) -> tuple[int, bool] | None:
+    """``(n_spatial, channels_first)`` of a ``positional-encodings``-style grid encoding (vispos'
+    own, or the ``positional_encodings`` package's when it is imported), else None. Such a module
+    maps a tensor (not a NestedTensor) to an encoding of its shape and takes no ``dtype``."""
+    if isinstance(module, _GridEncoding):
+        return module.n_spatial, module._channels_first
+    peer = sys.modules.get("positional_encodings.torch_encodings")
+    for n in (1, 2, 3):
+        for permute in (False, True):
+            cls = getattr(peer, f"PositionalEncoding{'Permute' if permute else ''}{n}D", None)
+            if cls is not None and isinstance(module, cls):
+                return n, permute
+    return None
+
+
+def _takes_dtype(module: nn.Module) -> bool:
+    """Whether ``module.forward`` accepts a ``dtype=`` keyword (DETR's own embeddings do not)."""
+    try:
+        params = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: assume vispos' convention
+        return True
+    return any(p.name == "dtype" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def _scale_stride(stride: Any, factor: int) -> Any:
     if isinstance(stride, tuple):
         return tuple(s * factor for s in stride)
@@ -188,10 +215,15 @@ class Joiner(nn.Module):
             :class:`~vispos.backbones.TorchvisionBackbone`, :class:`~vispos.backbones.VolumeBackbone`)
             is needed for ``hidden_dim``; any other module is taken as a 2D backbone (DETR).
         position_embedding (nn.Module): maps a NestedTensor level to ``Tensor[B, C_pos, *S_l]``
-            (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's dtype.
-            When it reports ``out_channels(n_axes)``
+            (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's dtype
+            when its ``forward`` takes that keyword (DETR's own embeddings do not: their output
+            is cast to the level's dtype). When it reports ``out_channels(n_axes)``
             (:class:`~vispos.backbones.base.SpatialPositionEmbedding`), ``hidden_dim`` is checked
-            against it.
+            against it. A channels-first grid encoding
+            (:class:`~vispos.PositionalEncodingPermute2D` / ``3D``, or the
+            ``positional_encodings`` package's own) is called on the level's tensor instead (0-based
+            positions from the top-left corner, so the valid cells of a padded item get the
+            positions they have alone); its ``org_channels`` must equal every level's channels.
         hidden_dim (int, optional): project every level to this many channels. Default None (no
             projection, DETR). Must equal the embedding's ``out_channels(n_spatial)``.
         num_feature_levels (int, optional): total levels with ``hidden_dim``; the ones beyond the
@@ -215,10 +247,13 @@ class Joiner(nn.Module):
 
     Raises:
         TypeError: ``backbone`` or ``position_embedding`` is not an ``nn.Module``; non-int sizes;
-            the backbone returns something other than NestedTensors.
+            the backbone returns something other than NestedTensors; a channel-last grid
+            encoding (``PositionalEncoding2D``: the levels are channels-first, use its Permute
+            twin).
         ValueError: ``num_feature_levels`` / ``level_embed`` without ``hidden_dim``; fewer levels
             than the backbone gives; extra levels without ``input_proj``; ``hidden_dim`` not
-            divisible by ``num_groups`` or not equal to the embedding's channels.
+            divisible by ``num_groups`` or not equal to the embedding's channels; a grid
+            encoding of another number of axes or channels than the levels.
 
     Note:
         GroupNorm takes its statistics over every cell, padding included, as in Deformable-DETR, so
@@ -290,6 +325,12 @@ class Joiner(nn.Module):
                         f"hidden_dim={hidden_dim} must equal the position embedding's channels "
                         f"({type(position_embedding).__name__}.out_channels({self.n_spatial}) = {channels})"
                     )
+        self._grid = _grid_layout(position_embedding)
+        if self._grid is not None:
+            self._check_grid_encoding(
+                position_embedding, back_channels, hidden_dim if input_proj else None
+            )
+        self._pass_dtype = self._grid is None and _takes_dtype(position_embedding)
         self.hidden_dim = hidden_dim
         self.num_feature_levels = n_levels
         self.num_groups = num_groups
@@ -319,6 +360,45 @@ class Joiner(nn.Module):
         if want_embed:
             self.level_embed = nn.Parameter(torch.empty(n_levels, hidden_dim))
             nn.init.normal_(self.level_embed)
+
+    def _check_grid_encoding(self, enc: nn.Module, back_channels: list[int], hidden_dim: int | None) -> None:
+        n, channels_first = self._grid
+        name = type(enc).__name__
+        if not channels_first:
+            raise TypeError(
+                f"position_embedding={name}(...) takes channel-last input (B, *S, C), but the "
+                f"Joiner's levels are channels-first (B, C, *S): use PositionalEncodingPermute{n}D"
+                f"({enc.org_channels}) instead"
+            )
+        if n != self.n_spatial:
+            raise ValueError(
+                f"position_embedding={name}(...) encodes {n} spatial axes, but the backbone's "
+                f"levels have {self.n_spatial}; use PositionalEncodingPermute{self.n_spatial}D"
+            )
+        level_channels = [hidden_dim] if hidden_dim is not None else back_channels
+        wrong = sorted({c for c in level_channels if c != enc.org_channels})
+        if wrong:
+            raise ValueError(
+                f"position_embedding={name}({enc.org_channels}) must have the levels' channels, "
+                f"but they have {level_channels}; build it with channels={level_channels[0]}"
+                + ("" if hidden_dim is not None else " or give the Joiner a hidden_dim")
+            )
+
+    def _embed(self, level: NestedTensor) -> Tensor:
+        """The position embedding of one level, in the level's dtype."""
+        dtype = level.tensors.dtype
+        if self._grid is not None:
+            channels = self.position_embedding.org_channels
+            if level.tensors.shape[1] != channels:  # an undescribed backbone, checked here
+                raise ValueError(
+                    f"position_embedding={type(self.position_embedding).__name__}({channels}) got "
+                    f"a level of {level.tensors.shape[1]} channels (shape "
+                    f"{tuple(level.tensors.shape)}); build it with that many channels"
+                )
+            return self.position_embedding(level.tensors).to(dtype)
+        if self._pass_dtype:
+            return self.position_embedding(level, dtype=dtype)
+        return self.position_embedding(level).to(dtype)
 
     @property
     def num_channels(self) -> list[int]:
@@ -357,7 +437,7 @@ class Joiner(nn.Module):
             for proj in list(self.input_proj)[n_back:]:
                 source = proj(source)
                 features.append(x.with_features(source))
-        pos = [self.position_embedding(f, dtype=f.tensors.dtype) for f in features]
+        pos = [self._embed(f) for f in features]
         return features, pos
 
     def flatten(self, features: Sequence[NestedTensor], pos: Sequence[Tensor]) -> FlatLevels:

@@ -12,10 +12,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
+from ._pretrained import cached_timm_weights
 from .base import BackboneBase
 
 __all__ = ["TimmBackbone"]
@@ -33,8 +34,12 @@ class TimmBackbone(BackboneBase):
         out_indices (sequence of int): feature levels to return, timm's indices (for ResNets
             ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32). Default ``(4,)``: the
             last level, as DETR uses.
-        pretrained (bool): ask timm for its pretrained weights. Default False; vispos itself
-            never downloads, so True needs timm's cache or network access.
+        pretrained (bool): load timm's pretrained weights from where timm caches them on this
+            machine (the Hugging Face hub cache, or the torch hub cache for weights timm fetches
+            by URL). Default False. Nothing is downloaded: weights that are not cached raise
+            ``FileNotFoundError`` at once, naming the places looked at (on a machine with network
+            access, ``timm.create_model(model_name, pretrained=True)`` fills the cache; or save
+            the weights once and pass them as ``checkpoint_path``).
         checkpoint_path (str, optional): a local ``.pt`` / ``.pth`` / ``.safetensors`` state dict
             to load (wrapper prefixes such as ``module.`` or DETR's ``backbone.0.body.`` are
             stripped). Keys the backbone lacks (e.g. a classifier head) are reported in
@@ -64,13 +69,16 @@ class TimmBackbone(BackboneBase):
 
     Raises:
         TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints; a
-            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``train_backbone`` /
-            ``frozen_batch_norm``; ``forward`` is given anything but a NestedTensor.
+            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``pretrained`` /
+            ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
+            NestedTensor.
         ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
             model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
             checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
-            than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes.
-        FileNotFoundError: ``checkpoint_path`` does not exist.
+            than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
+            ``pretrained=True`` for a model timm has no weights for.
+        FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
+            weights for ``model_name`` are not cached on this machine.
 
     References:
         timm ``features_only`` / ``FeatureInfo``; DETR ``models/backbone.py``.
@@ -100,11 +108,15 @@ class TimmBackbone(BackboneBase):
             check_int(index, f"out_indices[{i}]")
         if len(out_indices) == 0:
             raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        check_bool(pretrained, "pretrained")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
+        extra: dict[str, Any] = {}
+        if pretrained:  # from the local cache only: timm alone would retry the network for ~50 s
+            extra["pretrained_cfg_overlay"] = {"file": cached_timm_weights(model_name), "source": "timm"}
         try:
             self.body = timm.create_model(
                 model_name,
@@ -112,6 +124,7 @@ class TimmBackbone(BackboneBase):
                 features_only=True,
                 out_indices=tuple(out_indices),
                 in_chans=in_chans,
+                **extra,
             )
         except (IndexError, AssertionError, ValueError) as exc:
             raise ValueError(

@@ -20,6 +20,7 @@ from torch import nn
 from .._checks import check_bool
 from ._freezing import check_freeze_args
 from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
+from ._pretrained import cached_torchvision_weights
 
 __all__ = ["TorchvisionBackbone"]
 
@@ -46,8 +47,11 @@ class TorchvisionBackbone(GraphBackbone):
             (strides 4..32, DETR's segmentation setting) instead of ``layer4`` alone. Default False.
         dilation (bool): replace the last stage's stride by dilation (DETR's DC5: ``layer4`` at
             stride 16). Only with a model name from the ResNet family.
-        weights (str, optional): torchvision weights name passed to ``get_model``. Default None
-            (random); anything else may download unless torchvision's cache holds it.
+        weights (str, optional): torchvision weights name passed to ``get_model`` (``"DEFAULT"``,
+            ``"IMAGENET1K_V1"``, ...). Default None (random). Read from the torch hub cache only
+            (``torch.hub.get_dir()/checkpoints``): nothing is downloaded, and weights that are not
+            cached raise ``FileNotFoundError`` at once, naming the file and how to pass
+            ``checkpoint_path`` instead.
         checkpoint_path (str, optional): a local state dict to load (prefixes such as DETR's
             ``backbone.0.body.`` are stripped); see ``load_report``.
         in_chans (int, optional): input channels; the stem convolution is adapted (mean of its
@@ -77,8 +81,10 @@ class TorchvisionBackbone(GraphBackbone):
         ValueError: an unknown model name; a node not in the model (the message lists the
             top-level nodes); ``dilation`` with a model instance or a model that does not take
             it; a bad ``frozen_stages``; wrong input shape, or an input on another device than
-            the weights; a corrupt checkpoint or one missing weights.
-        FileNotFoundError: ``checkpoint_path`` does not exist.
+            the weights; a corrupt checkpoint or one missing weights; ``weights`` that are not the
+            model's.
+        FileNotFoundError: ``checkpoint_path`` does not exist; ``weights`` are not in the torch
+            hub cache.
 
     References:
         torchvision ``create_feature_extractor``; Carion et al., End-to-End Object Detection with
@@ -119,8 +125,9 @@ class TorchvisionBackbone(GraphBackbone):
                 )
             if dilation:
                 kwargs["replace_stride_with_dilation"] = [False, False, True]
+            resolved = cached_torchvision_weights(name_or_model, weights)  # never downloads
             try:
-                model = torchvision.models.get_model(name_or_model, weights=weights, **kwargs)
+                model = torchvision.models.get_model(name_or_model, weights=resolved, **kwargs)
             except (TypeError, ValueError, NotImplementedError) as exc:
                 raise ValueError(f"cannot build {name_or_model!r} with {kwargs}: {exc}") from None
             self.model_name = name_or_model

@@ -16,6 +16,7 @@ from torch import nn
 from .._checks import check_int, check_sizes
 from ._freezing import check_freeze_args
 from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
+from ._pretrained import cached_torchvision_weights
 from ._stems import first_conv
 
 __all__ = ["VolumeBackbone", "VOLUME_MODELS"]
@@ -44,7 +45,8 @@ class VolumeBackbone(GraphBackbone):
         stem_stride (int | tuple[int, int, int], optional): stride of the stem's first
             convolution (torchvision: ``(1, 2, 2)``). Default None: unchanged.
         weights (str, optional): torchvision weights name (Kinetics-400); default None (random).
-            Anything else may download unless torchvision's cache holds it.
+            Read from the torch hub cache only: nothing is downloaded (``FileNotFoundError``
+            when the file is not cached).
         checkpoint_path (str, optional): a local state dict (3- or ``in_chans``-channel stem);
             see ``load_report``.
         train_backbone (bool), frozen_stages (int), frozen_batch_norm (bool): as in
@@ -70,8 +72,10 @@ class VolumeBackbone(GraphBackbone):
         ValueError: an unknown name (the message lists :data:`VOLUME_MODELS`); a model without a
             ``Conv3d`` stem; ``weights`` with a built model; unknown nodes; a ``stem_stride`` of
             another length than 3 or with a non-positive entry; ``in_chans`` <= 0; a bad
-            ``frozen_stages``; wrong input shape; a checkpoint missing weights.
-        FileNotFoundError: ``checkpoint_path`` does not exist.
+            ``frozen_stages``; wrong input shape; a checkpoint missing weights; ``weights`` that are
+            not the model's.
+        FileNotFoundError: ``checkpoint_path`` does not exist; ``weights`` are not in the torch
+            hub cache.
 
     References:
         Tran et al., CVPR 2018; torchvision ``models/video/resnet.py``.
@@ -103,7 +107,8 @@ class VolumeBackbone(GraphBackbone):
                     f"name_or_model {name_or_model!r} is not a supported 3D model; expected one of "
                     f"{VOLUME_MODELS} or an nn.Module"
                 )
-            model = torchvision.models.get_model(name_or_model, weights=weights)
+            resolved = cached_torchvision_weights(name_or_model, weights)  # never downloads
+            model = torchvision.models.get_model(name_or_model, weights=resolved)
             self.model_name = name_or_model
         elif isinstance(name_or_model, nn.Module):
             if weights is not None:

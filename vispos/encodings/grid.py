@@ -90,7 +90,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         check_int(channels, "channels", minimum=1)
         check_bool(cache, "cache")
         check_bool(zero_copy, "zero_copy")
-        self.dtype_override = check_float_dtype(dtype_override, "dtype_override", optional=True)
+        self._dtype_override = check_float_dtype(dtype_override, "dtype_override", optional=True)
         budget = check_max_bytes(cache_bytes, "cache_bytes")
         self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
         self.zero_copy = zero_copy
@@ -100,6 +100,16 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         self.cached_penc: Tensor | None = None
         self.register_buffer("inv_freq", None, persistent=False)
         self.org_channels = channels
+
+    @property
+    def dtype_override(self) -> torch.dtype | None:
+        """The output dtype (None: the input's); assigning it is checked as in the constructor."""
+        return self._dtype_override
+
+    @dtype_override.setter
+    def dtype_override(self, dtype: torch.dtype | None) -> None:
+        self._dtype_override = check_float_dtype(dtype, "dtype_override", optional=True)
+        self.cached_penc = None
 
     @property
     def org_channels(self) -> int:
@@ -375,7 +385,9 @@ class FixEncoding(nn.Module):
 
     The table is built at construction (on the CPU, in ``encoding.dtype_override`` or float32 —
     the package's behaviour: it does not follow the input's dtype) and rebuilt once per other
-    device it meets. ``forward`` only checks the input and broadcasts the table over the batch.
+    device it meets, and once after ``encoding.org_channels``, ``encoding.dtype_override`` or
+    ``shape`` is assigned (the package kept the table of the old settings). ``forward`` only checks
+    the input and broadcasts the table over the batch.
 
     Args:
         encoding (PositionalEncoding{1,2,3}D or PositionalEncodingPermute{1,2,3}D): the
@@ -407,17 +419,29 @@ class FixEncoding(nn.Module):
                 "encoding must be a PositionalEncoding{1,2,3}D or "
                 f"PositionalEncodingPermute{{1,2,3}}D, got {type(encoding).__name__}"
             )
-        shape = check_sizes(shape, "shape", ranks=(encoding.n_spatial,))  # the spatial shape only
         self.pos_encoder = encoding
-        self.shape = tuple(shape)
-        self.dim = encoding.n_spatial
-        self._dtype = encoding.dtype_override or torch.float32
-        # one table per device, whatever its size: the shape is fixed by the caller
+        # one table per (device, shape, channels, dtype), whatever its size (the caller fixed
+        # the shape): settings assigned later are followed, never answered from a stale table
         self._tables = TensorCache(4, max_bytes=None, admit_at=1)
-        self._tables.lookup(torch.device("cpu"), lambda: self._build(torch.device("cpu")))
+        self.shape = shape
+        self._lookup(torch.device("cpu"))
 
-    def _build(self, device: torch.device) -> Tensor:
-        return self.pos_encoder._table(self.shape, device, self._dtype)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """tuple[int, ...]: the fixed spatial shape ``S``; assignments are checked."""
+        return self._shape
+
+    @shape.setter
+    def shape(self, shape: Sequence[int]) -> None:
+        n = self.pos_encoder.n_spatial
+        self._shape = check_sizes(shape, "shape", ranks=(n,))  # the spatial shape only
+        self.dim = n
+
+    def _lookup(self, device: torch.device) -> tuple[Tensor, bool]:
+        enc = self.pos_encoder
+        dtype = enc.dtype_override or torch.float32
+        key = (device, self._shape, enc.org_channels, dtype)
+        return self._tables.lookup(key, lambda: enc._table(self._shape, device, dtype))
 
     def forward(self, tensor: Tensor) -> Tensor:
         enc = self.pos_encoder
@@ -436,8 +460,7 @@ class FixEncoding(nn.Module):
                 f"FixEncoding was built for inputs (B, {', '.join(map(str, expected))}) "
                 f"(layout {enc._layout()}), got shape {tuple(tensor.shape)}"
             )
-        device = tensor.device
-        table, shared = self._tables.lookup(device, lambda: self._build(device))
+        table, shared = self._lookup(tensor.device)
         return expand_batch(table, tensor.shape[0], shared=shared, zero_copy=enc.zero_copy)
 
     def extra_repr(self) -> str:

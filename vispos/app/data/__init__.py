@@ -9,6 +9,7 @@ volumes: :mod:`vispos.app.data.volumes`.
 from .images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    IMAGE_FORMATS,
     MAX_IMAGE_PIXELS,
     SAMPLE_IMAGES,
     imagenet_normalize,
@@ -28,6 +29,7 @@ from .volumes import (
 )
 
 __all__ = [
+    "IMAGE_FORMATS",
     "MAX_IMAGE_PIXELS",
     "MAX_VOLUME_VOXELS",
     "IMAGENET_MEAN",

@@ -10,3 +10,14 @@ def check_paths(paths: object) -> None:
     """``paths`` must be a list/tuple of paths (a single str would be read letter by letter)."""
     if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Sequence):
         raise TypeError(f"paths must be a list or tuple of file paths, got {type(paths).__name__} {paths!r:.80}")
+
+
+def shrunk_size(size: Sequence[int], max_size: int | None) -> tuple[int, ...]:
+    """The spatial size after shrinking so the longest axis is at most ``max_size`` (never
+    enlarged): each axis ``max(1, round(s * max_size / longest))``. The one formula of
+    ``load_image(max_size=)``, ``load_volume(max_size=)`` and the CLI's batch bounds."""
+    size = tuple(int(s) for s in size)
+    if max_size is None or not size or max(size) <= max_size:
+        return size
+    ratio = max_size / max(size)
+    return tuple(max(1, round(s * ratio)) for s in size)

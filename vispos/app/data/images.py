@@ -1,13 +1,14 @@
 """Images from files or from scikit-image's shipped sample photos, as float tensors ready to batch.
 
 Nothing is downloaded: the sample photos are the ones scikit-image installs with itself.
-Decoding goes through torchvision (PNG, JPEG, GIF, WebP at their bit depth, EXIF orientation
-applied) or Pillow for other formats; a decompression bomb is refused from its header.
+Decoding goes through TorchCodec (PNG, JPEG, GIF, WebP, AVIF at their bit depth, EXIF orientation
+applied) or Pillow (TIFF, BMP, PNM); a decompression bomb is refused from its header. A damaged
+file raises ``ValueError``: both decoders report damage as exceptions (torchvision's native PNG
+decoder, used before, ended the process on some damaged PNGs, pytorch/vision #3613, #4485).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -16,10 +17,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_file, check_int
-from ._args import check_paths
+from ..._checks import check_bool, check_file, check_int
+from ._args import check_paths, shrunk_size
 
 __all__ = [
+    "IMAGE_FORMATS",
     "MAX_IMAGE_PIXELS",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -41,8 +43,14 @@ SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket")
 #: warning threshold); a larger image is refused from its header, before anything is allocated
 MAX_IMAGE_PIXELS = 89_478_485
 
-#: formats torchvision.io.decode_image reads (8 and 16 bit, EXIF orientation); others go to Pillow
-_TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "GIF", "WEBP"})
+#: formats decoded by TorchCodec (8 and 16 bit; EXIF orientation applied by the decoder);
+#: Pillow's names (``MPO`` is a multi-picture JPEG, as phone cameras write)
+_TORCHCODEC_FORMATS = frozenset({"PNG", "JPEG", "MPO", "GIF", "WEBP", "AVIF"})
+#: formats decoded by Pillow: what TorchCodec does not read (``PPM``: the PBM/PGM/PPM/PFM family)
+_PILLOW_FORMATS = frozenset({"TIFF", "BMP", "PPM"})
+#: the image formats :func:`load_image` reads (Pillow's format names); every one is covered by
+#: the corrupted-file test (tests/test_data_fuzz.py)
+IMAGE_FORMATS = tuple(sorted(_TORCHCODEC_FORMATS | _PILLOW_FORMATS))
 
 
 def _shrink(image: Tensor, max_size: int | None) -> Tensor:
@@ -53,10 +61,9 @@ def _shrink(image: Tensor, max_size: int | None) -> Tensor:
 
     check_int(max_size, "max_size", minimum=1, optional=True)
     h, w = image.shape[-2:]
-    if max_size is None or max(h, w) <= max_size:
+    size = list(shrunk_size((h, w), max_size))
+    if size == [h, w]:
         return image
-    ratio = max_size / max(h, w)
-    size = [max(1, round(h * ratio)), max(1, round(w * ratio))]
     out = resize(image, size, interpolation=InterpolationMode.BILINEAR, antialias=True)
     return out.clamp_(0.0, 1.0)
 
@@ -105,15 +112,19 @@ def load_image(
     """Reads an image file at its stored depth, upright, as float RGB in [0, 1].
 
     The header is read first (Pillow, lazily): an image larger than ``max_pixels`` is refused
-    before any pixel is decoded. PNG, JPEG, GIF and WebP are then decoded by
-    ``torchvision.io.decode_image`` (8- and 16-bit, EXIF orientation applied); other formats
-    (TIFF, BMP, ...) by Pillow, with ``ImageOps.exif_transpose``. Integers are divided by their
-    type's maximum (255 for 8 bits, 65535 for 16 bits); 32-bit float images (TIFF mode ``F``) are
-    taken as stored, expected in [0, 1] (clipped with a warning otherwise). Grey images are
-    repeated to three channels; an alpha channel is dropped.
+    before any pixel is decoded. PNG, JPEG (and MPO), GIF, WebP and AVIF are then decoded by
+    TorchCodec's ``decode_image`` (8- and 16-bit, EXIF orientation applied: the same pixels as
+    Pillow's ``ImageOps.exif_transpose`` for orientations 1-8); when it cannot read a file, Pillow
+    is tried before giving up. TIFF, BMP and PNM (PBM/PGM/PPM/PFM) are decoded by Pillow, with
+    ``ImageOps.exif_transpose``. Integers are divided by their type's maximum (255 for 8 bits,
+    65535 for 16 bits); 32-bit float images (TIFF mode ``F``) are taken as stored, expected in
+    [0, 1] (clipped with a warning otherwise). Grey images are repeated to three channels; an
+    alpha channel is dropped; an animated file gives its first frame. A damaged file (truncated,
+    flipped bytes, forged header fields) raises ``ValueError``, never ends the process.
 
     Args:
-        path (str | PathLike): any format Pillow identifies.
+        path (str | PathLike): an image in one of :data:`IMAGE_FORMATS` (detected from its
+            content, not its name).
         max_size (int, optional): shrink (bilinear, antialiased) so the longest side is at most this.
         max_pixels (int, optional): refuse larger images (default :data:`MAX_IMAGE_PIXELS`);
             None lifts the limit (Pillow still refuses more than twice its own
@@ -127,12 +138,13 @@ def load_image(
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
         TypeError: a non-int ``max_size`` / ``max_pixels``.
-        ValueError: the file is not an image Pillow can read; it has more than ``max_pixels``
-            pixels (the message names the file, its size and the limit); integers above 16 bits
-            or non-finite floats; a non-positive ``max_size`` / ``max_pixels``.
+        ValueError: the file is not an image, is in a format outside :data:`IMAGE_FORMATS`, or is
+            damaged (every message names the file); it has more than ``max_pixels`` pixels (the
+            message names its size and the limit); integers above 16 bits or non-finite floats;
+            a non-positive ``max_size`` / ``max_pixels``.
 
     References:
-        torchvision ``torchvision.io.decode_image``; Pillow ``Image.open``,
+        TorchCodec ``torchcodec.decoders.decode_image``; Pillow ``Image.open``,
         ``ImageOps.exif_transpose``; EXIF 2.3 tag 0x0112 (Orientation).
     """
     from PIL import Image, UnidentifiedImageError
@@ -151,26 +163,80 @@ def load_image(
             f"image file {path!r} declares {found}, more than Pillow's limit of "
             f"{2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (a decompression bomb?); refused before decoding"
         ) from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ValueError(f"image file {path!r} could not be read as an image: {exc}") from None
+    except UnidentifiedImageError:
+        raise ValueError(
+            f"image file {path!r} could not be read as an image: Pillow identifies no image "
+            f"format in it (load_image reads {', '.join(IMAGE_FORMATS)})"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a forged header: OSError, SyntaxError, RuntimeError ...
+        raise ValueError(f"image file {path!r} could not be read as an image: {_why(exc)}") from None
     with im:
         w, h = im.size
+        if im.format not in IMAGE_FORMATS:
+            raise ValueError(
+                f"image file {path!r} is {im.format}; load_image reads {', '.join(IMAGE_FORMATS)} "
+                "(convert it first, e.g. with Pillow, to PNG or TIFF)"
+            )
         if max_pixels is not None and w * h > max_pixels:
             raise ValueError(
                 f"image file {path!r} declares {w}x{h} = {w * h} pixels, more than max_pixels="
                 f"{max_pixels} (a decompression bomb?); refused before decoding"
             )
-        try:
-            image = None
-            if im.format in _TORCHVISION_FORMATS:
-                with contextlib.suppress(RuntimeError):  # a variant torchvision does not decode
-                    image = _decode_torchvision(path)
-            if image is None:
+        image, codec_error = None, None
+        if im.format in _TORCHCODEC_FORMATS:
+            try:
+                image = _decode_torchcodec(path)
+            except (RuntimeError, ValueError) as exc:  # damaged, or a variant it does not read
+                codec_error = exc
+        if image is None:
+            try:
                 im.load()
                 image = _pillow_to_tensor(im, path)
-        except (UnidentifiedImageError, OSError, SyntaxError, RuntimeError, Image.DecompressionBombError) as exc:
-            raise ValueError(f"image file {path!r} could not be read as an image: {exc}") from None
+            except ValueError as exc:
+                if path in str(exc):  # ours, already naming the file
+                    raise
+                raise ValueError(_damaged(path, codec_error, exc)) from None
+            except Exception as exc:  # noqa: BLE001 - Pillow's decoders: OSError, SyntaxError ...
+                raise ValueError(_damaged(path, codec_error, exc)) from None
     return _shrink(image, max_size)
+
+
+def _why(exc: BaseException) -> str:
+    """An exception from a decoder as one short line: its type, and its message if any."""
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _damaged(path: str, codec_error: BaseException | None, pillow_error: BaseException) -> str:
+    why = _why(pillow_error)
+    if codec_error is not None:
+        why = f"TorchCodec: {_why(codec_error)}; Pillow: {why}"
+    return f"image file {path!r} could not be read as an image (damaged or truncated?): {why}"
+
+
+def displayed_size(path: str | os.PathLike) -> tuple[int, int] | None:
+    """``(H, W)`` of the image :func:`load_image` would return (before ``max_size``), read from
+    the header alone (EXIF orientations 5-8 swap the axes); None when the header cannot be read
+    (:func:`load_image` then says why). Lets a caller bound a batch before decoding it."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(os.fspath(path)) as im:
+                w, h = im.size
+                if im.format == "TIFF":  # Pillow's TIFF size is already the upright one
+                    return h, w
+                if im.format == "PNG":  # PNG's getexif() decodes the image to find a late eXIf
+                    exif = Image.Exif()
+                    if im.info.get("exif"):
+                        exif.load(im.info["exif"])
+                else:
+                    exif = im.getexif()
+                orientation = exif.get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - load_image reports the file's problem
+        return None
+    return (w, h) if orientation in (5, 6, 7, 8) else (h, w)
 
 
 def _header_size(path: str) -> tuple[int, int] | None:
@@ -194,15 +260,16 @@ def _header_size(path: str) -> tuple[int, int] | None:
     return None
 
 
-def _decode_torchvision(path: str) -> Tensor:
-    """``decode_image`` in RGB at the stored depth (uint8 or uint16), EXIF applied, as float."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
-    from torchvision.transforms.v2.functional import to_dtype
+def _decode_torchcodec(path: str) -> Tensor:
+    """TorchCodec's ``decode_image`` in RGB at the stored depth (uint8, or uint16 for 16-bit
+    PNG), EXIF orientation applied, as float32 ``Tensor[3, H, W]`` in [0, 1]."""
+    from torchcodec.decoders import decode_image
 
-    data = decode_image(read_file(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    if data.dim() == 4:  # an animated GIF: its first frame, as Pillow gives
-        data = data[0]
-    return to_dtype(data, torch.float32, scale=True)
+    image = decode_image(path, mode="RGB", output_dtype="auto")
+    if image.dim() == 4:  # an animated GIF / WebP / AVIF: its first frame, as Pillow gives
+        image = image[0]
+    scale = 65535.0 if image.dtype == torch.uint16 else 255.0
+    return image.to(torch.float32).div_(scale)
 
 
 def load_images(
@@ -224,12 +291,14 @@ def load_images(
         list of Tensor[3, H_i, W_i], float32 in [0, 1].
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list; as :func:`load_image`.
+        TypeError: ``paths`` is a single path rather than a list; ``progress`` is not a bool or
+            None; as :func:`load_image`.
         FileNotFoundError / ValueError: as :func:`load_image`.
     """
     from tqdm.auto import tqdm
 
     check_paths(paths)
+    check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 8
     return [

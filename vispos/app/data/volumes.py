@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_choice, check_file, check_int, check_number
-from ._args import check_paths
+from ..._checks import check_bool, check_choice, check_file, check_int, check_number
+from ._args import check_paths, shrunk_size
 
 __all__ = [
     "MAX_VOLUME_VOXELS",
@@ -55,6 +55,13 @@ def normalize_intensity(
     ``"percentile"``: clipped to the given percentiles of the foreground, then to ``[0, 1]``.
     ``None``: a float32 copy.
 
+    The statistics cannot overflow: each channel is first divided by its largest finite
+    magnitude (so the sums, the spread ``max - min`` and the squares stay within ``[-4, 4]``), and
+    the result is the same affine map written in those units. Finite voxels therefore give finite
+    results, however extreme (values near float32's limit of 3.4e38 included). Non-finite voxels
+    are left out of the statistics and stay non-finite (:func:`load_volume` replaces them by 0
+    first). float64 volumes are normalised in float64, then rounded to float32.
+
     Args:
         volume (Tensor[C, D, H, W]): any real dtype.
         method (str | None): one of :data:`VOLUME_NORMALIZATIONS`.
@@ -62,7 +69,8 @@ def normalize_intensity(
         percentiles (tuple of float): for ``"percentile"``, in ``[0, 100]``, low < high.
 
     Returns:
-        Tensor[C, D, H, W], float32.
+        Tensor[C, D, H, W], float32: finite wherever ``volume`` is finite (``"zscore"``,
+        ``"minmax"``, ``"percentile"``; ``None`` rounds float64 beyond float32's range to inf).
 
     Raises:
         TypeError: ``method`` is neither a str nor None; ``volume`` is not a tensor.
@@ -76,25 +84,39 @@ def normalize_intensity(
     lo_p, hi_p = percentiles
     if not 0 <= lo_p < hi_p <= 100:
         raise ValueError(f"percentiles must satisfy 0 <= low < high <= 100, got {percentiles!r}")
-    out = volume.detach().to(torch.float32).clone()
+    work = torch.float64 if volume.dtype == torch.float64 else torch.float32
+    out = volume.detach().to(work, copy=True)
     if method is None:
-        return out
+        return out.to(torch.float32)
     for c in range(out.shape[0]):
-        chan = out[c]
-        fg = chan[chan != 0] if nonzero and bool((chan != 0).any()) else chan.flatten()
-        if method == "zscore":
-            std = float(fg.std()) if fg.numel() > 1 else 0.0
-            chan.sub_(float(fg.mean())).div_(std if std > 0 else 1.0)
-        else:
-            if method == "percentile":
-                sample = fg.double()[:: max(1, fg.numel() // 1_000_000)]  # quantile's size limit
-                q = torch.quantile(sample, torch.tensor([lo_p / 100, hi_p / 100], dtype=torch.float64))
-                lo, hi = float(q[0]), float(q[1])
-                chan.clamp_(lo, hi)
-            else:
-                lo, hi = float(chan.min()), float(chan.max())
-            chan.sub_(lo).div_(hi - lo if hi > lo else 1.0).clamp_(0.0, 1.0)
-    return out
+        _normalize_channel(out[c], method, nonzero, lo_p / 100, hi_p / 100)
+    return out.to(torch.float32)
+
+
+def _normalize_channel(chan: Tensor, method: str, nonzero: bool, lo_q: float, hi_q: float) -> None:
+    """Normalises one channel in place, in units of its largest finite magnitude (no overflow)."""
+    finite = torch.isfinite(chan)
+    use = finite & (chan != 0) if nonzero and bool((finite & (chan != 0)).any()) else finite
+    fg = chan[use]
+    if fg.numel() == 0:  # nothing finite to take statistics from
+        return
+    unit = float(fg.abs().max()) if method != "minmax" else float(chan[finite].abs().max())
+    if unit > 0:
+        chan.div_(unit)  # every finite voxel now in [-1, 1]
+        fg = fg / unit
+    if method == "zscore":
+        std = float(fg.std()) if fg.numel() > 1 else 0.0
+        chan.sub_(float(fg.mean())).div_(std if std > 0 else 1.0)
+        return
+    if method == "percentile":
+        sample = fg.double()[:: max(1, fg.numel() // 1_000_000)]  # quantile's size limit
+        q = torch.quantile(sample, torch.tensor([lo_q, hi_q], dtype=torch.float64))
+        lo, hi = float(q[0]), float(q[1])
+        chan.clamp_(lo, hi)
+    else:
+        values = chan[finite]
+        lo, hi = float(values.min()), float(values.max())
+    chan.sub_(lo).div_(hi - lo if hi > lo else 1.0).clamp_(0.0, 1.0)
 
 
 def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | None = None) -> Tensor:
@@ -112,21 +134,30 @@ def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | No
 
     Raises:
         TypeError: ``volume`` is not a tensor; a non-int ``max_size`` or non-number ``scale``.
-        ValueError: both or a non-positive ``max_size`` / ``scale``; a volume that is not 4-D.
+        ValueError: both or a non-positive ``max_size`` / ``scale`` (or a non-finite
+            ``scale``); a ``scale`` giving more than :data:`MAX_VOLUME_VOXELS` voxels (checked
+            before anything is allocated); a volume that is not 4-D.
     """
     _check_volume(volume)
     if max_size is not None and scale is not None:
         raise ValueError("give max_size or scale, not both")
     if max_size is not None:
         check_int(max_size, "max_size", minimum=1)
-        longest = max(volume.shape[1:])
-        if longest <= max_size:
+        size = list(shrunk_size(volume.shape[1:], max_size))
+        if size == list(volume.shape[1:]):
             return volume.clone()
-        scale = max_size / longest
-    if scale is None:
+    elif scale is None:
         return volume.clone()
-    check_number(scale, "scale", positive=True)
-    size = [max(1, round(s * scale)) for s in volume.shape[1:]]
+    else:
+        check_number(scale, "scale", positive=True)
+        size = [max(1, round(s * scale)) for s in volume.shape[1:]]
+        voxels = volume.shape[0] * math.prod(size)
+        if voxels > MAX_VOLUME_VOXELS:
+            raise ValueError(
+                f"scale={scale!r} would resize the volume {tuple(volume.shape)} to "
+                f"{(volume.shape[0], *size)} = {voxels} voxels, more than MAX_VOLUME_VOXELS="
+                f"{MAX_VOLUME_VOXELS}"
+            )
     return torch.nn.functional.interpolate(
         volume[None], size=size, mode="trilinear", align_corners=False
     )[0]
@@ -145,6 +176,14 @@ def _why(exc: BaseException) -> str:
 
 def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
     """Refuses, from the header alone, what cannot become a float32 ``Tensor[C, D, H, W]``."""
+    import nibabel as nib
+
+    if not isinstance(img, nib.Nifti1Pair):  # NIfTI-1 / NIfTI-2, single files and pairs
+        raise ValueError(
+            f"volume file {path!r} is {type(img).__name__.replace('Image', '')}, not NIfTI; "
+            "load_volume reads NIfTI-1 / NIfTI-2 (.nii, .nii.gz, .hdr/.img pairs): convert it with "
+            "nibabel, nib.save(nib.Nifti1Image(img.get_fdata(), img.affine), 'volume.nii.gz')"
+        )
     shape = tuple(int(n) for n in img.shape)
     dtype = img.get_data_dtype()
     if len(shape) not in (3, 4):
@@ -170,7 +209,8 @@ def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
     if data_file and os.path.isfile(data_file) and not data_file.endswith((".gz", ".bz2", ".zst")):
         offset = int(getattr(img.dataobj, "offset", 0))
         header_bytes = int(getattr(img.header, "sizeof_hdr", 0))
-        if os.path.samefile(data_file, path) and offset < header_bytes:
+        single_file = isinstance(img, nib.Nifti1Image)  # a .hdr/.img pair's voxels start at 0
+        if single_file and os.path.samefile(data_file, path) and offset < header_bytes:
             raise ValueError(
                 f"volume file {path!r} is corrupt: its voxels would start at byte {offset}, inside "
                 f"its {header_bytes}-byte header (vox_offset)"
@@ -182,6 +222,26 @@ def _check_nifti_header(img, path: str, max_voxels: int | None) -> None:
                 f"volume file {path!r} is truncated: its header declares shape {shape} of {dtype} "
                 f"({needed} bytes with the header) but {data_file!r} has {found} bytes"
             )
+
+
+def volume_shape(path: str | os.PathLike, canonical: bool = True) -> tuple[int, ...] | None:
+    """``(C, D, H, W)`` of the volume :func:`load_volume` would return (before ``max_size``),
+    read from the header alone (the RAS+ reorientation permutes the axes); None when the header
+    cannot be read or is refused (:func:`load_volume` then says why). Lets a caller bound a batch
+    before reading it."""
+    try:
+        import nibabel as nib
+
+        img = nib.load(os.fspath(path))
+        _check_nifti_header(img, os.fspath(path), MAX_VOLUME_VOXELS)  # what load_volume refuses
+        shape = tuple(int(n) for n in img.shape)
+        spatial = list(shape[:3])
+        if canonical:
+            for axis, (target, _) in enumerate(nib.io_orientation(img.affine)):
+                spatial[int(target)] = shape[axis]
+    except Exception:  # noqa: BLE001 - load_volume reports the file's problem
+        return None
+    return (shape[3] if len(shape) == 4 else 1, *spatial)
 
 
 def _nifti_to_tensor(img, source: str, canonical: bool) -> Tensor:
@@ -209,14 +269,16 @@ def load_volume(
     *,
     max_voxels: int | None = MAX_VOLUME_VOXELS,
 ) -> Tensor:
-    """Reads a NIfTI volume (``.nii`` / ``.nii.gz``) with nibabel.
+    """Reads a NIfTI volume (``.nii`` / ``.nii.gz`` / ``.hdr`` + ``.img``) with nibabel.
 
     The volume is reoriented to the closest canonical (RAS+) orientation, so the tensor axes
     ``(D, H, W)`` are (left->Right, posterior->Anterior, inferior->Superior); a 4-D file's last
     axis becomes the channels. Non-finite voxels become 0.
 
     Args:
-        path (str | PathLike): the file.
+        path (str | PathLike): a NIfTI-1 or NIfTI-2 file: ``.nii``, ``.nii.gz``, or either file
+            of a ``.hdr`` / ``.img`` pair. Other formats nibabel reads (MGH, Analyze, MINC,
+            PAR/REC) are refused with a hint to convert them.
         normalize (str | None): see :func:`normalize_intensity`. Default ``"zscore"``.
         max_size (int, optional): shrink (trilinear) so the longest axis is at most this.
         canonical (bool): reorient to RAS+. Default True.
@@ -224,14 +286,15 @@ def load_volume(
             channels together); default :data:`MAX_VOLUME_VOXELS`, None lifts the limit.
 
     Returns:
-        Tensor[C, D, H, W], float32 (``C = 1`` for a 3-D file).
+        Tensor[C, D, H, W], float32 (``C = 1`` for a 3-D file); finite with every
+        ``normalize`` (the statistics cannot overflow, see :func:`normalize_intensity`).
 
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
         TypeError: a ``normalize`` that is not a str or None; a non-int ``max_size`` /
-            ``max_voxels``.
-        ValueError: not a volume nibabel reads (also a truncated or corrupt file); not 3-D / 4-D
+            ``max_voxels``; a non-bool ``canonical``.
+        ValueError: not a NIfTI volume (also a truncated or corrupt file); not 3-D / 4-D
             or an empty axis; voxels that are not real scalars (RGB24, RGBA32, complex); more
             than ``max_voxels`` voxels; an uncompressed file shorter than its header says. These
             are checked on the header, before any voxel is read, and every message names the
@@ -248,6 +311,7 @@ def load_volume(
     path = check_file(path, "volume file", "a NIfTI file")
     check_int(max_voxels, "max_voxels", minimum=1, optional=True)
     check_int(max_size, "max_size", minimum=1, optional=True)
+    check_bool(canonical, "canonical")
     check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
     # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
     # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
@@ -289,12 +353,14 @@ def load_volumes(
         list of Tensor[C, D_i, H_i, W_i], float32.
 
     Raises:
-        TypeError: ``paths`` is a single path rather than a list; as :func:`load_volume`.
+        TypeError: ``paths`` is a single path rather than a list; ``progress`` is not a bool or
+            None; as :func:`load_volume`.
         FileNotFoundError / ValueError / ImportError: as :func:`load_volume`.
     """
     from tqdm.auto import tqdm
 
     check_paths(paths)
+    check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 4
     return [
@@ -350,9 +416,12 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
 
     Raises:
         TypeError: ``max_size`` is not an int.
-        ValueError: ``max_size`` < 8.
+        ValueError: ``max_size`` < 8 or > 256 (the template's longest axis is 233 voxels at 1 mm:
+            larger sizes would only interpolate it, and ``max_size=4096`` asked for tens of GB).
     """
     check_int(max_size, "max_size", minimum=8)
+    if max_size > 256:
+        raise ValueError(f"max_size must be from 8 to 256 (the template's longest axis is 233), got {max_size}")
     full = mni152_template(normalize=None)
     scale = max_size / max(full.shape[1:])
     depth = full.shape[-1]

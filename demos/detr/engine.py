@@ -1,0 +1,329 @@
+"""The shared training loop of the DETR demos (2D and 3D): data, model, optimiser, schedule,
+steps, evaluation, checkpoints, one process or data-parallel.
+
+One step: a per-process batch padded by :class:`vispos.PaddedCollate` -> :class:`DetrModel`
+(wrapped in ``DistributedDataParallel`` under torchrun) -> :class:`SetCriterion` summed over the
+decoder layers -> backward -> gradient clipping (max norm ``--clip``) -> AdamW -> scheduler
+(linear warm-up over ``--warmup`` steps, then a tenfold decay for the last 20 % of the steps, as
+DETR's ``lr_drop``). Every step records the losses (averaged over processes), the seconds it took
+(data loading included, evaluation excluded), rank 0's resident memory and the padded fraction
+of the batch; every ``--eval-every`` steps the held-out set is evaluated (each process takes a
+share, predictions are gathered, the metric is computed once on the whole set).
+
+Data order: a :class:`torch.utils.data.DistributedSampler` (shuffled with the run's seed,
+``set_epoch`` every epoch) hands each process its share; with ``world_size`` processes of
+batch ``b`` a step covers the same items as one process with batch ``world_size * b``.
+
+References:
+    Carion et al., DETR ``main.py`` / ``engine.py``; PyTorch ``DistributedDataParallel`` and
+    ``DistributedSampler`` documentation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import platform
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset
+
+import vispos
+from vispos.app._io import write_files
+from vispos.backbones import freeze_batch_norm
+
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .criterion import SetCriterion
+from .distributed import DistContext
+from .metrics import matched_ious
+from .model import DetrModel, make_position_embedding
+from .task import DetrTask
+
+__all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "train_arm", "resident_memory_mb"]
+
+#: args that may differ between a run and its resumption (everything else must match)
+RESUME_FREE = frozenset({"resume", "save_every", "threads", "workers", "out", "report", "device", "eval_every"})
+#: per-step series in metrics.json
+SERIES = ("loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "seconds", "rss_mb", "padded_fraction")
+
+
+class WarmupStepDecay:
+    """Learning-rate factor: linear warm-up ``(s + 1) / warmup`` to 1, then ``0.1`` from step
+    ``int(decay_at * steps)`` on (DETR's ``StepLR`` ``lr_drop``). A callable object, so
+    ``LambdaLR.state_dict`` saves it."""
+
+    def __init__(self, warmup: int, steps: int, decay_at: float = 0.8) -> None:
+        self.warmup, self.drop = warmup, int(decay_at * steps)
+
+    def __call__(self, step: int) -> float:
+        return min(1.0, (step + 1) / self.warmup) * (0.1 if step >= self.drop else 1.0)
+
+
+class ResumableSampler(Sampler[int]):
+    """A :class:`DistributedSampler` whose epoch can be entered part-way (for ``--resume``)."""
+
+    def __init__(self, sampler: DistributedSampler) -> None:
+        self.sampler, self.skip = sampler, 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.sampler.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler) - self.skip
+
+
+def resident_memory_mb() -> float:
+    """Current resident set size of this process in MiB (``/proc/self/statm``; peak RSS elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # pragma: no cover - non-Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def build_model(task: DetrTask, arm: str, args: argparse.Namespace) -> DetrModel:
+    """The task's backbone in a :class:`DetrModel` with the arm's position embedding, seeded with
+    ``args.seed`` (the same initial weights in every arm and every process)."""
+    torch.manual_seed(args.seed)
+    backbone = task.build_backbone(args)
+    model = DetrModel(
+        backbone, make_position_embedding(arm, args.hidden, task.box_ops.n_axes), len(task.classes),
+        args.hidden, args.queries, args.enc_layers, args.dec_layers, args.heads, args.ffn, args.dropout,
+        normalize_before=args.pre_norm, reference_points=args.reference_points,
+    )
+    if args.norm == "frozen":
+        freeze_batch_norm(model.joiner.backbone, task.box_ops.n_axes)
+    elif args.norm == "sync":
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, batches: list[tuple[vispos.NestedTensor, tuple]], criterion: SetCriterion,
+    task: DetrTask, ctx: DistContext,
+) -> dict[str, float]:
+    """Held-out metrics: the task's metric over every process's share, and the mean IoU of the
+    Hungarian-matched boxes (over every ground-truth box).
+
+    Returns:
+        dict: ``mean_iou`` and ``task.metric_names``, the same in every process.
+    """
+    net = model.module if hasattr(model, "module") else model
+    net.eval()
+    ops = task.box_ops
+    records = []
+    for nested, targets in batches:
+        sizes = torch.tensor(nested.image_sizes, dtype=torch.float32)
+        out = net(nested.to(ctx.device))
+        logits, boxes = out["pred_logits"].float().cpu(), out["pred_boxes"].float().cpu()
+        matches = criterion.match(logits, boxes, targets)
+        scores, labels = logits.softmax(-1)[..., :-1].max(-1)  # DETR's PostProcess
+        for b, (rows, cols) in enumerate(matches):
+            scale = ops.size_scale(sizes[b])
+            pred = ops.to_corners(boxes[b]) * scale
+            gt = ops.to_corners(targets[b]["boxes"].float()) * scale
+            records.append((
+                {"boxes": pred, "scores": scores[b], "labels": labels[b]},
+                {"boxes": gt, "labels": targets[b]["labels"]},
+                matched_ious(pred[rows], gt[cols], ops.iou),
+            ))
+    net.train()
+    gathered = [r for part in ctx.all_gather_object(records) for r in part]
+    preds, gts, ious = zip(*gathered) if gathered else ((), (), ())
+    result = {"mean_iou": float(torch.cat(ious).mean()) if ious else 0.0}
+    result.update(task.metric(list(preds), list(gts)))
+    return result
+
+
+def _held_out_batches(held_set: Any, args: argparse.Namespace, ctx: DistContext) -> list:
+    """This process's share of the held-out set (items ``rank::world_size``, none repeated)."""
+    share = Subset(held_set, range(ctx.rank, len(held_set), ctx.world_size))
+    collate = vispos.PaddedCollate(size_divisibility=args.size_divisibility)
+    return list(DataLoader(share, batch_size=args.batch_size, collate_fn=collate, generator=torch.Generator()))
+
+
+def _check_resume(state: dict[str, Any], arm: str, args: argparse.Namespace, ctx: DistContext) -> None:
+    saved = state["args"]
+    if state["arm"] != arm:
+        raise ValueError(f"--resume: the checkpoint is of arm {state['arm']!r}, this run trains {arm!r}")
+    now = {k: v for k, v in vars(args).items() if k not in RESUME_FREE and k != "pos"}
+    diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    if diff:
+        detail = ", ".join(f"--{k.replace('_', '-')} {a!r} -> {b!r}" for k, (a, b) in sorted(diff.items()))
+        raise ValueError(f"--resume: the run's settings differ from the checkpoint's: {detail}")
+    if state["world_size"] != ctx.world_size:
+        raise ValueError(
+            f"--resume: the checkpoint was written by {state['world_size']} processes, this run has "
+            f"{ctx.world_size} (the data order per process would differ)"
+        )
+
+
+def _new_metrics(task: DetrTask, arm: str, args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
+    return {
+        "task": task.name, "arm": arm, "seed": args.seed,
+        "args": {k: v for k, v in vars(args).items() if k != "pos"},
+        "world_size": ctx.world_size, "global_batch": args.batch_size * ctx.world_size,
+        "torch": str(torch.__version__), "threads": torch.get_num_threads(), "machine": platform.machine(),
+        "commit": os.environ.get("VISPOS_COMMIT", ""),
+        "steps": [], **{k: [] for k in SERIES}, "eval": [], "resumed_at": [],
+    }
+
+
+def write_json(path: str, obj: Any) -> None:
+    """``obj`` as JSON at ``path``, all or nothing (missing folders created)."""
+    import json
+
+    def writer(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+
+    write_files([(path, writer)], make_dirs=True)
+
+
+def train_arm(
+    task: DetrTask, arm: str, args: argparse.Namespace, ctx: DistContext, out_dir: str,
+    log: Callable[[str], Any] = print, on_step: Callable[[int, nn.Module], Any] | None = None,
+) -> dict[str, Any]:
+    """Trains one arm; rank 0 writes ``out_dir/metrics.json`` (and ``out_dir/checkpoint.pt`` every
+    ``args.save_every`` steps). Returns the metrics dict (in every process).
+
+    ``on_step(step, model)`` runs after each optimiser step (tests use it to look at parameters,
+    or to interrupt a run).
+
+    Raises:
+        ValueError: ``args.resume`` is not a checkpoint of this arm and these settings.
+    """
+    device = ctx.device
+    # NumPy's and Python's global generators, as DETR's main.py seeds them (seed + rank): the data
+    # and the model draw from their own, but a checkpoint's RNG states are then reproducible too
+    random.seed(args.seed + ctx.rank)
+    np.random.seed(args.seed + ctx.rank)
+    train_set, held_set = task.build_datasets(args)
+    model = build_model(task, arm, args).to(device)
+    ddp = ctx.distributed
+    if ddp:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    criterion = SetCriterion(
+        len(task.classes), task.box_ops, args.class_weight, args.l1_weight, args.giou_weight, args.eos_coef,
+        all_reduce=ctx.all_reduce_sum, world_size=ctx.world_size,
+    )
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, WarmupStepDecay(args.warmup, args.steps))
+    metrics = _new_metrics(task, arm, args, ctx)
+    step = 0
+    if args.resume:
+        state = load_checkpoint(args.resume)
+        _check_resume(state, arm, args, ctx)
+        (model.module if ddp else model).load_state_dict(state["model"])
+        optim.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        metrics, step = state["metrics"], state["step"]
+        resumed_sampler = state["sampler"]
+        metrics["resumed_at"].append(step)
+        if ctx.is_main:
+            log(f"[{arm}] resumed from {args.resume} at step {step}")
+
+    sampler = ResumableSampler(DistributedSampler(
+        train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=args.seed, drop_last=True,
+    ))
+    collate = vispos.PaddedCollate(size_divisibility=args.size_divisibility)
+    loader = DataLoader(
+        train_set, batch_size=args.batch_size, sampler=sampler, collate_fn=collate, drop_last=True,
+        num_workers=args.workers, pin_memory=device.type == "cuda", persistent_workers=args.workers > 0,
+        generator=(loader_seed := torch.Generator()),
+    )
+    per_epoch = len(sampler.sampler) // args.batch_size
+    if args.resume and resumed_sampler != _sampler_state(step, per_epoch, args):
+        raise ValueError(f"--resume: the checkpoint's data position {resumed_sampler} does not follow from its "
+                         f"step {step} with this data ({_sampler_state(step, per_epoch, args)})")
+    held = _held_out_batches(held_set, args, ctx)
+    ckpt_path = os.path.join(out_dir, "checkpoint.pt")
+    if args.resume:  # last: building the data above draws nothing from the global generators
+        set_rng_state(state["rng"][ctx.rank])
+    model.train()
+    while step < args.steps:
+        epoch, done = divmod(step, per_epoch)
+        sampler.set_epoch(epoch, skip=done * args.batch_size)
+        # the loader's base seed (workers' seeds) from (seed, epoch), not from torch's global RNG,
+        # so that entering an epoch part-way on resume draws nothing the uninterrupted run did not
+        loader_seed.manual_seed(args.seed * 1_000_003 + epoch)
+        t_prev = time.perf_counter()
+        for nested, targets in loader:
+            step += 1
+            nested = nested.to(device, non_blocking=True)
+            losses = criterion(model(nested), targets)
+            optim.zero_grad(set_to_none=True)
+            losses["loss"].backward()
+            if args.clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+            optim.step()
+            lr = optim.param_groups[0]["lr"]
+            sched.step()
+            logged = torch.stack([losses[k].detach().float() for k in SERIES[:5]]
+                                 + [nested.mask.float().mean()]).cpu()
+            logged = ctx.all_reduce_mean(logged).tolist()
+            now = time.perf_counter()
+            metrics["steps"].append(step)
+            for k, v in zip((*SERIES[:5], "padded_fraction"), logged):
+                metrics[k].append(round(v, 6))
+            metrics["lr"].append(lr)
+            metrics["seconds"].append(round(now - t_prev, 5))
+            metrics["rss_mb"].append(round(resident_memory_mb(), 2))
+            if on_step is not None:
+                on_step(step, model)
+            if step % args.eval_every == 0 or step == args.steps:
+                ev = evaluate(model, held, criterion, task, ctx)
+                metrics["eval"].append({"step": step, **{k: round(v, 5) for k, v in ev.items()}})
+                if ctx.is_main:
+                    k = min(args.eval_every, len(metrics["loss"]))
+                    shown = " ".join(f"{n} {ev[n]:.3f}" for n in task.metric_names)
+                    log(
+                        f"[{arm}] step {step}/{args.steps} loss {np.mean(metrics['loss_last'][-k:]):.3f} "
+                        f"held-out mean IoU {ev['mean_iou']:.3f} {shown} "
+                        f"{np.median(metrics['seconds'][-k:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
+                    )
+            if args.save_every and (step % args.save_every == 0 or step == args.steps):
+                _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx, _sampler_state(step, per_epoch, args))
+            if step >= args.steps:
+                break
+            t_prev = time.perf_counter()  # evaluation and saving are not part of the step time
+    if ctx.is_main:
+        write_json(os.path.join(out_dir, "metrics.json"), metrics)
+    ctx.barrier()
+    return metrics
+
+
+def _sampler_state(step: int, per_epoch: int, args: argparse.Namespace) -> dict[str, int]:
+    """Where the data order stands after ``step`` steps: the sampler's epoch (its ``set_epoch``), the
+    samples of that epoch already taken by each process, and the shuffle seed."""
+    epoch, done = divmod(step, per_epoch)
+    return {"epoch": epoch, "skip": done * args.batch_size, "seed": args.seed}
+
+
+def _save(path: str, step: int, arm: str, model: nn.Module, optim: torch.optim.Optimizer,
+          sched: Any, metrics: dict[str, Any], args: argparse.Namespace, ctx: DistContext,
+          sampler: dict[str, int]) -> None:
+    rngs = ctx.all_gather_object(rng_state())
+    if ctx.is_main:
+        net = model.module if hasattr(model, "module") else model
+        save_checkpoint(path, {
+            "step": step, "arm": arm, "model": net.state_dict(), "optimizer": optim.state_dict(),
+            "scheduler": sched.state_dict(), "rng": rngs, "sampler": sampler, "metrics": metrics,
+            "args": {k: v for k, v in vars(args).items() if k != "pos"}, "world_size": ctx.world_size,
+        })
+    ctx.barrier()
+
