@@ -27,6 +27,31 @@ __all__ = ["DetrEncoderLayer", "DetrEncoder"]
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
+def set_layer_args(
+    layer: nn.Module, d_model: int, nhead: int, dim_feedforward: int, dropout: float,
+    activation: str, normalize_before: bool,
+) -> None:
+    """Checks a DETR transformer layer's arguments and stores them on ``layer`` (``d_model``,
+    ``nhead``, ``dim_feedforward``, ``dropout_p``, ``activation_name``, ``normalize_before``,
+    ``activation``); shared by the encoder layer here and the demos' decoder layer.
+
+    Raises:
+        TypeError: a non-int size, a non-number ``dropout``, a non-bool ``normalize_before``.
+        ValueError: a size < 1; ``nhead`` does not divide ``d_model``; ``dropout`` outside
+            ``[0, 1)``; an unknown ``activation``.
+    """
+    for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
+        check_int(value, name, minimum=1)
+    if d_model % nhead:
+        raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
+    check_dropout(dropout)
+    check_choice(activation, tuple(_ACTIVATIONS), "activation")
+    check_bool(normalize_before, "normalize_before")
+    layer.d_model, layer.nhead, layer.dim_feedforward = d_model, nhead, dim_feedforward
+    layer.dropout_p, layer.activation_name, layer.normalize_before = float(dropout), activation, normalize_before
+    layer.activation = _ACTIVATIONS[activation]
+
+
 class DetrEncoderLayer(nn.Module):
     """One DETR encoder layer: self-attention with ``pos`` added to queries and keys, then a
     feed-forward block; post-norm by default, pre-norm with ``normalize_before``.
@@ -65,15 +90,7 @@ class DetrEncoderLayer(nn.Module):
         normalize_before: bool = False,
     ) -> None:
         super().__init__()
-        for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-            check_int(value, name, minimum=1)
-        if d_model % nhead:
-            raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-        check_dropout(dropout)
-        check_choice(activation, tuple(_ACTIVATIONS), "activation")
-        check_bool(normalize_before, "normalize_before")
-        self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward
-        self.dropout_p, self.activation_name, self.normalize_before = float(dropout), activation, normalize_before
+        set_layer_args(self, d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -82,7 +99,6 @@ class DetrEncoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
-        self.activation = _ACTIVATIONS[activation]
 
     def _attend(self, x: Tensor, pos: Tensor | None, key_padding_mask: Tensor | None) -> Tensor:
         q = k = x if pos is None else x + pos

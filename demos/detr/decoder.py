@@ -24,15 +24,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vispos._checks import check_bool, check_choice, check_dropout, check_int
+from vispos._checks import check_bool, check_int
 from vispos.padding import check_mask
+from vispos.transformer import set_layer_args
 
 __all__ = ["DetrDecoderLayer", "DetrDecoder"]
-
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 def _with_pos(x: Tensor, pos: Tensor | None) -> Tensor:
@@ -76,15 +74,7 @@ class DetrDecoderLayer(nn.Module):
         normalize_before: bool = False,
     ) -> None:
         super().__init__()
-        for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-            check_int(value, name, minimum=1)
-        if d_model % nhead:
-            raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-        check_dropout(dropout)
-        check_choice(activation, tuple(_ACTIVATIONS), "activation")
-        check_bool(normalize_before, "normalize_before")
-        self.d_model, self.nhead, self.dim_feedforward = d_model, nhead, dim_feedforward
-        self.dropout_p, self.activation_name, self.normalize_before = float(dropout), activation, normalize_before
+        set_layer_args(self, d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.multihead_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
@@ -92,7 +82,6 @@ class DetrDecoderLayer(nn.Module):
         self.norm1, self.norm2, self.norm3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
         self.dropout1, self.dropout2, self.dropout3 = nn.Dropout(dropout), nn.Dropout(dropout), nn.Dropout(dropout)
-        self.activation = _ACTIVATIONS[activation]
 
     def _self(self, x: Tensor, query_pos: Tensor | None) -> Tensor:
         q = k = _with_pos(x, query_pos)
