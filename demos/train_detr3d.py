@@ -44,7 +44,9 @@ from torch import Tensor, nn
 
 from demos.detr import POS_ARMS, BoxOps, DetrTask, run
 from demos.detr.cli import int_at_least, positive_float
-from demos.volumes3d import CLASSES, HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES, LesionsInVolumes, available_volumes
+from demos.volumes3d import (
+    CLASSES, HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES, LesionsInVolumes, available_volumes, smallest_extent_mm,
+)
 from vispos.backbones import VolumeBackbone
 
 __all__ = ["BOX_OPS_3D", "CLASSES", "POS_ARMS", "TASK", "backbone_stride", "build_backbone", "build_datasets", "monai_ap", "main"]
@@ -153,6 +155,10 @@ def add_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--stem-kernel", type=pos1, default=3, help="MONAI ResNet stem kernel (conv1_t_size)")
 
 
+#: --stem-kernel: a cubic stem kernel of k has 16 * k**3 weights per input channel at width 16
+MAX_STEM_KERNEL = 15
+
+
 def validate(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) -> None:
     if len(args.widths) > 4:
         error("--widths", f"a ResNet has at most 4 stages, got {len(args.widths)}")
@@ -178,6 +184,17 @@ def validate(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) ->
         error("--volumes", f"none of {args.volumes} is available (packages or files missing)")
     if not available_volumes(args.heldout_volumes):
         error("--heldout-volumes", f"none of {args.heldout_volumes} is available (packages or files missing)")
+    if args.stem_kernel > MAX_STEM_KERNEL:
+        error("--stem-kernel", f"must be at most {MAX_STEM_KERNEL} (MONAI's default is 7), got {args.stem_kernel}")
+    # every volume, resampled, must hold one feature cell and the largest lesion along each axis
+    need = max(stride, args.max_object)
+    for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
+        for name in available_volumes(names):
+            side = smallest_extent_mm(name) / args.spacing
+            if side < need:
+                error("--spacing", f"{args.spacing:g} mm leaves {name!r} ({flag}) {side:.1f} voxels along its "
+                                   f"shortest axis; at least {need} are needed (the backbone's stride "
+                                   f"{stride} and --max-object {args.max_object})")
 
 
 def build_datasets(args: argparse.Namespace) -> tuple[LesionsInVolumes, LesionsInVolumes]:

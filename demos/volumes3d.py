@@ -116,6 +116,19 @@ def _nifti_image(name: str):
     return img
 
 
+def smallest_extent_mm(name: str) -> float:
+    """The volume's shortest side in mm (voxels times voxel size, from the NIfTI header): the
+    resampled volume has ``smallest_extent_mm(name) / spacing`` voxels along that axis, before
+    the foreground crop.
+
+    Raises:
+        ValueError: an unknown name; a volume that is not 3-D or 4-D.
+    """
+    img = _nifti_image(name)
+    zooms = img.header.get_zooms()[:3]
+    return float(min(n * z for n, z in zip(img.shape[:3], zooms)))
+
+
 def load_volume_resampled(name: str, spacing: float) -> Tensor:
     """One volume through the MONAI pipeline of this module (RAS, ``spacing`` mm isotropic,
     foreground crop, foreground z-score).

@@ -142,6 +142,8 @@ def test_arms_start_from_the_same_weights():
     (["--widths", "8", "8", "8", "8", "8"], "--widths"),
     (["--widths", "8", "8", "8"], "--crop"),  # stride 16 > the smallest crop side (12)
     (["--spacing", "0"], "--spacing"),
+    (["--spacing", "1e9"], "--spacing"),  # every volume shrinks below one feature cell
+    (["--stem-kernel", "999"], "--stem-kernel"),  # a 64 GB stem, refused before it is built
     (["--crop", "20"], "--crop"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
@@ -149,6 +151,15 @@ def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
         T.main(["--tiny", "--steps", "2", "--out", "/nonexistent-never-written", *argv])
     assert exc.value.code == 2
     assert f"argument {flag}" in capsys.readouterr().err
+
+
+def test_smallest_extent_reads_the_header():
+    from demos.volumes3d import available_volumes, smallest_extent_mm
+
+    if not available_volumes(["anatomical"]):
+        pytest.skip("nibabel's test data is not installed")
+    # nibabel's anatomical.nii: 33 x 41 x 25 voxels of 2 mm, so 66 x 82 x 50 mm
+    assert smallest_extent_mm("anatomical") == pytest.approx(50.0)
 
 
 def test_overfits_a_single_batch():
