@@ -171,6 +171,9 @@ def validate(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) ->
         error("--min-object", f"must be <= --max-object {args.max_object}, got {args.min_object}")
     if args.max_object > args.crop[0]:
         error("--max-object", f"must be <= the smallest crop side {args.crop[0]}, got {args.max_object}")
+    if args.size_divisibility > args.crop[1]:
+        error("--size-divisibility", f"must be <= the largest crop side {args.crop[1]} (a larger one only adds "
+                                     f"padding), got {args.size_divisibility}")
     if args.contrast[0] > args.contrast[1]:
         error("--contrast", f"MIN must be <= MAX, got {args.contrast[0]} {args.contrast[1]}")
     for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):

@@ -104,6 +104,11 @@ def _exit_message(capsys, argv):
     (["--norm", "sync"], "argument --norm: sync needs CUDA under torchrun"),
     (["--pos", "sine", "--resume", "/no/such/file.pt"], "argument --resume: no such checkpoint file"),
     (["--pos", "learned"], "argument --pos: invalid choice: 'learned'"),
+    (["--hidden", "100000"], "argument --hidden: must be <= 4096, got 100000"),  # was a 120 GB allocation
+    (["--ffn", "100000"], "argument --ffn: must be <= 16384"),
+    (["--queries", "100000"], "argument --queries: must be <= 1000"),
+    (["--dec-layers", "1000"], "argument --dec-layers: must be <= 24"),
+    (["--eval-images", "100000"], "argument --eval-images: must be <= 10000"),
 ])
 def test_every_flag_is_checked_before_work_starts(capsys, argv, message):
     assert message in _exit_message(capsys, ["--tiny", *argv])

@@ -143,7 +143,8 @@ def test_arms_start_from_the_same_weights():
     (["--widths", "8", "8", "8"], "--crop"),  # stride 16 > the smallest crop side (12)
     (["--spacing", "0"], "--spacing"),
     (["--spacing", "1e9"], "--spacing"),  # every volume shrinks below one feature cell
-    (["--stem-kernel", "999"], "--stem-kernel"),  # a 64 GB stem, refused before it is built
+    (["--stem-kernel", "999"], "--stem-kernel"),
+    (["--size-divisibility", "4096"], "--size-divisibility"),  # larger than any crop: padding only  # a 64 GB stem, refused before it is built
     (["--crop", "20"], "--crop"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):

@@ -29,6 +29,15 @@ __all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser"
 #: --tiny's defaults for the core's flags (a task adds its own)
 TINY_CORE = {"batch_size": 2, "eval_images": 4, "hidden": 32, "ffn": 64, "queries": 5}
 
+#: upper bounds of the size flags: well past DETR's own settings (hidden 256, ffn 2048, 100
+#: queries, 6 + 6 layers; DINO: 900 queries), below what ends in an allocator error or in hours
+#: of data generation before the first step (``--hidden 100000`` asked for 120 GB);
+#: ``--size-divisibility`` is bounded by each task (by its largest input side)
+MAX_SIZES = {
+    "hidden": 4096, "ffn": 16384, "queries": 1000, "enc_layers": 24, "dec_layers": 24, "heads": 64,
+    "batch_size": 1024, "eval_images": 10_000, "train_images": 1_000_000,
+}
+
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse ``type``: an int ``>= minimum`` (the error names the flag, via argparse)."""
@@ -148,6 +157,9 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
     """Cross-flag checks of the shared flags, then the task's."""
     if args.dropout >= 1:
         error("--dropout", f"must be in [0, 1), got {args.dropout}")
+    for name, most in MAX_SIZES.items():
+        if getattr(args, name) > most:
+            error("--" + name.replace("_", "-"), f"must be <= {most}, got {getattr(args, name)}")
     if args.hidden % args.heads:
         error("--hidden", f"must be divisible by --heads {args.heads}, got {args.hidden}")
     n = task.box_ops.n_axes
