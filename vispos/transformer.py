@@ -39,6 +39,9 @@ def set_layer_args(
         TypeError: a non-int size, a non-number ``dropout``, a non-bool ``normalize_before``.
         ValueError: a size < 1; ``nhead`` does not divide ``d_model``; ``dropout`` outside
             ``[0, 1)``; an unknown ``activation``.
+
+    References:
+        DETR ``models/transformer.py`` (the layers' arguments and their defaults).
     """
     for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
         check_int(value, name, minimum=1)
