@@ -23,10 +23,11 @@ from typing import Any, Union
 import torch
 from torch import nn
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
+from ._invariant import make_padding_invariant
 from ._stems import adapt_stem, first_conv
 from .base import BackboneBase
 
@@ -77,7 +78,9 @@ class GraphBackbone(BackboneBase):
         train_backbone: bool,
         frozen_stages: int,
         frozen_batch_norm: bool,
+        padding_invariant: bool = False,
     ) -> None:
+        check_bool(padding_invariant, "padding_invariant")
         self.weights = weights
         self.checkpoint_path = checkpoint_path
         self.train_backbone = train_backbone
@@ -122,6 +125,8 @@ class GraphBackbone(BackboneBase):
         )
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
+        if padding_invariant:  # rewrites both graphs of torchvision's DualGraphModule in place
+            self._invariant = make_padding_invariant(self.body, n_spatial=self.n_spatial)
 
     def _own_repr(self) -> str:
         """Subclass hook: the constructor arguments only that subclass has."""
@@ -134,7 +139,8 @@ class GraphBackbone(BackboneBase):
             f"in_chans={self.in_chans}, {own + ', ' if own else ''}weights={self.weights!r}, "
             f"checkpoint_path={self.checkpoint_path!r}, train_backbone={self.train_backbone}, "
             f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
-            f"num_channels={self.num_channels}, strides={self.strides}"
+            f"padding_invariant={self.padding_invariant}, num_channels={self.num_channels}, "
+            f"strides={self.strides}"
         )
 
     def _stage_boundary(self, k: int) -> str:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from ._invariant import InvariantRunner
 
 __all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
 
@@ -59,8 +60,11 @@ class BackboneBase(nn.Module):
 
     Checks the input (a :class:`~vispos.NestedTensor` of ``n_spatial`` axes and ``in_chans``
     channels, on the model's device), runs :meth:`_features` on its tensors and pairs every level
-    with the batch's mask resized to it (:meth:`~vispos.NestedTensor.with_features`, which keeps
-    the batch's rectangular sizes). Subclasses set ``body``, ``in_chans``, ``num_channels``,
+    with the batch's mask resized to it (:meth:`~vispos.NestedTensor.with_features`, DETR's
+    nearest rule, which keeps the batch's rectangular sizes). With ``padding_invariant=True`` the
+    body is a rewritten graph (:mod:`vispos.backbones._invariant`) that fills each layer's padding
+    and takes statistics over valid cells, and each level's padding comes from convolution
+    arithmetic on every item's box. Subclasses set ``body``, ``in_chans``, ``num_channels``,
     ``strides`` and ``n_spatial`` and implement :meth:`_features`.
 
     Shape:
@@ -71,7 +75,9 @@ class BackboneBase(nn.Module):
         TypeError: ``x`` is not a NestedTensor; ``x.tensors`` is an integer tensor (convert and
             normalize images first), or floating of another dtype than the weights outside
             ``torch.autocast``.
-        ValueError: ``x.tensors`` has another rank or channel count, or is on another device.
+        ValueError: ``x.tensors`` has another rank or channel count, or is on another device; with
+            ``padding_invariant=True``, an arbitrary (non-box) mask, an item whose offset is not a
+            multiple of the strides, or an item too small for the backbone.
 
     References:
         Carion et al., DETR ``models/backbone.py`` (``BackboneBase.forward``).
@@ -80,6 +86,14 @@ class BackboneBase(nn.Module):
     n_spatial: int = 2
     in_chans: int
     body: nn.Module
+    #: set by ``padding_invariant=True``: runs the rewritten graph and gives each level its padding
+    _invariant: InvariantRunner | None = None
+
+    @property
+    def padding_invariant(self) -> bool:
+        """bool: every level of an item in a padded batch equals, on the item's cells, what the
+        backbone gives the item alone (``padding_invariant=True`` at construction)."""
+        return self._invariant is not None
 
     def _features(self, tensors: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """The feature maps of ``tensors``, one per level, each ``Tensor[B, C_l, *S_l]``."""
@@ -96,6 +110,8 @@ class BackboneBase(nn.Module):
             )
         _check_device(tensors, self.body)
         _check_dtype(tensors, self.body)
+        if self._invariant is not None:
+            return self._invariant(self.body, x)
         return [x.with_features(f) for f in self._features(tensors)]
 
 

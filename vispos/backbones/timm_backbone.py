@@ -16,7 +16,9 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
+from ._invariant import make_padding_invariant
 from ._pretrained import cached_timm_weights
+from ._trace import trace_dual
 from .base import BackboneBase
 
 __all__ = ["TimmBackbone"]
@@ -54,6 +56,14 @@ class TimmBackbone(BackboneBase):
         frozen_batch_norm (bool): replace every batch norm by torchvision's
             ``FrozenBatchNorm2d`` (timm's ``BatchNormAct2d`` by its frozen twin), with the same
             statistics: what DETR trains with. Default False.
+        padding_invariant (bool): an image in a padded batch (placed at the origin, DETR's
+            layout) gets on its own cells exactly the features it gets alone, on every level, in
+            eval and training mode: the model is traced with torch.fx and every layer that mixes
+            cells is rewritten (convolutions and pools see zeros / ``-inf`` outside the item, batch
+            norm in training, group norm and global pooling take statistics over valid cells), and
+            each level's mask marks exactly the cells outside the item's own feature map
+            (convolution arithmetic, not nearest resizing). Layers that cannot be made exact are
+            refused here, by name. Default False: DETR's numbers (docs/padding-invariance.md).
 
     Attributes:
         num_channels (list[int]): channels of each returned level.
@@ -76,7 +86,9 @@ class TimmBackbone(BackboneBase):
             model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
             checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
             than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
-            ``pretrained=True`` for a model timm has no weights for.
+            ``pretrained=True`` for a model timm has no weights for; with ``padding_invariant=True``,
+            a layer that cannot be made exact (named) or a model torch.fx cannot trace, and at
+            ``forward`` an arbitrary (non-box) mask or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
             weights for ``model_name`` are not cached on this machine.
 
@@ -96,6 +108,7 @@ class TimmBackbone(BackboneBase):
         train_backbone: bool = True,
         frozen_stages: int = -1,
         frozen_batch_norm: bool = False,
+        padding_invariant: bool = False,
     ) -> None:
         super().__init__()
         import timm
@@ -109,6 +122,7 @@ class TimmBackbone(BackboneBase):
         if len(out_indices) == 0:
             raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         check_bool(pretrained, "pretrained")
+        check_bool(padding_invariant, "padding_invariant")
         check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
@@ -146,6 +160,9 @@ class TimmBackbone(BackboneBase):
         if frozen_batch_norm:
             freeze_batch_norm(self.body, n_spatial=2)
         self._freeze()
+        if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
+            self.body = trace_dual(self.body, n_spatial=2)
+            self._invariant = make_padding_invariant(self.body, n_spatial=2)
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""
@@ -195,5 +212,6 @@ class TimmBackbone(BackboneBase):
             f"model_name={self.model_name!r}, out_indices={self.out_indices}, "
             f"pretrained={self.pretrained}, checkpoint_path={self.checkpoint_path!r}, "
             f"in_chans={self.in_chans}, train_backbone={self.train_backbone}, "
-            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}"
+            f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
+            f"padding_invariant={self.padding_invariant}"
         )

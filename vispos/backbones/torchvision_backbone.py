@@ -63,6 +63,14 @@ class TorchvisionBackbone(GraphBackbone):
         frozen_batch_norm (bool): replace batch norm by torchvision's ``FrozenBatchNorm2d``
             (statistics copied), as DETR does. Default False.
         model_kwargs (dict, optional): further keywords for ``torchvision.models.get_model``.
+        padding_invariant (bool): an item in a padded batch (at the origin, DETR's layout) gets on
+            its own cells exactly the features it gets alone, on every level, in eval and training
+            mode: every layer of the feature-extraction graph that mixes cells is rewritten
+            (convolutions and pools see zeros / ``-inf`` outside the item, also where FX traced
+            through a ``Conv3d`` subclass; batch norm in training, group / instance norm and global
+            pooling take statistics over valid cells), and each level's mask marks exactly the
+            cells outside the item's own feature map (convolution arithmetic). Layers that cannot
+            be made exact are refused here, by name. Default False: DETR's numbers.
 
     Attributes:
         num_channels (list[int]), strides (list[int | tuple[int, int]]): measured per level.
@@ -82,7 +90,8 @@ class TorchvisionBackbone(GraphBackbone):
             top-level nodes); ``dilation`` with a model instance or a model that does not take
             it; a bad ``frozen_stages``; wrong input shape, or an input on another device than
             the weights; a corrupt checkpoint or one missing weights; ``weights`` that are not the
-            model's.
+            model's; with ``padding_invariant=True``, a layer that cannot be made exact (named),
+            and at ``forward`` an arbitrary (non-box) mask or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``weights`` are not in the torch
             hub cache.
 
@@ -107,6 +116,7 @@ class TorchvisionBackbone(GraphBackbone):
         frozen_stages: int = -1,
         frozen_batch_norm: bool = False,
         model_kwargs: Mapping[str, Any] | None = None,
+        padding_invariant: bool = False,
     ) -> None:
         super().__init__()
         import torchvision
@@ -152,7 +162,7 @@ class TorchvisionBackbone(GraphBackbone):
         self._setup(
             model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,
             train_backbone=train_backbone, frozen_stages=frozen_stages,
-            frozen_batch_norm=frozen_batch_norm,
+            frozen_batch_norm=frozen_batch_norm, padding_invariant=padding_invariant,
         )
 
     def _own_repr(self) -> str:

@@ -52,6 +52,14 @@ class VolumeBackbone(GraphBackbone):
         train_backbone (bool), frozen_stages (int), frozen_batch_norm (bool): as in
             :class:`~vispos.backbones.TorchvisionBackbone`; batch norms become
             :class:`~vispos.backbones.FrozenBatchNorm3d`.
+        padding_invariant (bool): an item in a padded batch (at the origin, DETR's layout) gets on
+            its own cells exactly the features it gets alone, on every level, in eval and training
+            mode: every layer of the feature-extraction graph that mixes cells is rewritten
+            (convolutions and pools see zeros / ``-inf`` outside the item, also where FX traced
+            through a ``Conv3d`` subclass; batch norm in training, group / instance norm and global
+            pooling take statistics over valid cells), and each level's mask marks exactly the
+            cells outside the item's own feature map (convolution arithmetic). Layers that cannot
+            be made exact are refused here, by name. Default False: DETR's numbers.
 
     Attributes:
         num_channels (list[int]): channels of each level.
@@ -73,7 +81,9 @@ class VolumeBackbone(GraphBackbone):
             ``Conv3d`` stem; ``weights`` with a built model; unknown nodes; a ``stem_stride`` of
             another length than 3 or with a non-positive entry; ``in_chans`` <= 0; a bad
             ``frozen_stages``; wrong input shape; a checkpoint missing weights; ``weights`` that are
-            not the model's.
+            not the model's; with ``padding_invariant=True``, a layer that cannot be made exact
+            (named), and at ``forward`` an arbitrary (non-box) mask, an item whose offset is not a
+            multiple of the strides (symmetric padding) or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``weights`` are not in the torch
             hub cache.
 
@@ -95,6 +105,7 @@ class VolumeBackbone(GraphBackbone):
         train_backbone: bool = True,
         frozen_stages: int = -1,
         frozen_batch_norm: bool = False,
+        padding_invariant: bool = False,
     ) -> None:
         super().__init__()
         import torchvision
@@ -133,7 +144,7 @@ class VolumeBackbone(GraphBackbone):
         self._setup(
             model, nodes, in_chans=in_chans, weights=weights, checkpoint_path=checkpoint_path,
             train_backbone=train_backbone, frozen_stages=frozen_stages,
-            frozen_batch_norm=frozen_batch_norm,
+            frozen_batch_norm=frozen_batch_norm, padding_invariant=padding_invariant,
         )
 
     def _own_repr(self) -> str:

@@ -1,0 +1,466 @@
+"""Padding-invariant backbones: a traced graph rewritten so that every item of a padded batch gets,
+on its own cells, the features it gets alone.
+
+:func:`make_padding_invariant` walks the FX graph(s) of a backbone (torchvision's feature-extraction
+graph, or a timm / any module traced by :func:`trace_dual`) node by node, with the rules of
+:mod:`vispos.backbones._invariant_rules`, and rewrites it:
+
+* before every layer that reads neighbours (convolution, pooling) the input's padding is filled
+  (zeros; ``-inf`` for max pooling), exactly what the layer's own padding gives the item alone;
+* statistics (batch norm in training, group / instance norm, global pooling and means over space,
+  squeeze-excitation) are taken over valid cells (:mod:`vispos._masked_layers`);
+* every feature map gets a geometry id; :class:`~vispos.backbones._geometry.Geometry` replays the
+  convolution arithmetic on each item's box on the host, so each returned level's padding marks
+  exactly the cells outside the item's own feature map.
+
+A layer that cannot be made exact is refused when the graph is rewritten (at construction), with
+its name. The rewritten graph takes one more argument, ``padding_masks`` (a tuple of ``Tensor[B, 1,
+*S_g]`` bool masks, True = padding, one per geometry id, or None): without it (or with None) it
+runs exactly as before. :class:`InvariantRunner` builds the masks of a batch and pairs each output
+with its padding.
+
+References:
+    Carion et al., DETR, ECCV 2020 (padded batches; evaluation depends on images per GPU,
+    facebookresearch/detr issues 217 and 239); torchvision ``models/feature_extraction.py``
+    (``DualGraphModule``); Liu et al., Partial Convolution based Padding, 2018.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from .. import _masked_layers as ml
+from ..nested_tensor import NestedTensor
+from ..padding import Padding
+from . import _invariant_rules as rules
+from ._geometry import Geometry, Window
+
+__all__ = ["InvariantRunner", "make_padding_invariant", "mask_at"]
+
+_NEG_INF = float("-inf")
+
+
+def mask_at(masks: tuple[Tensor | None, ...] | None, gid: int) -> Tensor | None:
+    """The padding mask of geometry ``gid`` (None when the batch has no padding)."""
+    return None if masks is None else masks[gid]
+
+
+def _norm_act(x: Tensor, pad: Tensor | None, module: nn.Module, kind: str) -> Tensor:
+    """timm's ``BatchNormAct2d`` / ``GroupNormAct`` with masked statistics: norm, ``drop``, ``act``."""
+    if pad is None:
+        return module(x)
+    if kind == "bn":
+        y = ml.masked_batch_norm_module(x, pad, module)
+    else:
+        y = ml.masked_group_norm(x, pad, module.num_groups, module.weight, module.bias, module.eps)
+    return module.act(module.drop(y))
+
+
+def _instance_norm(x: Tensor, pad: Tensor | None, module: nn.Module) -> Tensor:
+    if pad is None:
+        return module(x)
+    return ml.masked_group_norm(x, pad, x.shape[1], module.weight, module.bias, module.eps)
+
+
+def _batch_norm_fn(x, pad, running_mean, running_var, weight, bias, training, momentum, eps):
+    if pad is None:
+        return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    return ml.masked_batch_norm(x, pad, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _instance_norm_fn(x, pad, weight, bias, eps):
+    return ml.masked_group_norm(x, pad, x.shape[1], weight, bias, eps)
+
+
+class _Rewriter:
+    """One pass over one graph (see the module docstring)."""
+
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int) -> None:
+        self.gm, self.old, self.geometry, self.n = gm, graph, geometry, n_spatial
+        self.new = fx.Graph(tracer_cls=graph._tracer_cls)
+        self.env: dict[fx.Node, fx.Node] = {}
+        self.gid: dict[fx.Node, Any] = {}  # int, or _Split (channel split); absent: not a feature map
+        self.alias: set[fx.Node] = set()  # nodes whose value may be the caller's input
+        self.masks_node: fx.Node | None = None
+        self.mask_nodes: dict[int, fx.Node] = {}
+        self.needed: set[int] = set()
+        self.last_path = "the input"
+
+    # ------------------------------------------------------------------------------ helpers
+    def where(self, node: fx.Node) -> str:
+        path = node.meta.get("vispos_path")
+        if node.op == "call_module":
+            return f"{node.target} ({type(self.gm.get_submodule(node.target)).__name__})"
+        target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+        return f"{target} in {path or self.last_path} (graph node {node.name!r})"
+
+    def refuse(self, node: fx.Node, why: str) -> None:
+        raise ValueError(
+            f"padding_invariant=True cannot run {self.where(node)} exactly on a padded batch: {why}. "
+            "Use padding_invariant=False (DETR's behaviour), or a backbone without this layer"
+        )
+
+    def mask(self, gid: int) -> fx.Node:
+        if gid not in self.mask_nodes:
+            self.needed.add(gid)
+            self.mask_nodes[gid] = self.new.call_function(mask_at, (self.masks_node, gid))
+        return self.mask_nodes[gid]
+
+    def spatial_args(self, node: fx.Node) -> list[fx.Node]:
+        found: list[fx.Node] = []
+        fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) if n in self.gid else None)
+        return found
+
+    def copy(self, node: fx.Node, args=None, kwargs=None) -> fx.Node:
+        new = self.new.node_copy(node, lambda n: self.env[n])
+        if args is not None:
+            new.args = args
+        if kwargs is not None:
+            new.kwargs = kwargs
+        return new
+
+    def mapped(self, value: Any) -> Any:
+        return fx.node.map_arg(value, lambda n: self.env[n])
+
+    def windowed(self, node: fx.Node, x: fx.Node, window: Window, fill: float | None) -> int:
+        """Fills ``x``'s padding before a window (``fill`` None: not needed); returns the output gid."""
+        gid_in = self.gid[x]
+        if fill is not None and window.reads_neighbours:
+            filled = self.new.call_function(
+                ml.fill_padding, (self.env[x], self.mask(gid_in), fill, x not in self.alias)
+            )
+            self.env[x] = filled  # later readers of x see the filled map too (same valid cells)
+            self.alias.discard(x)
+        return self.geometry.child(gid_in, window, self.where(node))
+
+    def kernel_of(self, weight: Any, node: fx.Node) -> tuple[int, ...]:
+        """The kernel size of a functional convolution from its weight (a get_attr, possibly
+        reshaped by weight standardisation)."""
+        seen = weight
+        while isinstance(seen, fx.Node):
+            if seen.op == "get_attr":
+                value = self.gm
+                for part in seen.target.split("."):
+                    value = getattr(value, part)
+                if isinstance(value, Tensor) and value.dim() == 2 + self.n:
+                    return tuple(int(k) for k in value.shape[2:])
+                break
+            seen = seen.args[0] if seen.args else None
+        self.refuse(node, "its kernel size cannot be read from the graph")
+        raise AssertionError  # unreachable
+
+    # ------------------------------------------------------------------------------- nodes
+    def run(self) -> list[Any]:
+        outputs: list[Any] = []
+        first = True
+        for node in self.old.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self.copy(node)
+                if first:
+                    self.gid[node] = 0
+                    self.alias.add(node)
+                    self.masks_node = self.new.placeholder("padding_masks", default_value=None)
+                    first = False
+                continue
+            if node.op == "output":
+                outputs = [self.gid.get(n) if isinstance(n, fx.Node) else None
+                           for n in pytree.tree_leaves(node.args[0])]
+                self.copy(node)
+                continue
+            if node.op == "call_module":
+                self.last_path = node.target
+            spatial = self.spatial_args(node)
+            if not spatial:
+                self.env[node] = self.copy(node)
+                continue
+            handler = {"call_module": self.module, "call_function": self.function,
+                       "call_method": self.method}.get(node.op)
+            if handler is None:  # get_attr cannot take a feature map
+                self.refuse(node, f"unexpected graph operation {node.op!r}")
+            handler(node, spatial)
+        return outputs
+
+    def merge(self, node: fx.Node, spatial: list[fx.Node]) -> int:
+        gids = [self.gid[n] for n in spatial]
+        if any(not isinstance(g, int) for g in gids):
+            self.refuse(node, "it takes a whole split of a feature map")
+        for g in gids[1:]:
+            self.geometry.require_equal(gids[0], g, self.where(node))
+        return gids[0]
+
+    def pointwise(self, node: fx.Node, spatial: list[fx.Node], alias: bool = False) -> None:
+        for arg in pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(arg, fx.Node) and arg not in self.gid and arg.op == "get_attr":
+                value = self.gm
+                for part in arg.target.split("."):
+                    value = getattr(value, part)
+                if isinstance(value, Tensor) and value.dim() >= 2 + self.n and any(s > 1 for s in value.shape[2:]):
+                    self.refuse(node, f"it adds a fixed spatial tensor {arg.target} of shape {tuple(value.shape)}")
+        self.gid[node] = self.merge(node, spatial)
+        self.env[node] = self.copy(node)
+        if alias and any(n in self.alias for n in spatial):
+            self.alias.add(node)
+
+    def module(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        m = self.gm.get_submodule(node.target)
+        kind, detail = rules.classify_module(m, self.n)
+        x = node.args[0] if node.args else None
+        if kind == "refuse":
+            self.refuse(node, detail)
+        if x not in self.gid or len(spatial) != 1:
+            self.refuse(node, "its feature map is not its first argument")
+        if kind == "pointwise":
+            return self.pointwise(node, spatial, alias=isinstance(m, (nn.Identity, nn.Dropout)))
+        gid = self.gid[x]
+        if kind in ("conv", "max_pool", "avg_pool"):
+            window = detail[0] if kind == "avg_pool" else detail
+            if kind == "avg_pool" and not detail[1] and detail[2] is None:
+                out_gid = self.windowed(node, x, window, None)
+                self.env[node] = self.new.call_function(ml.masked_avg_pool, (
+                    self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
+                    False, None))
+            else:
+                out_gid = self.windowed(node, x, window, _NEG_INF if kind == "max_pool" else 0.0)
+                self.env[node] = self.copy(node, args=self.mapped(node.args))
+            self.gid[node] = out_gid
+            return
+        if kind == "global":
+            dims = tuple(range(2, 2 + self.n))
+            self.env[node] = self.new.call_function(ml.masked_global_pool, (self.env[x], self.mask(gid), detail, dims, True))
+            return  # a per-item vector: no geometry
+        module_node = self.new.get_attr(node.target)
+        if kind == "batch_norm":
+            fn, args = ml.masked_batch_norm_module, (self.env[x], self.mask(gid), module_node)
+        elif kind == "group_norm":
+            fn, args = ml.masked_group_norm, (self.env[x], self.mask(gid), detail, self.new.get_attr(
+                f"{node.target}.weight") if m.weight is not None else None, self.new.get_attr(
+                f"{node.target}.bias") if m.bias is not None else None, m.eps)
+        elif kind == "instance_norm":
+            fn, args = _instance_norm, (self.env[x], self.mask(gid), module_node)
+        else:  # norm_act
+            fn, args = _norm_act, (self.env[x], self.mask(gid), module_node, detail)
+        self.env[node] = self.new.call_function(fn, args)
+        self.gid[node] = gid
+
+    def function(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        target = node.target
+        if target in rules.POINTWISE_FUNCTIONS:
+            return self.pointwise(node, spatial)
+        if target is getattr:  # x.shape, x.dtype, ...
+            self.env[node] = self.copy(node)
+            return
+        if target is operator.getitem:
+            return self.getitem(node, spatial)
+        entry = rules.FUNCTION_SIGNATURES.get(target)
+        if entry is None:
+            self.refuse(node, "no rule for this function on a feature map")
+        kind, signature = entry
+        try:
+            a = rules.bind(signature, node.args, node.kwargs)
+        except TypeError:
+            self.refuse(node, "its arguments could not be read")
+        self.functional(node, kind, a, spatial)
+
+    def method(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        name = node.target
+        if name in rules.SHAPE_METHODS:
+            self.env[node] = self.copy(node)
+            return
+        if name in rules.POINTWISE_METHODS:
+            return self.pointwise(node, spatial, alias=name in rules.ALIAS_METHODS)
+        entry = rules.METHOD_SIGNATURES.get(name)
+        if entry is None:
+            self.refuse(node, "it reshapes, moves or mixes cells without a padding mask")
+        kind, signature = entry
+        try:
+            a = rules.bind(signature, node.args, node.kwargs)
+        except TypeError:
+            self.refuse(node, "its arguments could not be read")
+        self.functional(node, kind, a, spatial)
+
+    def getitem(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        src, index = node.args
+        gid = self.gid.get(src)
+        if isinstance(gid, _Split) and isinstance(index, int):  # one part of a channel split
+            self.gid[node] = gid.gid
+        elif isinstance(gid, int) and _channel_index(index):
+            self.gid[node] = gid
+        else:
+            self.refuse(node, f"indexing a feature map with {index!r} (only channels may be selected)")
+        self.env[node] = self.copy(node)
+        if src in self.alias:  # a view of the caller's input
+            self.alias.add(node)
+
+    def functional(self, node: fx.Node, kind: str, a: dict[str, Any], spatial: list[fx.Node]) -> None:
+        rank = 2 + self.n
+        x = a.get("input")
+        if kind == "cat":
+            dim = a["dim"] % rank if isinstance(a["dim"], int) else None
+            if dim != 1:
+                self.refuse(node, "it concatenates feature maps along a spatial axis")
+            return self.pointwise(node, spatial)
+        if kind == "split":
+            if x not in self.gid or (a["dim"] % rank) != 1:
+                self.refuse(node, "it splits a feature map along a spatial axis")
+            self.env[node] = self.copy(node)
+            self.gid[node] = _Split(self.gid[x])
+            if x in self.alias:
+                self.alias.add(node)
+            return
+        if kind == "flatten":
+            self.refuse(node, "it flattens the spatial axes of a feature map")
+        if x not in self.gid or len(spatial) != 1:
+            self.refuse(node, "its feature map is not its input")
+        gid = self.gid[x]
+        if kind == "conv":
+            kernel = self.kernel_of(a["weight"], node)
+            window = rules.window_of(self.n, kernel, a["stride"], a["padding"], a["dilation"])
+            self.gid[node] = self.windowed(node, x, window, 0.0)
+            self.env[node] = self.copy(node, args=self.mapped(node.args), kwargs=self.mapped(node.kwargs))
+        elif kind == "max_pool":
+            if a["return_indices"]:
+                self.refuse(node, "return_indices=True (indices into the padded canvas)")
+            window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"])
+            self.gid[node] = self.windowed(node, x, window, _NEG_INF)
+            self.env[node] = self.copy(node, args=self.mapped(node.args), kwargs=self.mapped(node.kwargs))
+        elif kind == "avg_pool":
+            window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], 1, a["ceil_mode"])
+            if a["ceil_mode"] and a["count_include_pad"] and a["divisor_override"] is None and any(window.pad_lo):
+                self.refuse(node, "ceil_mode=True with count_include_pad=True and padding")
+            self.gid[node] = self.windowed(node, x, window, None)
+            self.env[node] = self.new.call_function(ml.masked_avg_pool, (
+                self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
+                a["count_include_pad"], a["divisor_override"]))
+        elif kind in ("adaptive_mean", "adaptive_max"):
+            size = a["output_size"]
+            if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))) or a["return_indices"]:
+                self.refuse(node, f"output_size={size!r} (only a global pool has the item's bins)")
+            mode = "mean" if kind == "adaptive_mean" else "max"
+            self.env[node] = self.new.call_function(
+                ml.masked_global_pool, (self.env[x], self.mask(gid), mode, tuple(range(2, rank)), True))
+        elif kind in ("mean", "sum", "max"):
+            dims = a["dim"]
+            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else None
+            if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or a.get("dtype") is not None:
+                self.refuse(node, f"a reduction over dims {a['dim']!r} (only over every spatial axis)")
+            self.env[node] = self.new.call_function(
+                ml.masked_global_pool, (self.env[x], self.mask(gid), kind, tuple(range(2, rank)), a["keepdim"]))
+        elif kind == "batch_norm":
+            m = self.mapped
+            self.env[node] = self.new.call_function(_batch_norm_fn, (
+                self.env[x], self.mask(gid), m(a["running_mean"]), m(a["running_var"]), m(a["weight"]),
+                m(a["bias"]), a["training"], a["momentum"], a["eps"]))
+            self.gid[node] = gid
+        elif kind == "group_norm":
+            m = self.mapped
+            self.env[node] = self.new.call_function(ml.masked_group_norm, (
+                self.env[x], self.mask(gid), a["num_groups"], m(a["weight"]), m(a["bias"]), a["eps"]))
+            self.gid[node] = gid
+        elif kind == "instance_norm":
+            if not a["use_input_stats"]:
+                return self.pointwise(node, spatial)
+            if a["running_mean"] is not None:
+                self.refuse(node, "instance norm that tracks running statistics")
+            m = self.mapped
+            self.env[node] = self.new.call_function(_instance_norm_fn, (
+                self.env[x], self.mask(gid), m(a["weight"]), m(a["bias"]), a["eps"]))
+            self.gid[node] = gid
+        else:  # pragma: no cover - every kind of the rule book is handled above
+            self.refuse(node, f"no rule for {kind!r}")
+
+
+class _Split:
+    """The geometry of the parts of a channel split (``chunk`` / ``split`` along channels): the
+    input's, for every part."""
+
+    __slots__ = ("gid",)
+
+    def __init__(self, gid: int) -> None:
+        self.gid = gid
+
+
+def _channel_index(index: Any) -> bool:
+    """``x[:, a:b]`` / ``x[:, [..]]``: an index that selects channels only."""
+    if not isinstance(index, tuple):
+        return False
+    if len(index) == 0 or index[0] != slice(None):
+        return False
+    return all(i == slice(None) or i is Ellipsis for i in index[2:])
+
+
+def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> "InvariantRunner":
+    """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
+    runner that feeds it masks.
+
+    Raises:
+        ValueError: a layer that cannot be made exact (named), or outputs that are not feature maps
+            of the input.
+    """
+    geometry = Geometry(n_spatial)
+    dual = hasattr(gm, "train_graph") and hasattr(gm, "eval_graph")
+    graphs = {"train": gm.train_graph, "eval": gm.eval_graph} if dual else {"any": gm.graph}
+    outputs, needed, new_graphs = {}, set(), {}
+    for mode, graph in graphs.items():
+        rewriter = _Rewriter(gm, graph, geometry, n_spatial)
+        outs = rewriter.run()
+        if any(not isinstance(g, int) for g in outs):
+            raise ValueError(
+                "padding_invariant=True: every output of the backbone must be a feature map of its input "
+                f"(got outputs without a spatial layout: {outs})"
+            )
+        rewriter.new.lint()
+        outputs[mode], new_graphs[mode] = outs, rewriter.new
+        needed |= rewriter.needed
+    if dual:
+        gm.train_graph, gm.eval_graph = new_graphs["train"], new_graphs["eval"]
+        gm.graph = gm.train_graph if gm.training else gm.eval_graph
+    else:
+        gm.graph = new_graphs["any"]
+    gm.recompile()
+    return InvariantRunner(geometry, outputs, needed)
+
+
+class InvariantRunner:
+    """Runs a rewritten graph on a :class:`~vispos.NestedTensor` and pairs each output with its
+    padding (see :func:`make_padding_invariant`)."""
+
+    def __init__(self, geometry: Geometry, outputs: dict[str, list[int]], needed: set[int]) -> None:
+        self.geometry, self.outputs, self.needed = geometry, outputs, frozenset(needed)
+
+    def paddings(self, padding: Padding) -> list[Padding | None]:
+        """The padding of every geometry id (None where nothing reads it)."""
+        kind = padding.kind
+        if kind == "arbitrary":
+            raise ValueError(
+                "padding_invariant=True needs each item's box (a rectangular padding), got an arbitrary "
+                "mask; build the batch with vispos.nested_tensor_from_tensor_list / PaddedCollate, or "
+                "Padding.from_sizes, or Padding.from_mask(mask, classify=True) for a box mask"
+            )
+        boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)
+        device = padding.device
+        return [
+            Padding.from_sizes(sizes, canvas, starts=starts, device=device)
+            for starts, sizes, canvas in boxes
+        ]
+
+    def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
+        padding = x.padding
+        if padding.kind == "none":
+            out = body(x.tensors)
+            return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
+        paddings = self.paddings(padding)
+        masks = tuple(p.mask.unsqueeze(1) if g in self.needed else None for g, p in enumerate(paddings))
+        out = pytree.tree_leaves(body(x.tensors, masks))
+        gids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
+        levels = []
+        for t, gid in zip(out, gids):
+            level = paddings[gid]
+            assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
+            levels.append(NestedTensor(t, level))
+        return levels

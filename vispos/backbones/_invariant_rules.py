@@ -1,0 +1,249 @@
+"""What each layer of a traced backbone does to the cells of a padded batch: the rule book of
+:mod:`vispos.backbones._invariant`.
+
+Every graph node that touches a feature map falls in one class:
+
+* **pointwise** (activations, dropout, frozen / eval batch norm, sums and products, channel
+  concatenation): each output cell reads the same cell of its inputs; nothing to do;
+* **window** (convolutions, max / average pooling): reads neighbours; its input's padding is
+  filled (0, or ``-inf`` for max pooling) and its output gets a new geometry by convolution
+  arithmetic;
+* **statistics** (batch norm in training, group / instance norm, global pooling, means over space):
+  computed over valid cells by :mod:`vispos._masked_layers`;
+* anything else that reads a feature map (reshapes, permutes, attention, interpolation, ``F.pad``
+  with sizes computed from the canvas, ``padding="same"`` of TensorFlow ports, a layer norm over
+  space, unknown modules) is **refused** when the backbone is built, by name.
+
+References:
+    ``torch.nn`` module and functional signatures; timm ``layers/norm_act.py`` (``BatchNormAct2d``,
+    ``GroupNormAct``, ``FrozenBatchNormAct2d``); torchvision ``ops/misc.py`` (``FrozenBatchNorm2d``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import operator
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._batch_norm import FrozenBatchNorm3d
+from ._geometry import Window
+
+__all__ = [
+    "ALIAS_METHODS", "FUNCTION_SIGNATURES", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS", "POINTWISE_METHODS",
+    "SHAPE_METHODS", "bind", "classify_module", "window_of",
+]
+
+
+def _tuple(value: Any, n: int) -> tuple[int, ...]:
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1:
+            return tuple(int(value[0]) for _ in range(n))
+        return tuple(int(v) for v in value)
+    return tuple(int(value) for _ in range(n))
+
+
+def window_of(
+    n: int, kernel: Any, stride: Any, padding: Any, dilation: Any = 1, ceil_mode: bool = False
+) -> Window:
+    """A :class:`Window` from torch's arguments (``stride=None`` means the kernel, as pooling;
+    ``padding`` may be ``"same"`` / ``"valid"``)."""
+    kernel = _tuple(kernel, n)
+    dilation = _tuple(dilation, n)
+    stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) else _tuple(stride, n)
+    if padding == "valid":
+        lo = hi = (0,) * n
+    elif padding == "same":
+        total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        lo = tuple(t // 2 for t in total)
+        hi = tuple(t - t // 2 for t in total)
+    else:
+        lo = hi = _tuple(padding, n)
+    return Window(kernel, stride, lo, hi, dilation, bool(ceil_mode))
+
+
+# ------------------------------------------------------------------------------------ modules
+_POINTWISE_MODULES: tuple[type, ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
+    nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+    nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.LocalResponseNorm, FrozenBatchNorm3d,
+)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_MAX_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
+_AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+_ADAPTIVE = {
+    nn.AdaptiveAvgPool1d: "mean", nn.AdaptiveAvgPool2d: "mean", nn.AdaptiveAvgPool3d: "mean",
+    nn.AdaptiveMaxPool1d: "max", nn.AdaptiveMaxPool2d: "max", nn.AdaptiveMaxPool3d: "max",
+}
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+_INSTANCE_NORMS = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
+
+
+def _own_forward(m: nn.Module, bases: tuple[type, ...]) -> type | None:
+    """The base in ``bases`` whose ``forward`` ``m`` runs unchanged (its class or a subclass
+    that does not override ``forward``), else None."""
+    for base in bases:
+        if isinstance(m, base) and type(m).forward is base.forward:
+            return base
+    return None
+
+
+def _third_party_pointwise() -> tuple[type, ...]:
+    """Frozen batch norms of torchvision and timm (a per-channel affine map, plus timm's act)."""
+    found: list[type] = []
+    tv = sys.modules.get("torchvision.ops.misc")
+    if tv is not None:
+        found.append(tv.FrozenBatchNorm2d)
+    timm_norm = sys.modules.get("timm.layers.norm_act")
+    if timm_norm is not None:
+        found += [getattr(timm_norm, n) for n in ("FrozenBatchNormAct2d",) if hasattr(timm_norm, n)]
+    timm_frozen = sys.modules.get("timm.layers")
+    if timm_frozen is not None and hasattr(timm_frozen, "FrozenBatchNorm2d"):
+        found.append(timm_frozen.FrozenBatchNorm2d)
+    return tuple(found)
+
+
+def _timm_norm_act(m: nn.Module) -> str | None:
+    """``"bn"`` / ``"gn"`` for timm's ``BatchNormAct2d`` / ``GroupNormAct`` (norm, then ``drop``,
+    then ``act``), else None."""
+    timm_norm = sys.modules.get("timm.layers.norm_act")
+    if timm_norm is None:
+        return None
+    for name, kind in (("BatchNormAct2d", "bn"), ("GroupNormAct", "gn"), ("GroupNorm1Act", "gn")):
+        cls = getattr(timm_norm, name, None)
+        if cls is not None and type(m) is cls:
+            return kind
+    return None
+
+
+def classify_module(m: nn.Module, n_spatial: int) -> tuple[str, Any]:
+    """``(kind, detail)`` of a module applied to a feature map with ``n_spatial`` axes.
+
+    Kinds: ``"pointwise"``; ``"conv"`` / ``"max_pool"`` / ``"avg_pool"`` (detail: the
+    :class:`Window`, and for average pooling its divisor settings); ``"global"`` (detail: ``"mean"``
+    or ``"max"``); ``"batch_norm"``; ``"group_norm"`` (detail: groups); ``"instance_norm"``;
+    ``"norm_act"`` (detail: ``"bn"`` / ``"gn"``); ``"refuse"`` (detail: why).
+    """
+    if _own_forward(m, _POINTWISE_MODULES) or type(m) in _third_party_pointwise():
+        return "pointwise", None
+    if _own_forward(m, _CONVS):
+        if m.padding_mode != "zeros":
+            return "refuse", f"padding_mode={m.padding_mode!r} (only zero padding is what an item alone sees)"
+        return "conv", window_of(n_spatial, m.kernel_size, m.stride, m.padding, m.dilation)
+    if _own_forward(m, _MAX_POOLS):
+        if m.return_indices:
+            return "refuse", "return_indices=True (indices into the padded canvas differ from the item's)"
+        return "max_pool", window_of(n_spatial, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+    if _own_forward(m, _AVG_POOLS):
+        divisor = getattr(m, "divisor_override", None)
+        if m.ceil_mode and m.count_include_pad and divisor is None and any(_tuple(m.padding, n_spatial)):
+            return "refuse", "ceil_mode=True with count_include_pad=True and padding (its divisor depends on the canvas)"
+        window = window_of(n_spatial, m.kernel_size, m.stride, m.padding, 1, m.ceil_mode)
+        return "avg_pool", (window, m.count_include_pad, divisor)
+    base = _own_forward(m, tuple(_ADAPTIVE))
+    if base is not None:
+        size = m.output_size
+        sizes = size if isinstance(size, (tuple, list)) else (size,)
+        if any(s != 1 for s in sizes):
+            return "refuse", f"output_size={size!r} (only a global pool, output size 1, has the item's bins)"
+        return "global", _ADAPTIVE[base]
+    if _own_forward(m, _BATCH_NORMS) or type(m) is nn.SyncBatchNorm:
+        return "batch_norm", None
+    if _own_forward(m, (nn.GroupNorm,)):
+        return "group_norm", m.num_groups
+    if _own_forward(m, _INSTANCE_NORMS):
+        if m.track_running_stats:
+            return "refuse", "track_running_stats=True (running statistics of instance norm)"
+        return "instance_norm", None
+    kind = _timm_norm_act(m)
+    if kind is not None:
+        return "norm_act", kind
+    if isinstance(m, nn.LayerNorm):
+        return "refuse", "layer norm over the trailing axes, which are spatial in a channels-first map"
+    if isinstance(m, (nn.MultiheadAttention, nn.Upsample, nn.Flatten, nn.Unflatten)):
+        return "refuse", "it mixes or moves cells without a padding mask"
+    return "refuse", "a module vispos does not know how to run on a padded batch (no rule for it)"
+
+
+# ---------------------------------------------------------------------------------- functions
+def _sig_conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
+def _sig_max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False): ...
+def _sig_avg_pool(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                  divisor_override=None): ...
+def _sig_adaptive(input, output_size, return_indices=False): ...
+def _sig_batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                    eps=1e-5): ...
+def _sig_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5): ...
+def _sig_instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
+                       use_input_stats=True, momentum=0.1, eps=1e-5): ...
+def _sig_reduce(input, dim=None, keepdim=False, *, dtype=None): ...
+def _sig_cat(tensors, dim=0): ...
+def _sig_split(input, split_size_or_sections, dim=0): ...
+def _sig_flatten(input, start_dim=0, end_dim=-1): ...
+
+
+#: function -> (kind, signature used to read its arguments)
+FUNCTION_SIGNATURES: dict[Callable, tuple[str, Callable]] = {
+    F.conv1d: ("conv", _sig_conv), F.conv2d: ("conv", _sig_conv), F.conv3d: ("conv", _sig_conv),
+    F.max_pool1d: ("max_pool", _sig_max_pool), F.max_pool2d: ("max_pool", _sig_max_pool),
+    F.max_pool3d: ("max_pool", _sig_max_pool),
+    F.avg_pool1d: ("avg_pool", _sig_avg_pool), F.avg_pool2d: ("avg_pool", _sig_avg_pool),
+    F.avg_pool3d: ("avg_pool", _sig_avg_pool),
+    F.adaptive_avg_pool1d: ("adaptive_mean", _sig_adaptive), F.adaptive_avg_pool2d: ("adaptive_mean", _sig_adaptive),
+    F.adaptive_avg_pool3d: ("adaptive_mean", _sig_adaptive),
+    F.adaptive_max_pool1d: ("adaptive_max", _sig_adaptive), F.adaptive_max_pool2d: ("adaptive_max", _sig_adaptive),
+    F.adaptive_max_pool3d: ("adaptive_max", _sig_adaptive),
+    F.batch_norm: ("batch_norm", _sig_batch_norm), F.group_norm: ("group_norm", _sig_group_norm),
+    F.instance_norm: ("instance_norm", _sig_instance_norm),
+    torch.mean: ("mean", _sig_reduce), torch.sum: ("sum", _sig_reduce), torch.amax: ("max", _sig_reduce),
+    torch.cat: ("cat", _sig_cat), torch.concat: ("cat", _sig_cat), torch.concatenate: ("cat", _sig_cat),
+    torch.chunk: ("split", _sig_split), torch.split: ("split", _sig_split),
+    torch.flatten: ("flatten", _sig_flatten),
+}
+
+#: call_method names read with the same signatures (``x.mean(...)``, ``x.chunk(...)``)
+METHOD_SIGNATURES: dict[str, tuple[str, Callable]] = {
+    "mean": ("mean", _sig_reduce), "sum": ("sum", _sig_reduce), "amax": ("max", _sig_reduce),
+    "chunk": ("split", _sig_split), "split": ("split", _sig_split), "flatten": ("flatten", _sig_flatten),
+}
+
+POINTWISE_FUNCTIONS: frozenset = frozenset({
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pos,
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.pow, operator.abs,
+    torch.add, torch.sub, torch.subtract, torch.mul, torch.multiply, torch.div, torch.divide,
+    torch.neg, torch.abs, torch.exp, torch.sigmoid, torch.tanh, torch.relu, torch.relu_, torch.clamp,
+    torch.clip, torch.clamp_min, torch.maximum, torch.minimum, torch.sqrt, torch.rsqrt, torch.square,
+    torch.pow, torch.erf, torch.where, torch.addcmul, torch.sign,
+    F.relu, F.relu_, F.relu6, F.leaky_relu, F.leaky_relu_, F.prelu, F.rrelu, F.elu, F.elu_, F.selu,
+    F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.hardtanh_, F.sigmoid,
+    F.tanh, F.softplus, F.softsign, F.threshold, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d,
+    F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm,
+})
+
+#: methods whose output may be the input itself (never filled in place, see ``alias``)
+ALIAS_METHODS: frozenset = frozenset({
+    "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "clone", "detach",
+    "requires_grad_", "cpu", "cuda",
+})
+
+POINTWISE_METHODS: frozenset = ALIAS_METHODS | frozenset({
+    "relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "exp", "exp_", "add", "add_", "sub",
+    "sub_", "mul", "mul_", "div", "div_", "neg", "neg_", "abs", "clamp", "clamp_", "clamp_min",
+    "clamp_min_", "clamp_max", "clamp_max_", "clip", "clip_", "pow", "pow_", "sqrt", "rsqrt", "square",
+    "erf", "addcmul", "addcmul_", "masked_fill", "hardswish", "sign",
+})
+
+#: methods and attributes that read facts of a tensor, not its cells
+SHAPE_METHODS: frozenset = frozenset({"size", "dim", "numel", "ndimension", "get_device", "is_contiguous"})
+
+
+def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call by name, defaults applied."""
+    bound = inspect.signature(signature).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
