@@ -41,7 +41,7 @@ from ..padding import Padding
 from . import _invariant_rules as rules
 from ._geometry import Geometry, Window
 
-__all__ = ["InvariantRunner", "make_padding_invariant", "mask_at"]
+__all__ = ["InvariantRunner", "make_padding_invariant", "mask_at", "padding_mask", "window_padding"]
 
 _NEG_INF = float("-inf")
 
@@ -59,7 +59,11 @@ def _norm_act(x: Tensor, pad: Tensor | None, module: nn.Module, kind: str) -> Te
         y = ml.masked_batch_norm_module(x, pad, module)
     else:
         y = ml.masked_group_norm(x, pad, module.num_groups, module.weight, module.bias, module.eps)
-    return module.act(module.drop(y))
+    if hasattr(module, "drop"):  # as timm's own forward: either may be absent
+        y = module.drop(y)
+    if hasattr(module, "act"):
+        y = module.act(y)
+    return y
 
 
 def _instance_norm(x: Tensor, pad: Tensor | None, module: nn.Module) -> Tensor:
@@ -464,3 +468,28 @@ class InvariantRunner:
             assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
             levels.append(NestedTensor(t, level))
         return levels
+
+
+def padding_mask(padding: Padding) -> Tensor | None:
+    """``Tensor[B, 1, *S]`` bool (True = padding) of ``padding``, None for no padding: what the
+    masked layers of :mod:`vispos._masked_layers` take."""
+    return None if padding.kind == "none" else padding.mask.unsqueeze(1)
+
+
+def window_padding(padding: Padding, window: Window, layer: str) -> Padding | None:
+    """The padding of a sliding window's output by convolution arithmetic on each item's box
+    (None for an arbitrary mask, which has no box: the caller falls back to DETR's nearest rule).
+
+    Raises:
+        ValueError: as :meth:`Geometry.boxes` (an offset that is not a multiple of the stride, an
+            item too small for the window).
+    """
+    if padding.kind == "arbitrary":
+        return None
+    geometry = Geometry(padding.n_spatial)
+    gid = geometry.child(0, window, layer)
+    if padding.kind == "none":
+        canvas = tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial))
+        return Padding.none(padding.batch, canvas, padding.device)
+    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[gid]
+    return Padding.from_sizes(sizes, canvas, starts=starts, device=padding.device)

@@ -163,6 +163,11 @@ def classify_module(m: nn.Module, n_spatial: int) -> tuple[str, Any]:
     kind = _timm_norm_act(m)
     if kind is not None:
         return "norm_act", kind
+    if type(m).__name__.endswith("Same") and type(m).__module__.startswith("timm."):
+        return "refuse", (
+            "TensorFlow-style 'same' padding computed from the input's size, so from the padded canvas "
+            "rather than the item (timm's tf_* ports); use the model without the tf_ prefix"
+        )
     if isinstance(m, nn.LayerNorm):
         return "refuse", "layer norm over the trailing axes, which are spatial in a channels-first map"
     if isinstance(m, (nn.MultiheadAttention, nn.Upsample, nn.Flatten, nn.Unflatten)):

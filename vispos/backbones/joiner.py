@@ -23,7 +23,10 @@ from torch import Tensor, nn
 from .._checks import check_bool, check_int
 from ..encodings.grid import _GridEncoding
 from ..nested_tensor import NestedTensor
+from .._masked_layers import fill_padding, masked_group_norm
 from ..padding import Padding, valid_ratios
+from ._invariant import padding_mask, window_padding
+from ._invariant_rules import window_of
 from .base import Backbone, SpatialPositionEmbedding
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels", "valid_ratios"]
@@ -234,6 +237,12 @@ class Joiner(nn.Module):
             levels (then they must already have ``hidden_dim`` channels to be flattened) and allows
             no extra levels.
         num_groups (int): GroupNorm groups (Deformable-DETR: 32); must divide ``hidden_dim``.
+        padding_invariant (bool, optional): GroupNorm of the projections takes each item's
+            statistics over its valid cells, an extra level's 3x3 stride-2 convolution sees zeros
+            outside the item and its padding comes from convolution arithmetic on each item's box,
+            so a padded item gets what it gets alone. Default None: the backbone's own
+            ``padding_invariant`` (False for a backbone without one). False: Deformable-DETR's
+            numbers (GroupNorm over every cell, extra levels' masks resized from the input's).
 
     Attributes:
         num_channels (list[int]), strides (list): per output level (extra levels double the last
@@ -256,9 +265,10 @@ class Joiner(nn.Module):
             encoding of another number of axes or channels than the levels.
 
     Note:
-        GroupNorm takes its statistics over every cell, padding included, as in Deformable-DETR, so
-        a projected level of a padded item differs slightly from the same item alone; the
-        backbone's own convolutions do the same near the padding border.
+        Without ``padding_invariant``, GroupNorm takes its statistics over every cell, padding
+        included, as in Deformable-DETR, so a projected level of a padded item differs from the
+        same item alone; the backbone's own convolutions do the same unless it was built with
+        ``padding_invariant=True``.
 
     References:
         DETR ``models/backbone.py``; Zhu et al., Deformable DETR, ICLR 2021.
@@ -273,6 +283,7 @@ class Joiner(nn.Module):
         level_embed: bool | None = None,
         input_proj: bool = True,
         num_groups: int = 32,
+        padding_invariant: bool | None = None,
     ) -> None:
         super().__init__()
         for name, mod in (("backbone", backbone), ("position_embedding", position_embedding)):
@@ -283,6 +294,7 @@ class Joiner(nn.Module):
         check_bool(level_embed, "level_embed", optional=True)
         check_bool(input_proj, "input_proj")
         check_int(num_groups, "num_groups", minimum=1)
+        check_bool(padding_invariant, "padding_invariant", optional=True)
         self.backbone = backbone
         self.position_embedding = position_embedding
         described = isinstance(backbone, Backbone)
@@ -331,6 +343,9 @@ class Joiner(nn.Module):
                 position_embedding, back_channels, hidden_dim if input_proj else None
             )
         self._pass_dtype = self._grid is None and _takes_dtype(position_embedding)
+        if padding_invariant is None:
+            padding_invariant = bool(getattr(backbone, "padding_invariant", False))
+        self.padding_invariant = padding_invariant
         self.hidden_dim = hidden_dim
         self.num_feature_levels = n_levels
         self.num_groups = num_groups
@@ -431,14 +446,40 @@ class Joiner(nn.Module):
                 raise ValueError(
                     f"backbone returned {n_back} levels but reports {len(self.backbone.num_channels)} channels"
                 )
-            for proj, level in zip(self.input_proj, levels):
-                features.append(level.with_features(proj(level.tensors)))
-            source = levels[-1].tensors
-            for proj in list(self.input_proj)[n_back:]:
-                source = proj(source)
-                features.append(x.with_features(source))
+            if self.padding_invariant:
+                features = self._project_invariant(levels)
+            else:
+                for proj, level in zip(self.input_proj, levels):
+                    features.append(level.with_features(proj(level.tensors)))
+                source = levels[-1].tensors
+                for proj in list(self.input_proj)[n_back:]:
+                    source = proj(source)
+                    features.append(x.with_features(source))
         pos = [self._embed(f) for f in features]
         return features, pos
+
+    def _project_invariant(self, levels: list[NestedTensor]) -> list[NestedTensor]:
+        """The projections with statistics over valid cells and extra levels by convolution
+        arithmetic (``padding_invariant``)."""
+        features = []
+        projs = list(self.input_proj)
+        for proj, level in zip(projs, levels):
+            conv, norm = proj
+            y = conv(level.tensors)  # 1x1: each cell reads only itself
+            y = masked_group_norm(y, padding_mask(level.padding), norm.num_groups, norm.weight, norm.bias, norm.eps)
+            features.append(NestedTensor(y, level.padding))
+        source = levels[-1]
+        for k, proj in enumerate(projs[len(levels):]):
+            conv, norm = proj
+            window = window_of(self.n_spatial, conv.kernel_size, conv.stride, conv.padding, conv.dilation)
+            padding = window_padding(source.padding, window, f"input_proj.{len(levels) + k}")
+            y = conv(fill_padding(source.tensors, padding_mask(source.padding), 0.0))
+            if padding is None:  # an arbitrary mask has no box: DETR's nearest rule
+                padding = source.with_features(y).padding
+            y = masked_group_norm(y, padding_mask(padding), norm.num_groups, norm.weight, norm.bias, norm.eps)
+            source = NestedTensor(y, padding)
+            features.append(source)
+        return features
 
     def flatten(self, features: Sequence[NestedTensor], pos: Sequence[Tensor]) -> FlatLevels:
         """Flattens ``forward``'s output into Deformable-DETR's encoder input, adding the level
@@ -449,5 +490,5 @@ class Joiner(nn.Module):
         return (
             f"hidden_dim={self.hidden_dim}, num_feature_levels={self.num_feature_levels}, "
             f"level_embed={self.level_embed is not None}, input_proj={self.use_input_proj}, "
-            f"num_groups={self.num_groups}"
+            f"num_groups={self.num_groups}, padding_invariant={self.padding_invariant}"
         )
