@@ -98,11 +98,16 @@ class _Rewriter:
 
     # ------------------------------------------------------------------------------ helpers
     def where(self, node: fx.Node) -> str:
-        path = node.meta.get("vispos_path")
+        """The layer a node belongs to: the module it calls, the module it was traced in, the owner
+        of a parameter it reads (a functional convolution), or the module before it."""
         if node.op == "call_module":
             return f"{node.target} ({type(self.gm.get_submodule(node.target)).__name__})"
         target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-        return f"{target} in {path or self.last_path} (graph node {node.name!r})"
+        path = node.meta.get("vispos_path")
+        if not path:
+            owners = [a.target.rpartition(".")[0] for a in node.all_input_nodes if a.op == "get_attr"]
+            path = owners[0] if owners and owners[0] else f"the layer after {self.last_path}"
+        return f"{target} in {path} (graph node {node.name!r})"
 
     def refuse(self, node: fx.Node, why: str) -> None:
         raise ValueError(
@@ -142,6 +147,12 @@ class _Rewriter:
             self.env[x] = filled  # later readers of x see the filled map too (same valid cells)
             self.alias.discard(x)
         return self.geometry.child(gid_in, window, self.where(node))
+
+    def finite_padding(self, node: fx.Node, gid: int) -> None:
+        """Zeros in a max pool's output padding, where windows of padding alone gave ``-inf``: no
+        layer without a fill (a 1x1 convolution) may read a non-finite value, whose product with
+        the zero gradient of a padded cell would be NaN in the weights' gradient."""
+        self.env[node] = self.new.call_function(ml.fill_padding, (self.env[node], self.mask(gid), 0.0, True))
 
     def kernel_of(self, weight: Any, node: fx.Node) -> tuple[int, ...]:
         """The kernel size of a functional convolution from its weight (a get_attr, possibly
@@ -232,6 +243,8 @@ class _Rewriter:
             else:
                 out_gid = self.windowed(node, x, window, _NEG_INF if kind == "max_pool" else 0.0)
                 self.env[node] = self.copy(node, args=self.mapped(node.args))
+                if kind == "max_pool":
+                    self.finite_padding(node, out_gid)
             self.gid[node] = out_gid
             return
         if kind == "global":
@@ -333,6 +346,7 @@ class _Rewriter:
             window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"])
             self.gid[node] = self.windowed(node, x, window, _NEG_INF)
             self.env[node] = self.copy(node, args=self.mapped(node.args), kwargs=self.mapped(node.kwargs))
+            self.finite_padding(node, self.gid[node])
         elif kind == "avg_pool":
             window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], 1, a["ceil_mode"])
             if a["ceil_mode"] and a["count_include_pad"] and a["divisor_override"] is None and any(window.pad_lo):

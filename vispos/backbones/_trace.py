@@ -39,7 +39,7 @@ class PathTracer(fx.Tracer):
     """An FX tracer that keeps vispos' rule-book modules and timm's untraceable modules as leaves
     and records on every node (``node.meta["vispos_path"]``) the module it was traced in."""
 
-    def __init__(self, n_spatial: int) -> None:
+    def __init__(self, n_spatial: int = 2) -> None:  # a default: GraphModule re-traces on unpickling
         leaves, functions = _timm_notrace()
         super().__init__(autowrap_functions=functions)
         self._leaves, self._n_spatial = leaves, n_spatial
