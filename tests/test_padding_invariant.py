@@ -41,10 +41,10 @@ BACKBONES = {
     "torchvision_resnet50_dc5": (
         lambda pi: TorchvisionBackbone("resnet50", dilation=True, return_interm_layers=True, padding_invariant=pi),
         (3, 97, 75), (3, 128, 120)),
-    "r3d_18": (lambda pi: VolumeBackbone("r3d_18", padding_invariant=pi), (1, 19, 23, 21), (1, 26, 30, 33)),
+    "r3d_18": (lambda pi: VolumeBackbone("r3d_18", padding_invariant=pi), (1, 11, 19, 17), (1, 14, 24, 22)),
     "monai_resnet3d": (
         lambda pi: VolumeBackbone(_monai_resnet(), return_nodes=["layer1", "layer2", "layer3"], padding_invariant=pi),
-        (1, 21, 19, 23), (1, 28, 30, 26)),
+        (1, 17, 19, 21), (1, 22, 24, 26)),
 }
 
 
