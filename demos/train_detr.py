@@ -210,6 +210,11 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
         TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False)
     except (ValueError, IndexError) as exc:
         error("--out-index", str(exc))
+    if args.padding_invariant:
+        try:
+            build_backbone(args)
+        except ValueError as exc:
+            error("--padding-invariant", f"--backbone {args.backbone}: {exc}")
     return None
 
 
@@ -223,7 +228,8 @@ def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPh
 
 
 def build_backbone(args: argparse.Namespace) -> TimmBackbone:
-    return TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False)
+    return TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False,
+                        padding_invariant=args.padding_invariant)
 
 
 TASK = DetrTask(

@@ -226,7 +226,8 @@ def build_backbone(args: argparse.Namespace) -> nn.Module:
         "basic", layers=[1, 1, 1, 1], block_inplanes=widths, spatial_dims=3, n_input_channels=1,
         conv1_t_size=args.stem_kernel, conv1_t_stride=2, num_classes=1,
     )
-    return VolumeBackbone(net, return_nodes=[f"layer{len(args.widths)}"], in_chans=1)
+    return VolumeBackbone(net, return_nodes=[f"layer{len(args.widths)}"], in_chans=1,
+                          padding_invariant=args.padding_invariant)
 
 
 TASK = DetrTask(

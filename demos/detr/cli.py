@@ -117,6 +117,9 @@ def build_parser(task: DetrTask) -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=nonnegative_float, default=0.0, help="transformer dropout, in [0, 1)")
     g.add_argument("--norm", choices=("batch", "frozen", "sync"), default="batch",
                    help="backbone batch norm: trained per process (batch), frozen (DETR), or SyncBatchNorm (CUDA)")
+    g.add_argument("--padding-invariant", action=argparse.BooleanOptionalAction, default=False,
+                   help="padding-invariant backbone and input projection: every image gets the same features "
+                        "(and predictions) alone or in any padded batch (default: off, DETR's numbers)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=positive_float, default=1e-3)
     g.add_argument("--weight-decay", type=nonnegative_float, default=1e-4)
@@ -179,6 +182,9 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         error("--device", f"expected cpu or cuda, got {args.device!r}")
     if dev.type == "cuda" and not torch.cuda.is_available():
         error("--device", "CUDA is not available on this machine")
+    if args.norm == "sync" and args.padding_invariant:
+        error("--padding-invariant", "does not work with --norm sync (masked batch statistics are per "
+              "process); use --norm batch or --norm frozen")
     if args.norm == "sync" and not (dev.type == "cuda" and launched_by_torchrun()):
         error("--norm", "sync needs CUDA under torchrun (SyncBatchNorm has no CPU implementation)")
     world = int(os.environ.get("WORLD_SIZE", 1)) if launched_by_torchrun() else 1
