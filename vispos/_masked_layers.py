@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "check_sync_batch_norm",
     "fill_padding",
     "masked_batch_norm",
     "masked_batch_norm_module",
@@ -150,12 +151,7 @@ def masked_batch_norm_module(x: Tensor, pad: Tensor | None, bn: nn.modules.batch
     uses_batch = bn.training or bn.running_mean is None or bn.running_var is None
     if not uses_batch:  # the batch norm alone (timm's BatchNormAct2d adds its activation after)
         return F.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0, bn.eps)
-    if isinstance(bn, nn.SyncBatchNorm) and bn.training and _world_size() > 1:
-        raise ValueError(
-            "padding_invariant=True does not synchronise masked batch statistics across processes: "
-            "use BatchNorm2d per process (the statistics of each process's valid cells) or frozen "
-            "batch norm instead of SyncBatchNorm"
-        )
+    check_sync_batch_norm(bn)
     track = bn.training and bn.track_running_stats
     return masked_batch_norm(
         x, pad,
@@ -166,9 +162,17 @@ def masked_batch_norm_module(x: Tensor, pad: Tensor | None, bn: nn.modules.batch
     )
 
 
-def _world_size() -> int:
+def check_sync_batch_norm(bn: nn.Module) -> None:
+    """Raises ``ValueError`` for a ``SyncBatchNorm`` training across processes: statistics over valid
+    cells are not synchronised between processes."""
     dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if isinstance(bn, nn.SyncBatchNorm) and bn.training and world > 1:
+        raise ValueError(
+            "padding_invariant=True does not synchronise masked batch statistics across processes: "
+            "use BatchNorm2d per process (the statistics of each process's valid cells) or frozen "
+            "batch norm instead of SyncBatchNorm"
+        )
 
 
 def masked_group_norm(

@@ -14,10 +14,12 @@ graph, or a timm / any module traced by :func:`trace_dual`) node by node, with t
   exactly the cells outside the item's own feature map.
 
 A layer that cannot be made exact is refused when the graph is rewritten (at construction), with
-its name. The rewritten graph takes one more argument, ``padding_masks`` (a tuple of ``Tensor[B, 1,
-*S_g]`` bool masks, True = padding, one per geometry id, or None): without it (or with None) it
-runs exactly as before. :class:`InvariantRunner` builds the masks of a batch and pairs each output
-with its padding.
+its name. The rewritten graph takes one more argument, ``paddings`` (a tuple with the
+:class:`~vispos.Padding` of every geometry id, or None): without it (or with None) it runs exactly
+as before. :class:`InvariantRunner` derives the paddings of a batch and pairs each output with its
+padding. A zero fill is written in place into the output of the layer that made the map (a
+convolution, a norm or a sum, whose backward never reads its output), ahead of the activations
+that keep zeros zero, so the convolution after them needs no copy of its input.
 
 References:
     Carion et al., DETR, ECCV 2020 (padded batches; evaluation depends on images per GPU,
@@ -35,51 +37,15 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from .. import _masked_layers as ml
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
+from . import _invariant_ops as ops
 from . import _invariant_rules as rules
 from ._geometry import Geometry, Window
 
-__all__ = ["InvariantRunner", "make_padding_invariant", "mask_at", "padding_mask", "window_padding"]
+__all__ = ["InvariantRunner", "make_padding_invariant", "padding_mask", "window_padding"]
 
 _NEG_INF = float("-inf")
-
-
-def mask_at(masks: tuple[Tensor | None, ...] | None, gid: int) -> Tensor | None:
-    """The padding mask of geometry ``gid`` (None when the batch has no padding)."""
-    return None if masks is None else masks[gid]
-
-
-def _norm_act(x: Tensor, pad: Tensor | None, module: nn.Module, kind: str) -> Tensor:
-    """timm's ``BatchNormAct2d`` / ``GroupNormAct`` with masked statistics: norm, ``drop``, ``act``."""
-    if pad is None:
-        return module(x)
-    if kind == "bn":
-        y = ml.masked_batch_norm_module(x, pad, module)
-    else:
-        y = ml.masked_group_norm(x, pad, module.num_groups, module.weight, module.bias, module.eps)
-    if hasattr(module, "drop"):  # as timm's own forward: either may be absent
-        y = module.drop(y)
-    if hasattr(module, "act"):
-        y = module.act(y)
-    return y
-
-
-def _instance_norm(x: Tensor, pad: Tensor | None, module: nn.Module) -> Tensor:
-    if pad is None:
-        return module(x)
-    return ml.masked_group_norm(x, pad, x.shape[1], module.weight, module.bias, module.eps)
-
-
-def _batch_norm_fn(x, pad, running_mean, running_var, weight, bias, training, momentum, eps):
-    if pad is None:
-        return torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-    return ml.masked_batch_norm(x, pad, running_mean, running_var, weight, bias, training, momentum, eps)
-
-
-def _instance_norm_fn(x, pad, weight, bias, eps):
-    return ml.masked_group_norm(x, pad, x.shape[1], weight, bias, eps)
 
 
 class _Rewriter:
@@ -91,9 +57,12 @@ class _Rewriter:
         self.env: dict[fx.Node, fx.Node] = {}
         self.gid: dict[fx.Node, Any] = {}  # int, or _Split (channel split); absent: not a feature map
         self.alias: set[fx.Node] = set()  # nodes whose value may be the caller's input
-        self.masks_node: fx.Node | None = None
-        self.mask_nodes: dict[int, fx.Node] = {}
+        self.paddings_node: fx.Node | None = None
+        self.padding_nodes: dict[int, fx.Node] = {}
         self.needed: set[int] = set()
+        self.zeroed: set[fx.Node] = set()  # old nodes whose value has zeros in its padding
+        self.nonneg: set[fx.Node] = set()  # ... and no negative value (after a ReLU)
+        self.pool_input: fx.Node | None = None
         self.last_path = "the input"
 
     # ------------------------------------------------------------------------------ helpers
@@ -116,10 +85,12 @@ class _Rewriter:
         )
 
     def mask(self, gid: int) -> fx.Node:
-        if gid not in self.mask_nodes:
+        """The node of geometry ``gid``'s Padding (made once, right after the inputs)."""
+        if gid not in self.padding_nodes:
             self.needed.add(gid)
-            self.mask_nodes[gid] = self.new.call_function(mask_at, (self.masks_node, gid))
-        return self.mask_nodes[gid]
+            with self.new.inserting_after(self.paddings_node):
+                self.padding_nodes[gid] = self.new.call_function(ops.padding_at, (self.paddings_node, gid))
+        return self.padding_nodes[gid]
 
     def spatial_args(self, node: fx.Node) -> list[fx.Node]:
         found: list[fx.Node] = []
@@ -137,22 +108,67 @@ class _Rewriter:
     def mapped(self, value: Any) -> Any:
         return fx.node.map_arg(value, lambda n: self.env[n])
 
-    def windowed(self, node: fx.Node, x: fx.Node, window: Window, fill: float | None) -> int:
-        """Fills ``x``'s padding before a window (``fill`` None: not needed); returns the output gid."""
+    def windowed(self, node: fx.Node, x: fx.Node, window: Window, fill: str | None) -> tuple[int, bool]:
+        """Zeros (``fill="zero"``) or ``-inf`` (``"max"``) in ``x``'s padding before a window that
+        reads neighbours. Returns the output's geometry id and whether ``-inf`` was written."""
         gid_in = self.gid[x]
-        if fill is not None and window.reads_neighbours:
-            filled = self.new.call_function(
-                ml.fill_padding, (self.env[x], self.mask(gid_in), fill, x not in self.alias)
-            )
-            self.env[x] = filled  # later readers of x see the filled map too (same valid cells)
+        out = self.geometry.child(gid_in, window, self.where(node))
+        if fill is None or not window.reads_neighbours:
+            return out, False
+        if x in self.zeroed and (fill == "zero" or x in self.nonneg):
+            return out, False
+        if self.zero_at_producer(x, need_nonneg=fill == "max"):
+            return out, False
+        if fill == "zero":
+            self.env[x] = self.new.call_function(ops.fill, (self.env[x], self.mask(gid_in), 0.0, x not in self.alias))
             self.alias.discard(x)
-        return self.geometry.child(gid_in, window, self.where(node))
+            self.zeroed.add(x)
+            return out, False
+        # a copy for the max pool alone: -inf must not reach a layer that reads x without a fill
+        self.pool_input = self.new.call_function(ops.fill, (self.env[x], self.mask(gid_in), _NEG_INF, False))
+        return out, True
+
+    def zero_at_producer(self, x: fx.Node, need_nonneg: bool) -> bool:
+        """Writes zeros into the padding right after the layer that made ``x`` (through activations
+        that map 0 to 0), when that layer's backward does not read its output. With
+        ``need_nonneg`` (a max pool) one of the activations must be a ReLU: its window then has a
+        valid cell >= 0, and a 0 in the padding never wins over it, as ``-inf`` would not."""
+        chain, cur, nonneg = [], x, False
+        while True:
+            module = self.gm.get_submodule(cur.target) if cur.op == "call_module" else None
+            zero, positive = rules.zero_preserving(cur.op, cur.target, module)
+            inputs = [a for a in cur.all_input_nodes if a in self.gid]
+            if not zero or len(inputs) != 1 or cur.args[:1] != (inputs[0],):
+                break
+            chain.append(cur)
+            nonneg |= positive
+            cur = inputs[0]
+        if need_nonneg and not nonneg:
+            return False
+        if cur in self.alias or not self.fresh(cur):
+            return False
+        with self.new.inserting_after(self.env[cur]):
+            self.new.call_function(ops.fill_in_place, (self.env[cur], self.mask(self.gid[cur]), 0.0))
+        self.zeroed.update(chain + [cur])
+        if nonneg:
+            self.nonneg.add(x)
+        return True
+
+    def fresh(self, node: fx.Node) -> bool:
+        """A new map whose maker's backward does not read it (a fill may write into it)."""
+        if node.op == "call_module":
+            kind = rules.classify_module(self.gm.get_submodule(node.target), self.n)[0]
+            return kind in ("conv", "batch_norm", "group_norm", "instance_norm")
+        if node.op == "call_function":
+            return node.target in rules.FRESH_FUNCTIONS
+        return False
 
     def finite_padding(self, node: fx.Node, gid: int) -> None:
         """Zeros in a max pool's output padding, where windows of padding alone gave ``-inf``: no
         layer without a fill (a 1x1 convolution) may read a non-finite value, whose product with
         the zero gradient of a padded cell would be NaN in the weights' gradient."""
-        self.env[node] = self.new.call_function(ml.fill_padding, (self.env[node], self.mask(gid), 0.0, True))
+        self.env[node] = self.new.call_function(ops.fill, (self.env[node], self.mask(gid), 0.0, True))
+        self.zeroed.add(node)
 
     def kernel_of(self, weight: Any, node: fx.Node) -> tuple[int, ...]:
         """The kernel size of a functional convolution from its weight (a get_attr, possibly
@@ -180,9 +196,10 @@ class _Rewriter:
                 if first:
                     self.gid[node] = 0
                     self.alias.add(node)
-                    self.masks_node = self.new.placeholder("padding_masks", default_value=None)
                     first = False
                 continue
+            if self.paddings_node is None:  # after every input of the original graph
+                self.paddings_node = self.new.placeholder("paddings", default_value=None)
             if node.op == "output":
                 outputs = [self.gid.get(n) if isinstance(n, fx.Node) else None
                            for n in pytree.tree_leaves(node.args[0])]
@@ -236,32 +253,35 @@ class _Rewriter:
         if kind in ("conv", "max_pool", "avg_pool"):
             window = detail[0] if kind == "avg_pool" else detail
             if kind == "avg_pool" and not detail[1] and detail[2] is None:
-                out_gid = self.windowed(node, x, window, None)
-                self.env[node] = self.new.call_function(ml.masked_avg_pool, (
+                out_gid = self.windowed(node, x, window, None)[0]
+                self.env[node] = self.new.call_function(ops.avg_pool, (
                     self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
                     False, None))
             else:
-                out_gid = self.windowed(node, x, window, _NEG_INF if kind == "max_pool" else 0.0)
-                self.env[node] = self.copy(node, args=self.mapped(node.args))
-                if kind == "max_pool":
+                out_gid, neg_inf = self.windowed(node, x, window, "max" if kind == "max_pool" else "zero")
+                args = self.mapped(node.args)
+                if neg_inf:
+                    args = (self.pool_input, *args[1:])
+                self.env[node] = self.copy(node, args=args)
+                if neg_inf:
                     self.finite_padding(node, out_gid)
             self.gid[node] = out_gid
             return
         if kind == "global":
             dims = tuple(range(2, 2 + self.n))
-            self.env[node] = self.new.call_function(ml.masked_global_pool, (self.env[x], self.mask(gid), detail, dims, True))
+            self.env[node] = self.new.call_function(ops.global_pool, (self.env[x], self.mask(gid), detail, dims, True))
             return  # a per-item vector: no geometry
         module_node = self.new.get_attr(node.target)
         if kind == "batch_norm":
-            fn, args = ml.masked_batch_norm_module, (self.env[x], self.mask(gid), module_node)
+            fn, args = ops.batch_norm_module, (self.env[x], self.mask(gid), module_node)
         elif kind == "group_norm":
-            fn, args = ml.masked_group_norm, (self.env[x], self.mask(gid), detail, self.new.get_attr(
+            fn, args = ops.group_norm, (self.env[x], self.mask(gid), detail, self.new.get_attr(
                 f"{node.target}.weight") if m.weight is not None else None, self.new.get_attr(
                 f"{node.target}.bias") if m.bias is not None else None, m.eps)
         elif kind == "instance_norm":
-            fn, args = _instance_norm, (self.env[x], self.mask(gid), module_node)
+            fn, args = ops.instance_norm_module, (self.env[x], self.mask(gid), module_node)
         else:  # norm_act
-            fn, args = _norm_act, (self.env[x], self.mask(gid), module_node, detail)
+            fn, args = ops.norm_act, (self.env[x], self.mask(gid), module_node, detail)
         self.env[node] = self.new.call_function(fn, args)
         self.gid[node] = gid
 
@@ -338,21 +358,28 @@ class _Rewriter:
         if kind == "conv":
             kernel = self.kernel_of(a["weight"], node)
             window = rules.window_of(self.n, kernel, a["stride"], a["padding"], a["dilation"])
-            self.gid[node] = self.windowed(node, x, window, 0.0)
+            self.gid[node] = self.windowed(node, x, window, "zero")[0]
             self.env[node] = self.copy(node, args=self.mapped(node.args), kwargs=self.mapped(node.kwargs))
         elif kind == "max_pool":
             if a["return_indices"]:
                 self.refuse(node, "return_indices=True (indices into the padded canvas)")
             window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], a["dilation"], a["ceil_mode"])
-            self.gid[node] = self.windowed(node, x, window, _NEG_INF)
-            self.env[node] = self.copy(node, args=self.mapped(node.args), kwargs=self.mapped(node.kwargs))
-            self.finite_padding(node, self.gid[node])
+            self.gid[node], neg_inf = self.windowed(node, x, window, "max")
+            args, kwargs = self.mapped(node.args), self.mapped(node.kwargs)
+            if neg_inf:  # the pooled map is the first argument or the keyword ``input``
+                if args:
+                    args = (self.pool_input, *args[1:])
+                else:
+                    kwargs = {**kwargs, "input": self.pool_input}
+            self.env[node] = self.copy(node, args=args, kwargs=kwargs)
+            if neg_inf:
+                self.finite_padding(node, self.gid[node])
         elif kind == "avg_pool":
             window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], 1, a["ceil_mode"])
             if a["ceil_mode"] and a["count_include_pad"] and a["divisor_override"] is None and any(window.pad_lo):
                 self.refuse(node, "ceil_mode=True with count_include_pad=True and padding")
-            self.gid[node] = self.windowed(node, x, window, None)
-            self.env[node] = self.new.call_function(ml.masked_avg_pool, (
+            self.gid[node] = self.windowed(node, x, window, None)[0]
+            self.env[node] = self.new.call_function(ops.avg_pool, (
                 self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
                 a["count_include_pad"], a["divisor_override"]))
         elif kind in ("adaptive_mean", "adaptive_max"):
@@ -361,23 +388,23 @@ class _Rewriter:
                 self.refuse(node, f"output_size={size!r} (only a global pool has the item's bins)")
             mode = "mean" if kind == "adaptive_mean" else "max"
             self.env[node] = self.new.call_function(
-                ml.masked_global_pool, (self.env[x], self.mask(gid), mode, tuple(range(2, rank)), True))
+                ops.global_pool, (self.env[x], self.mask(gid), mode, tuple(range(2, rank)), True))
         elif kind in ("mean", "sum", "max"):
             dims = a["dim"]
             dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else None
             if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or a.get("dtype") is not None:
                 self.refuse(node, f"a reduction over dims {a['dim']!r} (only over every spatial axis)")
             self.env[node] = self.new.call_function(
-                ml.masked_global_pool, (self.env[x], self.mask(gid), kind, tuple(range(2, rank)), a["keepdim"]))
+                ops.global_pool, (self.env[x], self.mask(gid), kind, tuple(range(2, rank)), a["keepdim"]))
         elif kind == "batch_norm":
             m = self.mapped
-            self.env[node] = self.new.call_function(_batch_norm_fn, (
+            self.env[node] = self.new.call_function(ops.batch_norm_fn, (
                 self.env[x], self.mask(gid), m(a["running_mean"]), m(a["running_var"]), m(a["weight"]),
                 m(a["bias"]), a["training"], a["momentum"], a["eps"]))
             self.gid[node] = gid
         elif kind == "group_norm":
             m = self.mapped
-            self.env[node] = self.new.call_function(ml.masked_group_norm, (
+            self.env[node] = self.new.call_function(ops.group_norm, (
                 self.env[x], self.mask(gid), a["num_groups"], m(a["weight"]), m(a["bias"]), a["eps"]))
             self.gid[node] = gid
         elif kind == "instance_norm":
@@ -386,7 +413,7 @@ class _Rewriter:
             if a["running_mean"] is not None:
                 self.refuse(node, "instance norm that tracks running statistics")
             m = self.mapped
-            self.env[node] = self.new.call_function(_instance_norm_fn, (
+            self.env[node] = self.new.call_function(ops.instance_norm_fn, (
                 self.env[x], self.mask(gid), m(a["weight"]), m(a["bias"]), a["eps"]))
             self.gid[node] = gid
         else:  # pragma: no cover - every kind of the rule book is handled above
@@ -473,8 +500,7 @@ class InvariantRunner:
             out = body(x.tensors)
             return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
         paddings = self.paddings(padding)
-        masks = tuple(p.mask.unsqueeze(1) if g in self.needed else None for g, p in enumerate(paddings))
-        out = pytree.tree_leaves(body(x.tensors, masks))
+        out = pytree.tree_leaves(body(x.tensors, tuple(paddings)))
         gids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
         levels = []
         for t, gid in zip(out, gids):

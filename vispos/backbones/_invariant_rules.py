@@ -34,7 +34,7 @@ from ._batch_norm import FrozenBatchNorm3d
 from ._geometry import Window
 
 __all__ = [
-    "ALIAS_METHODS", "FUNCTION_SIGNATURES", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS", "POINTWISE_METHODS",
+    "ALIAS_METHODS", "FUNCTION_SIGNATURES", "FRESH_FUNCTIONS", "zero_preserving", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS", "POINTWISE_METHODS",
     "SHAPE_METHODS", "bind", "classify_module", "window_of",
 ]
 
@@ -252,3 +252,34 @@ def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     bound = inspect.signature(signature).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+# ------------------------------------------------------------- zeros that survive activations
+_ZERO_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
+                 nn.Hardswish, nn.Hardtanh, nn.Tanh, nn.Softsign, nn.Identity, nn.Dropout, nn.Dropout1d,
+                 nn.Dropout2d, nn.Dropout3d)
+_NONNEG_MODULES = (nn.ReLU, nn.ReLU6)
+_ZERO_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.leaky_relu, F.leaky_relu_,
+                             F.elu, F.selu, F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardtanh,
+                             torch.tanh, F.tanh, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d})
+_NONNEG_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6})
+_ZERO_METHODS = frozenset({"relu", "relu_", "tanh", "tanh_"})
+_NONNEG_METHODS = frozenset({"relu", "relu_"})
+
+#: functions whose output is a new map their backward does not read (a fill may write into it)
+FRESH_FUNCTIONS: frozenset = frozenset({
+    F.conv1d, F.conv2d, F.conv3d, F.batch_norm, F.group_norm, operator.add, operator.sub, torch.add, torch.sub,
+})
+
+
+def zero_preserving(op: str, target: Any, module: nn.Module | None) -> tuple[bool, bool]:
+    """``(maps 0 to 0, output >= 0)`` of an elementwise activation (ReLU, GELU, SiLU, dropout, ...):
+    zeros written into the padding before it are still zeros after it."""
+    if op == "call_module":
+        zero = _own_forward(module, _ZERO_MODULES) is not None
+        return zero, zero and _own_forward(module, _NONNEG_MODULES) is not None
+    if op == "call_function":
+        return target in _ZERO_FUNCTIONS, target in _NONNEG_FUNCTIONS
+    if op == "call_method":
+        return target in _ZERO_METHODS, target in _NONNEG_METHODS
+    return False, False
