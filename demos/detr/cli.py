@@ -2,8 +2,9 @@
 one process or torchrun, ``--report``.
 
 Every flag is checked before any work starts; a bad value ends the program with argparse's exit
-status 2 and a message naming the flag (``argument --steps: ...``). ``--tiny`` only changes
-defaults: a flag given explicitly keeps its value.
+status 2 and a message naming the flag (``argument --steps: ...``); so does a ``--resume``
+checkpoint that this run's settings cannot continue (each differing flag with the checkpoint's
+value and the given one). ``--tiny`` only changes defaults: a flag given explicitly keeps its value.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import torch
 
 from vispos.app._io import write_files
 
+from .checkpoint import load_checkpoint
 from .distributed import init_distributed, launched_by_torchrun
-from .engine import train_arm
+from .engine import resume_conflict, train_arm
 from .model import POS_ARMS
 from .report import ablation_table, load_runs, plot_curves
 from .task import DetrTask
 
-__all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser", "parse_args", "run"]
+__all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser", "parse_args", "check_resume", "run"]
 
 #: --tiny's defaults for the core's flags (a task adds its own)
 TINY_CORE = {"batch_size": 2, "eval_images": 4, "hidden": 32, "ffn": 64, "queries": 5}
@@ -191,6 +193,26 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         if not os.path.isfile(args.resume):
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
+    if args.resume is not None:
+        check_resume(args, world, error)
+
+
+def check_resume(args: argparse.Namespace, world: int, error: Callable[[str, str], NoReturn]) -> None:
+    """``--resume``: the checkpoint is read and compared with the run's settings before any work
+    starts; a checkpoint that cannot be resumed ends the program with one line naming each
+    differing flag, the checkpoint's value and the value given (exit 2). ``--train-images`` not
+    given (0) becomes the checkpoint's count, so a run whose count was derived from its
+    ``--steps`` (``--tiny``, or the default of a fresh item per sample) can be resumed for more
+    steps. What may differ: :data:`demos.detr.engine.RESUME_FREE`."""
+    try:
+        state = load_checkpoint(args.resume)
+    except ValueError as exc:
+        error("--resume", str(exc))
+    if not args.train_images:
+        args.train_images = state["args"].get("train_images", 0)
+    conflict = resume_conflict(state, args.pos[0], args, world)
+    if conflict:
+        error("--resume", conflict)
 
 
 def _train_items(args: argparse.Namespace, world: int) -> int:
