@@ -300,3 +300,18 @@ def test_resume_of_a_file_that_is_no_checkpoint_is_exit_2(tmp_path, capsys):
     bad.write_bytes(b"not a checkpoint")
     err = _exit_message(capsys, [*RESUME_TINY, "--resume", str(bad)])
     assert f"argument --resume: '{bad}' is not a readable checkpoint" in err and "Traceback" not in err
+
+
+def test_resume_takes_a_flag_the_checkpoint_does_not_record_at_its_default(tiny_checkpoint, tmp_path, capsys):
+    """A checkpoint written before a flag existed resumes when the flag is at its default (the
+    behaviour the run had), and names the flag otherwise."""
+    from demos.detr.cli import parse_args
+
+    state = torch.load(tiny_checkpoint, weights_only=True)
+    del state["args"]["pre_norm"]
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    _, args = parse_args(T.TASK, [*RESUME_TINY, "--steps", "4", "--out", str(tmp_path), "--resume", str(old)])
+    assert args.train_images == 4 and args.pre_norm is False
+    err = _exit_message(capsys, [*RESUME_TINY, "--steps", "4", "--pre-norm", "--out", str(tmp_path), "--resume", str(old)])
+    assert "argument --resume: the settings differ from the checkpoint's: --pre-norm (checkpoint False, given True)" in err
