@@ -1,4 +1,6 @@
+import io
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -434,8 +436,8 @@ def _png_cases(tmp_path) -> dict[str, tuple]:
 def test_damaged_pngs_raise_instead_of_ending_the_process(tmp_path):
     """Issue 26 item 1: torchvision's PNG decoder ended the process (SIGSEGV) on PNGs with an
     empty, short or garbage IDAT or a row filter of 7, in every colour type. Read in a child
-    process (a crash must not take pytest down): each raises ValueError naming the file, except
-    a bad CRC alone, whose pixels are intact and are read (as Pillow reads them)."""
+    process (a crash must not take pytest down): each raises ValueError naming the file, a bad
+    CRC alone too (TorchCodec calls it damaged; issue 32 item 7: no second decoder)."""
     import json
     import subprocess
     import sys
@@ -460,17 +462,98 @@ def test_damaged_pngs_raise_instead_of_ending_the_process(tmp_path):
     assert done.returncode == 0, f"the process died ({done.returncode}): {done.stderr[-500:]}"
     results = json.loads(done.stdout)
     for name, (status, value) in results.items():
-        if name.endswith("bad_crc"):
-            with Image.open(cases[name]) as im:
-                im = im.convert("RGB") if im.mode != "I;16" else im
-                ref = np.asarray(im).astype(np.float64)
-            ref = ref / 257 if ref.max() > 255 else ref
-            ref = np.broadcast_to(ref[..., None], (*ref.shape, 3)) if ref.ndim == 2 else ref
-            assert status == "ok", (name, value)
-            np.testing.assert_allclose(np.asarray(value).transpose(1, 2, 0), ref.round(), atol=1)
-        else:
-            assert status == "ValueError", (name, status, value)
-            assert f"{cases[name]}' could not be read as an image" in value, value
+        assert status == "ValueError", (name, status, value)
+        assert f"{cases[name]}' could not be read as an image" in value, value
+
+
+def _palette_photo():
+    rng = np.random.default_rng(32)
+    return Image.fromarray(rng.integers(30, 255, (24, 32, 3), dtype=np.uint8)).convert("P")
+
+
+def _encoded(im, fmt, **options):
+    buf = io.BytesIO()
+    im.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def _damaged_palette_files():
+    """Palette PNGs and GIFs written by Pillow, then damaged: ``{name: (bytes, pillow_lenient)}``,
+    where ``pillow_lenient`` is the ``ImageFile.LOAD_TRUNCATED_IMAGES`` under which Pillow alone
+    returns an image for the file without any error."""
+    png, gif = _encoded(_palette_photo(), "PNG"), _encoded(_palette_photo(), "GIF")
+    plte = png.index(b"PLTE") - 4
+    (plte_len,) = struct.unpack(">I", png[plte : plte + 4])
+    flags = gif[10]
+    pos = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)  # after the global colour table
+    while gif[pos] == 0x21:  # extensions before the image
+        pos += 2
+        while gif[pos]:
+            pos += gif[pos] + 1
+        pos += 1
+    assert gif[pos] == 0x2C
+    lzw_min0 = bytearray(gif)
+    lzw_min0[pos + 10] = 0  # the LZW minimum code size: 2..8 for an 8-bit palette
+    return {
+        "palette_truncated.png": (png[: len(png) // 2], True),  # cut inside IDAT: rows filled black
+        "gif_truncated.gif": (gif[: len(gif) // 2], True),
+        "palette_no_plte.png": (png[:plte] + png[plte + 12 + plte_len :], False),  # all black
+        "palette_cut_in_crc.png": (png[:-14], False),  # the end marker and half the last CRC gone
+        "gif_lzw_min0.gif": (bytes(lzw_min0), False),  # wrong pixels
+        "gif_no_trailer.gif": (gif[:-1], False),
+    }
+
+
+@pytest.mark.parametrize("name", list(_damaged_palette_files()))
+def test_a_file_torchcodec_refuses_is_not_guessed_by_pillow(tmp_path, monkeypatch, name):
+    """Issue 32 item 7: Pillow, tried after TorchCodec refused a file, returned a plausible image
+    for damaged palette PNGs and GIFs (all black for a lost palette or a truncation under
+    LOAD_TRUNCATED_IMAGES). Each damaged file here is one Pillow alone reads without an error;
+    load_image refuses it, naming the file and TorchCodec's reason."""
+    from PIL import ImageFile
+
+    data, lenient = _damaged_palette_files()[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", lenient)
+    with Image.open(path) as im:
+        im.load()  # the trap: Pillow raises nothing
+        assert im.size == (32, 24)
+    with pytest.raises(ValueError, match=(
+        rf"image file '{path}' could not be read as an image \(damaged or truncated\?\): TorchCodec: "
+        rf"RuntimeError: .*; not retried with Pillow, which returns plausible but wrong pixels for some "
+        rf"damaged (PNG|GIF) files"
+    )):
+        load_image(path)
+
+
+def test_palette_truncation_under_lenient_pillow_was_a_black_image(tmp_path, monkeypatch):
+    """What the fallback returned: a truncated palette PNG comes out of Pillow mostly black."""
+    from PIL import ImageFile
+
+    data, _ = _damaged_palette_files()["palette_truncated.png"]
+    (tmp_path / "a.png").write_bytes(data)
+    monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
+    with Image.open(tmp_path / "a.png") as im:
+        black = (np.asarray(im.convert("RGB")) == 0).all(-1).mean()
+    assert black > 0.4
+    with pytest.raises(ValueError, match="not retried with Pillow"):
+        load_image(tmp_path / "a.png")
+
+
+@pytest.mark.parametrize("fmt, options, atol", [
+    ("PNG", {}, 0), ("GIF", {}, 0), ("GIF", {"interlace": True, "transparency": 3}, 0),
+    ("WEBP", {"lossless": True}, 0), ("JPEG", {"quality": 90}, 2 / 255), ("JPEG", {"progressive": True}, 2 / 255),
+])
+def test_valid_files_of_torchcodec_formats_decode_to_pillows_pixels(tmp_path, fmt, options, atol):
+    """The undamaged originals: TorchCodec alone reads them, to Pillow's pixels (JPEG: both
+    libjpeg, within 2 levels)."""
+    im = _palette_photo() if fmt in ("PNG", "GIF") else _palette_photo().convert("RGB")
+    path = tmp_path / f"a.{fmt.lower()}"
+    path.write_bytes(_encoded(im, fmt, **options))
+    with Image.open(path) as decoded:
+        expected = torch.from_numpy(np.asarray(decoded.convert("RGB")).copy()).permute(2, 0, 1).float() / 255
+    torch.testing.assert_close(load_image(path), expected, atol=atol, rtol=0)
 
 
 def test_no_torchvision_io_decoding_left():

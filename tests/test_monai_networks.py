@@ -270,3 +270,127 @@ class _FakeNested:
 
     def decompose(self):
         return self.tensors, self.mask
+
+
+# --------------------------------------------------------------------- export and TorchScript
+class _OnTensors(nn.Module):
+    """The padded form for exporters (they take tensors, not NestedTensors): ``(tensors, mask)``
+    in, the NestedTensor built inside."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, tensors, mask):
+        from vispos import NestedTensor
+
+        return self.net(NestedTensor(tensors, mask))
+
+
+def _flat(out):
+    return [out] if isinstance(out, torch.Tensor) else [t for o in out for t in _flat(o)]
+
+
+def _export_nets():
+    vit2d = dict(VIT, img_size=(16, 24), spatial_dims=2)
+    return {
+        "vit_learnable": lambda: AnySizeViT(**VIT),
+        "vit_sincos": lambda: AnySizeViT(**VIT, pos_embed_type="sincos"),
+        "vit_2d_classification": lambda: AnySizeViT(**vit2d, classification=True, num_classes=3),
+        "unetr": lambda: AnySizeUNETR(**UNETR_KW),
+    }
+
+
+@pytest.mark.parametrize("name", list(_export_nets()))
+def test_torch_export_plain_and_padded_equals_eager(name):
+    """Issue 32 item 9: ``torch.export.export`` failed on both classes even with a plain tensor
+    at the built size (``as_subclass(Tensor)`` on the traced input), and a padded batch with a
+    learned table needed host reads of each item's box. Both now export; the exported program's
+    outputs equal eager's, whole tensors, on the example and on other data of the same shapes."""
+    net = _export_nets()[name]().eval()
+    n = len(net.patch_size)
+    built = (32,) * 3 if name == "unetr" else tuple(VIT["img_size"][:n]) if n == 3 else (16, 24)
+    plain = torch.randn(2, 1, *built)
+    ep = torch.export.export(net, (plain,))
+    for x in (plain, torch.randn(2, 1, *built)):
+        for got, want in zip(_flat(ep.module()(x)), _flat(net(x)), strict=True):
+            assert_close(got, want, rtol=1e-5, atol=1e-5)
+    sizes = [built, tuple(s - 3 - i for i, s in enumerate(built))]  # padded at the end, partial patches
+    nested = nested_tensor_from_tensor_list(_volumes(sizes))
+    tensors, mask = nested.decompose()
+    ep = torch.export.export(_OnTensors(net), (tensors, mask))
+    # other items on the same padded canvas (the program is exported for these shapes)
+    other_sizes = [(built[0], *(s // 2 + 1 for s in built[1:])), (built[0] // 2 + 1, *built[1:])]
+    other = nested_tensor_from_tensor_list(_volumes(other_sizes, seed=1))
+    for batch in (nested, other):
+        for got, want in zip(_flat(ep.module()(*batch.decompose())), _flat(net(batch)), strict=True):
+            assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_torch_export_sincos_vit_with_dynamic_batch_and_sizes():
+    """A sin-cos ViT exports once for any batch and any size (whole patches, at least 2 per axis),
+    plain or padded; a learned table is resampled per size, so it exports at the example's sizes."""
+    from torch.export import Dim
+
+    from vispos import NestedTensor
+
+    net = AnySizeViT(**VIT, pos_embed_type="sincos").eval()
+    batch, grid = Dim("B", min=1, max=8), [Dim(f"g{i}", min=2, max=16) for i in range(3)]
+    spatial = {2 + i: 4 * g for i, g in enumerate(grid)}
+    ep = torch.export.export(net, (torch.randn(2, 1, 16, 24, 8),), dynamic_shapes=({0: batch, **spatial},))
+    x = torch.randn(3, 1, 8, 12, 32)
+    assert_close(ep.module()(x)[0], net(x)[0], rtol=1e-5, atol=1e-5)
+    nested = nested_tensor_from_tensor_list(_volumes([(16, 24, 8), (9, 13, 8)]))
+    ep = torch.export.export(_OnTensors(net), nested.decompose(), dynamic_shapes={
+        "tensors": {0: batch, **spatial}, "mask": {0: batch, **{k - 1: v for k, v in spatial.items()}}})
+    other = nested_tensor_from_tensor_list(_volumes([(20, 8, 12), (5, 16, 3), (8, 7, 8)], seed=2))  # canvas (20, 16, 12)
+    assert_close(ep.module()(*other.decompose())[0], net(NestedTensor(*other.decompose()))[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode, antialias", [
+    ("bicubic", True), ("bicubic", False), ("bilinear", True), ("area", False), ("nearest", False),
+    ("trilinear", False), ("area", True),
+])
+def test_traced_resampling_equals_the_host_path(mode, antialias):
+    """What export and compile run for a learned table on a padded batch (per-axis weights read
+    off ``F.interpolate``, no host read) against the eager path (each item's box read on the host,
+    ``resample_abs_pos_embed``), on items padded before, after, everywhere and not at all."""
+    n = 3 if mode == "trilinear" or (mode == "area" and antialias) else 2
+    kw = dict(VIT, img_size=(20, 28, 12)[:n], spatial_dims=n)
+    net = AnySizeViT(**kw, resample_mode=mode, antialias=antialias).eval()
+    with torch.no_grad():
+        net.patch_embedding.position_embeddings.normal_()
+    grid = (9, 3, 4)[:n]
+    g = torch.Generator().manual_seed(3)
+    token_valid = torch.rand(5, *grid, generator=g) > 0.5
+    token_valid[0] = True
+    token_valid[1] = False
+    token_valid[2] = False
+    token_valid[(2, *(slice(1, k) for k in grid))] = True  # padding before the item
+    token_valid[3] = False
+    token_valid[(3, *(slice(0, max(k - 2, 1)) for k in grid))] = True  # after
+    host = net._positions(token_valid, grid, 5, None)
+    assert_close(net._resampled_items(token_valid, grid), host, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("build", [lambda: AnySizeViT(**VIT), lambda: AnySizeUNETR(**UNETR_KW)])
+def test_torchscript_is_refused_with_a_clear_error(build):
+    """MONAI's ViT and UNETR script; these do not (the forward takes NestedTensors and builds each
+    item's positions in Python): script and trace say so and name torch.export, and MONAI's own
+    class with the same state_dict scripts and gives the same output at the built size."""
+    net = build().eval()
+    name = type(net).__name__
+    monai_cls = ViT if name == "AnySizeViT" else UNETR
+    size = VIT["img_size"] if name == "AnySizeViT" else UNETR_KW["img_size"]
+    x = torch.randn(1, 1, *size)
+    with pytest.raises(TypeError, match=rf"{name} does not support TorchScript \(torch.jit.script\): .* Use torch.export.export"):
+        torch.jit.script(net)
+    with pytest.raises(TypeError, match=rf"{name} does not support TorchScript \(torch.jit.trace\)"):
+        torch.jit.trace(net, (x,))
+    twin = monai_cls(**(VIT if name == "AnySizeViT" else UNETR_KW)).eval()
+    twin.load_state_dict(net.state_dict())
+    scripted = torch.jit.script(twin)
+    with torch.no_grad():
+        for got, want in zip(_flat(scripted(x)), _flat(net(x)), strict=True):
+            assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -231,3 +231,87 @@ def test_held_out_items_follow_a_reference_pipeline():
         ref_boxes = box_convert(boxes * scale, "xyxy", "cxcywh") / torch.tensor([w, h, w, h])
         torch.testing.assert_close(target["boxes"], ref_boxes)
         torch.testing.assert_close(target["labels"], labels, rtol=0, atol=0)
+
+
+#: a tiny run of one arm, small enough for a few seconds a run
+RESUME_TINY = ["--tiny", "--pos", "sine", "--eval-images", "2", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A --tiny run of 2 steps (its --train-images and --memory-warmup derived from --steps) and its
+    checkpoint."""
+    out = tmp_path_factory.mktemp("tiny")
+    threads = torch.get_num_threads()
+    try:
+        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "2", "--save-every", "2", "--out", str(out)],
+                     log=lambda *_: None) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out / "sine" / "seed0" / "checkpoint.pt"
+
+
+def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
+    """--tiny derives --train-images (steps x batch) from --steps: the resumed run keeps the
+    checkpoint's count (its data), and the schedule keeps the checkpoint's decay step."""
+    first = torch.load(tiny_checkpoint, weights_only=True)
+    assert first["args"]["train_images"] == 4 and first["args"]["steps"] == 2
+    out = tmp_path / "more"
+    logs = []
+    threads = torch.get_num_threads()
+    try:
+        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "5", "--save-every", "5", "--out", str(out),
+                              "--resume", str(tiny_checkpoint)], log=logs.append) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert any("resumed from" in line and "at step 2" in line for line in logs)
+    m = json.loads((out / "sine" / "seed0" / "metrics.json").read_text())
+    assert m["steps"] == [1, 2, 3, 4, 5] and m["resumed_at"] == [2]
+    assert m["loss"][:2] == first["metrics"]["loss"] and m["lr"][:2] == first["metrics"]["lr"]
+    assert m["args"]["steps"] == 5 and m["args"]["train_images"] == 4  # this run's settings, the checkpoint's data
+    # warm-up 100 steps, decay at int(0.8 * 2) = 1 (the first run's): 1e-3 * (s + 1) / 100 * 0.1
+    assert m["lr"] == pytest.approx([1e-3 * (s + 1) / 100 * (0.1 if s >= 1 else 1) for s in range(5)])
+    last = torch.load(out / "sine" / "seed0" / "checkpoint.pt", weights_only=True)
+    assert last["step"] == 5 and last["args"]["train_images"] == 4
+    assert not all(torch.equal(a, last["model"][k]) for k, a in first["model"].items())  # it trained on
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lr", "2e-3", "--batch-size", "3"],
+     "argument --resume: the settings differ from the checkpoint's: --batch-size (checkpoint 2, given 3), "
+     "--lr (checkpoint 0.001, given 0.002); a resumed run keeps every setting of its checkpoint except "
+     "--device, --eval-every, --memory-warmup, --out, --save-every, --steps, --threads, --workers"),
+    (["--train-images", "6"], "--train-images (checkpoint 4, given 6)"),
+    (["--pos", "grid"], "argument --resume: the checkpoint is of arm 'sine', this run trains 'grid'"),
+    (["--steps", "1"], "argument --resume: the checkpoint is at step 2; --steps must be >= 2, got 1"),
+])
+def test_resume_with_other_settings_is_one_line_exit_2(tiny_checkpoint, tmp_path, capsys, extra, message):
+    """Not a traceback with exit 1: argparse's exit 2 and one line naming each differing flag with
+    the checkpoint's value and the given one, and what may differ."""
+    err = _exit_message(capsys, [*RESUME_TINY, "--steps", "4", "--out", str(tmp_path), *extra,
+                                 "--resume", str(tiny_checkpoint)])
+    assert message in err and "Traceback" not in err
+    assert ": error: " in err.splitlines()[-1] and message in err.splitlines()[-1]  # one line
+    assert not (tmp_path / "sine").exists()  # refused before any work
+
+
+def test_resume_of_a_file_that_is_no_checkpoint_is_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    err = _exit_message(capsys, [*RESUME_TINY, "--resume", str(bad)])
+    assert f"argument --resume: '{bad}' is not a readable checkpoint" in err and "Traceback" not in err
+
+
+def test_resume_takes_a_flag_the_checkpoint_does_not_record_at_its_default(tiny_checkpoint, tmp_path, capsys):
+    """A checkpoint written before a flag existed resumes when the flag is at its default (the
+    behaviour the run had), and names the flag otherwise."""
+    from demos.detr.cli import parse_args
+
+    state = torch.load(tiny_checkpoint, weights_only=True)
+    del state["args"]["pre_norm"]
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    _, args = parse_args(T.TASK, [*RESUME_TINY, "--steps", "4", "--out", str(tmp_path), "--resume", str(old)])
+    assert args.train_images == 4 and args.pre_norm is False
+    err = _exit_message(capsys, [*RESUME_TINY, "--steps", "4", "--pre-norm", "--out", str(tmp_path), "--resume", str(old)])
+    assert "argument --resume: the settings differ from the checkpoint's: --pre-norm (checkpoint False, given True)" in err

@@ -273,3 +273,27 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
     with pytest.raises(SystemExit) as exc:  # nothing to report: argparse's exit 2, naming the flag
         T.main(["--report", "--out", str(tmp_path / "empty")])
     assert exc.value.code == 2
+
+
+def test_tiny_run_resumes_for_more_steps_and_other_settings_exit_2(tmp_path, capsys):
+    """A --tiny run (--train-images, --eval-every and --memory-warmup derived from --steps) resumed
+    for more steps keeps its checkpoint's data; other settings end in one line, exit 2."""
+    tiny = ["--tiny", "--pos", "sine", "--eval-images", "2", "--threads", "1", "--out", str(tmp_path)]
+    threads = torch.get_num_threads()
+    try:
+        assert T.run(T.TASK, [*tiny, "--steps", "2", "--save-every", "2"], log=lambda *_: None) == 0
+        ckpt = tmp_path / "sine" / "seed0" / "checkpoint.pt"
+        first = torch.load(ckpt, weights_only=True)
+        assert first["args"]["train_images"] == 2 * first["args"]["batch_size"]
+        with pytest.raises(SystemExit) as exc:
+            T.main([*tiny, "--steps", "4", "--spacing", "3", "--resume", str(ckpt)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "Traceback" not in err
+        assert ("argument --resume: the settings differ from the checkpoint's: --spacing (checkpoint 4.0, given 3.0); "
+                "a resumed run keeps every setting of its checkpoint except --device") in err.splitlines()[-1]
+        assert T.run(T.TASK, [*tiny, "--steps", "4", "--resume", str(ckpt)], log=lambda *_: None) == 0
+    finally:
+        torch.set_num_threads(threads)
+    m = json.loads((tmp_path / "sine" / "seed0" / "metrics.json").read_text())
+    assert m["steps"] == [1, 2, 3, 4] and m["resumed_at"] == [2] and m["loss"][:2] == first["metrics"]["loss"]
+    assert m["args"]["train_images"] == first["args"]["train_images"] and m["args"]["steps"] == 4

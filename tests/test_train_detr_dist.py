@@ -154,19 +154,25 @@ def test_interrupted_and_resumed_run_is_bit_exact(tmp_path):
 
 
 def test_resume_refuses_another_arm_or_other_settings(tmp_path, capsys):
+    """The command line refuses before any work (exit 2, one line; more in tests/test_train_detr.py);
+    ``train_arm`` called directly refuses with a ValueError saying the same."""
+    from demos.detr import DistContext, train_arm
+    from demos.detr.cli import parse_args
+
     run(T.TASK, [*TINY, "--steps", "2", "--save-every", "2", "--out", str(tmp_path)], log=lambda *_: None)
     ckpt = str(tmp_path / "sine" / "seed0" / "checkpoint.pt")
-    with pytest.raises(ValueError, match="checkpoint is of arm 'sine', this run trains 'grid'"):
-        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--pos", "grid", "--resume", ckpt])
-    with pytest.raises(ValueError, match=r"settings differ from the checkpoint's: --lr 0.001 -> 0.002"):
-        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--lr", "2e-3", "--resume", ckpt])
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="is not a readable checkpoint"):
-        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--resume", str(bad)])
-    with pytest.raises(SystemExit) as exc:
-        run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--pos", "sine", "grid", "--resume", ckpt])
-    assert exc.value.code == 2 and "argument --resume: resumes one arm" in capsys.readouterr().err
+    for extra, message in [
+        (["--pos", "grid"], "argument --resume: the checkpoint is of arm 'sine', this run trains 'grid'"),
+        (["--lr", "2e-3"], "argument --resume: the settings differ from the checkpoint's: --lr (checkpoint 0.001, given 0.002)"),
+        (["--pos", "sine", "grid"], "argument --resume: resumes one arm"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            run(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), *extra, "--resume", ckpt])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    _, args = parse_args(T.TASK, [*TINY, "--steps", "2", "--out", str(tmp_path), "--resume", ckpt])
+    args.lr = 2e-3
+    with pytest.raises(ValueError, match=r"--resume: the settings differ from the checkpoint's: --lr \(checkpoint 0.001, given 0.002\)"):
+        train_arm(T.TASK, "sine", args, DistContext(), str(tmp_path / "direct"))
 
 
 if __name__ == "__main__":  # under torchrun, from the test above

@@ -2,8 +2,9 @@
 one process or torchrun, ``--report``.
 
 Every flag is checked before any work starts; a bad value ends the program with argparse's exit
-status 2 and a message naming the flag (``argument --steps: ...``). ``--tiny`` only changes
-defaults: a flag given explicitly keeps its value.
+status 2 and a message naming the flag (``argument --steps: ...``); so does a ``--resume``
+checkpoint that this run's settings cannot continue (each differing flag with the checkpoint's
+value and the given one). ``--tiny`` only changes defaults: a flag given explicitly keeps its value.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import torch
 
 from vispos.app._io import write_files
 
+from .checkpoint import load_checkpoint
 from .distributed import init_distributed, launched_by_torchrun
-from .engine import train_arm
+from .engine import resume_conflict, train_arm
 from .model import POS_ARMS
 from .report import ablation_table, load_runs, plot_curves
 from .task import DetrTask
 
-__all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser", "parse_args", "run"]
+__all__ = ["int_at_least", "positive_float", "nonnegative_float", "build_parser", "parse_args", "check_resume", "run"]
 
 #: --tiny's defaults for the core's flags (a task adds its own)
 TINY_CORE = {"batch_size": 2, "eval_images": 4, "hidden": 32, "ffn": 64, "queries": 5}
@@ -153,6 +155,8 @@ def parse_args(task: DetrTask, argv: Sequence[str] | None = None) -> tuple[argpa
     if args.memory_warmup is None:  # after the second evaluation: the first one imports the metric
         args.memory_warmup = min(2 * args.eval_every, args.steps // 2)
     validate(args, task, _error(parser))
+    if args.resume is not None and not args.report:
+        check_resume(args, parser, _error(parser))
     return parser, args
 
 
@@ -197,6 +201,29 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         if not os.path.isfile(args.resume):
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
+
+
+def check_resume(
+    args: argparse.Namespace, parser: argparse.ArgumentParser, error: Callable[[str, str], NoReturn],
+) -> None:
+    """``--resume``: the checkpoint is read and compared with the run's settings before any work
+    starts; a checkpoint that cannot be resumed ends the program with one line naming each
+    differing flag, the checkpoint's value and the value given (exit 2). ``--train-images`` not
+    given (0) becomes the checkpoint's count, so a run whose count was derived from its
+    ``--steps`` (``--tiny``, or the default of a fresh item per sample) can be resumed for more
+    steps. A flag the checkpoint does not record (added to the demos after it was written) is
+    taken at its default. What may differ: :data:`demos.detr.engine.RESUME_FREE`."""
+    try:
+        state = load_checkpoint(args.resume)
+    except ValueError as exc:
+        error("--resume", str(exc))
+    state["args"] = {**{k: parser.get_default(k) for k in vars(args)}, **state["args"]}
+    if not args.train_images:
+        args.train_images = state["args"].get("train_images", 0)
+    world = int(os.environ.get("WORLD_SIZE", 1)) if launched_by_torchrun() else 1
+    conflict = resume_conflict(state, args.pos[0], args, world)
+    if conflict:
+        error("--resume", conflict)
 
 
 def _train_items(args: argparse.Namespace, world: int) -> int:

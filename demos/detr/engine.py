@@ -46,10 +46,16 @@ from .metrics import matched_ious
 from .model import DetrModel, make_position_embedding
 from .task import DetrTask
 
-__all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "train_arm", "resident_memory_mb"]
+__all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "train_arm", "resident_memory_mb",
+           "resume_conflict", "RESUME_FREE"]
 
-#: args that may differ between a run and its resumption (everything else must match)
-RESUME_FREE = frozenset({"resume", "save_every", "threads", "workers", "out", "report", "device", "eval_every"})
+#: args that may differ between a run and its resumption (everything else must match): where the
+#: run writes and how it runs, when it evaluates, the report's memory warm-up, and how long it goes
+#: on (``--steps``: the schedule keeps the checkpoint's warm-up and decay step, the data its
+#: ``--train-images``; see :func:`resume_conflict`)
+RESUME_FREE = frozenset({
+    "resume", "save_every", "threads", "workers", "out", "report", "device", "eval_every", "memory_warmup", "steps",
+})
 #: per-step series in metrics.json
 SERIES = ("loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "seconds", "rss_mb", "padded_fraction")
 
@@ -156,20 +162,41 @@ def _held_out_batches(held_set: Any, args: argparse.Namespace, ctx: DistContext)
     return list(DataLoader(share, batch_size=args.batch_size, collate_fn=collate, generator=torch.Generator()))
 
 
-def _check_resume(state: dict[str, Any], arm: str, args: argparse.Namespace, ctx: DistContext) -> None:
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def resume_conflict(state: dict[str, Any], arm: str, args: argparse.Namespace, world_size: int) -> str | None:
+    """Why ``state`` (a checkpoint) cannot be resumed by a run of ``arm`` with ``args`` on
+    ``world_size`` processes, in one line; None when it can.
+
+    A resumed run keeps every setting of the checkpoint except those in :data:`RESUME_FREE`. Of
+    these, ``--steps`` may grow (or shrink, not below the checkpoint's step): the learning-rate
+    schedule keeps the checkpoint's warm-up and decay step (``LambdaLR.load_state_dict``
+    restores them, as DETR's absolute ``lr_drop``), and the data keeps the checkpoint's
+    ``--train-images`` (the CLI takes it from the checkpoint where the flag is not given, so that a
+    count derived from the first run's ``--steps`` stays that run's).
+    """
     saved = state["args"]
     if state["arm"] != arm:
-        raise ValueError(f"--resume: the checkpoint is of arm {state['arm']!r}, this run trains {arm!r}")
-    now = {k: v for k, v in vars(args).items() if k not in RESUME_FREE and k != "pos"}
-    diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        return f"the checkpoint is of arm {state['arm']!r}, this run trains {arm!r}"
+    if args.steps < state["step"]:
+        return f"the checkpoint is at step {state['step']}; --steps must be >= {state['step']}, got {args.steps}"
+    missing = object()
+    diff = {k: (saved.get(k, missing), v) for k, v in vars(args).items()
+            if k not in RESUME_FREE and k != "pos" and saved.get(k, missing) != v}
     if diff:
-        detail = ", ".join(f"--{k.replace('_', '-')} {a!r} -> {b!r}" for k, (a, b) in sorted(diff.items()))
-        raise ValueError(f"--resume: the run's settings differ from the checkpoint's: {detail}")
-    if state["world_size"] != ctx.world_size:
-        raise ValueError(
-            f"--resume: the checkpoint was written by {state['world_size']} processes, this run has "
-            f"{ctx.world_size} (the data order per process would differ)"
-        )
+        def show(v: Any) -> str:
+            return "not recorded" if v is missing else repr(v)
+
+        detail = ", ".join(f"{_flag(k)} (checkpoint {show(a)}, given {show(b)})" for k, (a, b) in sorted(diff.items()))
+        free = ", ".join(_flag(k) for k in sorted(RESUME_FREE - {"resume", "report"}))
+        return (f"the settings differ from the checkpoint's: {detail}; a resumed run keeps every setting of its "
+                f"checkpoint except {free} (give the first run's values, or leave --resume out to start afresh)")
+    if state["world_size"] != world_size:
+        return (f"the checkpoint was written by {state['world_size']} processes, this run has {world_size} "
+                f"(the data order per process would differ)")
+    return None
 
 
 def _new_metrics(task: DetrTask, arm: str, args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
@@ -227,11 +254,14 @@ def train_arm(
     step = 0
     if args.resume:
         state = load_checkpoint(args.resume)
-        _check_resume(state, arm, args, ctx)
+        conflict = resume_conflict(state, arm, args, ctx.world_size)
+        if conflict:
+            raise ValueError(f"--resume: {conflict}")
         (model.module if ddp else model).load_state_dict(state["model"])
         optim.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         metrics, step = state["metrics"], state["step"]
+        metrics["args"] = _new_metrics(task, arm, args, ctx)["args"]  # this run's (its --steps, --resume)
         resumed_sampler = state["sampler"]
         metrics["resumed_at"].append(step)
         if ctx.is_main:

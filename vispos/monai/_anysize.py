@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .._checks import check_bool, check_choice
 from .._sincos import check_temperature, sincos_embed
+from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
 from ..nested_tensor import NestedTensor, NestedTensorLike
@@ -65,6 +66,28 @@ def _token_boxes(token_valid: Tensor) -> list[tuple[tuple[int, ...], tuple[int, 
     return [(start, tuple(max(v, 1) for v in size)) for start, size in zip(padding.starts, padding.sizes)]
 
 
+def _no_torchscript(name: str, how: str) -> TypeError:
+    """The error for TorchScript: the forward reads NestedTensors and builds each item's position
+    embedding in Python (types, per-item loops, hooks) that TorchScript cannot compile or trace."""
+    monai = "ViT" if name == "AnySizeViT" else "UNETR"
+    return TypeError(
+        f"{name} does not support TorchScript ({how}): its forward takes NestedTensors and builds each "
+        f"item's position embedding in Python. Use torch.export.export (plain tensors and padded batches: "
+        f"pass (tensors, mask) and build the NestedTensor inside), or load its state_dict into MONAI's "
+        f"{monai} (the same keys) and script that, at the img_size it was built for"
+    )
+
+
+def _plain(t: Tensor) -> Tensor:
+    """``t`` as a plain ``Tensor`` (a ``MetaTensor``'s data, its metadata left behind); a plain
+    tensor is returned as it is. ``as_subclass`` is never called on one: under ``torch.export``
+    it turns the traced (fake) input into a new tensor the tracer does not know, which it then
+    records as a constant and refuses ("a fake tensor in the exported program constant's list")."""
+    if type(t) is Tensor or (tracing() and not isinstance(t, MetaTensor)):  # a tracer's own tensors stay
+        return t
+    return t.as_subclass(Tensor)
+
+
 class _Input(NamedTuple):
     """What a forward was given: ``images`` ``Tensor[B, C, *S']`` padded at the end to whole
     patches (plain tensor), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
@@ -87,6 +110,10 @@ class _AnySize:
 
     def _vit(self) -> ViT:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def __prepare_scriptable__(self) -> Any:
+        """``torch.jit.script`` calls this first: these classes do not script (see :func:`_no_torchscript`)."""
+        raise _no_torchscript(type(self).__name__, "torch.jit.script")
 
     def _configure(
         self,
@@ -155,6 +182,8 @@ class _AnySize:
     def _read(self, x: Any) -> _Input:
         """The input, read once (see :class:`_Input`)."""
         name = type(self).__name__
+        if torch.jit.is_tracing():
+            raise _no_torchscript(name, "torch.jit.trace")
         n = len(self.patch_size)
         boxes = None
         if isinstance(x, NestedTensor):
@@ -171,13 +200,13 @@ class _AnySize:
             got = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
             raise ValueError(f"{name} takes (B, C, *S) with {n} spatial axes, got {got}")
         meta = tensors if isinstance(tensors, MetaTensor) else None
-        tensors = tensors.as_subclass(Tensor)  # computed on plain tensors; metadata re-attached at the end
+        tensors = _plain(tensors)  # computed on plain tensors; metadata re-attached at the end
         spatial = tuple(tensors.shape[2:])
         if mask is not None:
             check_mask(mask)
             if tuple(mask.shape) != (tensors.shape[0], *spatial):
                 raise ValueError(f"mask must have shape {(tensors.shape[0], *spatial)}, got {tuple(mask.shape)}")
-            mask = mask.as_subclass(Tensor).to(tensors.device)
+            mask = _plain(mask).to(tensors.device)
         extra = [(-s) % p for s, p in zip(spatial, self.patch_size)]
         if any(extra):
             pad = [w for e in reversed(extra) for w in (0, e)]
@@ -233,6 +262,8 @@ class _AnySize:
         # resample the learned (or Fourier) table to each item's own grid
         if token_valid is None:
             return self._resampled(grid).reshape(1, -1, hidden)
+        if tracing():  # export, compile: no host read of the boxes, every item's table in tensors
+            return self._resampled_items(token_valid, grid)
         if boxes is not None:  # the voxel boxes, known on the host: the patches that touch them
             patch = self.patch_size
             boxes = [
@@ -247,6 +278,59 @@ class _AnySize:
             region = tuple(slice(a, a + s) for a, s in zip(start, size))
             out[(b, *region)] = self._resampled(size)
         return out.reshape(batch, -1, hidden)
+
+    def _resampling_weights(self, axis: int, cells: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """``Tensor[cells, cells, old]``: entry ``[s - 1, p, i]`` is the weight of the table's
+        cell ``i`` along ``axis`` in output cell ``p`` when that axis is resized to ``s`` cells
+        (rows ``p >= s`` are zero). ``F.interpolate``'s own weights, read off by resizing the
+        identity along the axis (the other axes kept at 2 cells, which every mode maps to
+        themselves; at 1 cell torch's antialiased modes give other weights): every mode
+        :func:`~vispos.resample_abs_pos_embed` takes is separable, so a resized table is these
+        weights applied along each axis in turn."""
+        old = self.grid_size[axis]
+        n = len(self.grid_size)
+        shape = [old, 1] + [1] * n
+        shape[2 + axis] = old
+        expand = [old, 1] + [2] * n
+        expand[2 + axis] = old
+        basis = torch.eye(old, dtype=dtype, device=device).reshape(shape).expand(expand)
+        first = tuple(slice(None) if d == axis else 0 for d in range(n))
+        antialias = self.antialias and self.resample_mode in ("bilinear", "bicubic")
+        rows = []
+        for s in range(1, cells + 1):
+            size = [2] * n
+            size[axis] = s
+            w = F.interpolate(basis, size=size, mode=self.resample_mode, antialias=antialias)
+            w = w[(slice(None), 0, *first)].T  # (s, old)
+            rows.append(F.pad(w, (0, 0, 0, cells - s)))
+        return torch.stack(rows)
+
+    def _resampled_items(self, token_valid: Tensor, grid: tuple[int, ...]) -> Tensor:
+        """``Tensor[B, N, hidden]``: the table resampled to each item's box of valid patches and
+        placed on it (zeros elsewhere), as the host path does, from tensors alone (no host read,
+        no size that depends on the data: ``torch.export`` and ``torch.compile`` trace it)."""
+        table = self._vit().patch_embedding.position_embeddings
+        hidden = table.shape[-1]
+        compute = torch.float64 if table.dtype == torch.float64 else torch.float32
+        n, batch, device = len(grid), token_valid.shape[0], token_valid.device
+        weights = []
+        for axis, cells in enumerate(grid):
+            other = [d for d in range(1, n + 1) if d != axis + 1]
+            line = token_valid.any(dim=other)  # (B, cells): the item's extent along the axis
+            found = line.any(1)
+            first = line.to(torch.int8).argmax(1)
+            last = cells - 1 - line.flip(1).to(torch.int8).argmax(1)
+            start = torch.where(found, first, 0)
+            size = torch.where(found, last - first + 1, 1)
+            w = self._resampling_weights(axis, cells, compute, device)[size - 1]  # (B, cells, old)
+            index = torch.arange(cells, device=device) - start[:, None]  # output cell -> item cell
+            inside = (index >= 0) & (index < size[:, None])
+            w = w.gather(1, index.clamp(0, cells - 1)[..., None].expand(-1, -1, w.shape[-1]))
+            weights.append(w * inside[..., None].to(compute))
+        grid_table = table[0].to(compute).reshape(*self.grid_size, hidden)
+        equation = "bpi,bqj,ijc->bpqc" if n == 2 else "bpi,bqj,brk,ijkc->bpqrc"
+        out = torch.einsum(equation, *weights, grid_table)
+        return out.reshape(batch, -1, hidden).to(table.dtype)
 
     def _resampled(self, size: tuple[int, ...]) -> Tensor:
         table = self._vit().patch_embedding.position_embeddings

@@ -20,6 +20,10 @@ valid region, to float tolerance (tested). A patch holding any valid voxel is va
 are not multiples of the patch size keep their last, partial patch (zero-filled), where MONAI's
 convolution would drop it.
 
+``torch.export.export`` takes both, on plain tensors and on padded batches (``(tensors, mask)``,
+the ``NestedTensor`` built inside the exported module); TorchScript does not (a ``TypeError``
+naming the alternatives): see docs/monai.md, "Export and TorchScript".
+
 References:
     Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021 (ViT; interpolating position
     embeddings for another resolution); Hatamizadeh et al., UNETR, WACV 2022; MONAI
@@ -41,6 +45,16 @@ from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size
 from ._masked import install_decoder_hooks, masked_decoder
 
 __all__ = ["AnySizeViT", "AnySizeUNETR"]
+
+_EXPORT_DOC = """
+    Export:
+        ``torch.export.export`` works on plain tensors and on padded batches (export a module
+        taking ``(tensors, mask)`` that builds the ``NestedTensor``); the learned table is then
+        resampled to each item from tensors alone. A sin-cos table exports with dynamic batch
+        and sizes; a learned one for the example's shapes. TorchScript is not supported:
+        ``torch.jit.script`` and ``torch.jit.trace`` raise ``TypeError`` (MONAI's own class,
+        loaded with this ``state_dict``, scripts at its built size).
+"""
 
 _OPTIONS_DOC = """
     Args (beyond MONAI's, keyword-only):
@@ -73,9 +87,10 @@ class AnySizeViT(_AnySize, ViT):
         ValueError: bad options; causal or relative-position attention blocks; a sin-cos table
             that is not MONAI's at ``temperature``; a learned table whose grid cannot be known
             (pass ``img_size``). At ``forward``: a mask of another shape.
-        TypeError: an input that is neither a NestedTensor nor a tensor; a non-bool mask.
+        TypeError: an input that is neither a NestedTensor nor a tensor; a non-bool mask;
+            ``torch.jit.script`` / ``torch.jit.trace`` (TorchScript is not supported).
         ImportError: MONAI older than 1.5.
-
+    """ + _EXPORT_DOC + """
     References:
         Dosovitskiy et al., ICLR 2021; MONAI ``networks/nets/vit.py``.
     """
@@ -143,9 +158,9 @@ class AnySizeUNETR(_AnySize, UNETR):
     Raises:
         ValueError: as :class:`AnySizeViT`; a decoder layer a mask cannot follow (pooling, layer
             norm over space, SyncBatchNorm, instance norm tracking running statistics).
-        TypeError: as :class:`AnySizeViT`.
+        TypeError: as :class:`AnySizeViT` (TorchScript included).
         ImportError: MONAI older than 1.5.
-
+    """ + _EXPORT_DOC + """
     References:
         Hatamizadeh et al., UNETR: Transformers for 3D Medical Image Segmentation, WACV 2022;
         MONAI ``networks/nets/unetr.py``.

@@ -2,9 +2,11 @@
 
 Nothing is downloaded: the sample photos are the ones scikit-image installs with itself.
 Decoding goes through TorchCodec (PNG, JPEG, GIF, WebP, AVIF at their bit depth, EXIF orientation
-applied) or Pillow (TIFF, BMP, PNM); a decompression bomb is refused from its header. A damaged
-file raises ``ValueError``: both decoders report damage as exceptions (torchvision's native PNG
-decoder, used before, ended the process on some damaged PNGs, pytorch/vision #3613, #4485).
+applied) or Pillow (TIFF, BMP, PNM): one decoder per format, never a second opinion; a
+decompression bomb is refused from its header. A damaged file raises ``ValueError``: both
+decoders report damage as exceptions (torchvision's native PNG decoder, used before, ended the
+process on some damaged PNGs, pytorch/vision #3613, #4485), and a file TorchCodec refuses is not
+handed to Pillow, which returns plausible but wrong pixels for some damaged files (issue 32).
 """
 
 from __future__ import annotations
@@ -114,8 +116,12 @@ def load_image(
     The header is read first (Pillow, lazily): an image larger than ``max_pixels`` is refused
     before any pixel is decoded. PNG, JPEG (and MPO), GIF, WebP and AVIF are then decoded by
     TorchCodec's ``decode_image`` (8- and 16-bit, EXIF orientation applied: the same pixels as
-    Pillow's ``ImageOps.exif_transpose`` for orientations 1-8); when it cannot read a file, Pillow
-    is tried before giving up. TIFF, BMP and PNM (PBM/PGM/PPM/PFM) are decoded by Pillow, with
+    Pillow's ``ImageOps.exif_transpose`` for orientations 1-8). The rule for damage: a file of
+    these formats that TorchCodec refuses raises ``ValueError`` and is not retried with Pillow,
+    which returns an image without error for some damaged files (a palette PNG that lost its
+    palette, a GIF with a forged LZW code size: all black; a PNG or GIF cut short while
+    ``PIL.ImageFile.LOAD_TRUNCATED_IMAGES`` is set: its missing rows filled; a bad checksum or a
+    missing end marker). TIFF, BMP and PNM (PBM/PGM/PPM/PFM) are decoded by Pillow alone, with
     ``ImageOps.exif_transpose``. Integers are divided by their type's maximum (255 for 8 bits,
     65535 for 16 bits); 32-bit float images (TIFF mode ``F``) are taken as stored, expected in
     [0, 1] (clipped with a warning otherwise). Grey images are repeated to three channels; an
@@ -139,7 +145,8 @@ def load_image(
         IsADirectoryError: ``path`` is a directory.
         TypeError: a non-int ``max_size`` / ``max_pixels``.
         ValueError: the file is not an image, is in a format outside :data:`IMAGE_FORMATS`, or is
-            damaged (every message names the file); it has more than ``max_pixels`` pixels (the
+            damaged, or TorchCodec refuses a PNG / JPEG / MPO / GIF / WebP / AVIF (every message
+            names the file and the decoder's reason); it has more than ``max_pixels`` pixels (the
             message names its size and the limit); integers above 16 bits or non-finite floats;
             a non-positive ``max_size`` / ``max_pixels``.
 
@@ -182,22 +189,24 @@ def load_image(
                 f"image file {path!r} declares {w}x{h} = {w * h} pixels, more than max_pixels="
                 f"{max_pixels} (a decompression bomb?); refused before decoding"
             )
-        image, codec_error = None, None
         if im.format in _TORCHCODEC_FORMATS:
             try:
                 image = _decode_torchcodec(path)
-            except (RuntimeError, ValueError) as exc:  # damaged, or a variant it does not read
-                codec_error = exc
-        if image is None:
+            except (RuntimeError, ValueError) as exc:  # damaged: no second, more lenient decoder
+                raise ValueError(
+                    f"{_damaged(path, 'TorchCodec', exc)}; not retried with Pillow, which returns "
+                    f"plausible but wrong pixels for some damaged {im.format} files"
+                ) from None
+        else:
             try:
                 im.load()
                 image = _pillow_to_tensor(im, path)
             except ValueError as exc:
                 if path in str(exc):  # ours, already naming the file
                     raise
-                raise ValueError(_damaged(path, codec_error, exc)) from None
+                raise ValueError(_damaged(path, "Pillow", exc)) from None
             except Exception as exc:  # noqa: BLE001 - Pillow's decoders: OSError, SyntaxError ...
-                raise ValueError(_damaged(path, codec_error, exc)) from None
+                raise ValueError(_damaged(path, "Pillow", exc)) from None
     return _shrink(image, max_size)
 
 
@@ -207,11 +216,8 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _damaged(path: str, codec_error: BaseException | None, pillow_error: BaseException) -> str:
-    why = _why(pillow_error)
-    if codec_error is not None:
-        why = f"TorchCodec: {_why(codec_error)}; Pillow: {why}"
-    return f"image file {path!r} could not be read as an image (damaged or truncated?): {why}"
+def _damaged(path: str, decoder: str, error: BaseException) -> str:
+    return f"image file {path!r} could not be read as an image (damaged or truncated?): {decoder}: {_why(error)}"
 
 
 def displayed_size(path: str | os.PathLike) -> tuple[int, int] | None:
