@@ -33,6 +33,7 @@ import concurrent.futures
 import dataclasses
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -47,7 +48,6 @@ PYTHON_LANGS = {"python", "py", "python3"}
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`]*?)[ \t]*$")
 _MARKER = re.compile(r"^[ \t]*<!--[ \t]*docs-test:[ \t]*(?P<body>.*?)[ \t]*-->[ \t]*$")
 _COMMENT = re.compile(r"<!--.*?-->", re.S)
-_SENTINEL = "@@docs-test"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,34 @@ def _plain(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
+def _read_markers(pending: list[tuple[int, str]], prose: str, where: str
+                  ) -> tuple[str | None, bool, list[str]]:
+    """The skip reason and the continues flag of the markers above one python block."""
+    skip, continues, problems = None, False, []
+    for number, body in pending:
+        if body == "continues":
+            continues = True
+        elif body.startswith("skip:") and body[5:].strip():
+            skip = body[5:].strip()
+            if _plain(skip) not in _plain(prose):
+                problems.append(f"{where}: the skip reason '{skip}' is not written in the page's "
+                                "text above the block (the reader must be told too)")
+        else:
+            problems.append(f"{where.rsplit(':', 1)[0]}:{number}: unknown marker '{body}' "
+                            "(expected 'skip: REASON' or 'continues')")
+    return skip, continues, problems
+
+
+def _fence_end(lines: list[str], start: int, opener: str) -> int:
+    """The index of the line closing the fence opened at ``start`` (len(lines) if unclosed)."""
+    for end in range(start + 1, len(lines)):
+        close = _FENCE.match(lines[end])
+        if close and not close.group("info") and close.group("fence")[0] == opener[0] \
+                and len(close.group("fence")) >= len(opener):
+            return end
+    return len(lines)
+
+
 def parse_blocks(text: str, path: str) -> tuple[list[Block], list[str]]:
     """The python blocks of one markdown text, and the problems found with its markers.
 
@@ -88,78 +116,63 @@ def parse_blocks(text: str, path: str) -> tuple[list[Block], list[str]]:
     lines = text.split("\n")
     blocks: list[Block] = []
     problems: list[str] = []
-    prose_start = 0            # first line after the previous fenced block
-    pending: list[tuple[int, str]] = []   # markers seen right above the current line
+    prose_start = 0                        # first line after the previous fenced block
+    pending: list[tuple[int, str]] = []    # markers seen right above the current line
+
+    def unattached(why: str) -> None:
+        problems.extend(f"{path}:{n}: marker '{body}' {why}" for n, body in pending)
+        pending.clear()
+
     i = 0
     while i < len(lines):
-        line = lines[i]
-        marker = _MARKER.match(line)
+        marker, fence = _MARKER.match(lines[i]), _FENCE.match(lines[i])
         if marker:
             pending.append((i + 1, marker.group("body")))
             i += 1
             continue
-        fence = _FENCE.match(line)
         if not fence:
-            for number, body in pending:
-                problems.append(f"{path}:{number}: marker '{body}' is not right above a ```python fence")
-            pending = []
+            unattached("is not right above a ```python fence")
             i += 1
             continue
         indent, opener, info = fence.group("indent"), fence.group("fence"), fence.group("info")
         lang = info.split()[0].strip("{}.").lower() if info else ""
-        end = i + 1
-        while end < len(lines):
-            close = _FENCE.match(lines[end])
-            if close and not close.group("info") and close.group("fence")[0] == opener[0] \
-                    and len(close.group("fence")) >= len(opener):
-                break
-            end += 1
-        body = [ln[len(indent):] if ln.startswith(indent) else ln.lstrip() for ln in lines[i + 1:end]]
-        if lang in PYTHON_LANGS:
-            skip, continues = None, False
-            for number, text_ in pending:
-                if text_ == "continues":
-                    continues = True
-                elif text_.startswith("skip:") and text_[5:].strip():
-                    skip = text_[5:].strip()
-                    prose = _plain("\n".join(lines[prose_start:pending[0][0] - 1]))
-                    if _plain(skip) not in prose:
-                        problems.append(f"{path}:{i + 1}: the skip reason '{skip}' is not written in the "
-                                        "page's text above the block (the reader must be told too)")
-                else:
-                    problems.append(f"{path}:{number}: unknown marker '{text_}' (expected 'skip: REASON' "
-                                    "or 'continues')")
-            code = "\n".join(body) + "\n"
+        end = _fence_end(lines, i, opener)
+        if lang not in PYTHON_LANGS:
+            unattached(f"is above a '{lang or 'plain'}' fence, not a python one")
+        else:
+            where = f"{path}:{i + 1}"
+            prose = "\n".join(lines[prose_start:pending[0][0] - 1 if pending else i])
+            skip, continues, bad = _read_markers(pending, prose, where)
+            problems += bad
+            pending.clear()
+            body = lines[i + 1:end]
+            code = "\n".join(ln[len(indent):] if ln.startswith(indent) else ln.lstrip()
+                             for ln in body) + "\n"
             try:
                 ast.parse(code)
             except SyntaxError as exc:
-                problems.append(f"{path}:{i + 1 + (exc.lineno or 0)}: not valid Python on its own: {exc.msg}")
+                problems.append(f"{path}:{i + 1 + (exc.lineno or 0)}: not valid Python on its own: "
+                                f"{exc.msg}")
             chain: tuple[str, ...] = ()
-            if continues:
-                if not blocks:
-                    problems.append(f"{path}:{i + 1}: 'continues' but no python block comes before it")
-                else:
-                    prev = blocks[-1]
-                    chain = prev.chain + (prev.id,)
-                    if skip is None and prev.skip is not None:
-                        skip = f"continues {prev.id}, which is skipped: {prev.skip}"
+            if continues and not blocks:
+                problems.append(f"{where}: 'continues' but no python block comes before it")
+            elif continues:
+                prev = blocks[-1]
+                chain = prev.chain + (prev.id,)
+                if skip is None and prev.skip is not None:
+                    skip = f"continues {prev.id}, which is skipped: {prev.skip}"
             blocks.append(Block(path, i + 1, code, skip, continues, chain))
-        elif pending:
-            for number, body_ in pending:
-                problems.append(f"{path}:{number}: marker '{body_}' is above a '{lang or 'plain'}' fence, "
-                                "not a python one")
-        pending = []
         i = end + 1
         prose_start = i
-    for number, body_ in pending:
-        problems.append(f"{path}:{number}: marker '{body_}' is not right above a ```python fence")
+    unattached("is not right above a ```python fence")
     return blocks, problems
 
 
 def collect(root: Path = ROOT) -> tuple[list[Block], list[str]]:
     blocks, problems = [], []
     for file in markdown_files(root):
-        found, bad = parse_blocks(file.read_text(encoding="utf-8"), file.relative_to(root).as_posix())
+        text = file.read_text(encoding="utf-8")
+        found, bad = parse_blocks(text, file.relative_to(root).as_posix())
         blocks += found
         problems += bad
     return blocks, problems
@@ -182,28 +195,33 @@ class ChainRun:
     seconds: float
 
 
-def script(chain: list[Block], root: Path = ROOT) -> tuple[str, dict[int, tuple[str, int]]]:
-    """One script for a chain: each block's code followed by a line that reports it passed.
+def script(chain: list[Block], progress: Path) -> tuple[str, dict[int, tuple[str, int]]]:
+    """One script for a chain: each block's code between two lines that append to ``progress``
+    (an absolute path) that the block started and that it passed.
 
     Returns the script and its line map (script line -> (markdown path, markdown line)), used
     to point tracebacks at the page.
     """
     out: list[str] = []
     where: dict[int, tuple[str, int]] = {}
+
+    def mark(what: str, ident: str) -> str:
+        return (f'with open({str(progress)!r}, "a") as _docs_test_f: _docs_test_f.write('
+                f'"{what} %.6f {ident}\\n" % __import__("time").perf_counter())')
+
     for block in chain:
-        out.append(f'__import__("sys").stderr.write("{_SENTINEL} start {block.id} %.6f\\n" '
-                   f'% __import__("time").perf_counter()); __import__("sys").stderr.flush()')
+        out.append(mark("start", block.id))
         for k, code_line in enumerate(block.code.rstrip("\n").split("\n")):
             out.append(code_line)
             where[len(out)] = (block.path, block.line + 1 + k)
-        out.append(f'__import__("sys").stderr.write("{_SENTINEL} passed {block.id} %.6f\\n" '
-                   f'% __import__("time").perf_counter()); __import__("sys").stderr.flush()')
+        out.append(mark("passed", block.id))
+    out.append("del _docs_test_f")
     return "\n".join(out) + "\n", where
 
 
 def _environment(scratch: Path, pkg_dir: Path, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("PYTEST_") and k not in {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"}}
+    dropped = {"PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k not in dropped}
     env["PYTHONPATH"] = str(pkg_dir)
     env["MPLBACKEND"] = "Agg"
     env["MPLCONFIGDIR"] = str(scratch / "mpl")
@@ -219,38 +237,44 @@ def _environment(scratch: Path, pkg_dir: Path, threads: int) -> dict[str, str]:
 
 def run_chain(chain: list[Block], workdir: Path, scratch: Path, pkg_dir: Path, threads: int = 1,
               timeout: float = TIMEOUT) -> ChainRun:
-    """Runs one chain as ``python docs_block.py`` in ``workdir`` (empty, outside the checkout)."""
+    """Runs one chain as ``python docs_block.py`` in ``workdir`` (empty, outside the checkout).
+
+    The process gets a session of its own: at the timeout it is killed with everything it
+    started (DataLoader workers included).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
-    source, where = script(chain)
+    progress = workdir.parent / f"{workdir.name}.progress"   # not in the block's directory
+    source, where = script(chain, progress.resolve())
     path = workdir / "docs_block.py"
     path.write_text(source, encoding="utf-8")
     start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, path.name], cwd=workdir,
+                            env=_environment(scratch, pkg_dir, threads), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
     try:
-        proc = subprocess.run([sys.executable, path.name], cwd=workdir, env=_environment(scratch, pkg_dir, threads),
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as exc:
+        output, _ = proc.communicate(timeout=timeout)
+        returncode: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
         returncode = None
-        stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
     seconds = time.perf_counter() - start
-    passed, started = {}, {}
-    kept = []
-    for line in stderr.splitlines():
-        if line.startswith(_SENTINEL):
-            _, what, ident, clock = line.split(" ")
-            if what == "start":
-                started[ident] = float(clock)
-            else:
-                passed[ident] = float(clock) - started.get(ident, float(clock))
+    passed: dict[str, float] = {}
+    started: dict[str, float] = {}
+    lines = progress.read_text(encoding="utf-8").splitlines() if progress.exists() else []
+    for line in lines:
+        what, clock, ident = line.split(" ", 2)
+        if what == "start":
+            started[ident] = float(clock)
         else:
-            kept.append(line)
+            passed[ident] = float(clock) - started[ident]
 
     def to_page(match: re.Match) -> str:
         page, number = where.get(int(match.group(1)), (path.name, int(match.group(1))))
         return f'File "{page}", line {number}'
 
-    output = re.sub(r'File "[^"]*docs_block\.py", line (\d+)', to_page, stdout + "\n".join(kept))
+    output = re.sub(r'File "[^"]*docs_block\.py", line (\d+)', to_page, output)
     return ChainRun(tuple(b.id for b in chain), passed, returncode, output, seconds)
 
 
@@ -263,7 +287,7 @@ def _jobs() -> int:
 
 @pytest.fixture(scope="module")
 def pkg_dir(tmp_path_factory) -> Path:
-    """A directory holding only a link to the checkout's ``vispos`` package (the code under test)."""
+    """A directory holding only a link to the checkout's ``vispos`` (the code under test)."""
     out = tmp_path_factory.mktemp("docs_pkg")
     (out / "vispos").symlink_to(ROOT / "vispos", target_is_directory=True)
     return out
@@ -279,7 +303,7 @@ def docs_runs(request, tmp_path_factory, pkg_dir) -> dict[str, ChainRun]:
         if isinstance(block, Block) and block.skip is None and item.module is request.module:
             wanted.append(block)
     # a chain ends at its last selected block: running it covers every block before it
-    ends: dict[tuple[str, ...], Block] = {}
+    ends: dict[str, Block] = {}
     for block in wanted:
         head = block.chain[0] if block.chain else block.id
         if head not in ends or len(block.chain) > len(ends[head].chain):
@@ -290,7 +314,8 @@ def docs_runs(request, tmp_path_factory, pkg_dir) -> dict[str, ChainRun]:
     runs: dict[str, ChainRun] = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {}
-        for n, end in enumerate(sorted(ends.values(), key=lambda b: b.id)):
+        # longest chains first, so that the last one to start is a short one
+        for n, end in enumerate(sorted(ends.values(), key=lambda b: (-len(b.chain), b.id))):
             chain = [BY_ID[i] for i in end.chain] + [end]
             workdir = tmp_path_factory.mktemp(f"docs_block{n}")
             assert ROOT not in workdir.resolve().parents, workdir   # outside the checkout
@@ -393,12 +418,14 @@ def test_parser_reads_markers_chains_and_nesting():
 @pytest.mark.parametrize("page, problem", [
     ("<!-- docs-test: skip: needs a GPU -->\n```python\nx = 1\n```\n",
      "page.md:2: the skip reason 'needs a GPU' is not written in the page's text"),
-    ("<!-- docs-test: skipp: typo -->\n```python\nx = 1\n```\n", "page.md:1: unknown marker 'skipp: typo'"),
+    ("<!-- docs-test: skipp: typo -->\n```python\nx = 1\n```\n",
+     "page.md:1: unknown marker 'skipp: typo'"),
     ("<!-- docs-test: continues -->\n\n```python\nx = 1\n```\n",
      "page.md:1: marker 'continues' is not right above a ```python fence"),
     ("<!-- docs-test: continues -->\n```python\nx = 1\n```\n",
      "page.md:2: 'continues' but no python block comes before it"),
-    ("<!-- docs-test: continues -->\n```bash\nls\n```\n", "page.md:1: marker 'continues' is above a 'bash' fence"),
+    ("<!-- docs-test: continues -->\n```bash\nls\n```\n",
+     "page.md:1: marker 'continues' is above a 'bash' fence"),
     ("```python\nfor x in y:\n```\n", "page.md:2: not valid Python on its own"),
 ])
 def test_parser_reports_bad_markers(page, problem):
@@ -407,12 +434,14 @@ def test_parser_reports_bad_markers(page, problem):
 
 
 def test_runner_reports_the_failing_block_at_its_page_line(tmp_path, pkg_dir):
-    blocks, _ = parse_blocks("```python\nimport os\nx = os.getcwd()\n```\n\n<!-- docs-test: continues -->\n"
-                             "```python\ny = 1\nundefined_name\n```\n", "page.md")
+    page = ("```python\nimport os\nx = os.getcwd()\n```\n\n<!-- docs-test: continues -->\n"
+            "```python\ny = 1\nundefined_name\n```\n")
+    blocks, _ = parse_blocks(page, "page.md")
     run = run_chain(blocks, tmp_path / "work", tmp_path / "scratch", pkg_dir, timeout=60)
     assert run.returncode == 1
     assert set(run.passed) == {"page.md:1"}
-    assert 'File "page.md", line 9' in run.output and "NameError: name 'undefined_name'" in run.output
+    assert 'File "page.md", line 9' in run.output
+    assert "NameError: name 'undefined_name'" in run.output
 
 
 def test_runner_isolates_the_block(tmp_path, pkg_dir):
@@ -424,6 +453,31 @@ def test_runner_isolates_the_block(tmp_path, pkg_dir):
             "try:\n    urllib.request.urlopen('http://example.com', timeout=5)\n"
             "except OSError:\n    pass\nelse:\n    raise SystemExit('downloaded')\n"
             "import warnings\nwarnings.warn('old name', DeprecationWarning)\n")
-    run = run_chain([Block("page.md", 1, code)], tmp_path / "work", tmp_path / "scratch", pkg_dir, timeout=120)
+    run = run_chain([Block("page.md", 1, code)], tmp_path / "work", tmp_path / "scratch", pkg_dir,
+                    timeout=120)
     assert run.returncode == 1 and "DeprecationWarning: old name" in run.output, run.output
     assert 'File "page.md", line 13' in run.output
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc to see the child end")
+def test_runner_kills_a_hanging_block_with_its_children(tmp_path, pkg_dir):
+    code = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "open('child.pid', 'w').write(str(child.pid))\n"
+            "time.sleep(120)\n")
+    run = run_chain([Block("page.md", 1, code)], tmp_path / "work", tmp_path / "scratch", pkg_dir,
+                    timeout=5)
+    assert run.returncode is None and run.passed == {} and run.seconds < 60
+    pid = int((tmp_path / "work" / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
