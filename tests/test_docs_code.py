@@ -33,6 +33,7 @@ import concurrent.futures
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -319,11 +320,13 @@ def docs_runs(request, tmp_path_factory, pkg_dir) -> dict[str, ChainRun]:
             chain = [BY_ID[i] for i in end.chain] + [end]
             workdir = tmp_path_factory.mktemp(f"docs_block{n}")
             assert ROOT not in workdir.resolve().parents, workdir   # outside the checkout
-            futures[pool.submit(run_chain, chain, workdir, scratch, pkg_dir, threads)] = chain
+            futures[pool.submit(run_chain, chain, workdir, scratch, pkg_dir, threads)] = workdir
         for future in concurrent.futures.as_completed(futures):
-            run = future.result()
+            run, workdir = future.result(), futures[future]
             for ident in run.ids:
                 runs[ident] = run
+            if run.returncode == 0:   # what a passing chain wrote (checkpoints) is not kept
+                shutil.rmtree(workdir, ignore_errors=True)
     return runs
 
 
