@@ -1,5 +1,6 @@
 import glob
 import os
+import re
 
 import pytest
 import yaml
@@ -225,3 +226,164 @@ def test_config_dict_with_shared_references_is_measured_too():
         inner = [inner] * 100
     with pytest.raises(ValueError, match="config: the config expands to more than 10000 values"):
         build_from_config({"type": "PositionEmbeddingSine", "num_pos_feats": inner})
+
+
+# ------------------------------------------------ configs by name, from any directory (issue 32, 1)
+SHIPPED = sorted(os.path.splitext(os.path.basename(p))[0] for p in CONFIGS)
+
+
+@pytest.mark.parametrize("form", ["{}", "{}.yaml", "configs/{}.yaml", "configs/{}"])
+@pytest.mark.parametrize("name", SHIPPED)
+def test_packaged_configs_resolve_from_any_directory(tmp_path, monkeypatch, form, name):
+    """Before, every one of these raised FileNotFoundError outside the repository root."""
+    from vispos.config import load_config, resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    found = resolve_config(form.format(name))
+    assert os.path.samefile(found, os.path.join(ROOT, "vispos", "configs", f"{name}.yaml"))
+    with open(found) as fh:
+        assert load_config(form.format(name)) == yaml.safe_load(fh)
+
+
+def test_packaged_configs_lists_what_ships():
+    from vispos.config import packaged_configs
+
+    shipped = packaged_configs()
+    assert list(shipped) == SHIPPED
+    assert all(os.path.samefile(shipped[n], os.path.join(ROOT, "configs", f"{n}.yaml")) for n in SHIPPED)
+
+
+def test_build_by_short_name_outside_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = build_from_config("detr_resnet50")
+    assert isinstance(model, Joiner) and isinstance(model.backbone, TimmBackbone)
+    assert model.position_embedding.num_pos_feats == 128 and model.strides == [32]
+
+
+def test_a_file_of_yours_wins_over_a_packaged_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "detr_resnet50.yaml").write_text("type: PositionEmbeddingSine\nnum_pos_feats: 8\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "detr_resnet50.yaml").write_text("type: PositionEmbeddingSine\nnum_pos_feats: 6\n")
+    assert build_from_config("detr_resnet50.yaml").num_pos_feats == 8
+    assert build_from_config("configs/detr_resnet50.yaml").num_pos_feats == 6
+    assert isinstance(build_from_config("detr_resnet50"), Joiner)  # no file of that exact name here
+
+
+@pytest.mark.parametrize(
+    "name, exc, match",
+    [
+        ("detr_resnet51", FileNotFoundError,
+         r"config file 'detr_resnet51' does not exist \(relative to '.*'\) and is not a config vispos "
+         r"ships; it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5, "
+         r"dino_convnext_tiny, volume_r3d18 \(by short name"),
+        ("configs/nope.yaml", FileNotFoundError, r"'configs/nope.yaml' does not exist .* it ships deformable_detr"),
+        ("other/detr_resnet50.yaml", FileNotFoundError, r"'other/detr_resnet50.yaml' does not exist"),
+        ("detr_resnet50.json", FileNotFoundError, r"'detr_resnet50.json' does not exist"),
+        ("", FileNotFoundError, r"config file '' does not exist"),
+        ("sub", IsADirectoryError, r"config file 'sub' is a directory, not a YAML file"),
+        (b"detr_resnet50", TypeError, r"a config must be named by a str or PathLike, got bytes"),
+    ],
+)
+def test_unknown_config_names_list_what_ships(tmp_path, monkeypatch, name, exc, match):
+    from vispos.config import load_config, resolve_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    for fn in (resolve_config, load_config):
+        with pytest.raises(exc, match=match):
+            fn(name)
+    if not isinstance(name, bytes):
+        with pytest.raises(exc, match=match):
+            build_from_config(name)
+
+
+def test_config_list_names_what_each_builds(tmp_path, monkeypatch, capsys):
+    """``vispos config list``: one line per shipped config with what it builds, even where a
+    file named like a packaged config sits in the working directory."""
+    from vispos.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "detr_resnet50").write_text("type: PositionEmbeddingSine\n")
+    assert main(["config", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == SHIPPED
+    by_name = {line.split()[0]: line for line in lines}
+    assert re.search(r"Joiner: TimmBackbone resnet50 \+ PositionEmbeddingSine +DETR \(Carion et al. 2020\)$",
+                     by_name["detr_resnet50"])
+    assert "Joiner: VolumeBackbone r3d_18 + PositionEmbeddingSine" in by_name["volume_r3d18"]
+    assert "Joiner: TorchvisionBackbone resnet50 + PositionEmbeddingSine" in by_name["deformable_detr_resnet50"]
+    assert "TimmBackbone convnext_tiny" in by_name["dino_convnext_tiny"]
+
+
+@pytest.mark.parametrize(
+    "cfg, text",
+    [
+        ({"type": "PositionEmbeddingSine", "num_pos_feats": 8}, "PositionEmbeddingSine"),
+        ({"type": "Joiner", "backbone": {"type": "TimmBackbone", "model_name": "resnet18"},
+          "position_embedding": {"type": "PositionEmbeddingSine"}},
+         "Joiner: TimmBackbone resnet18 + PositionEmbeddingSine"),
+        ({"type": "Summer", "penc": {"type": "PositionalEncoding2D", "channels": 8}}, "Summer: PositionalEncoding2D"),
+        ({"type": "A", "items": [{"type": "B", "x": {"type": "C"}}, {"type": "D"}]}, "A: B: C + D"),
+        ({"num_pos_feats": 8}, "(no 'type' key)"),
+    ],
+)
+def test_config_builds_line(cfg, text):
+    from vispos.app._config_command import builds
+
+    assert builds(cfg) == text
+
+
+def test_config_command_needs_an_action(capsys):
+    from vispos.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["config"])
+    assert info.value.code == 2
+    assert "the following arguments are required: action" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", ["configs/deformable_detr_resnet50.yaml", "deformable_detr_resnet50"])
+def test_plot_config_by_name_outside_the_checkout(tmp_path, monkeypatch, capsys, given):
+    """``vispos plot coords --config configs/...`` exited 2 outside the checkout."""
+    from vispos.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    rc = main(["plot", "coords", "--config", given, "--samples", "astronaut", "--max-size", "64",
+               "--stride", "32", "--dpi", "30", "--out", "c.png"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_cli_unknown_config_exits_2_listing_what_ships(tmp_path, monkeypatch, capsys):
+    from vispos.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "similarity", "--config", "detr_resnet51"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vispos: error: config file 'detr_resnet51' does not exist") and err.count("\n") == 1
+    assert "it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5" in err
+    assert list(tmp_path.iterdir()) == []
+    from PIL import Image
+
+    Image.new("RGB", (40, 30)).save(tmp_path / "x.png")
+    assert main(["run", "--config", "nope", "--images", "x.png"]) == 2
+    assert "config file 'nope' does not exist" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
+
+
+@pytest.mark.slow
+def test_command_with_a_config_name_from_an_empty_directory(tmp_path):
+    """The command in a fresh process, run from a directory outside the checkout."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-m", "vispos.app.cli", "config", "list"], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[0] == SHIPPED[0], out.stderr
+    out = subprocess.run([sys.executable, "-m", "vispos.app.cli", "plot", "coords", "--config", "detr_resnet50",
+                          "--samples", "astronaut", "--max-size", "48", "--dpi", "30", "--out", "c.png"],
+                         cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "c.png").is_file()

@@ -6,6 +6,10 @@ arguments; a value that is itself a mapping with a ``type`` (or a list of them) 
     type: Joiner
     backbone: {type: TimmBackbone, model_name: resnet50, out_indices: [4]}
     position_embedding: {type: PositionEmbeddingSine, num_pos_feats: 128, normalize: true}
+
+A config file is named by its path, or, from any working directory, by the name of a config
+that ships inside the package (``vispos/configs/``): ``"detr_resnet50"``,
+``"detr_resnet50.yaml"`` or ``"configs/detr_resnet50.yaml"`` (:func:`resolve_config`).
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import inspect
 import os
 import reprlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from importlib import resources
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ._checks import check_file
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
-__all__ = ["build_from_config", "register", "registered", "load_config"]
+__all__ = ["build_from_config", "register", "registered", "load_config", "resolve_config", "packaged_configs"]
 
 _REGISTRY: dict[str, Callable[..., Any]] = {}
 _BUILTINS_DONE = False
@@ -75,21 +82,96 @@ def registered() -> list[str]:
     return sorted(_REGISTRY)
 
 
+#: the folder inside the package that holds the shipped configs (the repository's top-level
+#: ``configs/`` is a link to it)
+_PACKAGED = "configs"
+_SUFFIXES = (".yaml", ".yml")
+
+
+def packaged_configs() -> dict[str, Traversable]:
+    """The configs that ship inside the package (``vispos/configs/*.yaml``), by short name.
+
+    Returns:
+        dict[str, Traversable]: short name (the file name without ``.yaml``, e.g.
+        ``"detr_resnet50"``) -> the packaged file, sorted by name. Each value is a
+        :class:`pathlib.Path` when vispos is installed as files (always, for pip installs).
+    """
+    folder = resources.files(__package__).joinpath(_PACKAGED)
+    found = {}
+    for entry in folder.iterdir():
+        stem, suffix = os.path.splitext(entry.name)
+        if suffix in _SUFFIXES and entry.is_file():
+            found[stem] = entry
+    return dict(sorted(found.items()))
+
+
+def resolve_config(name: str | os.PathLike) -> Traversable:
+    """The config file ``name`` means, from any working directory.
+
+    In this order: an existing file at ``name`` (absolute, or relative to the working
+    directory); else a packaged config (:func:`packaged_configs`) named by its short name
+    (``"detr_resnet50"``), its file name (``"detr_resnet50.yaml"``) or its path in the
+    repository (``"configs/detr_resnet50.yaml"``: the checkout's ``configs/`` is the packaged
+    folder, so the same name works inside and outside the checkout). A file of yours always
+    wins over a packaged config of the same name.
+
+    Args:
+        name (str | PathLike): a path or a packaged config's name.
+
+    Returns:
+        Traversable: the file (a :class:`pathlib.Path` for a file on disk and for a packaged
+        config installed as files).
+
+    Raises:
+        TypeError: ``name`` is not a str or PathLike of str.
+        IsADirectoryError: ``name`` is a directory.
+        FileNotFoundError: no such file and no such packaged config; the message lists the
+            packaged ones (``vispos config list`` prints them with what each builds).
+    """
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"a config must be named by a str or PathLike, got {type(name).__name__}")
+    path = os.fspath(name)
+    if not isinstance(path, str):
+        raise TypeError(f"a config must be named by a str path, got {type(path).__name__} {_short(path)}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"config file {path!r} is a directory, not a YAML file")
+    if os.path.isfile(path):
+        return Path(path)
+    shipped = packaged_configs()
+    parts = PurePath(path).parts
+    if len(parts) == 1 or (len(parts) == 2 and parts[0] == _PACKAGED):
+        stem, suffix = os.path.splitext(parts[-1])
+        if suffix in ("", *_SUFFIXES) and stem in shipped:
+            return shipped[stem]
+    raise FileNotFoundError(
+        f"config file {path!r} does not exist (relative to {os.getcwd()!r}) and is not a config "
+        f"vispos ships; it ships {', '.join(shipped)} (by short name, file name or "
+        "configs/NAME.yaml; `vispos config list` says what each builds)"
+    )
+
+
 def load_config(path: str | os.PathLike) -> dict[str, Any]:
     """Reads a YAML config file into a dict.
+
+    ``path`` is a file, or the name of a config that ships with vispos (``"detr_resnet50"``,
+    ``"detr_resnet50.yaml"``, ``"configs/detr_resnet50.yaml"``), resolved from any working
+    directory by :func:`resolve_config`.
 
     YAML anchors and aliases (and ``<<`` merge keys) are allowed, but the config they expand
     to is measured without expanding it: more than :data:`MAX_CONFIG_NODES` values, deeper than
     :data:`MAX_CONFIG_DEPTH` levels, or a config containing itself is refused at once.
 
     Args:
-        path (str | PathLike): a YAML file of at most :data:`MAX_CONFIG_BYTES` bytes.
+        path (str | PathLike): a YAML file of at most :data:`MAX_CONFIG_BYTES` bytes, or a
+            packaged config's name.
 
     Returns:
         dict: the top-level mapping.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        TypeError: ``path`` is not a str or PathLike.
+        FileNotFoundError: ``path`` is neither a file nor a packaged config (the message lists
+            the packaged ones).
         IsADirectoryError: ``path`` is a directory.
         ValueError: the file is larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 text or not
             valid YAML; its top level is not a mapping; it expands too far (see above).
@@ -98,22 +180,24 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
         YAML 1.1 (anchors, aliases, merge keys); PyYAML ``safe_load``; the "billion laughs"
         entity-expansion attack (CVE-2003-1564).
     """
-    path = check_file(path, "config file", "a YAML file")
-    size = os.path.getsize(path)
-    if size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config file {path!r} has {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
-    with open(path, encoding="utf-8") as fh:
-        try:
-            data = yaml.safe_load(fh)
-        except yaml.YAMLError as exc:
-            first = _clip(" ".join(str(exc).split()))
-            raise ValueError(f"config file {path!r} is not valid YAML: {first}") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"config file {path!r} is not UTF-8 text (YAML expected): {exc}") from None
-        except RecursionError:
-            raise ValueError(
-                f"config file {path!r} nests too deeply for the YAML parser (at most {MAX_CONFIG_DEPTH} levels)"
-            ) from None
+    found = resolve_config(path)
+    path = os.fspath(path)
+    with resources.as_file(found) as file:
+        size = os.path.getsize(file)
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"config file {path!r} has {size} bytes, more than the {MAX_CONFIG_BYTES} a config may have")
+        with open(file, encoding="utf-8") as fh:
+            try:
+                data = yaml.safe_load(fh)
+            except yaml.YAMLError as exc:
+                first = _clip(" ".join(str(exc).split()))
+                raise ValueError(f"config file {path!r} is not valid YAML: {first}") from None
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"config file {path!r} is not UTF-8 text (YAML expected): {exc}") from None
+            except RecursionError:
+                raise ValueError(
+                    f"config file {path!r} nests too deeply for the YAML parser (at most {MAX_CONFIG_DEPTH} levels)"
+                ) from None
     if not isinstance(data, Mapping):
         raise ValueError(f"config file {path!r} must hold a mapping with a 'type' key, got {type(data).__name__}")
     _check_size(data, path)
@@ -234,14 +318,18 @@ def build_from_config(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> An
     """Builds the object a config describes (recursively).
 
     Args:
-        path_or_dict (str | PathLike | Mapping): a YAML file path, or an already-loaded mapping
-            with a ``type`` key. The mapping is not modified.
+        path_or_dict (str | PathLike | Mapping): a YAML file path, the name of a config that
+            ships with vispos (``"detr_resnet50"``, ``"detr_resnet50.yaml"`` or
+            ``"configs/detr_resnet50.yaml"``, from any working directory: :func:`resolve_config`),
+            or an already-loaded mapping with a ``type`` key. The mapping is not modified.
 
     Returns:
         The constructed object (e.g. a :class:`~vispos.backbones.Joiner`).
 
     Raises:
-        FileNotFoundError: the file does not exist.
+        FileNotFoundError: neither a file nor a packaged config (the message lists those that
+            ship).
+        IsADirectoryError: the path is a directory.
         TypeError: ``path_or_dict`` is neither a path nor a mapping.
         TypeError: a key that is not a string (the message names them).
         ValueError: invalid YAML; no ``type``; an unknown type (the message lists the registered

@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
+from ._config_command import add_config_parser
 from ._errors import CLIError
 from ._io import Terminated, write_files
 from ._plot_command import add_plot_parser, write_plot
 from .. import caching
-from ..config import build_from_config, load_config
+from ..config import build_from_config, load_config, packaged_configs
 from .data._args import shrunk_size
 from .data.images import displayed_size
 from .data.volumes import volume_shape
@@ -47,16 +48,16 @@ __all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"]
 
 def _packaged_config(name: str) -> dict[str, Any]:
     """A config shipped inside the package (``vispos/configs/``; the repository's top-level
-    ``configs/`` is the same folder)."""
-    with resources.as_file(resources.files("vispos") / "configs" / name) as path:
+    ``configs/`` is the same folder), never a file of that name in the working directory."""
+    with resources.as_file(packaged_configs()[name]) as path:
         return load_config(path)
 
 
 #: the default for images: the packaged ``configs/detr_resnet50.yaml`` itself
-DEFAULT_CONFIG: dict[str, Any] = _packaged_config("detr_resnet50.yaml")
+DEFAULT_CONFIG: dict[str, Any] = _packaged_config("detr_resnet50")
 
 #: the default for volumes: the packaged ``configs/volume_r3d18.yaml`` itself
-DEFAULT_VOLUME_CONFIG: dict[str, Any] = _packaged_config("volume_r3d18.yaml")
+DEFAULT_VOLUME_CONFIG: dict[str, Any] = _packaged_config("volume_r3d18")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     inputs.add_argument("--images", nargs="+", help="image files")
     inputs.add_argument("--volumes", nargs="+", help="NIfTI volumes (.nii / .nii.gz)")
     add_plot_parser(sub)
+    add_config_parser(sub)
     return parser
 
 
@@ -426,6 +428,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors exit with status 2 through ``SystemExit``.
     """
     args = _parser().parse_args(argv)
+    if args.command == "config":
+        from ._config_command import execute
+
+        try:
+            execute(args)
+        except (ValueError, OSError) as exc:
+            print(f"vispos: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
+        return 0
     if args.command != "plot" and args.out is None:
         base = "vispos-demo" if args.command == "demo" else "vispos-out"
         args.out = f"{base}-volume" if _is_volume(args) else base
