@@ -6,7 +6,8 @@ encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join
 
 __version__ = "0.1.0"
 
-from ._cache import CacheInfo, caching, is_caching_enabled, set_caching
+from ._cache import CacheInfo
+from ._cache_switch import caching, is_caching_enabled, set_caching
 from .config import build_from_config, register
 from .encodings import (
     AxialRotaryEmbedding,

@@ -40,15 +40,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._cache import (
-    DEFAULT_MAX_BYTES,
-    CacheOwner,
-    DerivedBuffers,
-    TensorCache,
-    check_max_bytes,
-    expand_batch,
-    tracing,
-)
+from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
+from .._cache_owner import CacheOwner, expand_batch
+from .._derived import DerivedBuffers
+from .._tracing import tracing
 from .._checks import check_bool, check_float_dtype, check_int, check_sizes
 from .._sincos import frequency_divisors, sincos_embed
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
-from .._cache import DerivedBuffers
+from .._derived import DerivedBuffers
 from .._checks import check_bool, check_choice, check_dropout, check_int, check_number
 from ..padding import check_mask
 

@@ -22,14 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import _tracing
-from .._cache import (
-    DEFAULT_MAX_BYTES,
-    CacheOwner,
-    DerivedBuffers,
-    TensorCache,
-    check_max_bytes,
-    expand_batch,
-)
+from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
+from .._cache_owner import CacheOwner, expand_batch
+from .._derived import DerivedBuffers
 from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
 from .._positions import (
     PositionRule,
