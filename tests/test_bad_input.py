@@ -28,17 +28,17 @@ from vispos import (
     nested_tensor_from_tensor_list,
 )
 from vispos.backbones import (
-    DetrEncoder,
     Joiner,
     TimmBackbone,
     TorchvisionBackbone,
     VolumeBackbone,
     flatten_levels,
-    valid_ratios,
 )
-from vispos.cli import main
+from vispos.padding import mask_valid_ratios
+from vispos.transformer import DetrEncoder
+from vispos.app.cli import main
 from vispos.config import build_from_config, load_config
-from vispos.data import imagenet_normalize, load_image, load_images, load_volume, load_volumes
+from vispos.app.data import imagenet_normalize, load_image, load_images, load_volume, load_volumes
 
 
 # --------------------------------------------------------------------------------- fixtures
@@ -194,7 +194,7 @@ CASES = [
     ("joiner/list input", lambda f: f["joiner"]([torch.zeros(3, 32, 32)]), TypeError, r"x must be a NestedTensor"),
     ("flatten/no levels", lambda f: flatten_levels([], []), ValueError, r"features must hold at least one level"),
     ("flatten/pos shape", lambda f: flatten_levels([torch.zeros(1, 4, 2, 2)], [torch.zeros(1, 4, 2, 3)]), ValueError, r"pos\[0\] must have its level's shape \(1, 4, 2, 2\), got \(1, 4, 2, 3\)"),
-    ("valid_ratios/float mask", lambda f: valid_ratios(torch.zeros(2, 3, 3)), TypeError, r"mask must have dtype torch.bool .*got torch.float32"),
+    ("valid_ratios/float mask", lambda f: mask_valid_ratios(torch.zeros(2, 3, 3)), TypeError, r"mask must have dtype torch.bool .*got torch.float32"),
     ("encoder/nhead", lambda f: DetrEncoder(30, nhead=4), ValueError, r"nhead=4 must divide d_model=30"),
     ("encoder/src width", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 16)), ValueError, r"src must be a Tensor\[B, N, 32\]"),
     ("encoder/float key_padding_mask", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 32), None, torch.zeros(1, 5)), TypeError, r"key_padding_mask must have dtype torch.bool"),

@@ -10,7 +10,7 @@ import torch
 
 from vispos import nested_tensor_from_tensor_list
 from vispos.backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
-from vispos.cli import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG
+from vispos.app.cli import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))

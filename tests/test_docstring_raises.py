@@ -251,7 +251,7 @@ TABLE: dict[str, list[Case]] = {
         ("num_features zero", lambda: bb.FrozenBatchNorm3d(0)),
         ("input 4-D", lambda: bb.FrozenBatchNorm3d(4)(torch.zeros(1, 4, 3, 3))),
     ],
-    "BackboneBase": [
+    "BackboneAdapter": [
         ("x not NestedTensor", lambda: _backbone("torchvision")(torch.zeros(1, 3, 32, 32))),
         ("x channels", lambda: _backbone("torchvision")(_nt((32, 32), c=1))),
     ],

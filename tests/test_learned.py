@@ -9,7 +9,8 @@ from torch.testing import assert_close
 from transformers.models.detr.modeling_detr import DetrLearnedPositionEmbedding
 
 from vispos.encodings.learned import PositionEmbeddingLearned, resample_abs_pos_embed
-from vispos.nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from vispos.batching import nested_tensor_from_tensor_list
+from vispos.nested_tensor import NestedTensor
 
 
 def _hf(num_pos_feats, seed=0):

@@ -40,13 +40,8 @@ from .encodings import (
     resample_abs_pos_embed,
 )
 from .padding import Padding, attn_mask_from_padding
-from .nested_tensor import (
-    NestedTensor,
-    PaddedCollate,
-    collate_fn,
-    interpolate_mask,
-    nested_tensor_from_tensor_list,
-)
+from .nested_tensor import NestedTensor, interpolate_mask
+from .batching import PaddedCollate, collate_fn, nested_tensor_from_tensor_list
 
 __all__ = [
     "__version__",

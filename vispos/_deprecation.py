@@ -116,5 +116,7 @@ def renamed_kwargs(**renames: str) -> Callable[[Callable], Callable]:
 def warn_module(old: str, new: str) -> None:
     """Called at the top of a module kept at an old import path: a ``DeprecationWarning`` saying
     that ``old`` moved to ``new``, attributed to the line that imported it."""
-    here = sys._getframe(1).f_code.co_filename  # the old module itself: name its importer
-    warn(f"{old} is deprecated and will be removed; import from {new} instead", skip=(here,))
+    caller = sys._getframe(1)  # the old module itself: name its importer, unless it is run as a
+    run_as_main = caller.f_globals.get("__name__") == "__main__"  # script (python -m old)
+    skip = () if run_as_main else (caller.f_code.co_filename,)
+    warn(f"{old} is deprecated and will be removed; import from {new} instead", skip=skip)

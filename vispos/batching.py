@@ -3,8 +3,8 @@
 :func:`nested_tensor_from_tensor_list` pads a list of images or volumes into a
 :class:`~vispos.NestedTensor` whose :class:`~vispos.Padding` is rectangular and known on the
 host; :func:`collate_fn` and :class:`PaddedCollate` do the same for a ``DataLoader``'s
-``(image, target)`` pairs. All three are also importable from :mod:`vispos.nested_tensor`,
-their earlier home.
+``(image, target)`` pairs. Their earlier home, :mod:`vispos.nested_tensor`, still resolves the
+three names for one release, with a ``DeprecationWarning``.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_choice, check_dropout, check_int
-from .backbones.joiner import FlatLevels
+from .levels import FlatLevels
 from .padding import check_mask
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]
@@ -155,12 +155,12 @@ class DetrEncoder(nn.Module):
     Shape:
         ``forward(src, pos, key_padding_mask)``: ``Tensor[B, N, C]``, ``Tensor[B, N, C]`` or None,
         ``Tensor[B, N]`` bool or None -> ``Tensor[B, N, C]``. Also accepts a
-        :class:`~vispos.backbones.FlatLevels` as ``src``.
+        :class:`~vispos.levels.FlatLevels` as ``src``.
 
     Raises:
         TypeError: as :class:`DetrEncoderLayer`; a non-int ``num_layers``.
         ValueError: as :class:`DetrEncoderLayer`; ``num_layers < 1``; at forward, a
-            :class:`~vispos.backbones.FlatLevels` together with ``pos`` / ``key_padding_mask``.
+            :class:`~vispos.levels.FlatLevels` together with ``pos`` / ``key_padding_mask``.
 
     References:
         DETR ``models/transformer.py`` (``TransformerEncoder``; final LayerNorm only with

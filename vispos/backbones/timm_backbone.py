@@ -17,12 +17,12 @@ from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
 from ._pretrained import cached_timm_weights
-from .base import BackboneBase
+from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]
 
 
-class TimmBackbone(BackboneBase):
+class TimmBackbone(BackboneAdapter):
     """A timm model with ``features_only=True``, returning one :class:`NestedTensor` per level.
 
     Channels and strides are read from timm's ``feature_info``, never hard-coded (a test checks
