@@ -166,7 +166,7 @@ CASES = [
     ("grid/permute rank", lambda f: PositionalEncodingPermute3D(4)(torch.zeros(1, 4, 4, 4)), ValueError, r"expects a 5-D tensor \(B, C, X, Y, Z\)"),
     ("learned/too large", lambda f: PositionEmbeddingLearned(8, num_embeddings=4)(torch.zeros(1, 3, 5, 5)), ValueError, r"5 cells along spatial axis 1 but the col_embed table has num_embeddings=4"),
     ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"spatial_dims=2\) got an input with 1 spatial axes"),
-    ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = d_model = 8"),
+    ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8"),
     ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"coords must be a floating tensor"),
     # ---- backbones, Joiner, encoder
     ("timm/unknown model", lambda f: TimmBackbone("resnet_nonexistent"), ValueError, r"model_name 'resnet_nonexistent' is not a timm model"),

@@ -184,8 +184,8 @@ TABLE: dict[str, list[Case]] = {
         ("input shape", lambda: vispos.FixEncoding(vispos.PositionalEncoding2D(8), (3, 4))(torch.zeros(1, 3, 5, 8))),
     ],
     "SinusoidalPositionalEncoding": [
-        ("d_model float", lambda: vispos.SinusoidalPositionalEncoding(8.0)),
-        ("d_model odd", lambda: vispos.SinusoidalPositionalEncoding(7)),
+        ("dim float", lambda: vispos.SinusoidalPositionalEncoding(8.0)),
+        ("dim odd", lambda: vispos.SinusoidalPositionalEncoding(7)),
         ("dropout str", lambda: vispos.SinusoidalPositionalEncoding(8, dropout="0.1")),
         ("dropout 1", lambda: vispos.SinusoidalPositionalEncoding(8, dropout=1.0)),
         ("layout unknown", lambda: vispos.SinusoidalPositionalEncoding(8, layout="zigzag")),

@@ -54,6 +54,9 @@ FLOORS: list[tuple[str, set[str]]] = [
 
 #: the deprecated names each module answers (PEP 562, see vispos/_deprecation.py): old -> new home
 DEPRECATED = {
+    "vispos": {"apply_rotary": "vispos.encodings.rotary.apply_rotary_sincos"},
+    "vispos.encodings": {"apply_rotary": "vispos.encodings.rotary.apply_rotary_sincos"},
+    "vispos.encodings.rotary": {"apply_rotary": "vispos.encodings.rotary.apply_rotary_sincos"},
     "vispos.backbones": {
         "DetrEncoder": "vispos.transformer.DetrEncoder",
         "DetrEncoderLayer": "vispos.transformer.DetrEncoderLayer",

@@ -6,6 +6,7 @@ encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join
 
 __version__ = "0.1.0"
 
+from . import _deprecation
 from ._cache import CacheInfo
 from ._cache_switch import caching, is_caching_enabled, set_caching
 from .config import build_from_config, register
@@ -17,7 +18,7 @@ from .encodings import (
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
     SpeechainPositionalEncoding,
-    apply_rotary,
+    apply_rotary_sincos,
     DinoV3RotaryEmbedding,
     MixedRotaryEmbedding,
     apply_rot_embed_cat,
@@ -73,7 +74,7 @@ __all__ = [
     "CoordSineEmbedding",
     "RotaryEmbedding",
     "AxialRotaryEmbedding",
-    "apply_rotary",
+    "apply_rotary_sincos",
     "DinoV3RotaryEmbedding",
     "MixedRotaryEmbedding",
     "init_mixed_freqs",
@@ -87,3 +88,6 @@ __all__ = [
     "build_from_config",
     "register",
 ]
+
+#: renamed public names, each a deprecated alias for one release (docs/migration.md)
+__getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})

@@ -95,6 +95,8 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         Li et al., Neural Speech Synthesis with Transformer Network, AAAI 2019 (``alpha``).
     """
 
+    _width_name = "d_model"  # speechain's name (a drop-in keeps its peer's names)
+
     def __init__(
         self,
         posenc_type: str = "mix",
@@ -125,6 +127,11 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
             self.emb_layernorm = nn.LayerNorm(d_model)
         if posenc_scale:
             self.alpha = nn.Parameter(torch.tensor(self.init_alpha))
+
+    @property
+    def d_model(self) -> int:
+        """int: the embedding size ``D`` (speechain's attribute)."""
+        return self.dim
 
     @property
     def posenc(self) -> Tensor:

@@ -113,7 +113,7 @@ def encode_grid(
         ):
             if len(shape) != 1:
                 raise ValueError(f"{type(encoder).__name__} encodes sequences (1 axis), got shape {shape}")
-            x = torch.zeros(1, shape[0], encoder.d_model)
+            x = torch.zeros(1, shape[0], encoder.dim)
             if not encoder.batch_first:
                 x = x.transpose(0, 1)
             was_training = encoder.training
@@ -164,7 +164,7 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
     elif isinstance(encoder, _GRID_CLASSES):
         feats, temp, layout, ladder = encoder.channels_per_axis, 10000.0, "interleaved", "standard"
     elif isinstance(encoder, (SinusoidalPositionalEncoding, SpeechainPositionalEncoding)):
-        feats, temp = encoder.d_model, encoder.temperature
+        feats, temp = encoder.dim, encoder.temperature
         layout, ladder = encoder.layout, encoder.ladder
     else:
         return None
