@@ -46,7 +46,12 @@ def origin_line_counts(starts: Spans, stops: Spans) -> list[list[int]]:
 
 
 def mask_valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Deformable-DETR's ``get_valid_ratio`` for 1 to 3 spatial axes.
+    """Deformable-DETR's ``get_valid_ratio`` of a bool mask, for 1 to 3 spatial axes.
+
+    The same numbers as :meth:`vispos.Padding.valid_ratios`, which reads them from the padding's
+    boxes without touching the device where it can; use this one when you hold a bare mask (it
+    never reads the mask on the host). Named ``valid_ratios`` before issue 32 (a deprecated alias
+    in :mod:`vispos.padding` and :mod:`vispos.backbones`).
 
     Along axis ``i`` the valid length is the number of valid cells in the line through index 0 of
     every other axis (Deformable-DETR's items sit at the origin), divided by the padded size

@@ -177,8 +177,11 @@ def nested_tensor_from_tensor_list(
 
 # ------------------------------------------------------------------------ reading encoder input
 class PaddedCollate:
-    """A picklable ``collate_fn`` for ``DataLoader``: pads ``(image, target)`` pairs into a batch.
+    """Builds a collate with your settings (``size_divisibility``, ``pad_value``, ``method``) for
+    a ``DataLoader``: it pads ``(image, target)`` pairs into a batch.
 
+    With the defaults it equals :func:`collate_fn`, DETR's function with fixed settings; build a
+    ``PaddedCollate`` when you need size rounding, another padding value or symmetric padding.
     Follows DETR's contract (``util/misc.py``, ``collate_fn``): a list of ``(image, target)``
     pairs in, ``(NestedTensor, tuple_of_targets)`` out. Images are 2D ``(C, H, W)`` or 3D
     ``(C, D, H, W)`` (1D ``(C, L)`` too), each at its own size; they are padded by
@@ -259,10 +262,12 @@ class PaddedCollate:
 
 
 def collate_fn(batch: Sequence[tuple[Tensor, Any]]) -> tuple[NestedTensor, tuple[Any, ...]]:
-    """DETR's ``collate_fn``: ``(image, target)`` pairs -> ``(NestedTensor, tuple_of_targets)``.
+    """DETR's ``collate_fn`` (a drop-in for ``util.misc.collate_fn``), fixed settings: pairs ->
+    ``(NestedTensor, tuple_of_targets)``.
 
-    Equal to ``PaddedCollate()(batch)`` (no size rounding, zero padding); a module-level function,
-    so it pickles into ``DataLoader`` workers.
+    No size rounding, zero padding, items at the origin: equal to ``PaddedCollate()(batch)``. For
+    other settings build a :class:`PaddedCollate`. A module-level function, so it pickles into
+    ``DataLoader`` workers.
 
     Args:
         batch (list of (Tensor[C, *S_i], target)): images or volumes each at its own size.

@@ -311,8 +311,9 @@ class Padding:
         return tuple(slice(s, e) for s, e in zip(self.starts[index], self.stops[index]))
 
     def valid_ratios(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Deformable-DETR's ``get_valid_ratio``: valid cells on the line through index 0 of the
-        other axes, over ``S_i``, **last axis first** (``(w, h)`` in 2D).
+        """Deformable-DETR's ``get_valid_ratio`` from this padding (its boxes where it can): valid
+        cells on the line through index 0 of the other axes, over ``S_i``, **last axis first**
+        (``(w, h)`` in 2D). For a bare mask use :func:`mask_valid_ratios`.
 
         For rectangular padding the counts come from the boxes (no device read), equal to
         :func:`mask_valid_ratios` of the mask (tested). Deformable-DETR assumes boxes at the origin;
