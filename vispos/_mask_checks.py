@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL, check_int
+from ._checks import MAX_SPATIAL, check_int, is_int
 
 __all__ = ["Spans", "check_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
 
@@ -70,7 +70,7 @@ def check_spatial_size(size: Any, n: int, name: str = "size", *, minimum: int = 
         TypeError: not an int or a sequence of ints. ValueError: wrong length or an entry below
             ``minimum``.
     """
-    if isinstance(size, int) and not isinstance(size, bool):
+    if is_int(size):
         size = (size,) * n
     if isinstance(size, torch.Size):
         size = tuple(size)

@@ -107,7 +107,7 @@ def attn_mask_from_padding(mask: Any, num_prefix_tokens: int = 0) -> Tensor:
     if not isinstance(mask, Tensor) and hasattr(mask, "kind") and hasattr(mask, "mask"):
         mask = mask.mask  # a Padding
     check_mask(mask)
-    check_int(num_prefix_tokens, "num_prefix_tokens", minimum=0)
+    num_prefix_tokens = check_int(num_prefix_tokens, "num_prefix_tokens", minimum=0)
     if mask.dim() < 2:
         raise ValueError(f"mask must have shape (B, *S) with at least one spatial axis, got {tuple(mask.shape)}")
     keep = ~mask.flatten(1)

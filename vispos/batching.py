@@ -132,8 +132,8 @@ def nested_tensor_from_tensor_list(
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
     divisor = check_int(size_divisibility, "size_divisibility", minimum=0)
-    check_number(pad_value, "pad_value", finite=False)
-    check_choice(method, ("end", "symmetric"), "method")
+    pad_value = check_number(pad_value, "pad_value", finite=False)
+    method = check_choice(method, ("end", "symmetric"), "method")
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor shaped (C, *S), got {type(t).__name__}")
@@ -218,8 +218,8 @@ class PaddedCollate:
     """
 
     def __init__(self, size_divisibility: int = 0, pad_value: float = 0.0, *, method: str = "end") -> None:
-        check_int(size_divisibility, "size_divisibility", minimum=0)
-        check_number(pad_value, "pad_value", finite=False)
+        size_divisibility = check_int(size_divisibility, "size_divisibility", minimum=0)
+        pad_value = check_number(pad_value, "pad_value", finite=False)
         self.size_divisibility = size_divisibility
         self.pad_value = pad_value
         self.method = check_choice(method, ("end", "symmetric"), "method")

@@ -142,7 +142,7 @@ class Padding:
             TypeError: non-int ``batch`` or ``spatial`` entries. ValueError: negative sizes, or
                 not 1 to 3 spatial axes.
         """
-        check_int(batch, "batch", minimum=0)
+        batch = check_int(batch, "batch", minimum=0)
         spatial = cls._check_spatial(spatial)
         return cls._make("none", batch, spatial, _resolve("cpu" if device is None else device))
 

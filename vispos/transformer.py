@@ -43,12 +43,13 @@ def set_layer_args(
     References:
         DETR ``models/transformer.py`` (the layers' arguments and their defaults).
     """
-    for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-        check_int(value, name, minimum=1)
+    d_model = check_int(d_model, "d_model", minimum=1)
+    nhead = check_int(nhead, "nhead", minimum=1)
+    dim_feedforward = check_int(dim_feedforward, "dim_feedforward", minimum=1)
     if d_model % nhead:
         raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-    check_dropout(dropout)
-    check_choice(activation, tuple(_ACTIVATIONS), "activation")
+    dropout = check_dropout(dropout)
+    activation = check_choice(activation, tuple(_ACTIVATIONS), "activation")
     check_bool(normalize_before, "normalize_before")
     layer.d_model, layer.nhead, layer.dim_feedforward = d_model, nhead, dim_feedforward
     layer.dropout_p, layer.activation_name, layer.normalize_before = float(dropout), activation, normalize_before
@@ -94,6 +95,7 @@ class DetrEncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         set_layer_args(self, d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
+        d_model, nhead, dim_feedforward, dropout = self.d_model, self.nhead, self.dim_feedforward, self.dropout_p
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -178,7 +180,7 @@ class DetrEncoder(nn.Module):
         normalize_before: bool = False,
     ) -> None:
         super().__init__()
-        check_int(num_layers, "num_layers", minimum=1)
+        num_layers = check_int(num_layers, "num_layers", minimum=1)
         layer = DetrEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
         for lyr in self.layers:  # DETR's xavier initialisation, independent per layer

@@ -48,4 +48,4 @@ def check_freeze_args(train_backbone: Any, frozen_stages: Any, frozen_batch_norm
     """Validates the freezing keywords the adapters share."""
     check_bool(train_backbone, "train_backbone")
     check_bool(frozen_batch_norm, "frozen_batch_norm")
-    check_int(frozen_stages, "frozen_stages", minimum=-1)  # -1: train every stage
+    frozen_stages = check_int(frozen_stages, "frozen_stages", minimum=-1)  # -1: train every stage

@@ -146,11 +146,11 @@ class Joiner(nn.Module):
         for name, mod in (("backbone", backbone), ("position_embedding", position_embedding)):
             if not isinstance(mod, nn.Module):
                 raise TypeError(f"{name} must be an nn.Module, got {type(mod).__name__}")
-        check_int(hidden_dim, "hidden_dim", minimum=1, optional=True)
-        check_int(num_feature_levels, "num_feature_levels", minimum=1, optional=True)
+        hidden_dim = check_int(hidden_dim, "hidden_dim", minimum=1, optional=True)
+        num_feature_levels = check_int(num_feature_levels, "num_feature_levels", minimum=1, optional=True)
         check_bool(level_embed, "level_embed", optional=True)
         check_bool(input_proj, "input_proj")
-        check_int(num_groups, "num_groups", minimum=1)
+        num_groups = check_int(num_groups, "num_groups", minimum=1)
         self.backbone = backbone
         self.position_embedding = position_embedding
         described = isinstance(backbone, Backbone)

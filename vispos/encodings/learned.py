@@ -83,12 +83,12 @@ class PositionEmbeddingLearned(nn.Module):
         spatial_dims: int | None = None,
     ) -> None:
         super().__init__()
-        check_int(num_pos_feats, "num_pos_feats", minimum=1)
+        num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
         check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
-            check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
+            spatial_dims = check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
         if is_int(num_embeddings):  # one size for every axis
-            check_int(num_embeddings, "num_embeddings", minimum=1)
+            num_embeddings = check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n
         elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
@@ -287,7 +287,7 @@ def resample_abs_pos_embed(
         raise ValueError(f"posemb must have shape (B, N, C), got {tuple(posemb.shape)}")
     new = check_sizes(new_size, "new_size", ranks=(2, 3))
     rank = len(new)
-    check_int(num_prefix_tokens, "num_prefix_tokens")
+    num_prefix_tokens = check_int(num_prefix_tokens, "num_prefix_tokens")
     num_tokens = posemb.shape[1]
     if not 0 <= num_prefix_tokens <= num_tokens:
         raise ValueError(

@@ -230,9 +230,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, theta: float = 10000.0, seq_dim: int = -2) -> None:
         super().__init__()
-        check_multiple(dim, 2, "dim", "channels are rotated in pairs")
-        check_temperature(theta, "theta")
-        check_int(seq_dim, "seq_dim")
+        dim = check_multiple(dim, 2, "dim", "channels are rotated in pairs")
+        theta = check_temperature(theta, "theta")
+        seq_dim = check_int(seq_dim, "seq_dim")
         if seq_dim > -2:
             raise ValueError(f"seq_dim must be <= -2 (the last axis holds the channels), got {seq_dim}")
         self.dim = dim
@@ -329,9 +329,9 @@ class AxialRotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, num_axes: int = 2, theta: float = 10000.0) -> None:
         super().__init__()
-        check_choice(num_axes, (2, 3), "num_axes")
-        check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
-        check_temperature(theta, "theta")
+        num_axes = check_choice(num_axes, (2, 3), "num_axes")
+        dim = check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
+        theta = check_temperature(theta, "theta")
         self.dim = dim
         self.num_axes = num_axes
         self.theta = theta

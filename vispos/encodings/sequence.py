@@ -74,15 +74,15 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         temperature: float,
     ) -> None:
         super().__init__()
-        check_num_feats(dim, self._width_name)
-        check_dropout(dropout)
-        check_int(max_len, "max_len", minimum=1)
-        check_choice(layout, _LAYOUTS, "layout")
-        check_choice(ladder, _LADDERS, "ladder")
+        dim = check_num_feats(dim, self._width_name)
+        dropout = check_dropout(dropout)
+        max_len = check_int(max_len, "max_len", minimum=1)
+        layout = check_choice(layout, _LAYOUTS, "layout")
+        ladder = check_choice(ladder, _LADDERS, "ladder")
         if ladder == "t2t" and dim < 4:
             raise ValueError(f"ladder='t2t' needs {self._width_name} >= 4 (two frequencies at least), got {dim}")
         check_bool(batch_first, "batch_first")
-        check_temperature(temperature)
+        temperature = check_temperature(temperature)
         self.dim = dim
         self.max_len = max_len
         self.layout = layout
@@ -358,7 +358,7 @@ class SinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
         check_bool(emb_scale, "emb_scale")
         check_bool(emb_layernorm, "emb_layernorm")
         check_bool(learnable_scale, "learnable_scale")
-        check_number(init_alpha, "init_alpha")
+        init_alpha = check_number(init_alpha, "init_alpha")
         if not learnable_scale and init_alpha != 1.0:
             raise ValueError(
                 f"init_alpha={init_alpha} has no effect without learnable_scale=True; "
@@ -366,7 +366,7 @@ class SinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
             )
         self.emb_scale = emb_scale
         self.init_alpha = float(init_alpha)
-        self.layernorm = nn.LayerNorm(dim) if emb_layernorm else None
+        self.layernorm = nn.LayerNorm(self.dim) if emb_layernorm else None
         self.alpha = nn.Parameter(torch.tensor(float(init_alpha))) if learnable_scale else None
 
     def _shape_encoding(self, enc: Tensor) -> Tensor:
@@ -434,6 +434,7 @@ class LearnableSinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid
             dim, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
+        dim = self.dim  # checked (a Python int)
         hidden = dim if hidden_dim is None else check_int(hidden_dim, "hidden_dim", minimum=1)
         self.hidden_dim = hidden
         self.ffn = nn.Sequential(

@@ -108,11 +108,11 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         max_len: int = 5000,
         dropout: float = 0.0,
     ) -> None:
-        check_choice(posenc_type, _POSENC_TYPES, "posenc_type")
+        posenc_type = check_choice(posenc_type, _POSENC_TYPES, "posenc_type")
         check_bool(emb_scale, "emb_scale")
         check_bool(emb_layernorm, "emb_layernorm")
         check_bool(posenc_scale, "posenc_scale")
-        check_number(init_alpha, "init_alpha")
+        init_alpha = check_number(init_alpha, "init_alpha")
         mix = posenc_type == "mix"
         super().__init__(
             d_model, dropout=dropout, max_len=max_len, layout="interleaved" if mix else "split",
@@ -124,7 +124,7 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         self.init_alpha = float(init_alpha)
         # present only when enabled, as in speechain (whose code and users test ``hasattr``)
         if emb_layernorm:
-            self.emb_layernorm = nn.LayerNorm(d_model)
+            self.emb_layernorm = nn.LayerNorm(self.dim)
         if posenc_scale:
             self.alpha = nn.Parameter(torch.tensor(self.init_alpha))
 

@@ -158,7 +158,7 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5).
     """
-    check_int(length, "length", minimum=1)
+    length = check_int(length, "length", minimum=1)
     if isinstance(encoder, PositionEmbeddingSine):
         feats, temp, layout, ladder = encoder.num_pos_feats, encoder.temperature, "interleaved", "standard"
     elif isinstance(encoder, _GRID_CLASSES):
@@ -214,7 +214,7 @@ def plot_channels(
     """
     pos = check_pos(pos, "pos", (1, 2))
     c = pos.shape[0]
-    check_int(max_panels, "max_panels", minimum=1)
+    max_panels = check_int(max_panels, "max_panels", minimum=1)
     if pos.dim() == 2:
         chans = list(range(c)) if channels is None else check_channels(channels, c)
         fig = new_figure(7.0, 3.2 + 0.006 * len(chans))
