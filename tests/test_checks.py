@@ -152,6 +152,9 @@ REQUIRED = {
     "mae_sincos_2d": dict(embed_dim=16, grid_size=3),
     "monai_sincos": dict(grid_size=3, embed_dim=12),
     **{f"PositionalEncoding{p}{n}D": dict(channels=8) for p in ("", "Permute") for n in (1, 2, 3)},
+    # drop-ins added beside this test in issue 32 (the rff engineer); used once they exist
+    "monai_fourier": dict(grid_size=3, embed_dim=12),
+    "rtdetr_sincos_2d": dict(height=3, width=4, embed_dim=16),
 }
 #: public encoders with no numeric argument to test here (and why)
 NO_NUMBERS = {

@@ -225,3 +225,18 @@ def test_config_dict_with_shared_references_is_measured_too():
         inner = [inner] * 100
     with pytest.raises(ValueError, match="config: the config expands to more than 10000 values"):
         build_from_config({"type": "PositionEmbeddingSine", "num_pos_feats": inner})
+
+
+def test_a_renamed_keyword_still_builds_and_warns():
+    """Issue 32 renamed ``SinusoidalPositionalEncoding``'s ``d_model`` to ``dim``: a config (or
+    ``vispos plot --kw``) with the old key builds the same module for one release, warning."""
+    import warnings
+
+    with pytest.warns(DeprecationWarning, match=r"SinusoidalPositionalEncoding\(d_model=\.\.\.\) is deprecated.*use dim="):
+        old = build_from_config({"type": "SinusoidalPositionalEncoding", "d_model": 8, "layout": "split"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = build_from_config({"type": "SinusoidalPositionalEncoding", "dim": 8, "layout": "split"})
+    assert old.extra_repr() == new.extra_repr()
+    with pytest.raises(ValueError, match=r"unknown keys \['d_modl'\]"):
+        build_from_config({"type": "SinusoidalPositionalEncoding", "d_modl": 8})

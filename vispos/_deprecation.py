@@ -92,7 +92,9 @@ def renamed_kwargs(**renames: str) -> Callable[[Callable], Callable]:
     """Decorator: keyword ``old=value`` still works as ``new=value`` (``renames`` maps old -> new),
     with a ``DeprecationWarning`` naming the new keyword. Passing both is a ``TypeError``.
 
-    The signature seen by ``inspect`` (and the docs) is the new one.
+    The signature seen by ``inspect`` (and the docs) is the new one; the renames are kept in
+    the wrapper's ``__deprecated_kwargs__`` (so a config naming an old key still builds, and
+    warns).
     """
 
     def decorate(func: Callable) -> Callable:
@@ -108,6 +110,7 @@ def renamed_kwargs(**renames: str) -> Callable[[Callable], Callable]:
                     kwargs[new] = kwargs.pop(old)
             return func(*args, **kwargs)
 
+        wrapper.__deprecated_kwargs__ = dict(renames)  # read by vispos.config (old YAML keys)
         return wrapper
 
     return decorate
