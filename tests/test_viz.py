@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import vispos
-from vispos import viz
+from vispos.app import figures as viz
 from vispos.app.cli import main
 
 
@@ -358,7 +358,7 @@ def test_volume_figure_readable(tmp_path, n_volumes):
 # ------------------------------------------------------------------------------ CLI
 KIND_ARGS = {
     "channels": ["--shape", "12", "--kw", "num_pos_feats=8"],
-    "curves": ["--shape", "20", "--encoder", "SinusoidalPositionalEncoding", "--kw", "d_model=8"],
+    "curves": ["--shape", "20", "--encoder", "SinusoidalPositionalEncoding", "--kw", "dim=8"],
     "wavelengths": ["--num-feats", "16"],
     "similarity": ["--shape", "4", "5", "6", "--queries", "1,2,3"],
     "similarity-mm": ["--shape", "4", "5", "6", "--spacing", "5", "1", "1", "--kw", "normalize=true", "extent=20"],

@@ -109,7 +109,7 @@ class TimmBackbone(BackboneAdapter):
             raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
         out_indices = indices
         check_bool(pretrained, "pretrained")
-        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         in_chans = check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]

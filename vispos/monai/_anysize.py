@@ -252,7 +252,7 @@ class _AnySize:
         table = self._vit().patch_embedding.position_embeddings
         new = resample_abs_pos_embed(
             table, new_size=size, old_size=self.grid_size, num_prefix_tokens=0,
-            mode=self.resample_mode, antialias=self.antialias,
+            interpolation=self.resample_mode, antialias=self.antialias,
         )
         return new.reshape(*size, table.shape[-1])
 
