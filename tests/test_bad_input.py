@@ -28,17 +28,17 @@ from vispos import (
     nested_tensor_from_tensor_list,
 )
 from vispos.backbones import (
-    DetrEncoder,
     Joiner,
     TimmBackbone,
     TorchvisionBackbone,
     VolumeBackbone,
     flatten_levels,
-    valid_ratios,
 )
-from vispos.cli import main
+from vispos.padding import mask_valid_ratios
+from vispos.transformer import DetrEncoder
+from vispos.app.cli import main
 from vispos.config import build_from_config, load_config
-from vispos.data import imagenet_normalize, load_image, load_images, load_volume, load_volumes
+from vispos.app.data import imagenet_normalize, load_image, load_images, load_volume, load_volumes
 
 
 # --------------------------------------------------------------------------------- fixtures
@@ -166,7 +166,7 @@ CASES = [
     ("grid/permute rank", lambda f: PositionalEncodingPermute3D(4)(torch.zeros(1, 4, 4, 4)), ValueError, r"expects a 5-D tensor \(B, C, X, Y, Z\)"),
     ("learned/too large", lambda f: PositionEmbeddingLearned(8, num_embeddings=4)(torch.zeros(1, 3, 5, 5)), ValueError, r"5 cells along spatial axis 1 but the col_embed table has num_embeddings=4"),
     ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"spatial_dims=2\) got an input with 1 spatial axes"),
-    ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = d_model = 8"),
+    ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8"),
     ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"coords must be a floating tensor"),
     # ---- backbones, Joiner, encoder
     ("timm/unknown model", lambda f: TimmBackbone("resnet_nonexistent"), ValueError, r"model_name 'resnet_nonexistent' is not a timm model"),
@@ -194,7 +194,7 @@ CASES = [
     ("joiner/list input", lambda f: f["joiner"]([torch.zeros(3, 32, 32)]), TypeError, r"x must be a NestedTensor"),
     ("flatten/no levels", lambda f: flatten_levels([], []), ValueError, r"features must hold at least one level"),
     ("flatten/pos shape", lambda f: flatten_levels([torch.zeros(1, 4, 2, 2)], [torch.zeros(1, 4, 2, 3)]), ValueError, r"pos\[0\] must have its level's shape \(1, 4, 2, 2\), got \(1, 4, 2, 3\)"),
-    ("valid_ratios/float mask", lambda f: valid_ratios(torch.zeros(2, 3, 3)), TypeError, r"mask must have dtype torch.bool .*got torch.float32"),
+    ("valid_ratios/float mask", lambda f: mask_valid_ratios(torch.zeros(2, 3, 3)), TypeError, r"mask must have dtype torch.bool .*got torch.float32"),
     ("encoder/nhead", lambda f: DetrEncoder(30, nhead=4), ValueError, r"nhead=4 must divide d_model=30"),
     ("encoder/src width", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 16)), ValueError, r"src must be a Tensor\[B, N, 32\]"),
     ("encoder/float key_padding_mask", lambda f: DetrEncoder(32, nhead=4, num_layers=1)(torch.zeros(1, 5, 32), None, torch.zeros(1, 5)), TypeError, r"key_padding_mask must have dtype torch.bool"),

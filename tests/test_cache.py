@@ -9,6 +9,7 @@ import copy
 import pickle
 import random
 import threading
+import warnings
 
 import numpy as np
 import positional_encodings.torch_encodings as peer
@@ -516,6 +517,23 @@ def test_off_switch_for_a_whole_model_and_nesting():
     with pytest.raises(TypeError, match=r"enabled must be a bool, got 0"):
         with vispos.caching(0):
             pass
+
+
+def test_caching_without_argument_reads_as_written():
+    """``with vispos.caching():`` turns the caches ON (issue 32: it used to turn them off, as its
+    default was False); for one release it warns that the meaning changed."""
+    vispos.set_caching(False)
+    try:
+        with pytest.warns(DeprecationWarning, match=r"caching\(\) without an argument now turns the caches ON"):
+            with vispos.caching():
+                assert vispos.is_caching_enabled()
+        assert not vispos.is_caching_enabled()
+    finally:
+        vispos.set_caching(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an explicit argument does not warn
+        with vispos.caching(True), vispos.caching(False):
+            assert not vispos.is_caching_enabled()
 
 
 def test_off_switch_is_per_thread():

@@ -5,7 +5,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vispos.cli import main
+from vispos.app.cli import main
 
 TINY = """
 type: Joiner
@@ -200,7 +200,7 @@ def hooked(*args):
     return out
 
 setattr(vio, sys.argv[1], hooked)
-from vispos.cli import main
+from vispos.app.cli import main
 sys.exit(main(sys.argv[3:]))
 """
 

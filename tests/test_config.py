@@ -11,7 +11,7 @@ import torch
 
 from vispos import nested_tensor_from_tensor_list
 from vispos.backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
-from vispos.cli import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG
+from vispos.app.cli import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
@@ -301,7 +301,7 @@ def test_unknown_config_names_list_what_ships(tmp_path, monkeypatch, name, exc, 
 def test_config_list_names_what_each_builds(tmp_path, monkeypatch, capsys):
     """``vispos config list``: one line per shipped config with what it builds, even where a
     file named like a packaged config sits in the working directory."""
-    from vispos.cli import main
+    from vispos.app.cli import main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "detr_resnet50").write_text("type: PositionEmbeddingSine\n")
@@ -335,7 +335,7 @@ def test_config_builds_line(cfg, text):
 
 
 def test_config_command_needs_an_action(capsys):
-    from vispos.cli import main
+    from vispos.app.cli import main
 
     with pytest.raises(SystemExit) as info:
         main(["config"])
@@ -346,7 +346,7 @@ def test_config_command_needs_an_action(capsys):
 @pytest.mark.parametrize("given", ["configs/deformable_detr_resnet50.yaml", "deformable_detr_resnet50"])
 def test_plot_config_by_name_outside_the_checkout(tmp_path, monkeypatch, capsys, given):
     """``vispos plot coords --config configs/...`` exited 2 outside the checkout."""
-    from vispos.cli import main
+    from vispos.app.cli import main
 
     monkeypatch.chdir(tmp_path)
     rc = main(["plot", "coords", "--config", given, "--samples", "astronaut", "--max-size", "64",
@@ -356,7 +356,7 @@ def test_plot_config_by_name_outside_the_checkout(tmp_path, monkeypatch, capsys,
 
 
 def test_cli_unknown_config_exits_2_listing_what_ships(tmp_path, monkeypatch, capsys):
-    from vispos.cli import main
+    from vispos.app.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["plot", "similarity", "--config", "detr_resnet51"]) == 2
@@ -387,3 +387,16 @@ def test_command_with_a_config_name_from_an_empty_directory(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "c.png").is_file()
+def test_a_renamed_keyword_still_builds_and_warns():
+    """Issue 32 renamed ``SinusoidalPositionalEncoding``'s ``d_model`` to ``dim``: a config (or
+    ``vispos plot --kw``) with the old key builds the same module for one release, warning."""
+    import warnings
+
+    with pytest.warns(DeprecationWarning, match=r"SinusoidalPositionalEncoding\(d_model=\.\.\.\) is deprecated.*use dim="):
+        old = build_from_config({"type": "SinusoidalPositionalEncoding", "d_model": 8, "layout": "split"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = build_from_config({"type": "SinusoidalPositionalEncoding", "dim": 8, "layout": "split"})
+    assert old.extra_repr() == new.extra_repr()
+    with pytest.raises(ValueError, match=r"unknown keys \['d_modl'\]"):
+        build_from_config({"type": "SinusoidalPositionalEncoding", "d_modl": 8})

@@ -9,8 +9,9 @@ import torch
 from PIL import Image
 
 from vispos import PositionEmbeddingSine, nested_tensor_from_tensor_list
-from vispos.data import imagenet_normalize, load_image, load_images, sample_images
-from vispos.viz import cosine_similarity_map, plot_position_similarity, query_cells
+from vispos.app.data import imagenet_normalize, load_image, load_images, sample_images
+from vispos.app.figures import cosine_similarity_map, query_cells
+from vispos.app.png import plot_position_similarity
 
 
 def test_sample_images_shipped_sizes():
@@ -66,7 +67,7 @@ def test_plot_writes_png(tmp_path):
 
 # ------------------------------------------------------------------------------------ volumes
 def test_mni152_template_offline():
-    from vispos.data import mni152_template
+    from vispos.app.data import mni152_template
 
     vol = mni152_template(normalize=None)
     assert vol.shape == (1, 197, 233, 189) and vol.dtype == torch.float32
@@ -79,7 +80,7 @@ def test_mni152_template_offline():
 
 
 def test_sample_volumes_shapes():
-    from vispos.data import sample_volumes
+    from vispos.app.data import sample_volumes
 
     vols = dict(sample_volumes(max_size=32, normalize="percentile"))
     assert list(vols) == ["mni152", "mni152_coarse", "mni152_superior"]
@@ -94,7 +95,7 @@ def test_sample_volumes_shapes():
 
 
 def test_normalize_intensity():
-    from vispos.data import normalize_intensity
+    from vispos.app.data import normalize_intensity
 
     vol = torch.zeros(2, 4, 4, 4)
     vol[0, 1:3, 1:3, 1:3] = torch.arange(8.0).reshape(2, 2, 2) + 10
@@ -140,7 +141,7 @@ def test_normalize_extreme_finite_voxels_stays_finite(method, extreme):
     """Issue 26 item 3: float32 voxels near 3e38 (a flipped byte in a compressed file can give
     them) normalised to NaN: the float32 sums and ``max - min`` overflowed. Now finite, and equal
     to the float64 formula."""
-    from vispos.data import normalize_intensity
+    from vispos.app.data import normalize_intensity
 
     vol = torch.linspace(-50, 200, 2 * 5 * 4 * 3).reshape(2, 5, 4, 3)
     vol[:, 0] = 0  # background
@@ -155,7 +156,7 @@ def test_load_volume_with_extreme_voxels_is_finite(tmp_path):
     normalisation; NaN / inf voxels become 0 as documented and take no part in the statistics."""
     import nibabel as nib
 
-    from vispos.data import load_volume
+    from vispos.app.data import load_volume
 
     arr = np.random.default_rng(1).normal(100, 20, (5, 4, 3)).astype(np.float32)
     arr[0, 0, :2] = [3.0e38, -3.0e38]
@@ -169,7 +170,7 @@ def test_load_volume_with_extreme_voxels_is_finite(tmp_path):
 
 
 def test_normalize_leaves_non_finite_voxels_out_of_the_statistics():
-    from vispos.data import normalize_intensity
+    from vispos.app.data import normalize_intensity
 
     vol = torch.arange(1.0, 25.0).reshape(1, 2, 3, 4)
     vol[0, 0, 0, 0] = float("nan")
@@ -186,7 +187,7 @@ def test_load_volume_reads_nifti_pairs_and_refuses_other_formats(tmp_path):
     pairs now load by either name, and non-NIfTI formats are refused with a conversion hint."""
     import nibabel as nib
 
-    from vispos.data import load_volume
+    from vispos.app.data import load_volume
 
     arr = np.random.default_rng(2).random((4, 5, 6)).astype(np.float32)
     nib.save(nib.Nifti1Pair(arr, np.eye(4)), tmp_path / "pair.img")
@@ -206,7 +207,7 @@ def test_load_nifti_round_trip(tmp_path):
     import nibabel as nib
     import numpy as np
 
-    from vispos.data import load_volume, load_volumes, resize_volume
+    from vispos.app.data import load_volume, load_volumes, resize_volume
 
     arr = np.random.default_rng(0).random((6, 8, 10)).astype(np.float32)
     nib.save(nib.Nifti1Image(arr, np.diag([2.0, 2.0, 2.0, 1.0])), tmp_path / "a.nii.gz")
@@ -231,7 +232,7 @@ def test_load_nifti_round_trip(tmp_path):
 
 
 def test_plot_volume_similarity(tmp_path):
-    from vispos.viz import plot_volume_similarity
+    from vispos.app.png import plot_volume_similarity
 
     nt = nested_tensor_from_tensor_list([torch.rand(1, 10, 12, 8), torch.rand(1, 6, 12, 10)])
     pe = PositionEmbeddingSine(8, normalize=True)
@@ -644,7 +645,7 @@ def test_nifti_header_checks_before_reading(tmp_path, suffix):
     DTypePromotionError without the file; a bare MemoryError)."""
     import nibabel as nib
 
-    from vispos.data import load_volume
+    from vispos.app.data import load_volume
 
     rgb = np.zeros((4, 5, 6), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
     nib.save(nib.Nifti1Image(rgb, np.eye(4)), tmp_path / f"rgb{suffix}")
@@ -667,7 +668,7 @@ def test_nifti_header_checks_before_reading(tmp_path, suffix):
 def test_nifti_truncated_empty_and_corrupt_headers(tmp_path):
     import nibabel as nib
 
-    from vispos.data import load_volume
+    from vispos.app.data import load_volume
 
     trunc = _forged_nifti(tmp_path / "trunc.nii", (40, 40, 40), data=b"\0" * 100)
     with pytest.raises(ValueError, match=r"trunc.nii' is truncated: its header declares shape \(40, 40, 40\) of "
@@ -695,7 +696,7 @@ def test_nifti_truncated_empty_and_corrupt_headers(tmp_path):
 
 def test_loaders_check_progress(tmp_path):
     """Careful-user pass: ``progress="no"`` (truthy) showed the bar."""
-    from vispos.data import load_volumes
+    from vispos.app.data import load_volumes
 
     with pytest.raises(TypeError, match="progress must be a bool or None, got 'no'"):
         load_images([tmp_path / "a.png"], progress="no")

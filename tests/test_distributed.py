@@ -14,7 +14,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import vispos
-from vispos.backbones import DetrEncoder, Joiner, TimmBackbone
+from vispos.backbones import Joiner, TimmBackbone
+from vispos.transformer import DetrEncoder
 
 WORLD = 2
 STEPS = 3

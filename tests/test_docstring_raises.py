@@ -184,8 +184,8 @@ TABLE: dict[str, list[Case]] = {
         ("input shape", lambda: vispos.FixEncoding(vispos.PositionalEncoding2D(8), (3, 4))(torch.zeros(1, 3, 5, 8))),
     ],
     "SinusoidalPositionalEncoding": [
-        ("d_model float", lambda: vispos.SinusoidalPositionalEncoding(8.0)),
-        ("d_model odd", lambda: vispos.SinusoidalPositionalEncoding(7)),
+        ("dim float", lambda: vispos.SinusoidalPositionalEncoding(8.0)),
+        ("dim odd", lambda: vispos.SinusoidalPositionalEncoding(7)),
         ("dropout str", lambda: vispos.SinusoidalPositionalEncoding(8, dropout="0.1")),
         ("dropout 1", lambda: vispos.SinusoidalPositionalEncoding(8, dropout=1.0)),
         ("layout unknown", lambda: vispos.SinusoidalPositionalEncoding(8, layout="zigzag")),
@@ -251,7 +251,7 @@ TABLE: dict[str, list[Case]] = {
         ("num_features zero", lambda: bb.FrozenBatchNorm3d(0)),
         ("input 4-D", lambda: bb.FrozenBatchNorm3d(4)(torch.zeros(1, 4, 3, 3))),
     ],
-    "BackboneBase": [
+    "BackboneAdapter": [
         ("x not NestedTensor", lambda: _backbone("torchvision")(torch.zeros(1, 3, 32, 32))),
         ("x channels", lambda: _backbone("torchvision")(_nt((32, 32), c=1))),
     ],

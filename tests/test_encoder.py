@@ -3,10 +3,8 @@ import torch
 from torch import nn
 
 from vispos import NestedTensor, PositionEmbeddingSine, nested_tensor_from_tensor_list
-from vispos.backbones import (
-    DetrEncoder, DetrEncoderLayer, TimmBackbone, VolumeBackbone, backbone_border_effect, flatten_levels,
-    unflatten_levels,
-)
+from vispos.backbones import TimmBackbone, VolumeBackbone, backbone_border_effect, flatten_levels, unflatten_levels
+from vispos.transformer import DetrEncoder, DetrEncoderLayer
 
 
 def _encode(encoder, pe, level_embed, items_per_level, garbage=True):
@@ -147,7 +145,7 @@ def _trained_like(backbone):
 
 def test_backbone_border_effect_2d_measured():
     """ResNet-18 (random weights, eval): features near the border see the padding."""
-    from vispos.data import imagenet_normalize, sample_images
+    from vispos.app.data import imagenet_normalize, sample_images
 
     torch.manual_seed(0)
     (_, img), = sample_images(["astronaut"], max_size=96)
@@ -160,7 +158,7 @@ def test_backbone_border_effect_2d_measured():
 
 
 def test_backbone_border_effect_3d_measured():
-    from vispos.data import mni152_template
+    from vispos.app.data import mni152_template
 
     torch.manual_seed(0)
     vol = mni152_template(resolution=2, normalize="percentile", max_size=32)

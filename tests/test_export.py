@@ -1,7 +1,7 @@
 """Export: torch.export with dynamic spatial sizes, ONNX (dynamo exporter) run in onnxruntime
 at sizes other than the export size, and TorchScript tracing at a fixed size.
 
-Export traces run with ``vispos._cache.tracing()`` True: no Python-side cache, no host reads,
+Export traces run with ``vispos._tracing.tracing()`` True: no Python-side cache, no host reads,
 so the graphs are not specialised to the example input.
 """
 

@@ -6,8 +6,9 @@ from torch import nn
 
 from vispos import NestedTensor, PositionEmbeddingSine, interpolate_mask, nested_tensor_from_tensor_list
 from vispos.backbones import (
-    FlatLevels, Joiner, TorchvisionBackbone, VolumeBackbone, flatten_levels, unflatten_levels, valid_ratios,
+    FlatLevels, Joiner, TorchvisionBackbone, VolumeBackbone, flatten_levels, unflatten_levels,
 )
+from vispos.padding import mask_valid_ratios
 
 
 # --------------------------------------------------------------- slow reference from the formulas
@@ -74,7 +75,7 @@ def test_valid_ratios_match_transformers():
     nt = nested_tensor_from_tensor_list([torch.zeros(1, 5, 9), torch.zeros(1, 7, 3), torch.zeros(1, 2, 2)])
     # transformers' masks are pixel masks (True = valid)
     ref = DeformableDetrModel.get_valid_ratio(None, ~nt.mask, dtype=torch.float32)
-    torch.testing.assert_close(valid_ratios(nt.mask), ref, rtol=0, atol=0)
+    torch.testing.assert_close(mask_valid_ratios(nt.mask), ref, rtol=0, atol=0)
 
 
 def test_no_mask_and_plain_tensors():

@@ -9,7 +9,8 @@ from torch.testing import assert_close
 from transformers.models.detr.modeling_detr import DetrLearnedPositionEmbedding
 
 from vispos.encodings.learned import PositionEmbeddingLearned, resample_abs_pos_embed
-from vispos.nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from vispos.batching import nested_tensor_from_tensor_list
+from vispos.nested_tensor import NestedTensor
 
 
 def _hf(num_pos_feats, seed=0):
@@ -224,15 +225,26 @@ def test_resample_parity_with_timm(old, new, give_old, prefix, mode, antialias):
     posemb = torch.randn(1, prefix + old[0] * old[1], 32, generator=torch.Generator().manual_seed(0))
     old_size = list(old) if give_old else None
     expected = timm_resample(posemb, list(new), old_size, prefix, mode, antialias)
-    got = resample_abs_pos_embed(posemb, new, old_size, num_prefix_tokens=prefix, mode=mode, antialias=antialias)
+    got = resample_abs_pos_embed(posemb, new, old_size, num_prefix_tokens=prefix, interpolation=mode, antialias=antialias)
+    assert_close(resample_abs_pos_embed(posemb, new, old_size, prefix, mode, antialias), got, rtol=0, atol=0)  # timm's order
     assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_resample_mode_is_a_deprecated_name_of_interpolation():
+    """Issue 32: the argument is timm's ``interpolation`` (a drop-in keeps its peer's names);
+    ``mode=`` works for one release, with a warning naming the new keyword."""
+    posemb = torch.randn(1, 1 + 16, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(DeprecationWarning, match=r"resample_abs_pos_embed\(mode=\.\.\.\) is deprecated.*use interpolation="):
+        old = resample_abs_pos_embed(posemb, (6, 6), mode="bilinear")
+    assert_close(old, timm_resample(posemb, [6, 6], interpolation="bilinear"), rtol=0, atol=1e-6)
+    assert_close(old, resample_abs_pos_embed(posemb, (6, 6), interpolation="bilinear"), rtol=0, atol=0)
 
 
 def test_resample_antialias_ignored_where_torch_has_none():
     posemb = torch.randn(1, 1 + 64, 4)
     with pytest.raises(ValueError, match="Anti-alias"):  # timm passes it on to torch, which refuses
         timm_resample(posemb, [4, 4], interpolation="nearest", antialias=True)
-    got = resample_abs_pos_embed(posemb, (4, 4), mode="nearest", antialias=True)
+    got = resample_abs_pos_embed(posemb, (4, 4), interpolation="nearest", antialias=True)
     assert_close(got, timm_resample(posemb, [4, 4], interpolation="nearest", antialias=False), rtol=0, atol=0)
 
 
@@ -251,7 +263,7 @@ def test_resample_nonsquare_needs_old_size():
     with pytest.raises(ValueError, match="48 grid tokens .* not a perfect square; pass old_size"):
         resample_abs_pos_embed(posemb, (12, 16))
     # and a grid from old_size is laid out row-major: nearest x2 repeats every token
-    got = resample_abs_pos_embed(posemb, (12, 16), (6, 8), mode="nearest")
+    got = resample_abs_pos_embed(posemb, (12, 16), (6, 8), interpolation="nearest")
     grid = posemb[:, 1:].reshape(1, 6, 8, 4).repeat_interleave(2, 1).repeat_interleave(2, 2)
     assert_close(got, torch.cat([posemb[:, :1], grid.reshape(1, -1, 4)], 1), rtol=0, atol=0)
 
@@ -260,7 +272,7 @@ def test_resample_nonsquare_needs_old_size():
 def test_resample_3d(mode):
     vol = torch.randn(2, 3, 4, 5, 6)  # (B, D, H, W, C)
     posemb = torch.cat([torch.randn(2, 1, 6), vol.reshape(2, -1, 6)], 1)
-    got = resample_abs_pos_embed(posemb, (6, 8, 10), (3, 4, 5), mode=mode)
+    got = resample_abs_pos_embed(posemb, (6, 8, 10), (3, 4, 5), interpolation=mode)
     assert got.shape == (2, 1 + 6 * 8 * 10, 6)
     assert_close(got[:, :1], posemb[:, :1], rtol=0, atol=0)
     if mode == "nearest":
@@ -270,12 +282,12 @@ def test_resample_3d(mode):
         assert_close(got[:, 1:], ref.reshape(2, -1, 6), rtol=0, atol=0)
     # a constant volume stays constant
     const = torch.full((1, 27, 3), 0.5)
-    assert_close(resample_abs_pos_embed(const, (5, 4, 2), num_prefix_tokens=0, mode=mode), torch.full((1, 40, 3), 0.5))
+    assert_close(resample_abs_pos_embed(const, (5, 4, 2), num_prefix_tokens=0, interpolation=mode), torch.full((1, 40, 3), 0.5))
 
 
 def test_resample_cube_inferred_and_dtypes():
     posemb = torch.randn(1, 1 + 27, 8, dtype=torch.float64)
-    got = resample_abs_pos_embed(posemb, (5, 5, 5), mode="trilinear")
+    got = resample_abs_pos_embed(posemb, (5, 5, 5), interpolation="trilinear")
     assert got.dtype == torch.float64 and got.shape == (1, 126, 8)
     ref = F.interpolate(posemb[:, 1:].reshape(1, 3, 3, 3, 8).movedim(-1, 1), size=(5, 5, 5), mode="trilinear")
     assert_close(got[:, 1:], ref.movedim(1, -1).reshape(1, -1, 8), rtol=0, atol=1e-12)
@@ -298,9 +310,9 @@ def test_resample_cube_inferred_and_dtypes():
         ((torch.zeros(1, 17, 4), (4, 4), (3, 5)), {}, ValueError, r"old_size \(3, 5\) holds 15 tokens but .* has 16 grid tokens"),
         ((torch.zeros(1, 17, 4), (4, 4)), dict(num_prefix_tokens=18), ValueError, r"num_prefix_tokens must be in \[0, N=17\]"),
         ((torch.zeros(1, 17, 4), (4, 4)), dict(num_prefix_tokens=1.0), TypeError, "num_prefix_tokens must be an int"),
-        ((torch.zeros(1, 17, 4), (4, 4)), dict(mode="linear"), ValueError, "mode for a 2D grid must be one of"),
-        ((torch.zeros(1, 28, 4), (4, 4, 4)), {}, ValueError, "mode for a 3D grid .* got 'bicubic'; use 'trilinear'"),
-        ((torch.zeros(1, 28, 4), (4, 4, 4)), dict(mode="trilinear", num_prefix_tokens=0), ValueError, "not a perfect cube"),
+        ((torch.zeros(1, 17, 4), (4, 4)), dict(interpolation="linear"), ValueError, "interpolation for a 2D grid must be one of"),
+        ((torch.zeros(1, 28, 4), (4, 4, 4)), {}, ValueError, "interpolation for a 3D grid .* got 'bicubic'; use 'trilinear'"),
+        ((torch.zeros(1, 28, 4), (4, 4, 4)), dict(interpolation="trilinear", num_prefix_tokens=0), ValueError, "not a perfect cube"),
         ((torch.zeros(1, 17, 4), (4, 4)), dict(antialias=None), TypeError, "antialias must be a bool"),
     ],
 )

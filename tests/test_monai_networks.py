@@ -102,7 +102,7 @@ def test_vit_other_size_equals_monai_vit_built_there(pos_embed_type):
     state = net.state_dict()
     if pos_embed_type == "learnable":
         state["patch_embedding.position_embeddings"] = resample_abs_pos_embed(
-            state["patch_embedding.position_embeddings"], (2, 3, 6), (4, 4, 4), num_prefix_tokens=0, mode="trilinear"
+            state["patch_embedding.position_embeddings"], (2, 3, 6), (4, 4, 4), num_prefix_tokens=0, interpolation="trilinear"
         )
     else:
         state["patch_embedding.position_embeddings"] = there.state_dict()["patch_embedding.position_embeddings"]
@@ -155,7 +155,7 @@ def test_unetr_padding_invariance():
         ref = UNETR(**{**UNETR_KW, "img_size": UNETR_SIZES[0]}).eval()
         state = net.state_dict()
         state["vit.patch_embedding.position_embeddings"] = resample_abs_pos_embed(
-            state["vit.patch_embedding.position_embeddings"], (2, 2, 1), (2, 2, 2), num_prefix_tokens=0, mode="trilinear"
+            state["vit.patch_embedding.position_embeddings"], (2, 2, 1), (2, 2, 2), num_prefix_tokens=0, interpolation="trilinear"
         )
         ref.load_state_dict(state)
         assert_close(out[(0, slice(None), *(slice(0, s) for s in UNETR_SIZES[0]))], ref(items[0][None])[0], rtol=1e-4, atol=1e-5)

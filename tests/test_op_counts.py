@@ -64,7 +64,7 @@ CASES = {
         lambda: PositionEmbeddingSine(128, normalize=True, offset=-0.5, cache_size=0), lambda: _c5(), 19,
     ),
     # the unbatched table (11 ops) is written into an output of the caller's own (empty + copy_:
-    # results never alias, see _cache.expand_batch); zero_copy=True returns the broadcast view
+    # results never alias, see _cache_owner.expand_batch); zero_copy=True returns the broadcast view
     "C5 feature map (no mask)": (
         lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: torch.zeros(4, 8, 25, 42), 13,
     ),

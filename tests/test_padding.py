@@ -10,16 +10,15 @@ import torch
 from torch.testing import assert_close
 
 from vispos import nested_tensor_from_tensor_list
-from vispos.nested_tensor import NestedTensor, parse_spatial_input
+from vispos.nested_tensor import NestedTensor, SpatialInput, parse_spatial_input
 from vispos.padding import (
-    SpatialInput,
     check_mask,
     interpolate_mask,
     is_rectangular,
     mask_sizes,
     rectangular_sizes,
+    mask_valid_ratios,
     resize_image_sizes,
-    valid_ratios,
 )
 
 
@@ -71,7 +70,7 @@ def test_valid_ratios_equal_deformable_detr(spatial):
     for axis in reversed(range(n)):
         line = (~mask)[(slice(None), *(slice(None) if a == axis else 0 for a in range(n)))]
         expected.append(line.sum(1).float() / spatial[axis])
-    assert_close(valid_ratios(mask), torch.stack(expected, -1), rtol=0, atol=0)
+    assert_close(mask_valid_ratios(mask), torch.stack(expected, -1), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("old, new", [((20, 17), (5, 5)), ((20, 17), (40, 9)), ((9, 10, 11), (3, 4, 6))])
@@ -211,7 +210,7 @@ def test_random_masks_are_rectangular_exactly_when_they_are_boxes(data):
     assert padding.kind == ("rectangular" if is_boxes else "arbitrary")
     assert (padding.starts, padding.stops) == (starts, stops)
     assert torch.equal(padding.mask, mask) and padding.mask is mask  # kept, not copied
-    assert padding.valid_ratios().tolist() == valid_ratios(mask).tolist()
+    assert padding.valid_ratios().tolist() == mask_valid_ratios(mask).tolist()
 
 
 @settings(max_examples=80, deadline=None)
@@ -227,7 +226,7 @@ def test_resize_of_boxes_equals_interpolating_the_mask(box, data):
     assert resized.kind == "rectangular" and resized.spatial == new
     assert torch.equal(resized.mask, expected)
     assert resized == Padding.from_mask(expected)
-    assert_close(resized.valid_ratios(torch.float64), valid_ratios(expected, torch.float64), rtol=0, atol=0)
+    assert_close(resized.valid_ratios(torch.float64), mask_valid_ratios(expected, torch.float64), rtol=0, atol=0)
     arbitrary = Padding.from_mask(padding.mask, classify=False).resize(new)
     assert torch.equal(arbitrary.mask, expected)
 
@@ -429,7 +428,7 @@ def test_every_encoder_agrees_with_the_mask_alone(padding, variant, device_branc
     if padding.n_spatial >= 2:
         flat = flatten_levels([NestedTensor(torch.zeros_like(expected), padding)], [expected])
         assert torch.equal(flat.key_padding_mask, mask.flatten(1))
-        assert_close(flat.valid_ratios[:, 0], valid_ratios(mask), rtol=0, atol=0)
+        assert_close(flat.valid_ratios[:, 0], mask_valid_ratios(mask), rtol=0, atol=0)
 
 
 def test_a_mask_written_in_place_stays_the_truth():
@@ -459,7 +458,7 @@ def test_host_box_reading_matches_the_torch_ops():
     """find_boxes reads a CPU mask with NumPy (vispos/_masks_host.py): the same sizes and
     mismatches as the torch ops it replaces, on boxes at and off the origin, holes, transposed
     (non-contiguous) masks and 1-3 axes."""
-    from vispos import _masks
+    from vispos import _mask_origin
     from vispos._masks_host import origin_mismatch
 
     gen = torch.Generator().manual_seed(0)
@@ -476,6 +475,6 @@ def test_host_box_reading_matches_the_torch_ops():
         if trial % 7 == 0 and n > 1:
             mask = mask.transpose(1, n)
         spatial = tuple(mask.shape[1:])
-        sizes = _masks.rectangular_sizes(mask)
-        wrong = (mask == _masks.origin_boxes(sizes, spatial)).flatten(1).any(1)
+        sizes = _mask_origin.rectangular_sizes(mask)
+        wrong = (mask == _mask_origin.origin_boxes(sizes, spatial)).flatten(1).any(1)
         assert origin_mismatch(mask, spatial) == (sizes.tolist(), wrong.tolist())

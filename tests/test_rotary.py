@@ -7,7 +7,7 @@ from rotary_embedding_torch import RotaryEmbedding as PeerRotary
 from rotary_embedding_torch import apply_rotary_emb as peer_apply
 from torch.testing import assert_close
 
-from vispos.encodings.rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary
+from vispos.encodings.rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rotary_sincos
 
 EXACT = dict(rtol=0, atol=0)
 
@@ -140,11 +140,11 @@ def test_apply_rotary_function(device):
     q_before, k_before = q.clone(), k.clone()
     sin, cos = rope.sincos(torch.arange(9, device=device))
     assert sin.shape == cos.shape == (9, 8) and sin.dtype == torch.float32
-    rq, rk = apply_rotary(q, k, sin, cos)
+    rq, rk = apply_rotary_sincos(q, k, sin, cos)
     assert_close(rq, rope(q), **EXACT)
     assert_close(rk, rope(k), **EXACT)
     assert torch.equal(rk[..., 16:], k[..., 16:])
-    assert apply_rotary(q, None, sin, cos)[1] is None
+    assert apply_rotary_sincos(q, None, sin, cos)[1] is None
     assert torch.equal(q, q_before) and torch.equal(k, k_before)
 
 
@@ -244,7 +244,7 @@ def test_forward_errors(call, exc, match):
 )
 def test_apply_rotary_errors(args, exc, match):
     with pytest.raises(exc, match=match):
-        apply_rotary(*args)
+        apply_rotary_sincos(*args)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
 import copy
+import inspect
 import itertools
 import math
 import pickle
@@ -278,11 +279,11 @@ def test_repr_state_dict_pickle_deepcopy():
         emb_layernorm=True, learnable_scale=True, init_alpha=0.5, ladder="t2t",
     )
     assert m.extra_repr() == (
-        "d_model=8, dropout=0.1, max_len=32, layout='split', batch_first=False, emb_scale=True, "
+        "dim=8, dropout=0.1, max_len=32, layout='split', batch_first=False, emb_scale=True, "
         "emb_layernorm=True, learnable_scale=True, init_alpha=0.5, ladder='t2t', temperature=10000.0"
     )
     assert SinusoidalPositionalEncoding(4).extra_repr() == (
-        "d_model=4, dropout=0.0, max_len=5000, layout='interleaved', batch_first=True, emb_scale=False, "
+        "dim=4, dropout=0.0, max_len=5000, layout='interleaved', batch_first=True, emb_scale=False, "
         "emb_layernorm=False, learnable_scale=False, init_alpha=1.0, ladder='standard', temperature=10000.0"
     )
     assert set(m.state_dict()) == {"alpha", "layernorm.weight", "layernorm.bias"}
@@ -326,7 +327,7 @@ def test_learnable_sinusoidal_repr_and_defaults():
     m = LearnableSinusoidalPositionalEncoding(16, dropout=0.1, layout="split")
     assert m.hidden_dim == 16
     assert m.extra_repr() == (
-        "d_model=16, dropout=0.1, max_len=5000, layout='split', batch_first=True, hidden_dim=16, "
+        "dim=16, dropout=0.1, max_len=5000, layout='split', batch_first=True, hidden_dim=16, "
         "ladder='standard', temperature=10000.0"
     )
     assert set(m.state_dict()) == {"ffn.0.weight", "ffn.0.bias", "ffn.3.weight", "ffn.3.bias"}
@@ -338,23 +339,23 @@ def test_learnable_sinusoidal_repr_and_defaults():
 @pytest.mark.parametrize(
     "kwargs, exc, match",
     [
-        (dict(d_model=7), ValueError, r"d_model must be a positive even int .*got 7"),
-        (dict(d_model=0), ValueError, r"d_model must be a positive even int .*got 0"),
-        (dict(d_model=8.0), TypeError, r"d_model must be a positive even int, got 8.0 \(float\)"),
-        (dict(d_model=2, ladder="t2t"), ValueError, r"ladder='t2t' needs d_model >= 4 .*got 2"),
-        (dict(d_model=8, dropout=1.0), ValueError, r"dropout must be a float in \[0, 1\), got 1.0"),
-        (dict(d_model=8, dropout=-0.1), ValueError, r"dropout must be a float in \[0, 1\), got -0.1"),
-        (dict(d_model=8, dropout="0.1"), TypeError, r"dropout must be a float in \[0, 1\), got '0.1' \(str\)"),
-        (dict(d_model=8, max_len=0), ValueError, r"max_len must be a positive int, got 0"),
-        (dict(d_model=8, max_len=10.0), TypeError, r"max_len must be a positive int, got 10.0 \(float\)"),
-        (dict(d_model=8, layout="mix"), ValueError, r"layout must be one of \('interleaved', 'split'\), got 'mix'"),
-        (dict(d_model=8, layout=1), TypeError, r"layout must be one of \('interleaved', 'split'\), got 1 \(int\)"),
-        (dict(d_model=8, ladder="log"), ValueError, r"ladder must be one of \('standard', 't2t', 'continued'\), got 'log'"),
-        (dict(d_model=8, batch_first=1), TypeError, r"batch_first must be a bool, got 1 \(int\)"),
-        (dict(d_model=8, emb_scale="yes"), TypeError, r"emb_scale must be a bool, got 'yes'"),
-        (dict(d_model=8, temperature=0), ValueError, r"temperature must be a finite number > 0, got 0"),
-        (dict(d_model=8, init_alpha=2.0), ValueError, r"init_alpha=2.0 has no effect without learnable_scale=True"),
-        (dict(d_model=8, learnable_scale=True, init_alpha=float("nan")), ValueError, r"init_alpha must be a finite number, got nan"),
+        (dict(dim=7), ValueError, r"dim must be a positive even int .*got 7"),
+        (dict(dim=0), ValueError, r"dim must be a positive even int .*got 0"),
+        (dict(dim=8.0), TypeError, r"dim must be a positive even int, got 8.0 \(float\)"),
+        (dict(dim=2, ladder="t2t"), ValueError, r"ladder='t2t' needs dim >= 4 .*got 2"),
+        (dict(dim=8, dropout=1.0), ValueError, r"dropout must be a float in \[0, 1\), got 1.0"),
+        (dict(dim=8, dropout=-0.1), ValueError, r"dropout must be a float in \[0, 1\), got -0.1"),
+        (dict(dim=8, dropout="0.1"), TypeError, r"dropout must be a float in \[0, 1\), got '0.1' \(str\)"),
+        (dict(dim=8, max_len=0), ValueError, r"max_len must be a positive int, got 0"),
+        (dict(dim=8, max_len=10.0), TypeError, r"max_len must be a positive int, got 10.0 \(float\)"),
+        (dict(dim=8, layout="mix"), ValueError, r"layout must be one of \('interleaved', 'split'\), got 'mix'"),
+        (dict(dim=8, layout=1), TypeError, r"layout must be one of \('interleaved', 'split'\), got 1 \(int\)"),
+        (dict(dim=8, ladder="log"), ValueError, r"ladder must be one of \('standard', 't2t', 'continued'\), got 'log'"),
+        (dict(dim=8, batch_first=1), TypeError, r"batch_first must be a bool, got 1 \(int\)"),
+        (dict(dim=8, emb_scale="yes"), TypeError, r"emb_scale must be a bool, got 'yes'"),
+        (dict(dim=8, temperature=0), ValueError, r"temperature must be a finite number > 0, got 0"),
+        (dict(dim=8, init_alpha=2.0), ValueError, r"init_alpha=2.0 has no effect without learnable_scale=True"),
+        (dict(dim=8, learnable_scale=True, init_alpha=float("nan")), ValueError, r"init_alpha must be a finite number, got nan"),
     ],
 )
 def test_constructor_errors(kwargs, exc, match):
@@ -362,12 +363,27 @@ def test_constructor_errors(kwargs, exc, match):
         SinusoidalPositionalEncoding(**kwargs)
 
 
+@pytest.mark.parametrize("cls", [SinusoidalPositionalEncoding, LearnableSinusoidalPositionalEncoding])
+def test_d_model_is_a_deprecated_name_of_dim(cls):
+    """Issue 32: vispos' own encoders name their width ``dim`` (docs/api-conventions.md); the old
+    keyword and attribute ``d_model`` work for one release, with a warning naming ``dim``."""
+    with pytest.warns(DeprecationWarning, match=rf"{cls.__name__}\(d_model=\.\.\.\) is deprecated.*use dim= instead"):
+        old = cls(d_model=8, max_len=16)
+    new = cls(dim=8, max_len=16)
+    assert old.dim == new.dim == 8 and old.extra_repr() == new.extra_repr()
+    with pytest.warns(DeprecationWarning, match=rf"{cls.__name__}.d_model is deprecated.*use .dim instead"):
+        assert old.d_model == 8
+    with pytest.raises(TypeError, match=r"got both d_model= \(deprecated\) and dim="):
+        cls(d_model=8, dim=8)
+    assert list(inspect.signature(cls).parameters)[0] == "dim"
+
+
 def test_learnable_constructor_errors():
     with pytest.raises(ValueError, match=r"hidden_dim must be a positive int, got 0"):
         LearnableSinusoidalPositionalEncoding(8, hidden_dim=0)
     with pytest.raises(TypeError, match=r"hidden_dim must be a positive int, got 4.0 \(float\)"):
         LearnableSinusoidalPositionalEncoding(8, hidden_dim=4.0)
-    with pytest.raises(ValueError, match=r"d_model must be a positive even int .*got 5"):
+    with pytest.raises(ValueError, match=r"dim must be a positive even int .*got 5"):
         LearnableSinusoidalPositionalEncoding(5)
 
 
@@ -376,7 +392,7 @@ def test_learnable_constructor_errors():
     [
         (lambda m: m([1.0]), TypeError, r"x must be a Tensor, got list"),
         (lambda m: m(torch.zeros(2, 5, 8, dtype=torch.long)), TypeError, r"x must be a floating tensor .*got torch.int64"),
-        (lambda m: m(torch.zeros(5, 8)), ValueError, r"x must have shape \(B, L, D\) with D = d_model = 8 .*got \(5, 8\)"),
+        (lambda m: m(torch.zeros(5, 8)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8 .*got \(5, 8\)"),
         (lambda m: m(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) .*got \(2, 5, 6\)"),
         (lambda m: m(torch.zeros(2, 5, 8), positions=torch.zeros(2, 4)), ValueError,
          r"positions must have shape \(B, L\) = \(2, 5\) or \(L,\) = \(5,\), got \(2, 4\)"),

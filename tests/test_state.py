@@ -13,8 +13,8 @@ import torch
 
 import vispos
 from vispos import nested_tensor_from_tensor_list
+from vispos.transformer import DetrEncoder
 from vispos.backbones import (
-    DetrEncoder,
     FrozenBatchNorm3d,
     Joiner,
     TimmBackbone,

@@ -9,8 +9,8 @@ import torch
 from PIL import Image
 
 import vispos
-from vispos import viz
-from vispos.cli import main
+from vispos.app import figures as viz
+from vispos.app.cli import main
 
 
 def _images(ax):
@@ -342,7 +342,7 @@ def test_plot_rotary_invariance():
 @pytest.mark.parametrize("n_volumes", [1, 3])
 def test_volume_figure_readable(tmp_path, n_volumes):
     """One block per volume, one row per level: no 15-panel strip, whatever the batch size."""
-    from vispos.viz import plot_volume_similarity
+    from vispos.app.png import plot_volume_similarity
 
     vols = [torch.rand(1, 10 - i, 12, 8 + i) for i in range(n_volumes)]
     nt = vispos.nested_tensor_from_tensor_list(vols)
@@ -358,7 +358,7 @@ def test_volume_figure_readable(tmp_path, n_volumes):
 # ------------------------------------------------------------------------------ CLI
 KIND_ARGS = {
     "channels": ["--shape", "12", "--kw", "num_pos_feats=8"],
-    "curves": ["--shape", "20", "--encoder", "SinusoidalPositionalEncoding", "--kw", "d_model=8"],
+    "curves": ["--shape", "20", "--encoder", "SinusoidalPositionalEncoding", "--kw", "dim=8"],
     "wavelengths": ["--num-feats", "16"],
     "similarity": ["--shape", "4", "5", "6", "--queries", "1,2,3"],
     "similarity-mm": ["--shape", "4", "5", "6", "--spacing", "5", "1", "1", "--kw", "normalize=true", "extent=20"],
@@ -478,7 +478,7 @@ def test_cli_plot_bad_kind_exits_2(capsys):
 @pytest.mark.parametrize("n_levels", [1, 4])
 def test_image_figure_width_does_not_grow_with_levels(tmp_path, n_levels):
     """The 2D main-job figure keeps 1 + n_queries columns; levels add rows, not columns."""
-    from vispos.viz import plot_position_similarity
+    from vispos.app.png import plot_position_similarity
 
     nt = vispos.nested_tensor_from_tensor_list([torch.rand(3, 16, 20), torch.rand(3, 12, 20)])
     pe = vispos.PositionEmbeddingSine(8, normalize=True)

@@ -6,7 +6,9 @@ encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join
 
 __version__ = "0.1.0"
 
-from ._cache import CacheInfo, caching, is_caching_enabled, set_caching
+from . import _deprecation
+from ._cache import CacheInfo
+from ._cache_switch import caching, is_caching_enabled, set_caching
 from .config import build_from_config, register
 from .encodings import (
     AxialRotaryEmbedding,
@@ -16,7 +18,7 @@ from .encodings import (
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
     SpeechainPositionalEncoding,
-    apply_rotary,
+    apply_rotary_sincos,
     DinoV3RotaryEmbedding,
     MixedRotaryEmbedding,
     apply_rot_embed_cat,
@@ -39,13 +41,8 @@ from .encodings import (
     resample_abs_pos_embed,
 )
 from .padding import Padding, attn_mask_from_padding
-from .nested_tensor import (
-    NestedTensor,
-    PaddedCollate,
-    collate_fn,
-    interpolate_mask,
-    nested_tensor_from_tensor_list,
-)
+from .nested_tensor import NestedTensor, interpolate_mask
+from .batching import PaddedCollate, collate_fn, nested_tensor_from_tensor_list
 
 __all__ = [
     "__version__",
@@ -77,7 +74,7 @@ __all__ = [
     "CoordSineEmbedding",
     "RotaryEmbedding",
     "AxialRotaryEmbedding",
-    "apply_rotary",
+    "apply_rotary_sincos",
     "DinoV3RotaryEmbedding",
     "MixedRotaryEmbedding",
     "init_mixed_freqs",
@@ -91,3 +88,6 @@ __all__ = [
     "build_from_config",
     "register",
 ]
+
+#: renamed public names, each a deprecated alias for one release (docs/migration.md)
+__getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})

@@ -28,16 +28,20 @@ What holds (tested in ``tests/test_cache.py``):
 * **Thread-safe.** Lookups, insertions, evictions, the doorkeeper and the counters are guarded
   by one lock per cache; builds run outside it (two threads missing the same key may both
   build; the results are equal).
-* **Switchable.** :func:`caching` turns every cache off (or on) for the calls made inside a
-  ``with`` block in the current thread; :func:`set_caching` sets the process-wide default.
-  While off, every call builds afresh and nothing is stored, remembered or counted.
+* **Switchable.** :func:`~vispos._cache_switch.caching` turns every cache on or off for the
+  calls made inside a ``with`` block in the current thread;
+  :func:`~vispos._cache_switch.set_caching` sets the process-wide default
+  (:mod:`vispos._cache_switch`). While off, every call builds afresh and nothing is stored,
+  remembered or counted.
 
 Entries are built outside autograd and outside inference mode (so a table first built under
 ``torch.inference_mode()`` can later serve a training step); a first-sight build runs in the
 caller's mode, as with the cache off. Keys must hold everything that changes the result
 (shape, device, dtype, parameters); an optional ``content`` tensor (a mask, in host memory) is
 compared by value. The cache is bypassed while compiling or tracing, and a pickled or
-deep-copied owner starts empty.
+deep-copied owner starts empty. What an encoder that owns a cache shows its users
+(``cache_info()``, ``clear_cache()``, ``cache_bytes``) and how it hands out batched results is in
+:mod:`vispos._cache_owner`.
 
 References:
     Einziger, Friedman and Manes, TinyLFU: A Highly Efficient Cache Admission Policy, ACM
@@ -47,17 +51,16 @@ References:
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ._checks import check_bool, check_int
-from ._derived import DerivedBuffers  # re-exported: its home before it had its own room
+from ._cache_switch import is_caching_enabled
+from ._checks import check_int
 from ._tracing import tracing
 
 __all__ = [
@@ -65,15 +68,8 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DOORKEEPER_FACTOR",
     "CacheInfo",
-    "CacheOwner",
-    "DerivedBuffers",
     "TensorCache",
-    "caching",
     "check_max_bytes",
-    "expand_batch",
-    "is_caching_enabled",
-    "set_caching",
-    "tracing",
 ]
 
 #: Default byte budget of one cache: 8 MiB. Enough for DETR's C5 embedding of a batch of four
@@ -87,76 +83,6 @@ ADMIT_AT = 2
 #: The doorkeeper remembers at most this many times ``maxsize`` keys seen fewer than
 #: ``admit_at`` times: a key seen again within that many other first-sight misses is admitted.
 DOORKEEPER_FACTOR = 4
-
-
-# ------------------------------------------------------------------------------ the switch
-_global_enabled = True
-_local = threading.local()
-
-
-def set_caching(enabled: bool) -> None:
-    """Turns every encoder cache on or off, process-wide (the default is on).
-
-    Args:
-        enabled (bool): False: every call builds its result afresh; nothing is stored, served
-            or counted. Entries already stored stay until evicted or cleared.
-
-    Raises:
-        TypeError: ``enabled`` is not a bool.
-
-    References:
-        ``functools.lru_cache`` (the behaviour of ``maxsize=0``).
-    """
-    global _global_enabled
-    check_bool(enabled, "enabled")
-    _global_enabled = enabled
-
-
-def is_caching_enabled() -> bool:
-    """Whether encoder caches are used by calls made now, in this thread.
-
-    Returns:
-        bool: the innermost :func:`caching` block of this thread, else the process-wide
-        :func:`set_caching` setting.
-
-    Raises:
-        Nothing: it only reads the setting.
-
-    References:
-        ``torch.is_grad_enabled`` (the same thread-local reading).
-    """
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else _global_enabled
-
-
-@contextlib.contextmanager
-def caching(enabled: bool = False) -> Iterator[None]:
-    """Context manager: every encoder cache on or off inside the block, in this thread.
-
-    ``with vispos.caching(False): model(batch)`` runs a whole model without any encoder cache
-    (nothing stored, served or counted); blocks nest, and other threads are not affected.
-
-    Args:
-        enabled (bool): the setting inside the block. Default False.
-
-    Raises:
-        TypeError: ``enabled`` is not a bool.
-
-    Yields:
-        None: the block runs with the setting; the previous one is restored on exit.
-
-    References:
-        ``torch.no_grad`` (the same thread-local, nestable pattern).
-    """
-    check_bool(enabled, "enabled")
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    stack.append(enabled)
-    try:
-        yield
-    finally:
-        stack.pop()
 
 
 # ------------------------------------------------------------------------------ the cache
@@ -216,21 +142,6 @@ def _fingerprint(content: Tensor) -> Hashable:
 def _copy(tensor: Tensor) -> Tensor:
     """A new tensor with ``tensor``'s values and strides (dense tensors), sharing nothing."""
     return tensor.clone()
-
-
-def expand_batch(table: Tensor, batch: int, *, shared: bool, zero_copy: bool) -> Tensor:
-    """``table`` ``(1, ...)`` as a ``(batch, ...)`` result.
-
-    ``zero_copy``: a broadcast view of ``table`` (stride 0 over the batch; shares its storage).
-    Otherwise a tensor the caller owns: ``table`` itself when it is a fresh build that nobody
-    else holds and ``batch == 1``, else a new contiguous tensor filled once.
-    """
-    if zero_copy:
-        return table.expand(batch, *table.shape[1:])
-    if batch == 1 and not shared:
-        return table
-    out = torch.empty((batch, *table.shape[1:]), dtype=table.dtype, device=table.device)
-    return out.copy_(table.expand(out.shape))
 
 
 class _Entry:
@@ -464,35 +375,3 @@ class TensorCache:
 
     def __deepcopy__(self, memo: dict) -> "TensorCache":
         return TensorCache(self._maxsize, self._max_bytes, admit_at=self._admit_at)
-
-
-class CacheOwner:
-    """The cache API every caching encoder shows, over the :class:`TensorCache` held in the
-    attribute named by ``_cache_attr``: :meth:`cache_info`, :meth:`clear_cache` and the
-    ``cache_bytes`` budget (assigning it evicts at once)."""
-
-    _cache_attr = "_cache"
-
-    def _owned_cache(self) -> TensorCache:
-        return getattr(self, self._cache_attr)
-
-    def clear_cache(self) -> None:
-        """Drops every cached entry (they are rebuilt on demand)."""
-        self._owned_cache().clear()
-
-    def cache_info(self) -> CacheInfo:
-        """Cache statistics, as ``functools.lru_cache``'s ``cache_info()``.
-
-        Returns:
-            CacheInfo: ``(hits, misses, maxsize, currsize, maxbytes, currbytes)``.
-        """
-        return self._owned_cache().info()
-
-    @property
-    def cache_bytes(self) -> int | None:
-        """int or None: the cache's byte budget; assigning evicts at once."""
-        return self._owned_cache().max_bytes
-
-    @cache_bytes.setter
-    def cache_bytes(self, value: int | None) -> None:
-        self._owned_cache().max_bytes = check_max_bytes(value, "cache_bytes")

@@ -5,8 +5,16 @@ wrong *value* (out of range, odd where even is needed, the wrong length) raises 
 A tensor of the wrong dtype, or a ``dtype`` argument of the wrong kind (an integer dtype where
 sines are produced), counts as a wrong type: ``TypeError``, as torch itself does.
 Every message names the parameter, the value received and what was expected. ``bool`` is not
-accepted where an int or a number is asked for (``True`` is not a size). Checks return the
-validated value so a caller can write ``self.n = check_int(n, "n", minimum=1)``.
+accepted where an int or a number is asked for (``True`` is not a size).
+
+**Scalars from NumPy and torch** (issue 32): an integer argument accepts a Python ``int``, a
+NumPy integer (``np.int64(4)``, a 0-d integer array) or a 0-d integer tensor, and a real-number
+argument also a NumPy floating scalar (``np.float32(0.5)``, a 0-d float array) or a 0-d
+floating tensor; never a bool of any library, and an integer argument never a float (``4.0``).
+Checks return the validated value **as a Python ``int`` / ``float``**, exactly (a float32 or
+float64 scalar is represented exactly by a Python float; a NumPy ``longdouble`` that is not is
+refused rather than rounded), so a caller writes ``self.n = check_int(n, "n", minimum=1)`` and
+keeps no NumPy or tensor scalar (whose arithmetic could round, e.g. in float32).
 
 References:
     einops and torchvision (validate at construction, one error style for every argument).
@@ -15,9 +23,9 @@ References:
 from __future__ import annotations
 
 import math
-import numbers
 import operator
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +43,8 @@ __all__ = [
     "check_number",
     "check_sizes",
     "is_int",
+    "as_int",
+    "as_real",
 ]
 
 MAX_SPATIAL = 3
@@ -45,43 +55,112 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def _scalar_tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool and not value.is_complex()
+
+
+def as_int(value: Any) -> Any:
+    """``value`` as a Python ``int`` when it is an integer scalar, else None.
+
+    Integer scalars: ``int`` (and ``torch.SymInt``, kept symbolic), NumPy integers and 0-d integer
+    arrays, 0-d integer tensors. Not bools (Python, NumPy or torch), not floats of any kind.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, torch.SymInt)):
+        return value if type(value) is int or isinstance(value, torch.SymInt) else int(value)
+    np = sys.modules.get("numpy")  # a NumPy scalar exists only when NumPy is imported
+    if np is not None:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, np.integer):
+            return int(value)
+    if _scalar_tensor(value) and not value.is_floating_point():
+        try:
+            return int(value.item())
+        except (RuntimeError, NotImplementedError):  # meta / fake tensors hold no value
+            return None
+    return None
+
+
+def as_real(value: Any, name: str = "value") -> Any:
+    """``value`` as a Python ``int`` or ``float`` when it is a real scalar, else None.
+
+    Real scalars: the integer scalars of :func:`as_int` (returned as ``int``, exactly), ``float``,
+    NumPy floating scalars and 0-d floating arrays, 0-d floating
+    tensors, each converted to a Python float without rounding.
+
+    Raises:
+        ValueError: a NumPy ``longdouble`` that a Python float cannot hold exactly (``name``
+            names the argument).
+    """
+    integer = as_int(value)
+    if integer is not None:
+        return integer
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return float(value)  # np.float64 is a float subclass: a plain float, the same value
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, np.floating):
+            out = float(value)
+            if value == value and np.longdouble(out) != np.longdouble(value):
+                raise ValueError(
+                    f"{name} = {value!r} ({_type_name(value)}) cannot be held by a Python float "
+                    "without rounding; pass a float64 (or float32) value"
+                )
+            return out
+    if _scalar_tensor(value) and value.is_floating_point():
+        try:
+            return float(value.item())  # float16 / bfloat16 / float32 / float64: exact
+        except (RuntimeError, NotImplementedError):
+            return None
+    return None
+
+
 def is_int(value: Any) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool``: for arguments that take an int *or*
-    something else (one size or a sequence of sizes), before the matching check."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether ``value`` is an integer scalar (see :func:`as_int`; not a bool): for arguments that
+    take an int *or* something else (one size or a sequence of sizes), before the matching check."""
+    return as_int(value) is not None
 
 
 def check_int(
     value: Any, name: str, *, minimum: int | None = None, optional: bool = False, integral: bool = False
 ) -> Any:
-    """An ``int`` (not ``bool``) ``>= minimum``; ``None`` passes when ``optional``.
+    """An integer scalar (see :func:`as_int`: Python, NumPy or 0-d tensor; not ``bool``)
+    ``>= minimum``, returned as a Python ``int``; ``None`` passes when ``optional``.
 
-    With ``integral``, any ``numbers.Integral`` (numpy integers) is accepted and returned as ``int``
-    (for the Keras twins, whose callers pass numpy sizes).
+    ``integral`` is accepted for older callers and changes nothing (every integer scalar is
+    accepted).
 
     Raises:
-        TypeError: not an int. ValueError: below ``minimum``.
+        TypeError: not an integer. ValueError: below ``minimum``.
     """
     if value is None and optional:
         return None
     want = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
-    if integral and isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+    converted = as_int(value)
+    if converted is None:
         raise TypeError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {'a positive int' if minimum == 1 else f'>= {minimum}'}, got {value}")
-    return value
+    if minimum is not None and converted < minimum:
+        raise ValueError(f"{name} must be {'a positive int' if minimum == 1 else f'>= {minimum}'}, got {converted}")
+    return converted
 
 
 def check_multiple(value: Any, multiple: int, name: str, why: str = "") -> int:
-    """A positive int divisible by ``multiple`` (``why`` explains the constraint).
+    """A positive integer scalar divisible by ``multiple`` (``why`` explains the constraint),
+    returned as a Python ``int``.
 
     Raises:
         TypeError: not an int. ValueError: not positive or not a multiple.
     """
-    if isinstance(value, bool) or not isinstance(value, int):
+    converted = as_int(value)
+    if converted is None or isinstance(converted, torch.SymInt):
         raise TypeError(f"{name} must be a positive int, got {value!r} ({_type_name(value)})")
+    value = converted
     if value <= 0 or value % multiple:
         reason = f" ({why})" if why else ""
         raise ValueError(f"{name} must be a positive multiple of {multiple}{reason}, got {value}")
@@ -104,14 +183,18 @@ def check_bool(value: Any, name: str, *, optional: bool = False) -> Any:
 def check_number(
     value: Any, name: str, *, finite: bool = True, positive: bool = False, nonnegative: bool = False
 ) -> Any:
-    """A real number (int or float, not bool), optionally finite / > 0 / >= 0.
+    """A real number (see :func:`as_real`: Python, NumPy or 0-d tensor; not bool), optionally
+    finite / > 0 / >= 0, returned as a Python ``int`` or ``float`` holding the same value.
 
     Raises:
-        TypeError: not a real number. ValueError: not finite, or out of the asked range.
+        TypeError: not a real number. ValueError: not finite, or out of the asked range; a NumPy
+            ``longdouble`` a Python float cannot hold exactly.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    converted = as_real(value, name)
+    if converted is None:
         want = "a finite number" if finite else "a real number"
         raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
+    value = converted
     if finite and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
     if positive and not value > 0:
@@ -122,15 +205,18 @@ def check_number(
 
 
 def check_dropout(value: Any, name: str = "dropout") -> float:
-    """A dropout probability: a real number in ``[0, 1)``, returned as ``float``.
+    """A dropout probability: a real number in ``[0, 1)`` (see :func:`as_real`), returned as
+    ``float``.
 
     The one rule for every module with a ``dropout`` argument (1 would zero everything).
 
     Raises:
         TypeError: not a real number (``bool`` included). ValueError: outside ``[0, 1)``.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    converted = as_real(value, name)
+    if converted is None:
         raise TypeError(f"{name} must be a float in [0, 1), got {value!r} ({_type_name(value)})")
+    value = converted
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value}")
     return float(value)
@@ -157,12 +243,15 @@ def check_file(path: Any, what: str, expected: str) -> str:
 
 
 def check_choice(value: Any, choices: Sequence[Any], name: str) -> Any:
-    """One of ``choices`` (compared with ``==``; types are not coerced).
+    """One of ``choices`` (compared with ``==``; types are not coerced, except that integer
+    choices accept any integer scalar, see :func:`as_int`, returned as ``int``).
 
     Raises:
         TypeError: of another type than the choices. ValueError: not among them.
     """
     kinds = tuple({type(c) for c in choices})
+    if kinds == (int,) and as_int(value) is not None:
+        value = as_int(value)
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
         raise TypeError(f"{name} must be one of {tuple(choices)}, got {value!r} ({_type_name(value)})")
     if value not in choices:
@@ -191,6 +280,8 @@ def check_float_dtype(dtype: Any, name: str = "dtype", *, optional: bool = False
 def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[int] = (1, 2, 3)) -> tuple[int, ...]:
     """Grid sizes: a sequence of positive ints, or (when ``n`` is given) one int repeated ``n`` times.
 
+    Integer scalars of any library are accepted (see :func:`as_int`); the result holds Python ints.
+
     Args:
         value: the sizes.
         name (str): the parameter's name for messages.
@@ -201,14 +292,13 @@ def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[
         TypeError: not an int / sequence of ints. ValueError: wrong length, or a non-positive entry.
     """
     if n is not None and is_int(value):
-        value = (value,) * n
+        value = (as_int(value),) * n
     if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, torch.Size)):
         want = f"an int or a sequence of {n} ints" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"
         raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
-    sizes = tuple(value)
-    for s in sizes:
-        if isinstance(s, bool) or not isinstance(s, (int, torch.SymInt)):
-            raise TypeError(f"{name} must hold ints, got {value!r}")
+    sizes = tuple(as_int(s) for s in value)
+    if any(s is None for s in sizes):
+        raise TypeError(f"{name} must hold ints, got {value!r}")
     if n is not None and len(sizes) != n:
         raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {sizes}")
     if n is None and len(sizes) not in ranks:

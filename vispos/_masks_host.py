@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 from torch import Tensor
 
+from ._mask_origin import origin_boxes, rectangular_sizes
+
 __all__ = ["origin_mismatch"]
 
 
@@ -30,15 +32,13 @@ def origin_mismatch(mask: Tensor, spatial: Sequence[int]) -> tuple[list, list]:
         spatial (sequence of int): ``S``.
 
     Returns:
-        (list, list): ``B`` lists of ``n`` ints (as :func:`vispos._masks.rectangular_sizes`),
+        (list, list): ``B`` lists of ``n`` ints (as :func:`vispos._mask_origin.rectangular_sizes`),
         ``B`` bools (True: not that box).
 
     Raises:
         Nothing beyond torch's own errors (an internal step: the mask was checked).
     """
-    if type(mask) is not Tensor or mask.device.type != "cpu":
-        from ._masks import origin_boxes, rectangular_sizes  # the device form (no host read but the last)
-
+    if type(mask) is not Tensor or mask.device.type != "cpu":  # the device form (no host read but the last)
         sizes = rectangular_sizes(mask)
         wrong = (mask == origin_boxes(sizes, spatial)).flatten(1).any(1)
         return sizes.tolist(), wrong.tolist()

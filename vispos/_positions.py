@@ -35,7 +35,8 @@ import torch
 from torch import Tensor
 
 from . import _tracing
-from ._masks import check_mask, rectangular_sizes
+from ._mask_checks import check_mask
+from ._mask_origin import rectangular_sizes
 from .padding import Padding
 
 __all__ = [

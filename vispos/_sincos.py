@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from . import _tracing
-from ._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number
+from ._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, is_int
 
 __all__ = [
     "frequency_divisors",
@@ -88,13 +88,14 @@ def check_num_feats(num_feats: object, name: str = "num_pos_feats") -> int:
 
 
 def check_temperature(temperature: object, name: str = "temperature") -> float:
-    """Validates a temperature: a finite number > 0. Returns it unchanged.
+    """Validates a temperature: a finite number > 0. Returns it as a Python number (a NumPy or
+    0-d tensor scalar is converted exactly, see :mod:`vispos._checks`).
 
     Raises:
         TypeError: not a real number. ValueError: not finite, or not > 0.
     """
     try:
-        check_number(temperature, name, finite=False)
+        temperature = check_number(temperature, name, finite=False)
     except TypeError:
         raise TypeError(f"{name} must be a positive number, got {temperature!r} ({type(temperature).__name__})") from None
     if not math.isfinite(temperature) or temperature <= 0:
@@ -150,11 +151,11 @@ def frequency_divisors(
             not a str; ``dtype`` not a ``torch.dtype``.
         ValueError: bad ``num_feats``, ``temperature``, ``ladder``, ``dtype`` or ``repeat``.
     """
-    check_num_feats(num_feats, "num_feats")
-    check_temperature(temperature)
-    check_choice(dtype, _COMPUTE_DTYPES, "dtype")
-    check_choice(ladder, _LADDERS, "ladder")
-    check_int(repeat, "repeat", minimum=1)
+    num_feats = check_num_feats(num_feats, "num_feats")
+    temperature = check_temperature(temperature)
+    dtype = check_choice(dtype, _COMPUTE_DTYPES, "dtype")
+    ladder = check_choice(ladder, _LADDERS, "ladder")
+    repeat = check_int(repeat, "repeat", minimum=1)
     check_bool(inverse, "inverse")
     if ladder in ("standard", "continued"):
         k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
@@ -303,14 +304,13 @@ def sincos_embed(
             raise TypeError(f"positions[{i}] must be a Tensor, got {type(p).__name__}")
         if p.is_complex() or p.dtype == torch.bool:
             raise TypeError(f"positions[{i}] must be real-valued, got {p.dtype}")
-    feats = [num_feats] * len(positions) if isinstance(num_feats, int) else list(num_feats)
+    feats = [num_feats] * len(positions) if is_int(num_feats) else list(num_feats)
     if len(feats) != len(positions):
         raise ValueError(f"num_feats has {len(feats)} entries but {len(positions)} position tensors were given")
-    for f in feats:
-        check_num_feats(f, "num_feats")
-    check_choice(layout, _LAYOUTS, "layout")
-    check_choice(channel_dim, (1, -1), "channel_dim")
-    check_choice(compute_dtype, _COMPUTE_DTYPES, "compute_dtype")
+    feats = [check_num_feats(f, "num_feats") for f in feats]
+    layout = check_choice(layout, _LAYOUTS, "layout")
+    channel_dim = check_choice(channel_dim, (1, -1), "channel_dim")
+    compute_dtype = check_choice(compute_dtype, _COMPUTE_DTYPES, "compute_dtype")
     check_float_dtype(dtype)
 
     rank = positions[0].dim()

@@ -3,8 +3,8 @@
 :func:`nested_tensor_from_tensor_list` pads a list of images or volumes into a
 :class:`~vispos.NestedTensor` whose :class:`~vispos.Padding` is rectangular and known on the
 host; :func:`collate_fn` and :class:`PaddedCollate` do the same for a ``DataLoader``'s
-``(image, target)`` pairs. All three are also importable from :mod:`vispos.nested_tensor`,
-their earlier home.
+``(image, target)`` pairs. Their earlier home, :mod:`vispos.nested_tensor`, still resolves the
+three names for one release, with a ``DeprecationWarning``.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``:
@@ -132,8 +132,8 @@ def nested_tensor_from_tensor_list(
     if len(tensors) == 0:
         raise ValueError("tensors must hold at least one tensor, got an empty sequence")
     divisor = check_int(size_divisibility, "size_divisibility", minimum=0)
-    check_number(pad_value, "pad_value", finite=False)
-    check_choice(method, ("end", "symmetric"), "method")
+    pad_value = check_number(pad_value, "pad_value", finite=False)
+    method = check_choice(method, ("end", "symmetric"), "method")
     for i, t in enumerate(tensors):
         if not isinstance(t, Tensor):
             raise TypeError(f"tensors[{i}] must be a torch.Tensor shaped (C, *S), got {type(t).__name__}")
@@ -177,8 +177,11 @@ def nested_tensor_from_tensor_list(
 
 # ------------------------------------------------------------------------ reading encoder input
 class PaddedCollate:
-    """A picklable ``collate_fn`` for ``DataLoader``: pads ``(image, target)`` pairs into a batch.
+    """Builds a collate with your settings (``size_divisibility``, ``pad_value``, ``method``) for
+    a ``DataLoader``: it pads ``(image, target)`` pairs into a batch.
 
+    With the defaults it equals :func:`collate_fn`, DETR's function with fixed settings; build a
+    ``PaddedCollate`` when you need size rounding, another padding value or symmetric padding.
     Follows DETR's contract (``util/misc.py``, ``collate_fn``): a list of ``(image, target)``
     pairs in, ``(NestedTensor, tuple_of_targets)`` out. Images are 2D ``(C, H, W)`` or 3D
     ``(C, D, H, W)`` (1D ``(C, L)`` too), each at its own size; they are padded by
@@ -215,8 +218,8 @@ class PaddedCollate:
     """
 
     def __init__(self, size_divisibility: int = 0, pad_value: float = 0.0, *, method: str = "end") -> None:
-        check_int(size_divisibility, "size_divisibility", minimum=0)
-        check_number(pad_value, "pad_value", finite=False)
+        size_divisibility = check_int(size_divisibility, "size_divisibility", minimum=0)
+        pad_value = check_number(pad_value, "pad_value", finite=False)
         self.size_divisibility = size_divisibility
         self.pad_value = pad_value
         self.method = check_choice(method, ("end", "symmetric"), "method")
@@ -259,10 +262,12 @@ class PaddedCollate:
 
 
 def collate_fn(batch: Sequence[tuple[Tensor, Any]]) -> tuple[NestedTensor, tuple[Any, ...]]:
-    """DETR's ``collate_fn``: ``(image, target)`` pairs -> ``(NestedTensor, tuple_of_targets)``.
+    """DETR's ``collate_fn`` (a drop-in for ``util.misc.collate_fn``), fixed settings: pairs ->
+    ``(NestedTensor, tuple_of_targets)``.
 
-    Equal to ``PaddedCollate()(batch)`` (no size rounding, zero padding); a module-level function,
-    so it pickles into ``DataLoader`` workers.
+    No size rounding, zero padding, items at the origin: equal to ``PaddedCollate()(batch)``. For
+    other settings build a :class:`PaddedCollate`. A module-level function, so it pickles into
+    ``DataLoader`` workers.
 
     Args:
         batch (list of (Tensor[C, *S_i], target)): images or volumes each at its own size.

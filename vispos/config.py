@@ -281,13 +281,15 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     params = inspect.signature(target).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    renamed = getattr(target.__init__ if isinstance(target, type) else target, "__deprecated_kwargs__", {})
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
-    unknown = sorted(k for k in kwargs if k not in names)
+    unknown = sorted(k for k in kwargs if k not in names and k not in renamed)  # old keys warn on build
     if unknown and not accepts_any:
         raise ValueError(f"{where} ({kind}): unknown keys {unknown}; allowed keys are {names}")
     required = [
         n for n in names
         if params[n].default is inspect.Parameter.empty and n not in kwargs
+        and not any(renamed.get(old) == n for old in kwargs)
     ]
     if required:
         raise ValueError(f"{where} ({kind}): missing required keys {required}; allowed keys are {names}")

@@ -9,7 +9,7 @@ mask, **True = padding**). Shapes, for ``n`` spatial axes (1 to 3):
 
 :func:`parse_spatial_input` reads what an encoder was given (a batch, a mask or a feature map)
 into a Padding. Padding a list of items into a batch, and the DataLoader collates, live in
-:mod:`vispos.batching` (importable from here too, their earlier home).
+:mod:`vispos.batching` (the names at their earlier home here are deprecated aliases that warn).
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``);
@@ -20,20 +20,19 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from . import _masks, _tracing
+from . import _deprecation, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_index
-from .padding import Padding, SpatialInput, check_mask, check_spans, interpolate_mask, resize_image_sizes
+from .padding import Padding, check_mask, check_spans, interpolate_mask, resize_image_sizes
 
 __all__ = [
     "NestedTensor",
     "NestedTensorLike",
     "Padding",
-    "nested_tensor_from_tensor_list",
     "interpolate_mask",
     "resize_image_sizes",
     "parse_spatial_input",
@@ -41,6 +40,12 @@ __all__ = [
 ]
 
 _check_mask = check_mask  # old private name, kept for callers inside the package
+
+#: the batching functions' earlier home (issue 19 moved them to :mod:`vispos.batching`; since
+#: issue 32 the old path warns, so this module no longer imports the one above it)
+__getattr__ = _deprecation.alias_getattr(__name__, {
+    name: f"vispos.batching:{name}" for name in ("nested_tensor_from_tensor_list", "collate_fn", "PaddedCollate")
+})
 
 
 @runtime_checkable
@@ -324,6 +329,20 @@ def _check_claims(padding: Padding, image_sizes: Any, rectangular: bool, tensors
 
 
 # ------------------------------------------------------------------------ reading encoder input
+class SpatialInput(NamedTuple):
+    """What a spatial encoder was given, read once (see :func:`vispos.nested_tensor.parse_spatial_input`).
+
+    Attributes:
+        padding (Padding): which cells are valid; its ``batch``, ``spatial`` and ``device``
+            are the input's.
+        host (bool): host-side facts may be used for this call (:func:`vispos._tracing.host_facts`:
+            False while tracing or capturing a CUDA graph).
+    """
+
+    padding: Padding
+    host: bool
+
+
 def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
     """Reads what a spatial encoder was given: a batch, a padding mask or a feature map.
 
@@ -414,8 +433,3 @@ def float_mask_hint(x: Any, n_spatial: int) -> str:
             "dtype torch.bool with True marking padding (pass `mask.bool()`)"
         )
     return ""
-
-
-from .batching import PaddedCollate, collate_fn, nested_tensor_from_tensor_list  # noqa: E402  (their earlier home)
-
-__all__ += ["collate_fn", "PaddedCollate"]

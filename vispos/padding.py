@@ -9,8 +9,12 @@ feature level (:meth:`Padding.resize`). :class:`vispos.NestedTensor` holds one; 
 branch on :attr:`Padding.kind` only; nothing trusts a flag over it.
 
 The mask functions of the padding's machinery (:func:`check_mask`, :func:`mask_sizes`,
-:func:`interpolate_mask`, :func:`valid_ratios`, :func:`attn_mask_from_padding`, ...) are
-re-exported here, their documented home.
+:func:`interpolate_mask`, :func:`mask_valid_ratios`, :func:`attn_mask_from_padding`, ...) are
+re-exported here, their documented home; the algorithms themselves live in the private mask
+rooms (``_mask_checks``, ``_masks`` (boxes), ``_mask_origin``, ``_mask_resize``,
+``_mask_views``). ``valid_ratios`` (the function) and ``SpatialInput`` are deprecated names here:
+use :func:`mask_valid_ratios` (or :meth:`Padding.valid_ratios`) and
+:class:`vispos.nested_tensor.SpatialInput`.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (``util/misc.py``,
@@ -21,23 +25,29 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from . import _masks, _tracing
+from . import _deprecation, _mask_resize, _mask_views, _masks, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int
-from ._masks import (  # the mask functions, re-exported: this is their documented home
-    Spans, attn_mask_from_padding, check_mask, check_spans, interpolate_mask, is_rectangular, mask_sizes,
-    matches_rectangle, rectangular_sizes, rectangular_valid, resize_image_sizes, valid_ratios,
-)
+from ._mask_checks import Spans, check_mask, check_spans, check_spatial_mask, check_spatial_size
+from ._mask_origin import is_rectangular, matches_rectangle, rectangular_sizes, rectangular_valid
+from ._mask_resize import interpolate_mask, resize_image_sizes
+from ._mask_views import attn_mask_from_padding, mask_valid_ratios
+from ._masks import mask_sizes
 
 __all__ = [
-    "Padding", "Kind", "SpatialInput", "check_mask", "mask_sizes", "rectangular_sizes",
-    "rectangular_valid", "is_rectangular", "matches_rectangle", "interpolate_mask",
-    "resize_image_sizes", "valid_ratios", "attn_mask_from_padding",
+    "Padding", "Kind", "check_mask", "mask_sizes", "rectangular_sizes", "rectangular_valid",
+    "is_rectangular", "matches_rectangle", "interpolate_mask", "resize_image_sizes",
+    "mask_valid_ratios", "attn_mask_from_padding",
 ]
+
+__getattr__ = _deprecation.alias_getattr(__name__, {
+    "valid_ratios": "vispos.padding:mask_valid_ratios",  # renamed in issue 32 (beside Padding.valid_ratios)
+    "SpatialInput": "vispos.nested_tensor:SpatialInput",  # moved beside parse_spatial_input
+})
 
 Kind = Literal["none", "rectangular", "arbitrary"]
 _is_compiling = torch.compiler.is_compiling  # _tracing.compiling, without a call on the hot path
@@ -132,7 +142,7 @@ class Padding:
             TypeError: non-int ``batch`` or ``spatial`` entries. ValueError: negative sizes, or
                 not 1 to 3 spatial axes.
         """
-        check_int(batch, "batch", minimum=0)
+        batch = check_int(batch, "batch", minimum=0)
         spatial = cls._check_spatial(spatial)
         return cls._make("none", batch, spatial, _resolve("cpu" if device is None else device))
 
@@ -171,33 +181,9 @@ class Padding:
             detectron2 ``ImageList.from_tensors``; MONAI ``SpatialPad``.
         """
         spatial = cls._check_spatial(spatial)
-        n = len(spatial)
-        sizes = _masks.check_spans(sizes, "sizes", n)
-        if isinstance(starts, str):
-            if starts != "symmetric":
-                raise ValueError(f"starts must be per-item ints or 'symmetric', got {starts!r}")
-            starts = tuple(tuple(max(0, (s - v) // 2) for s, v in zip(spatial, size)) for size in sizes)
-        elif starts is None:
-            starts = tuple(tuple(0 for _ in spatial) for _ in sizes)
-        else:
-            starts = _masks.check_spans(starts, "starts", n)
-            if len(starts) != len(sizes):
-                raise ValueError(f"starts has {len(starts)} items but sizes has {len(sizes)}")
-        out_starts, out_stops = [], []
-        for i, (start, size) in enumerate(zip(starts, sizes)):
-            if any(v < 0 for v in size) or any(v < 0 for v in start):
-                raise ValueError(f"sizes[{i}] = {size} and starts[{i}] = {start} must be >= 0")
-            stop = tuple(s + v for s, v in zip(start, size))
-            if any(e > m for e, m in zip(stop, spatial)):
-                raise ValueError(
-                    f"item {i} (starts {start}, sizes {size}) does not fit in the padded size {spatial}"
-                )
-            if 0 in size:  # no valid cell: one canonical empty box
-                start = stop = tuple(0 for _ in spatial)
-            out_starts.append(start)
-            out_stops.append(stop)
+        starts, stops = _masks.sized_boxes(check_spans(sizes, "sizes", len(spatial)), spatial, starts)
         device = _resolve("cpu" if device is None else device)
-        return cls._make("rectangular", len(sizes), spatial, device, tuple(out_starts), tuple(out_stops))
+        return cls._make("rectangular", len(starts), spatial, device, starts, stops)
 
     @classmethod
     def from_mask(cls, mask: Tensor, *, classify: bool | None = None) -> "Padding":
@@ -223,7 +209,7 @@ class Padding:
         References:
             Carion et al., DETR, ECCV 2020 (True = padding).
         """
-        _masks.check_spatial_mask(mask)
+        check_spatial_mask(mask)
         check_bool(classify, "classify", optional=True)
         if classify is None:
             classify = _tracing.host_side(mask.device) and _tracing.host_facts(mask.device)
@@ -239,7 +225,7 @@ class Padding:
             raise TypeError(f"spatial must be a sequence of 1 to {MAX_SPATIAL} ints, got {spatial!r}")
         if not 1 <= len(spatial) <= MAX_SPATIAL:
             raise ValueError(f"spatial must hold 1 to {MAX_SPATIAL} sizes, got {tuple(spatial)}")
-        return _masks.check_spatial_size(spatial, len(spatial), "spatial", minimum=0)
+        return check_spatial_size(spatial, len(spatial), "spatial", minimum=0)
 
     # ----------------------------------------------------------------------------- views
     @property
@@ -325,11 +311,12 @@ class Padding:
         return tuple(slice(s, e) for s, e in zip(self.starts[index], self.stops[index]))
 
     def valid_ratios(self, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Deformable-DETR's ``get_valid_ratio``: valid cells on the line through index 0 of the
-        other axes, over ``S_i``, **last axis first** (``(w, h)`` in 2D).
+        """Deformable-DETR's ``get_valid_ratio`` from this padding (its boxes where it can): valid
+        cells on the line through index 0 of the other axes, over ``S_i``, **last axis first**
+        (``(w, h)`` in 2D). For a bare mask use :func:`mask_valid_ratios`.
 
         For rectangular padding the counts come from the boxes (no device read), equal to
-        :func:`valid_ratios` of the mask (tested). Deformable-DETR assumes boxes at the origin;
+        :func:`mask_valid_ratios` of the mask (tested). Deformable-DETR assumes boxes at the origin;
         for others this is its formula's value all the same.
 
         Args:
@@ -348,17 +335,10 @@ class Padding:
         self._sync()
         device = self.device
         if self._kind == "arbitrary" or not _tracing.host_facts(device):
-            return _masks.valid_ratios(self.mask, dtype)
-        n = len(self._spatial)
-        counts = [
-            [
-                stop[i] - start[i] if all(start[j] == 0 < stop[j] for j in range(n) if j != i) else 0
-                for i in range(n)
-            ]
-            for start, stop in zip(self.starts, self.stops)
-        ]
-        counts_t = _tracing.host_tensor(counts, torch.int64, device).view(len(counts), n)
-        return _masks.ratios(counts_t, self._spatial, dtype)
+            return mask_valid_ratios(self.mask, dtype)
+        counts = _mask_views.origin_line_counts(self.starts, self.stops)
+        counts_t = _tracing.host_tensor(counts, torch.int64, device).view(len(counts), len(self._spatial))
+        return _mask_views.ratios(counts_t, self._spatial, dtype)
 
     # ------------------------------------------------------------------------- transforms
     def resize(self, size: int | Sequence[int]) -> "Padding":
@@ -381,7 +361,7 @@ class Padding:
         References:
             DETR ``models/backbone.py`` (``F.interpolate(m[None].float(), size).to(torch.bool)[0]``).
         """
-        size = _masks.check_spatial_size(size, len(self._spatial))
+        size = check_spatial_size(size, len(self._spatial))
         self._sync()
         host = _tracing.host_facts(self.device)
         if host and size == self.spatial:  # compilers: no guard on the sizes
@@ -389,9 +369,9 @@ class Padding:
         if self._kind == "none":
             return Padding._make("none", self.batch, size, self.device)
         if self._kind == "rectangular" and host:
-            starts, stops = _masks.resize_boxes(self._starts, self._stops, self._spatial, size)
+            starts, stops = _mask_resize.resize_boxes(self._starts, self._stops, self._spatial, size)
             return Padding._make("rectangular", self._batch, size, self.device, starts, stops)
-        mask = _masks._interpolate(self.mask, size)
+        mask = _mask_resize.interpolate(self.mask, size)
         return Padding.from_mask(mask, classify=host and _tracing.host_side(mask.device))
 
     def to(self, device: Any = None, *, non_blocking: bool = False, copy: bool = False) -> "Padding":
@@ -465,20 +445,6 @@ class Padding:
             if not self._at_origin:
                 text += f", starts={_short(self._starts)}"
         return text + f", device={self.device})"
-
-
-class SpatialInput(NamedTuple):
-    """What a spatial encoder was given, read once (see :func:`vispos.nested_tensor.parse_spatial_input`).
-
-    Attributes:
-        padding (Padding): which cells are valid; its ``batch``, ``spatial`` and ``device``
-            are the input's.
-        host (bool): host-side facts may be used for this call (:func:`vispos._tracing.host_facts`:
-            False while tracing or capturing a CUDA graph).
-    """
-
-    padding: Padding
-    host: bool
 
 
 def _version_of(mask: Tensor | None) -> int | None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_bool, check_choice, check_dropout, check_int
-from .backbones.joiner import FlatLevels
+from .levels import FlatLevels
 from .padding import check_mask
 
 __all__ = ["DetrEncoderLayer", "DetrEncoder"]
@@ -43,12 +43,13 @@ def set_layer_args(
     References:
         DETR ``models/transformer.py`` (the layers' arguments and their defaults).
     """
-    for name, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
-        check_int(value, name, minimum=1)
+    d_model = check_int(d_model, "d_model", minimum=1)
+    nhead = check_int(nhead, "nhead", minimum=1)
+    dim_feedforward = check_int(dim_feedforward, "dim_feedforward", minimum=1)
     if d_model % nhead:
         raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
-    check_dropout(dropout)
-    check_choice(activation, tuple(_ACTIVATIONS), "activation")
+    dropout = check_dropout(dropout)
+    activation = check_choice(activation, tuple(_ACTIVATIONS), "activation")
     check_bool(normalize_before, "normalize_before")
     layer.d_model, layer.nhead, layer.dim_feedforward = d_model, nhead, dim_feedforward
     layer.dropout_p, layer.activation_name, layer.normalize_before = float(dropout), activation, normalize_before
@@ -94,6 +95,7 @@ class DetrEncoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         set_layer_args(self, d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
+        d_model, nhead, dim_feedforward, dropout = self.d_model, self.nhead, self.dim_feedforward, self.dropout_p
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.linear1 = nn.Linear(d_model, dim_feedforward)
         self.linear2 = nn.Linear(dim_feedforward, d_model)
@@ -155,12 +157,12 @@ class DetrEncoder(nn.Module):
     Shape:
         ``forward(src, pos, key_padding_mask)``: ``Tensor[B, N, C]``, ``Tensor[B, N, C]`` or None,
         ``Tensor[B, N]`` bool or None -> ``Tensor[B, N, C]``. Also accepts a
-        :class:`~vispos.backbones.FlatLevels` as ``src``.
+        :class:`~vispos.levels.FlatLevels` as ``src``.
 
     Raises:
         TypeError: as :class:`DetrEncoderLayer`; a non-int ``num_layers``.
         ValueError: as :class:`DetrEncoderLayer`; ``num_layers < 1``; at forward, a
-            :class:`~vispos.backbones.FlatLevels` together with ``pos`` / ``key_padding_mask``.
+            :class:`~vispos.levels.FlatLevels` together with ``pos`` / ``key_padding_mask``.
 
     References:
         DETR ``models/transformer.py`` (``TransformerEncoder``; final LayerNorm only with
@@ -178,7 +180,7 @@ class DetrEncoder(nn.Module):
         normalize_before: bool = False,
     ) -> None:
         super().__init__()
-        check_int(num_layers, "num_layers", minimum=1)
+        num_layers = check_int(num_layers, "num_layers", minimum=1)
         layer = DetrEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
         self.layers = nn.ModuleList([copy.deepcopy(layer) for _ in range(num_layers)])
         for lyr in self.layers:  # DETR's xavier initialisation, independent per layer

@@ -75,6 +75,7 @@ class DetrDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         set_layer_args(self, d_model, nhead, dim_feedforward, dropout, activation, normalize_before)
+        d_model, nhead, dim_feedforward, dropout = self.d_model, self.nhead, self.dim_feedforward, self.dropout_p
         self.self_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.multihead_attn = nn.MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=True)
         self.linear1 = nn.Linear(d_model, dim_feedforward)

@@ -250,7 +250,7 @@ def _spacing(args: argparse.Namespace, shape: tuple[int, ...]) -> list[float] | 
 
 def _batch(args: argparse.Namespace):
     from .data import sample_images
-    from ..nested_tensor import nested_tensor_from_tensor_list
+    from ..batching import nested_tensor_from_tensor_list
 
     samples = sample_images(args.samples, max_size=args.max_size)
     return [n for n, _ in samples], nested_tensor_from_tensor_list([t for _, t in samples])

@@ -42,7 +42,8 @@ from .data import (
     sample_volumes,
 )
 from ..backbones import Joiner
-from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
+from ..batching import nested_tensor_from_tensor_list
+from ..nested_tensor import NestedTensor
 
 __all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG"]
 

@@ -4,38 +4,35 @@
 Helpers are split by concern: ``_checkpoints`` (local state dicts and load reports),
 ``_batch_norm`` (frozen batch norm), ``_freezing`` (frozen stages), ``_stems`` (input channels),
 ``_graph`` (torchvision feature extraction shared by the 2D and 3D adapters). The DETR encoder
-that consumes the levels lives in :mod:`vispos.transformer`; ``vispos.backbones.DetrEncoder``
-and ``DetrEncoderLayer`` still resolve to it (loaded on first access, so this package never
-imports its consumer).
+that consumes the levels lives in :mod:`vispos.transformer`, and the flattened levels both share
+in :mod:`vispos.levels` (``FlatLevels`` and its functions are re-exported here).
+``vispos.backbones.DetrEncoder`` / ``DetrEncoderLayer`` (moved in issue 19), ``BackboneBase``
+(now :class:`BackboneAdapter`) and ``valid_ratios`` (now
+:func:`vispos.padding.mask_valid_ratios`) are deprecated aliases that warn, naming the new home.
 """
 
-from typing import Any
-
+from .. import _deprecation
 from ._batch_norm import FrozenBatchNorm3d, freeze_batch_norm
 from ._checkpoints import format_load_report, load_checkpoint_state
-from .base import Backbone, BackboneBase, SpatialPositionEmbedding, backbone_border_effect
-from .joiner import FlatLevels, Joiner, flatten_levels, unflatten_levels, valid_ratios
+from .base import Backbone, BackboneAdapter, SpatialPositionEmbedding, backbone_border_effect
+from .joiner import FlatLevels, Joiner, flatten_levels, unflatten_levels
 from .timm_backbone import TimmBackbone
 from .torchvision_backbone import TorchvisionBackbone
 from .volumetric import VOLUME_MODELS, VolumeBackbone
 
-#: names that moved to :mod:`vispos.transformer` (issue 19) and still resolve here
-_MOVED_TO_TRANSFORMER = ("DetrEncoder", "DetrEncoderLayer")
-
-
-def __getattr__(name: str) -> Any:
-    """``vispos.backbones.DetrEncoder`` / ``DetrEncoderLayer``: the classes of
-    :mod:`vispos.transformer`, imported on first access (PEP 562)."""
-    if name in _MOVED_TO_TRANSFORMER:
-        from .. import transformer
-
-        return getattr(transformer, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: old names, each a deprecated alias naming its new home (resolved on first access, so this
+#: package never imports :mod:`vispos.transformer`, its consumer)
+__getattr__ = _deprecation.alias_getattr(__name__, {
+    "DetrEncoder": "vispos.transformer:DetrEncoder",  # moved in issue 19
+    "DetrEncoderLayer": "vispos.transformer:DetrEncoderLayer",
+    "BackboneBase": "vispos.backbones.base:BackboneAdapter",  # renamed in issue 32
+    "valid_ratios": "vispos.padding:mask_valid_ratios",  # one home (issue 32), beside Padding.valid_ratios
+})
 
 
 __all__ = [
     "Backbone",
-    "BackboneBase",
+    "BackboneAdapter",
     "SpatialPositionEmbedding",
     "FlatLevels",
     "FrozenBatchNorm3d",
@@ -50,5 +47,4 @@ __all__ = [
     "freeze_batch_norm",
     "load_checkpoint_state",
     "unflatten_levels",
-    "valid_ratios",
 ]

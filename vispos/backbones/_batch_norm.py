@@ -42,8 +42,8 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
     """
 
     def __init__(self, num_features: int, eps: float = 1e-5) -> None:
-        check_int(num_features, "num_features", minimum=1)
-        check_number(eps, "eps", nonnegative=True)
+        num_features = check_int(num_features, "num_features", minimum=1)
+        eps = check_number(eps, "eps", nonnegative=True)
         super().__init__(num_features, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:

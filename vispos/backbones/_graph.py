@@ -29,7 +29,7 @@ from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
 from ._invariant import make_padding_invariant
 from ._stems import adapt_stem, first_conv
-from .base import BackboneBase
+from .base import BackboneAdapter
 
 __all__ = ["GraphBackbone", "ReturnNodes", "check_return_nodes", "measure_levels"]
 
@@ -58,7 +58,7 @@ def check_return_nodes(return_nodes: Any) -> dict[str, str]:
     return nodes
 
 
-class GraphBackbone(BackboneBase):
+class GraphBackbone(BackboneAdapter):
     """Shared machinery of the torchvision adapters (2D and 3D).
 
     Subclasses build ``model`` (a private copy the base may modify) and call ``_setup``.

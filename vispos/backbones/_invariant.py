@@ -37,13 +37,12 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
 from . import _invariant_ops as ops
 from . import _invariant_rules as rules
 from ._geometry import Geometry, Window
+from ._invariant_run import InvariantRunner
 
-__all__ = ["InvariantRunner", "make_padding_invariant", "padding_mask", "window_padding"]
+__all__ = ["make_padding_invariant"]
 
 _NEG_INF = float("-inf")
 
@@ -469,67 +468,3 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> "InvariantRunn
         gm.graph = new_graphs["any"]
     gm.recompile()
     return InvariantRunner(geometry, outputs, needed)
-
-
-class InvariantRunner:
-    """Runs a rewritten graph on a :class:`~vispos.NestedTensor` and pairs each output with its
-    padding (see :func:`make_padding_invariant`)."""
-
-    def __init__(self, geometry: Geometry, outputs: dict[str, list[int]], needed: set[int]) -> None:
-        self.geometry, self.outputs, self.needed = geometry, outputs, frozenset(needed)
-
-    def paddings(self, padding: Padding) -> list[Padding | None]:
-        """The padding of every geometry id (None where nothing reads it)."""
-        kind = padding.kind
-        if kind == "arbitrary":
-            raise ValueError(
-                "padding_invariant=True needs each item's box (a rectangular padding), got an arbitrary "
-                "mask; build the batch with vispos.nested_tensor_from_tensor_list / PaddedCollate, or "
-                "Padding.from_sizes, or Padding.from_mask(mask, classify=True) for a box mask"
-            )
-        boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)
-        device = padding.device
-        return [
-            Padding.from_sizes(sizes, canvas, starts=starts, device=device)
-            for starts, sizes, canvas in boxes
-        ]
-
-    def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
-        padding = x.padding
-        if padding.kind == "none":
-            out = body(x.tensors)
-            return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
-        paddings = self.paddings(padding)
-        out = pytree.tree_leaves(body(x.tensors, tuple(paddings)))
-        gids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
-        levels = []
-        for t, gid in zip(out, gids):
-            level = paddings[gid]
-            assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
-            levels.append(NestedTensor(t, level))
-        return levels
-
-
-def padding_mask(padding: Padding) -> Tensor | None:
-    """``Tensor[B, 1, *S]`` bool (True = padding) of ``padding``, None for no padding: what the
-    masked layers of :mod:`vispos._masked_layers` take."""
-    return None if padding.kind == "none" else padding.mask.unsqueeze(1)
-
-
-def window_padding(padding: Padding, window: Window, layer: str) -> Padding | None:
-    """The padding of a sliding window's output by convolution arithmetic on each item's box
-    (None for an arbitrary mask, which has no box: the caller falls back to DETR's nearest rule).
-
-    Raises:
-        ValueError: as :meth:`Geometry.boxes` (an offset that is not a multiple of the stride, an
-            item too small for the window).
-    """
-    if padding.kind == "arbitrary":
-        return None
-    geometry = Geometry(padding.n_spatial)
-    gid = geometry.child(0, window, layer)
-    if padding.kind == "none":
-        canvas = tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial))
-        return Padding.none(padding.batch, canvas, padding.device)
-    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[gid]
-    return Padding.from_sizes(sizes, canvas, starts=starts, device=padding.device)

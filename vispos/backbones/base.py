@@ -5,7 +5,11 @@ Small typed interfaces (``typing.Protocol``), as timm's ``feature_info`` describ
 
 * :class:`Backbone`: ``num_channels`` (per level), ``strides`` (per level) and ``n_spatial``
   (2 for images, 3 for volumes); called with a :class:`~vispos.NestedTensor`, it returns one
-  NestedTensor per level. vispos' timm, torchvision and volume adapters satisfy it.
+  NestedTensor per level. Any module with these works in the Joiner (a protocol: nothing to
+  subclass); vispos' timm, torchvision and volume adapters satisfy it.
+* :class:`BackboneAdapter`: the ``nn.Module`` base class of those adapters (their one
+  ``forward``: input checks and each level paired with its resized mask). Subclass it only to
+  write a new adapter. Its old name ``BackboneBase`` is a deprecated alias.
 * :class:`SpatialPositionEmbedding`: ``out_channels(n_axes)``, the channels of its output for an
   input with ``n_axes`` spatial axes. :class:`~vispos.PositionEmbeddingSine`,
   :class:`~vispos.PositionEmbeddingSineDepthAdded` and
@@ -23,15 +27,21 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor, nested_tensor_from_tensor_list
-from ._invariant import InvariantRunner
+from .. import _deprecation
+from ..batching import nested_tensor_from_tensor_list
+from ..nested_tensor import NestedTensor
+from ._invariant_run import InvariantRunner
 
-__all__ = ["Backbone", "BackboneBase", "SpatialPositionEmbedding", "backbone_border_effect"]
+__all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
+
+__getattr__ = _deprecation.alias_getattr(__name__, {"BackboneBase": "vispos.backbones.base:BackboneAdapter"})
 
 
 @runtime_checkable
 class Backbone(Protocol):
-    """A feature extractor the Joiner can wrap.
+    """What the Joiner requires of a backbone (a ``typing.Protocol``: any module with these
+    attributes qualifies, nothing to subclass; see :class:`BackboneAdapter` for vispos' base
+    class of adapters).
 
     Attributes:
         num_channels (sequence of int): channels of each returned level.
@@ -55,8 +65,12 @@ class SpatialPositionEmbedding(Protocol):
         ...
 
 
-class BackboneBase(nn.Module):
-    """The one ``forward`` of vispos' backbone adapters (timm, torchvision, volumes).
+class BackboneAdapter(nn.Module):
+    """Base class of vispos' backbone adapters (timm, torchvision, volumes): their one ``forward``.
+
+    Not the contract the Joiner checks (that is the :class:`Backbone` protocol, which any module
+    can satisfy without subclassing); subclass this to adapt another feature extractor with
+    vispos' input checks. Formerly ``BackboneBase`` (a deprecated alias for one release).
 
     Checks the input (a :class:`~vispos.NestedTensor` of ``n_spatial`` axes and ``in_chans``
     channels, on the model's device), runs :meth:`_features` on its tensors and pairs every level

@@ -19,12 +19,12 @@ from ._freezing import check_freeze_args, freeze_through
 from ._invariant import make_padding_invariant
 from ._pretrained import cached_timm_weights
 from ._trace import trace_dual
-from .base import BackboneBase
+from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]
 
 
-class TimmBackbone(BackboneBase):
+class TimmBackbone(BackboneAdapter):
     """A timm model with ``features_only=True``, returning one :class:`NestedTensor` per level.
 
     Channels and strides are read from timm's ``feature_info``, never hard-coded (a test checks
@@ -117,14 +117,14 @@ class TimmBackbone(BackboneBase):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
         if isinstance(out_indices, str) or not isinstance(out_indices, Sequence):
             raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
-        for i, index in enumerate(out_indices):
-            check_int(index, f"out_indices[{i}]")
-        if len(out_indices) == 0:
+        indices = tuple(check_int(index, f"out_indices[{i}]") for i, index in enumerate(out_indices))
+        if len(indices) == 0:
             raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+        out_indices = indices
         check_bool(pretrained, "pretrained")
         check_bool(padding_invariant, "padding_invariant")
-        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        check_int(in_chans, "in_chans", minimum=1)
+        frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        in_chans = check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")

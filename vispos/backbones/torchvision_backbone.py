@@ -123,7 +123,7 @@ class TorchvisionBackbone(GraphBackbone):
 
         for name, value in (("return_interm_layers", return_interm_layers), ("dilation", dilation)):
             check_bool(value, name)
-        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         kwargs = dict(model_kwargs or {})
         if isinstance(name_or_model, str):
             names = torchvision.models.list_models(module=torchvision.models)

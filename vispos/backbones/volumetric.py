@@ -110,8 +110,8 @@ class VolumeBackbone(GraphBackbone):
         super().__init__()
         import torchvision
 
-        check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
-        check_int(in_chans, "in_chans", minimum=1)
+        frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
+        in_chans = check_int(in_chans, "in_chans", minimum=1)
         if isinstance(name_or_model, str):
             if name_or_model not in VOLUME_MODELS:
                 raise ValueError(

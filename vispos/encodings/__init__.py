@@ -1,4 +1,9 @@
-"""Position-encoding modules, one file per family, all over the N-D core in ``vispos._sincos``."""
+"""Position-encoding modules, one file per family, all over the N-D core in ``vispos._sincos``.
+
+Names and argument conventions: ``docs/api-conventions.md`` (which encoder mirrors which peer).
+"""
+
+from .. import _deprecation
 
 from .grid import (
     FixEncoding,
@@ -13,7 +18,7 @@ from .grid import (
 from .coords import CoordSineEmbedding, sine_embed_coords
 from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
 from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
-from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, apply_rotary
+from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, apply_rotary_sincos
 from .dinov3_rope import DinoV3RotaryEmbedding
 from .mixed_rope import MixedRotaryEmbedding, init_mixed_freqs
 from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositionalEncoding
@@ -40,7 +45,7 @@ __all__ = [
     "CoordSineEmbedding",
     "RotaryEmbedding",
     "AxialRotaryEmbedding",
-    "apply_rotary",
+    "apply_rotary_sincos",
     "DinoV3RotaryEmbedding",
     "MixedRotaryEmbedding",
     "init_mixed_freqs",
@@ -51,3 +56,5 @@ __all__ = [
     "dino_sine",
     "PositionEmbeddingSineDepthAdded",
 ]
+
+__getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})

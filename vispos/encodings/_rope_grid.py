@@ -231,7 +231,7 @@ def check_coord_augs(shift: Any, jitter: Any, rescale: Any) -> tuple[float | Non
         if value is None:
             out.append(None)
             continue
-        check_number(value, name)
+        value = check_number(value, name)
         if value < low:
             why = "a shift in coordinate units" if low == 0 else "a multiplicative factor"
             raise ValueError(f"{name} must be >= {low:g} ({why}), got {value}")

@@ -111,7 +111,7 @@ class VisionRope(nn.Module):
         tokens and stacked: ``Tensor[len, ..., seq_len, C]`` (timm's ``_pad_rope_embeds``)."""
         if seq_len is None:
             return embeds
-        check_int(seq_len, "seq_len", minimum=0)
+        seq_len = check_int(seq_len, "seq_len", minimum=0)
         longest = max(e.shape[-2] for e in embeds)
         if seq_len < longest:
             raise ValueError(f"seq_len must be at least the largest grid's token count {longest}, got {seq_len}")

@@ -83,8 +83,8 @@ def sine_embed_coords(
         (``gen_sineembed_for_position``); Zhu et al., Deformable DETR, ICLR 2021.
     """
     _check_coords(coords)
-    check_num_feats(num_pos_feats)
-    check_temperature(temperature)
+    num_pos_feats = check_num_feats(num_pos_feats)
+    temperature = check_temperature(temperature)
     scale = float(check_number(scale, "scale", positive=True))
     check_bool(swap_xy, "swap_xy")
     compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
@@ -151,8 +151,9 @@ class CoordSineEmbedding(nn.Module):
         swap_xy: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (("num_coords", num_coords), ("d_model", d_model), ("num_layers", num_layers)):
-            check_int(value, name, minimum=1)
+        num_coords = check_int(num_coords, "num_coords", minimum=1)
+        d_model = check_int(d_model, "d_model", minimum=1)
+        num_layers = check_int(num_layers, "num_layers", minimum=1)
         if num_pos_feats is None:
             if d_model % 4:
                 raise ValueError(
@@ -160,11 +161,11 @@ class CoordSineEmbedding(nn.Module):
                     "Pass num_pos_feats explicitly"
                 )
             num_pos_feats = d_model // 2
-        check_num_feats(num_pos_feats)
+        num_pos_feats = check_num_feats(num_pos_feats)
         if hidden_dim is None:
             hidden_dim = d_model
-        check_int(hidden_dim, "hidden_dim", minimum=1)
-        check_temperature(temperature)
+        hidden_dim = check_int(hidden_dim, "hidden_dim", minimum=1)
+        temperature = check_temperature(temperature)
         scale = float(check_number(scale, "scale", positive=True))
         check_bool(swap_xy, "swap_xy")
         self.num_coords = num_coords

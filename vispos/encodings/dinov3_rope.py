@@ -116,24 +116,24 @@ class DinoV3RotaryEmbedding(VisionRope):
         num_axes: int = 2,
     ) -> None:
         super().__init__()
-        check_choice(num_axes, (2, 3), "num_axes")
-        check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
+        num_axes = check_choice(num_axes, (2, 3), "num_axes")
+        dim = check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
         if (min_period is None) != (max_period is None):
             raise ValueError(
                 f"give both min_period and max_period, or neither, got min_period={min_period}, max_period={max_period}"
             )
         if min_period is not None:
-            check_number(min_period, "min_period", positive=True)
-            check_number(max_period, "max_period", positive=True)
+            min_period = check_number(min_period, "min_period", positive=True)
+            max_period = check_number(max_period, "max_period", positive=True)
         elif temperature is None:
             raise ValueError("give a temperature, or both min_period and max_period")
         if temperature is not None:
-            check_temperature(temperature, "temperature")
+            temperature = check_temperature(temperature, "temperature")
         if feat_shape is not None:
             feat_shape = list(check_sizes(feat_shape, "feat_shape", ranks=(num_axes,)))
-        check_choice(normalize_coords, _NORMALIZE, "normalize_coords")
-        check_number(grid_offset, "grid_offset")
-        check_choice(grid_indexing, _INDEXING, "grid_indexing")
+        normalize_coords = check_choice(normalize_coords, _NORMALIZE, "normalize_coords")
+        grid_offset = check_number(grid_offset, "grid_offset")
+        grid_indexing = check_choice(grid_indexing, _INDEXING, "grid_indexing")
         check_bool(rotate_half, "rotate_half")
         check_float_dtype(dtype, optional=True)
         self.dim = dim

@@ -40,15 +40,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .._cache import (
-    DEFAULT_MAX_BYTES,
-    CacheOwner,
-    DerivedBuffers,
-    TensorCache,
-    check_max_bytes,
-    expand_batch,
-    tracing,
-)
+from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
+from .._cache_owner import CacheOwner, expand_batch
+from .._derived import DerivedBuffers
+from .._tracing import tracing
 from .._checks import check_bool, check_float_dtype, check_int, check_sizes
 from .._sincos import frequency_divisors, sincos_embed
 
@@ -87,7 +82,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         zero_copy: bool = False,
     ) -> None:
         super().__init__()
-        check_int(channels, "channels", minimum=1)
+        channels = check_int(channels, "channels", minimum=1)
         check_bool(cache, "cache")
         check_bool(zero_copy, "zero_copy")
         self._dtype_override = check_float_dtype(dtype_override, "dtype_override", optional=True)
@@ -119,7 +114,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     @org_channels.setter
     def org_channels(self, channels: int) -> None:
-        check_int(channels, "org_channels", minimum=1)
+        channels = check_int(channels, "org_channels", minimum=1)
         self._org_channels = channels
         # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
         # the concatenation is truncated back to ``channels``.

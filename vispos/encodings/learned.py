@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import _deprecation
 from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 
@@ -82,12 +83,12 @@ class PositionEmbeddingLearned(nn.Module):
         spatial_dims: int | None = None,
     ) -> None:
         super().__init__()
-        check_int(num_pos_feats, "num_pos_feats", minimum=1)
+        num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
         check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
-            check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
+            spatial_dims = check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
         if is_int(num_embeddings):  # one size for every axis
-            check_int(num_embeddings, "num_embeddings", minimum=1)
+            num_embeddings = check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n
         elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
@@ -229,12 +230,13 @@ def _infer_grid(num_tokens: int, rank: int) -> tuple[int, ...] | None:
     return None
 
 
+@_deprecation.renamed_kwargs(mode="interpolation")
 def resample_abs_pos_embed(
     posemb: Tensor,
     new_size: Sequence[int],
     old_size: Sequence[int] | None = None,
     num_prefix_tokens: int = 1,
-    mode: str = "bicubic",
+    interpolation: str = "bicubic",
     antialias: bool = True,
 ) -> Tensor:
     """Resizes a ViT-style absolute position embedding to another 2D or 3D grid.
@@ -243,7 +245,8 @@ def resample_abs_pos_embed(
     followed by a grid of ``prod(old_size)`` tokens in row-major (``H, W`` or ``D, H, W``) order.
     The grid is reshaped to ``(B, C, *old_size)``, resized with ``F.interpolate`` to ``new_size``
     (in float32; float64 for a float64 input) and flattened back. For 2D grids in float32 it
-    equals timm's ``resample_abs_pos_embed``; unlike it, non-square old grids are never guessed.
+    equals timm's ``resample_abs_pos_embed`` and takes its arguments in its order and names (a
+    drop-in); unlike it, non-square old grids are never guessed.
 
     Args:
         posemb (Tensor[B, N, C], floating): the embedding, usually ``B = 1``, with
@@ -253,9 +256,11 @@ def resample_abs_pos_embed(
             When not given it is inferred only if the grid token count is a perfect square
             (cube), as a square (cube) grid; pass it for any other grid.
         num_prefix_tokens (int): leading tokens that are not on the grid. Default 1.
-        mode (str): ``F.interpolate`` mode: ``nearest``, ``nearest-exact``, ``bilinear``,
-            ``bicubic`` or ``area`` for 2D grids; ``nearest``, ``nearest-exact``, ``trilinear``
-            or ``area`` for 3D grids. Default ``bicubic`` (timm).
+        interpolation (str): the ``F.interpolate`` mode (timm's name): ``nearest``,
+            ``nearest-exact``, ``bilinear``, ``bicubic`` or ``area`` for 2D grids; ``nearest``,
+            ``nearest-exact``, ``trilinear`` or ``area`` for 3D grids. Default ``bicubic``
+            (timm). Named ``mode`` before issue 32: that keyword still works, with a
+            ``DeprecationWarning``.
         antialias (bool): anti-aliasing when down-sampling with ``bilinear`` / ``bicubic`` (the
             modes torch supports it for); ignored otherwise. Default True (timm).
 
@@ -268,7 +273,7 @@ def resample_abs_pos_embed(
             ``num_prefix_tokens`` is not an int; ``antialias`` is not a bool.
         ValueError: ``posemb`` is not 3-D; sizes of the wrong length or non-positive;
             ``num_prefix_tokens`` negative or larger than ``N``; ``old_size`` not given and not
-            inferable, or not matching ``N``; ``mode`` not available for the grid's rank.
+            inferable, or not matching ``N``; ``interpolation`` not available for the grid's rank.
 
     References:
         Dosovitskiy et al., An Image is Worth 16x16 Words, ICLR 2021 (sec. 3.2, "Fine-tuning and
@@ -282,7 +287,7 @@ def resample_abs_pos_embed(
         raise ValueError(f"posemb must have shape (B, N, C), got {tuple(posemb.shape)}")
     new = check_sizes(new_size, "new_size", ranks=(2, 3))
     rank = len(new)
-    check_int(num_prefix_tokens, "num_prefix_tokens")
+    num_prefix_tokens = check_int(num_prefix_tokens, "num_prefix_tokens")
     num_tokens = posemb.shape[1]
     if not 0 <= num_prefix_tokens <= num_tokens:
         raise ValueError(
@@ -290,12 +295,13 @@ def resample_abs_pos_embed(
             f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
         )
     check_bool(antialias, "antialias")
+    mode = interpolation
     if mode not in _MODES[rank]:
         hint = ""
         if rank == 3 and mode in ("bilinear", "bicubic"):
             hint = "; use 'trilinear' for 3D grids"
         raise ValueError(
-            f"mode for a {rank}D grid must be one of {_MODES[rank]}, got {mode!r}{hint}"
+            f"interpolation for a {rank}D grid must be one of {_MODES[rank]}, got {mode!r}{hint}"
         )
     grid_tokens = num_tokens - num_prefix_tokens
     if old_size is None:

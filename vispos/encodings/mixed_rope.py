@@ -64,13 +64,13 @@ def init_mixed_freqs(
     References:
         Heo et al., ECCV 2024 (naver-ai/rope-vit ``init_random_2d_freqs``).
     """
-    check_choice(num_axes, (2, 3), "num_axes")
-    check_int(head_dim, "head_dim", minimum=1)
+    num_axes = check_choice(num_axes, (2, 3), "num_axes")
+    head_dim = check_int(head_dim, "head_dim", minimum=1)
     if head_dim % (2 * num_axes):
         raise ValueError(f"head_dim must be a multiple of {2 * num_axes} ({num_axes} axes of pairs), got {head_dim}")
-    check_int(depth, "depth", minimum=1)
-    check_int(num_heads, "num_heads", minimum=1)
-    check_number(temperature, "temperature", positive=True)
+    depth = check_int(depth, "depth", minimum=1)
+    num_heads = check_int(num_heads, "num_heads", minimum=1)
+    temperature = check_number(temperature, "temperature", positive=True)
     check_float_dtype(dtype, optional=True)
     mag = 1.0 / (temperature ** (torch.arange(0, head_dim, 2 * num_axes, device=device, dtype=dtype) / head_dim))
     if num_axes == 2:
@@ -155,12 +155,14 @@ class MixedRotaryEmbedding(VisionRope):
         num_axes: int = 2,
     ) -> None:
         super().__init__()
-        check_choice(num_axes, (2, 3), "num_axes")
-        check_int(dim, "dim", minimum=1)
-        check_int(num_heads, "num_heads", minimum=1)
+        num_axes = check_choice(num_axes, (2, 3), "num_axes")
+        dim = check_int(dim, "dim", minimum=1)
+        num_heads = check_int(num_heads, "num_heads", minimum=1)
+        depth = check_int(depth, "depth", minimum=1)
+        temperature = check_number(temperature, "temperature", positive=True)
         if dim % num_heads:
             raise ValueError(f"dim must be a multiple of num_heads={num_heads}, got {dim}")
-        check_choice(grid_indexing, ("ij", "xy"), "grid_indexing")
+        grid_indexing = check_choice(grid_indexing, ("ij", "xy"), "grid_indexing")
         if feat_shape is not None:
             feat_shape = list(check_sizes(feat_shape, "feat_shape", ranks=(num_axes,)))
         self.dim = dim

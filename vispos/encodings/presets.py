@@ -107,8 +107,8 @@ def timm_sincos_2d(
         timm ``layers/pos_embed_sincos.py``; Chen et al., MoCo v3, ICCV 2021.
     """
     sizes = check_sizes(feat_shape, "feat_shape", n=2)
-    check_multiple(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
-    check_temperature(temperature)
+    dim = check_multiple(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
+    temperature = check_temperature(temperature)
     check_bool(reverse_coord, "reverse_coord")
     check_bool(interleave_sin_cos, "interleave_sin_cos")
     if reverse_coord:
@@ -156,9 +156,9 @@ def mae_sincos_2d(
         He et al., Masked Autoencoders Are Scalable Vision Learners, CVPR 2022
         (``util/pos_embed.py``).
     """
-    check_multiple(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
+    embed_dim = check_multiple(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
     sizes = check_sizes(grid_size, "grid_size", n=2)
-    check_temperature(temperature)
+    temperature = check_temperature(temperature)
     check_bool(cls_token, "cls_token")
     table = _grid_sincos(sizes, (1, 0), embed_dim // 2, temperature, compute_dtype=torch.float64, device=device)
     if cls_token:
@@ -202,10 +202,10 @@ def monai_sincos(
     References:
         MONAI ``networks/blocks/pos_embed_utils.py``; SelfMedMAE ``lib/models/mae3d.py``.
     """
-    check_choice(spatial_dims, (2, 3), "spatial_dims")
+    spatial_dims = check_choice(spatial_dims, (2, 3), "spatial_dims")
     sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
-    check_multiple(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
-    check_temperature(temperature)
+    embed_dim = check_multiple(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
+    temperature = check_temperature(temperature)
     order = (1, 0, 2)[:spatial_dims]
     table = _grid_sincos(sizes, order, embed_dim // spatial_dims, temperature, device=device)
     return table.unsqueeze(0).to(dtype)

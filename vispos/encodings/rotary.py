@@ -21,10 +21,13 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .. import _deprecation
 from .._sincos import check_temperature, sincos_embed
 from .._checks import check_bool, check_choice, check_int, check_multiple, check_sizes
 
-__all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary", "apply_rot_embed_cat"]
+__all__ = ["RotaryEmbedding", "AxialRotaryEmbedding", "apply_rotary_sincos", "apply_rot_embed_cat"]
+
+__getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})
 
 
 def _rotate(x: Tensor, sin: Tensor, cos: Tensor) -> Tensor:
@@ -47,13 +50,20 @@ def _check_floating(**tensors: object) -> None:
             raise TypeError(f"{name} must be a floating tensor, got {t.dtype}")
 
 
-def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Rotates the leading channels of queries and keys by precomputed angles.
+def apply_rotary_sincos(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple[Tensor, Tensor | None]:
+    """Rotates the leading channels of queries and keys by separate ``sin`` and ``cos`` tables of
+    one value per channel *pair* (vispos' rotary layout).
 
     Channel pairs ``(2i, 2i+1)`` for ``i < R / 2`` (``R = 2 * sin.shape[-1]``) become
-    ``(x0 cos_i - x1 sin_i, x0 sin_i + x1 cos_i)``; channels ``R ..`` pass through unchanged. The
-    arithmetic is float32 whatever the inputs' dtype; each output has its input's dtype. Inputs
-    are not modified.
+    ``(x0 cos_i - x1 sin_i, x0 sin_i + x1 cos_i)``; channels ``R ..`` pass through unchanged
+    (partial rotation). The arithmetic is float32 whatever the inputs' dtype; each output has its
+    input's dtype. Inputs are not modified. The tables are what :meth:`RotaryEmbedding.sincos`
+    returns.
+
+    Not to be confused with :func:`apply_rot_embed_cat`, timm's function, which takes one
+    ``[sin, cos]`` table of the *full* width ``2 * C`` (each value repeated per channel), rotates
+    one tensor and every channel, interleaved or rotate-half. Named ``apply_rotary`` before issue
+    32 (a deprecated alias for one release).
 
     Args:
         q (Tensor[..., C], float): queries, ``C >= R``.
@@ -99,7 +109,12 @@ def apply_rotary(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -> tuple
 
 
 def apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
-    """Rotates ``x`` by a ``[sin, cos]`` table, timm's ``apply_rot_embed_cat``.
+    """Rotates ``x`` by a ``[sin, cos]`` table, timm's ``apply_rot_embed_cat`` (a drop-in).
+
+    One table ``emb = [sin, cos]`` of width ``2 * C`` for one tensor of width ``C``, every channel
+    rotated: the layout of timm's and transformers' vision RoPE (:class:`DinoV3RotaryEmbedding`,
+    :class:`MixedRotaryEmbedding`). For vispos' per-pair ``sin`` / ``cos`` tables applied to
+    queries and keys at once, with partial rotation, see :func:`apply_rotary_sincos`.
 
     With ``sin, cos = emb.chunk(2, -1)``: ``x * cos + rot(x) * sin``, where ``rot`` maps channel
     pairs ``(x_{2i}, x_{2i+1})`` to ``(-x_{2i+1}, x_{2i})`` (interleaved, ``half=False``) or the
@@ -215,9 +230,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, theta: float = 10000.0, seq_dim: int = -2) -> None:
         super().__init__()
-        check_multiple(dim, 2, "dim", "channels are rotated in pairs")
-        check_temperature(theta, "theta")
-        check_int(seq_dim, "seq_dim")
+        dim = check_multiple(dim, 2, "dim", "channels are rotated in pairs")
+        theta = check_temperature(theta, "theta")
+        seq_dim = check_int(seq_dim, "seq_dim")
         if seq_dim > -2:
             raise ValueError(f"seq_dim must be <= -2 (the last axis holds the channels), got {seq_dim}")
         self.dim = dim
@@ -314,9 +329,9 @@ class AxialRotaryEmbedding(nn.Module):
 
     def __init__(self, dim: int, num_axes: int = 2, theta: float = 10000.0) -> None:
         super().__init__()
-        check_choice(num_axes, (2, 3), "num_axes")
-        check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
-        check_temperature(theta, "theta")
+        num_axes = check_choice(num_axes, (2, 3), "num_axes")
+        dim = check_multiple(dim, 2 * num_axes, "dim", f"each of the {num_axes} axes rotates an equal number of pairs")
+        theta = check_temperature(theta, "theta")
         self.dim = dim
         self.num_axes = num_axes
         self.theta = theta

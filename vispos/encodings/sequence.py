@@ -24,21 +24,22 @@ import torch
 from torch import Tensor, nn
 
 from .._sincos import _LADDERS, _LAYOUTS, check_num_feats, check_temperature, sincos_embed
-from .._cache import DerivedBuffers
+from .. import _deprecation
+from .._derived import DerivedBuffers
 from .._checks import check_bool, check_choice, check_dropout, check_int, check_number
 from ..padding import check_mask
 
 __all__ = ["SinusoidalPositionalEncoding", "LearnableSinusoidalPositionalEncoding"]
 
 
-def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_model: int) -> Tensor:
-    """``LayerNorm(x) * sqrt(d_model)``, each step optional, in speechain's order; never in place.
+def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, dim: int) -> Tensor:
+    """``LayerNorm(x) * sqrt(dim)``, each step optional, in speechain's order; never in place.
 
     Args:
         x (Tensor[..., D]): token embeddings (not modified).
         layernorm (nn.Module, optional): applied first when given.
-        emb_scale (bool): then multiply by ``sqrt(d_model)`` (Vaswani et al., section 3.4).
-        d_model (int): ``D``.
+        emb_scale (bool): then multiply by ``sqrt(dim)`` (Vaswani et al., section 3.4).
+        dim (int): ``D``.
 
     Returns:
         Tensor[..., D]: ``x`` itself when neither step applies, else a new tensor.
@@ -47,20 +48,23 @@ def _norm_then_scale(x: Tensor, layernorm: nn.Module | None, emb_scale: bool, d_
         speechain ``PositionalEncoding.forward`` (steps 1 and 2 of its docstring).
     """
     out = x if layernorm is None else layernorm(x)
-    return out * math.sqrt(d_model) if emb_scale else out
+    return out * math.sqrt(dim) if emb_scale else out
 
 
 class _SequenceSinusoid(DerivedBuffers, nn.Module):
     """Shared state of the 1D encoders: the validated options and the cached ``(max_len, D)`` table.
 
-    Not public. Subclasses implement ``forward`` on top of :meth:`_encoding`.
+    Not public. Subclasses implement ``forward`` on top of :meth:`_encoding`. The width ``D`` is
+    :attr:`dim`; ``_width_name`` is what the constructor calls it (``dim``, vispos' rule, or
+    ``d_model`` for the speechain drop-in), used in messages and ``repr``.
     """
 
     pe: Tensor
+    _width_name = "dim"
 
     def __init__(
         self,
-        d_model: int,
+        dim: int,
         *,
         dropout: float,
         max_len: int,
@@ -70,16 +74,16 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         temperature: float,
     ) -> None:
         super().__init__()
-        check_num_feats(d_model, "d_model")
-        check_dropout(dropout)
-        check_int(max_len, "max_len", minimum=1)
-        check_choice(layout, _LAYOUTS, "layout")
-        check_choice(ladder, _LADDERS, "ladder")
-        if ladder == "t2t" and d_model < 4:
-            raise ValueError(f"ladder='t2t' needs d_model >= 4 (two frequencies at least), got {d_model}")
+        dim = check_num_feats(dim, self._width_name)
+        dropout = check_dropout(dropout)
+        max_len = check_int(max_len, "max_len", minimum=1)
+        layout = check_choice(layout, _LAYOUTS, "layout")
+        ladder = check_choice(ladder, _LADDERS, "ladder")
+        if ladder == "t2t" and dim < 4:
+            raise ValueError(f"ladder='t2t' needs {self._width_name} >= 4 (two frequencies at least), got {dim}")
         check_bool(batch_first, "batch_first")
-        check_temperature(temperature)
-        self.d_model = d_model
+        temperature = check_temperature(temperature)
+        self.dim = dim
         self.max_len = max_len
         self.layout = layout
         self.batch_first = batch_first
@@ -103,7 +107,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         """
         return sincos_embed(
             [positions],
-            self.d_model,
+            self.dim,
             temperature=self.temperature,
             layout=self.layout,  # type: ignore[arg-type]
             ladder=self.ladder,  # type: ignore[arg-type]
@@ -175,9 +179,9 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor of token embeddings, got {x.dtype}")
         layout = "(B, L, D)" if self.batch_first else "(L, B, D)"
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(
-                f"{name} must have shape {layout} with D = d_model = {self.d_model} "
+                f"{name} must have shape {layout} with D = {self._width_name} = {self.dim} "
                 f"(batch_first={self.batch_first}), got {tuple(x.shape)}"
             )
         if self.batch_first:
@@ -238,7 +242,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
 
     def _common_repr(self) -> str:
         return (
-            f"d_model={self.d_model}, dropout={self.dropout.p}, max_len={self.max_len}, "
+            f"{self._width_name}={self.dim}, dropout={self.dropout.p}, max_len={self.max_len}, "
             f"layout={self.layout!r}, batch_first={self.batch_first}"
         )
 
@@ -246,11 +250,22 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         return f"ladder={self.ladder!r}, temperature={self.temperature}"
 
 
-class SinusoidalPositionalEncoding(_SequenceSinusoid):
+class _DeprecatedDModel:
+    """The width's name before issue 32 (vispos' rule names it ``dim``): ``d_model`` still reads,
+    with a ``DeprecationWarning``, for one release."""
+
+    @property
+    def d_model(self) -> int:
+        """Deprecated: :attr:`dim`."""
+        _deprecation.warn(f"{type(self).__name__}.d_model is deprecated and will be removed; use .dim instead")
+        return self.dim
+
+
+class SinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
     """Adds a fixed sinusoidal encoding to a sequence of token embeddings.
 
     ``out = dropout(norm(x) * s + alpha * PE(p))``, in speechain's order: ``norm`` is a LayerNorm
-    when ``emb_layernorm`` (else identity), then ``s = sqrt(d_model)`` when ``emb_scale`` (else 1),
+    when ``emb_layernorm`` (else identity), then ``s = sqrt(dim)`` when ``emb_scale`` (else 1),
     ``alpha`` is a trained scalar when ``learnable_scale`` (else 1) and ``PE(p)`` embeds position
     ``p`` with ``D / 2`` frequencies ``w_k``, each as a sine and a cosine channel:
 
@@ -280,12 +295,14 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
     place.
 
     Args:
-        d_model (int): embedding size ``D`` (positive, even; ``>= 4`` with ``ladder="t2t"``).
+        dim (int): embedding size ``D``, the width of ``x`` (positive, even; ``>= 4`` with
+            ``ladder="t2t"``). Named ``d_model`` before issue 32: that keyword still works, with
+            a ``DeprecationWarning``.
         dropout (float): dropout probability on the sum, in ``[0, 1)``. Default 0.
         max_len (int): rows of the table built at construction. Default 5000.
         layout (str): ``"interleaved"`` (default) or ``"split"``.
         batch_first (bool): input is ``(B, L, D)`` (default) rather than ``(L, B, D)``.
-        emb_scale (bool): multiply the (normalised) input by ``sqrt(d_model)`` (Vaswani et
+        emb_scale (bool): multiply the (normalised) input by ``sqrt(dim)`` (Vaswani et
             al., section 3.4).
         emb_layernorm (bool): LayerNorm the input first (speechain).
         learnable_scale (bool): multiply the encoding by a trained scalar ``alpha``
@@ -304,11 +321,11 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
           cast back once.
 
     Raises:
-        TypeError: a non-int ``d_model`` / ``max_len``, a non-bool flag, a non-number
+        TypeError: a non-int ``dim`` / ``max_len``, a non-bool flag, a non-number
             ``dropout`` / ``init_alpha`` / ``temperature``, a non-str ``layout`` / ``ladder``; at
             ``forward``: a non-float ``x``, a non-bool mask (with a hint on how to convert),
             non-real positions.
-        ValueError: odd or non-positive ``d_model``; ``dropout`` outside ``[0, 1)``; non-positive
+        ValueError: odd or non-positive ``dim``; ``dropout`` outside ``[0, 1)``; non-positive
             ``max_len`` or ``temperature``; unknown ``layout`` / ``ladder``; ``init_alpha != 1``
             without ``learnable_scale``; at ``forward``: wrong shapes or devices.
 
@@ -319,9 +336,10 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         Neural Speech Synthesis with Transformer Network, AAAI 2019 (``learnable_scale``).
     """
 
+    @_deprecation.renamed_kwargs(d_model="dim")
     def __init__(
         self,
-        d_model: int,
+        dim: int,
         dropout: float = 0.0,
         max_len: int = 5000,
         layout: str = "interleaved",
@@ -334,13 +352,13 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         temperature: float = 10000.0,
     ) -> None:
         super().__init__(
-            d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
+            dim, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
         check_bool(emb_scale, "emb_scale")
         check_bool(emb_layernorm, "emb_layernorm")
         check_bool(learnable_scale, "learnable_scale")
-        check_number(init_alpha, "init_alpha")
+        init_alpha = check_number(init_alpha, "init_alpha")
         if not learnable_scale and init_alpha != 1.0:
             raise ValueError(
                 f"init_alpha={init_alpha} has no effect without learnable_scale=True; "
@@ -348,14 +366,14 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
             )
         self.emb_scale = emb_scale
         self.init_alpha = float(init_alpha)
-        self.layernorm = nn.LayerNorm(d_model) if emb_layernorm else None
+        self.layernorm = nn.LayerNorm(self.dim) if emb_layernorm else None
         self.alpha = nn.Parameter(torch.tensor(float(init_alpha))) if learnable_scale else None
 
     def _shape_encoding(self, enc: Tensor) -> Tensor:
         return enc if self.alpha is None else self.alpha * enc
 
     def _prepare_input(self, x: Tensor) -> Tensor:
-        return _norm_then_scale(x, self.layernorm, self.emb_scale, self.d_model)
+        return _norm_then_scale(x, self.layernorm, self.emb_scale, self.dim)
 
     def extra_repr(self) -> str:
         return (
@@ -365,7 +383,7 @@ class SinusoidalPositionalEncoding(_SequenceSinusoid):
         )
 
 
-class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
+class LearnableSinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
     """Sinusoidal encoding passed through a trained position-wise feed-forward, then added.
 
     ``out = dropout(x + FFN(PE(p)))`` with ``FFN = Linear(D, H), Sigmoid, Dropout, Linear(H, D)``
@@ -375,8 +393,9 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
     ``self.ffn[3]``.
 
     Args:
-        d_model (int): embedding size ``D`` (positive, even).
-        hidden_dim (int, optional): ``H``, the FFN's hidden size; ``d_model`` when not given.
+        dim (int): embedding size ``D``, the width of ``x`` (positive, even). Named ``d_model``
+            before issue 32: that keyword still works, with a ``DeprecationWarning``.
+        hidden_dim (int, optional): ``H``, the FFN's hidden size; ``dim`` when not given.
         dropout (float): dropout probability, used inside the FFN and on the sum. Default 0.
         max_len (int): rows of the sinusoid table built at construction; longer inputs extend it.
         layout (str): ``"interleaved"`` (default) or ``"split"``.
@@ -399,9 +418,10 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
         Document Transformer Model, Findings of AACL-IJCNLP 2022.
     """
 
+    @_deprecation.renamed_kwargs(d_model="dim")
     def __init__(
         self,
-        d_model: int,
+        dim: int,
         hidden_dim: int | None = None,
         dropout: float = 0.0,
         max_len: int = 5000,
@@ -411,13 +431,14 @@ class LearnableSinusoidalPositionalEncoding(_SequenceSinusoid):
         temperature: float = 10000.0,
     ) -> None:
         super().__init__(
-            d_model, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
+            dim, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
-        hidden = d_model if hidden_dim is None else check_int(hidden_dim, "hidden_dim", minimum=1)
+        dim = self.dim  # checked (a Python int)
+        hidden = dim if hidden_dim is None else check_int(hidden_dim, "hidden_dim", minimum=1)
         self.hidden_dim = hidden
         self.ffn = nn.Sequential(
-            nn.Linear(d_model, hidden), nn.Sigmoid(), nn.Dropout(dropout), nn.Linear(hidden, d_model)
+            nn.Linear(dim, hidden), nn.Sigmoid(), nn.Dropout(dropout), nn.Linear(hidden, dim)
         )
 
     def _shape_encoding(self, enc: Tensor) -> Tensor:

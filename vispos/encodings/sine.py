@@ -22,14 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import _tracing
-from .._cache import (
-    DEFAULT_MAX_BYTES,
-    CacheOwner,
-    DerivedBuffers,
-    TensorCache,
-    check_max_bytes,
-    expand_batch,
-)
+from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
+from .._cache_owner import CacheOwner, expand_batch
+from .._derived import DerivedBuffers
 from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
 from .._positions import (
     PositionRule,
@@ -129,27 +124,27 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         extent: float | None = None,
     ) -> None:
         super().__init__()
-        check_num_feats(num_pos_feats)
-        check_temperature(temperature)
+        num_pos_feats = check_num_feats(num_pos_feats)
+        temperature = check_temperature(temperature)
         check_bool(normalize, "normalize")
         if scale is not None and not normalize:
             raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
         if scale is None:
             scale = 2 * math.pi
-        check_number(scale, "scale", positive=True)
-        check_number(offset, "offset")
-        check_number(eps, "eps", nonnegative=True)
+        scale = check_number(scale, "scale", positive=True)
+        offset = check_number(offset, "offset")
+        eps = check_number(eps, "eps", nonnegative=True)
         if normalize and eps == 0:
             raise ValueError(
                 "eps must be > 0 with normalize=True: a fully padded line is normalised by its "
                 "valid count 0 + eps, so eps=0 would give NaN (DETR uses 1e-6)"
             )
         if extent is not None:
-            check_number(extent, "extent", positive=True)
+            extent = check_number(extent, "extent", positive=True)
             if not normalize:
                 raise ValueError(f"extent needs normalize=True (got extent={extent}, normalize=False)")
             extent = float(extent)
-        check_int(cache_size, "cache_size", minimum=0)
+        cache_size = check_int(cache_size, "cache_size", minimum=0)
         check_bool(zero_copy, "zero_copy")
         self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
         self.zero_copy = zero_copy
@@ -258,7 +253,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
 
     @cache_size.setter
     def cache_size(self, value: int) -> None:
-        check_int(value, "cache_size", minimum=0)
+        value = check_int(value, "cache_size", minimum=0)
         self._cache.maxsize = value
 
     def extra_repr(self) -> str:

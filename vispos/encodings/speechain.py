@@ -95,6 +95,8 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         Li et al., Neural Speech Synthesis with Transformer Network, AAAI 2019 (``alpha``).
     """
 
+    _width_name = "d_model"  # speechain's name (a drop-in keeps its peer's names)
+
     def __init__(
         self,
         posenc_type: str = "mix",
@@ -106,11 +108,11 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         max_len: int = 5000,
         dropout: float = 0.0,
     ) -> None:
-        check_choice(posenc_type, _POSENC_TYPES, "posenc_type")
+        posenc_type = check_choice(posenc_type, _POSENC_TYPES, "posenc_type")
         check_bool(emb_scale, "emb_scale")
         check_bool(emb_layernorm, "emb_layernorm")
         check_bool(posenc_scale, "posenc_scale")
-        check_number(init_alpha, "init_alpha")
+        init_alpha = check_number(init_alpha, "init_alpha")
         mix = posenc_type == "mix"
         super().__init__(
             d_model, dropout=dropout, max_len=max_len, layout="interleaved" if mix else "split",
@@ -122,9 +124,14 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         self.init_alpha = float(init_alpha)
         # present only when enabled, as in speechain (whose code and users test ``hasattr``)
         if emb_layernorm:
-            self.emb_layernorm = nn.LayerNorm(d_model)
+            self.emb_layernorm = nn.LayerNorm(self.dim)
         if posenc_scale:
             self.alpha = nn.Parameter(torch.tensor(self.init_alpha))
+
+    @property
+    def d_model(self) -> int:
+        """int: the embedding size ``D`` (speechain's attribute)."""
+        return self.dim
 
     @property
     def posenc(self) -> Tensor:

@@ -26,7 +26,7 @@ from monai.networks.blocks.transformerblock import TransformerBlock
 from monai.networks.nets import ViT
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_choice
+from .._checks import as_int, check_bool, check_choice, is_int
 from .._sincos import check_temperature, sincos_embed
 from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
@@ -129,9 +129,9 @@ class _AnySize:
         vit = self._vit()
         if not _supports_attn_mask():  # pragma: no cover - depends on the installed MONAI
             raise ImportError(f"{name} needs MONAI >= 1.5 (attention masks in SABlock): pip install -U monai")
-        check_choice(pos_embed, _POS_EMBED, "pos_embed")
+        pos_embed = check_choice(pos_embed, _POS_EMBED, "pos_embed")
         check_bool(antialias, "antialias")
-        check_temperature(temperature)
+        temperature = check_temperature(temperature)
         pe = vit.patch_embedding
         patch = _patch_size(vit)
         n = len(patch)
@@ -336,7 +336,7 @@ class _AnySize:
         table = self._vit().patch_embedding.position_embeddings
         new = resample_abs_pos_embed(
             table, new_size=size, old_size=self.grid_size, num_prefix_tokens=0,
-            mode=self.resample_mode, antialias=self.antialias,
+            interpolation=self.resample_mode, antialias=self.antialias,
         )
         return new.reshape(*size, table.shape[-1])
 
@@ -375,8 +375,9 @@ class _AnySize:
 def _grid_of(img_size: Any, patch: tuple[int, ...]) -> tuple[int, ...] | None:
     if img_size is None:
         return None
-    sizes = (img_size,) * len(patch) if isinstance(img_size, int) else tuple(img_size)
-    if len(sizes) != len(patch) or any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
+    sizes = (img_size,) * len(patch) if is_int(img_size) else tuple(img_size)
+    sizes = tuple(as_int(s) for s in sizes)
+    if len(sizes) != len(patch) or any(s is None or s <= 0 for s in sizes):
         raise ValueError(f"img_size must be {len(patch)} positive ints, got {img_size!r}")
     return tuple(s // p for s, p in zip(sizes, patch))
 

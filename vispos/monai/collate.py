@@ -27,7 +27,7 @@ from monai.transforms.inverse import InvertibleTransform
 from monai.utils import TraceKeys
 from torch import Tensor
 
-from .._checks import check_choice, check_int
+from .._checks import check_choice, check_int, is_int
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 
@@ -81,7 +81,7 @@ def _replay(op: Mapping, valid: Tensor | None, where: str) -> Tensor | None:
     name = op.get(TraceKeys.CLASS_NAME)
     if name in _FLIPS:
         axes = info.get("axes")
-        dims = range(valid.dim()) if axes is None else ([axes] if isinstance(axes, int) else list(axes))
+        dims = range(valid.dim()) if axes is None else ([axes] if is_int(axes) else list(axes))
         return torch.flip(valid, [int(a) for a in dims])
     if name in _ROTATIONS:
         return torch.rot90(valid, int(info.get("k", 1)), [int(a) for a in info.get("axes", (0, 1))])

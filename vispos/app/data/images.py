@@ -61,7 +61,7 @@ def _shrink(image: Tensor, max_size: int | None) -> Tensor:
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2.functional import resize
 
-    check_int(max_size, "max_size", minimum=1, optional=True)
+    max_size = check_int(max_size, "max_size", minimum=1, optional=True)
     h, w = image.shape[-2:]
     size = list(shrunk_size((h, w), max_size))
     if size == [h, w]:
@@ -156,8 +156,8 @@ def load_image(
     """
     from PIL import Image, UnidentifiedImageError
 
-    check_int(max_size, "max_size", minimum=1, optional=True)
-    check_int(max_pixels, "max_pixels", minimum=1, optional=True)
+    max_size = check_int(max_size, "max_size", minimum=1, optional=True)
+    max_pixels = check_int(max_pixels, "max_pixels", minimum=1, optional=True)
     path = check_file(path, "image file", "an image file")
     try:
         with warnings.catch_warnings():

@@ -79,7 +79,7 @@ def normalize_intensity(
     References:
         Isensee et al., nnU-Net, Nature Methods 2021 (foreground z-score for MRI).
     """
-    check_choice(method, VOLUME_NORMALIZATIONS, "normalize")
+    method = check_choice(method, VOLUME_NORMALIZATIONS, "normalize")
     _check_volume(volume)
     lo_p, hi_p = percentiles
     if not 0 <= lo_p < hi_p <= 100:
@@ -142,14 +142,14 @@ def resize_volume(volume: Tensor, max_size: int | None = None, scale: float | No
     if max_size is not None and scale is not None:
         raise ValueError("give max_size or scale, not both")
     if max_size is not None:
-        check_int(max_size, "max_size", minimum=1)
+        max_size = check_int(max_size, "max_size", minimum=1)
         size = list(shrunk_size(volume.shape[1:], max_size))
         if size == list(volume.shape[1:]):
             return volume.clone()
     elif scale is None:
         return volume.clone()
     else:
-        check_number(scale, "scale", positive=True)
+        scale = check_number(scale, "scale", positive=True)
         size = [max(1, round(s * scale)) for s in volume.shape[1:]]
         voxels = volume.shape[0] * math.prod(size)
         if voxels > MAX_VOLUME_VOXELS:
@@ -309,10 +309,10 @@ def load_volume(
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("NIfTI volumes are read with nibabel: pip install 'vispos[medical]'") from exc
     path = check_file(path, "volume file", "a NIfTI file")
-    check_int(max_voxels, "max_voxels", minimum=1, optional=True)
-    check_int(max_size, "max_size", minimum=1, optional=True)
+    max_voxels = check_int(max_voxels, "max_voxels", minimum=1, optional=True)
+    max_size = check_int(max_size, "max_size", minimum=1, optional=True)
     check_bool(canonical, "canonical")
-    check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
+    normalize = check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
     # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
     # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
     # naming the file. MemoryError cannot happen: the size is checked on the header first.
@@ -419,7 +419,7 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
         ValueError: ``max_size`` < 8 or > 256 (the template's longest axis is 233 voxels at 1 mm:
             larger sizes would only interpolate it, and ``max_size=4096`` asked for tens of GB).
     """
-    check_int(max_size, "max_size", minimum=8)
+    max_size = check_int(max_size, "max_size", minimum=8)
     if max_size > 256:
         raise ValueError(f"max_size must be from 8 to 256 (the template's longest axis is 233), got {max_size}")
     full = mni152_template(normalize=None)

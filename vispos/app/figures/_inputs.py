@@ -12,7 +12,7 @@ from ..._checks import check_int, check_sizes, is_int
 
 def check_shape(shape: object, name: str = "shape") -> tuple[int, ...]:
     """``shape`` as a tuple of 1 to 3 positive ints (an int is one axis)."""
-    return check_sizes(shape, name, n=1) if isinstance(shape, int) else check_sizes(shape, name)
+    return check_sizes(shape, name, n=1) if is_int(shape) else check_sizes(shape, name)
 
 
 def check_pos(pos: object, name: str, ranks: Sequence[int]) -> Tensor:
@@ -39,7 +39,7 @@ def check_channels(channels: object, total: int, name: str = "channels") -> list
         raise ValueError(f"{name} must be a non-empty sequence of ints, got {channels!r}")
     out = []
     for c in channels:
-        check_int(c, f"{name} entry")
+        c = check_int(c, f"{name} entry")
         if not 0 <= c < total:
             raise ValueError(f"{name} must index the {total} channels (0 .. {total - 1}), got {c}")
         out.append(c)

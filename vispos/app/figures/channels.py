@@ -113,7 +113,7 @@ def encode_grid(
         ):
             if len(shape) != 1:
                 raise ValueError(f"{type(encoder).__name__} encodes sequences (1 axis), got shape {shape}")
-            x = torch.zeros(1, shape[0], encoder.d_model)
+            x = torch.zeros(1, shape[0], encoder.dim)
             if not encoder.batch_first:
                 x = x.transpose(0, 1)
             was_training = encoder.training
@@ -158,13 +158,13 @@ def channel_wavelengths(encoder: torch.nn.Module, length: int) -> Tensor | None:
     References:
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5).
     """
-    check_int(length, "length", minimum=1)
+    length = check_int(length, "length", minimum=1)
     if isinstance(encoder, PositionEmbeddingSine):
         feats, temp, layout, ladder = encoder.num_pos_feats, encoder.temperature, "interleaved", "standard"
     elif isinstance(encoder, _GRID_CLASSES):
         feats, temp, layout, ladder = encoder.channels_per_axis, 10000.0, "interleaved", "standard"
     elif isinstance(encoder, (SinusoidalPositionalEncoding, SpeechainPositionalEncoding)):
-        feats, temp = encoder.d_model, encoder.temperature
+        feats, temp = encoder.dim, encoder.temperature
         layout, ladder = encoder.layout, encoder.ladder
     else:
         return None
@@ -214,7 +214,7 @@ def plot_channels(
     """
     pos = check_pos(pos, "pos", (1, 2))
     c = pos.shape[0]
-    check_int(max_panels, "max_panels", minimum=1)
+    max_panels = check_int(max_panels, "max_panels", minimum=1)
     if pos.dim() == 2:
         chans = list(range(c)) if channels is None else check_channels(channels, c)
         fig = new_figure(7.0, 3.2 + 0.006 * len(chans))

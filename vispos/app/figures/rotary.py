@@ -40,7 +40,7 @@ def plot_rotary_invariance(rotary: torch.nn.Module, length: int = 64, *, seed: i
     """
     if not isinstance(rotary, RotaryEmbedding):
         raise TypeError(f"rotary must be a RotaryEmbedding, got {type(rotary).__name__}")
-    check_int(length, "length", minimum=2)
+    length = check_int(length, "length", minimum=2)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(rotary.dim, generator=gen).expand(length, rotary.dim)
     k = torch.randn(rotary.dim, generator=gen).expand(length, rotary.dim)

@@ -84,7 +84,7 @@ def query_cells(valid_size: Sequence[int], n: int = 3) -> list[tuple[int, ...]]:
     References:
         Carion et al., DETR (ECCV 2020): the similarity figure picks a few query cells.
     """
-    check_int(n, "n", minimum=1)
+    n = check_int(n, "n", minimum=1)
     fractions = np.linspace(0.2, 0.8, n) if n > 1 else np.array([0.5])
     return [tuple(min(s - 1, int(f * s)) for s in valid_size) for f in fractions]
 

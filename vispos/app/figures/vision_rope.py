@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..._checks import as_int
 from ...encodings import AxialRotaryEmbedding, DinoV3RotaryEmbedding, MixedRotaryEmbedding
 from ...padding import check_mask
 from ._draw import mark_query, new_figure, no_ticks, shade_padding, similarity_floor
@@ -40,8 +41,9 @@ def rope_variants(head_dim: int = 64, *, seed: int = 0) -> dict[str, nn.Module]:
     Raises:
         ValueError: ``head_dim`` not a positive multiple of 4.
     """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 4 or head_dim % 4:
+    if as_int(head_dim) is None or as_int(head_dim) < 4 or as_int(head_dim) % 4:
         raise ValueError(f"head_dim must be a positive multiple of 4, got {head_dim!r}")
+    head_dim = as_int(head_dim)
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

@@ -1,0 +1,111 @@
+"""Checks of padding masks, spatial sizes and per-item spans (the argument checks of the mask code).
+
+A padding mask is a ``bool`` tensor ``Tensor[B, *S]`` (1 to 3 spatial axes) where **True marks
+padding**, as in DETR; an integer or float mask is refused with a hint on how to convert. A
+*span* is one int per spatial axis for each item (sizes, starts, stops of boxes).
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (True = padding);
+    transformers' ``pixel_mask`` (1 = valid), the convention the hint converts from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._checks import MAX_SPATIAL, check_int, is_int
+
+__all__ = ["Spans", "check_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
+
+Spans = tuple[tuple[int, ...], ...]  # per item, one int per axis
+
+
+def check_mask(mask: Any, name: str = "mask", peer: str = "pixel_mask", cells: str = "pixels") -> Tensor:
+    """Validates a padding mask's type: a ``bool`` tensor. Returns it.
+
+    Args:
+        mask (Tensor[B, *S], bool): True marks padding.
+        name (str): the parameter's name in messages.
+        peer, cells (str): the transformers-style "1 = valid" mask the hint mentions
+            (``pixel_mask`` / pixels for images, ``attention_mask`` / tokens for sequences).
+
+    Returns:
+        Tensor: ``mask`` itself (not copied).
+
+    Raises:
+        TypeError: not a tensor; not ``torch.bool`` (with a hint on how to convert).
+
+    References:
+        DETR's convention (True = padding); transformers' ``pixel_mask`` is its inverse.
+    """
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype torch.bool, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must have dtype torch.bool with True marking padding, got {mask.dtype}. "
+            f"Convert with `{name}.bool()` if nonzero marks padding, or `~{peer}.bool()` for a "
+            f"transformers-style {peer} where 1 marks valid {cells}."
+        )
+    return mask
+
+
+def check_spatial_mask(mask: Any, name: str = "mask") -> Tensor:
+    """:func:`check_mask`, and 1 to 3 spatial axes (ValueError otherwise). Returns ``mask``."""
+    check_mask(mask, name)
+    if not 1 <= mask.dim() - 1 <= MAX_SPATIAL:
+        raise ValueError(
+            f"{name} must have shape (B, *S) with 1 to {MAX_SPATIAL} spatial axes, got {tuple(mask.shape)}"
+        )
+    return mask
+
+
+def check_spatial_size(size: Any, n: int, name: str = "size", *, minimum: int = 1) -> tuple[int, ...]:
+    """A spatial size for ``n`` axes: one int (for every axis) or ``n`` ints ``>= minimum``.
+
+    Raises:
+        TypeError: not an int or a sequence of ints. ValueError: wrong length or an entry below
+            ``minimum``.
+    """
+    if is_int(size):
+        size = (size,) * n
+    if isinstance(size, torch.Size):
+        size = tuple(size)
+    if isinstance(size, (str, bytes)) or not isinstance(size, Sequence):
+        raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {size!r}")
+    try:
+        size = tuple(check_int(s, name) for s in size)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {size!r}") from None
+    if len(size) != n or any(s < minimum for s in size):
+        what = "positive" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must hold {n} {what} ints, got {size}")
+    return size
+
+
+def check_spans(values: Any, name: str, n: int) -> Spans:
+    """Per-item sequences of ``n`` ints (or an integer ``Tensor[B, n]``, read on the host) as a
+    tuple of tuples."""
+    if isinstance(values, Tensor):
+        if values.is_floating_point() or values.is_complex() or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got a tensor of dtype {values.dtype}")
+        if values.dim() != 2 or values.shape[1] != n:
+            raise ValueError(f"{name} must have shape (B, {n}), got {tuple(values.shape)}")
+        return tuple(tuple(row) for row in values.tolist())
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of per-item sizes (sequences of ints), got {type(values).__name__}")
+    out = []
+    for i, item in enumerate(values):
+        if isinstance(item, (str, bytes)) or not isinstance(item, (Sequence, torch.Size)):
+            raise TypeError(f"{name}[{i}] must be a sequence of {n} ints (one per spatial axis), got {item!r}")
+        try:
+            entries = tuple(int(check_int(v, f"{name}[{i}]")) for v in item)
+        except TypeError:
+            raise TypeError(f"{name}[{i}] must hold ints, got {tuple(item)!r}") from None
+        if len(entries) != n:
+            raise ValueError(f"{name}[{i}] = {entries} must have {n} entries (one per spatial axis)")
+        out.append(entries)
+    return tuple(out)
