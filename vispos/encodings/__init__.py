@@ -12,7 +12,16 @@ from .grid import (
 )
 from .coords import CoordSineEmbedding, sine_embed_coords
 from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
-from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
+from .presets import (
+    PositionEmbeddingSineDepthAdded,
+    dino_sine,
+    mae_sincos_2d,
+    monai_fourier,
+    monai_sincos,
+    timm_sincos_2d,
+)
+from .random_fourier import PositionEmbeddingRandom, SamPositionalEmbedding
+from .rtdetr import rtdetr_sincos_2d
 from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, apply_rotary
 from .dinov3_rope import DinoV3RotaryEmbedding
 from .mixed_rope import MixedRotaryEmbedding, init_mixed_freqs
@@ -48,6 +57,10 @@ __all__ = [
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",
+    "monai_fourier",
     "dino_sine",
     "PositionEmbeddingSineDepthAdded",
+    "PositionEmbeddingRandom",
+    "SamPositionalEmbedding",
+    "rtdetr_sincos_2d",
 ]
