@@ -26,7 +26,8 @@ from torch import Tensor
 from .._checks import check_bool, check_float_dtype, check_multiple, check_sizes
 from .._positions import item_boxes
 from .._sincos import check_temperature, sincos_embed
-from ..nested_tensor import parse_spatial_input
+from ..nested_tensor import NestedTensorLike, parse_spatial_input
+from ..padding import Padding
 
 __all__ = ["rtdetr_sincos_2d"]
 
@@ -98,6 +99,11 @@ def rtdetr_sincos_2d(
         device = torch.device("cpu") if device is None else torch.device(device)
         batch, boxes = 1, None
     else:
+        if not isinstance(padding, (Tensor, Padding, NestedTensorLike)):
+            raise TypeError(
+                "padding must be a NestedTensor, a Padding, a bool mask (B, height, width) or a feature "
+                f"map (B, C, height, width), got {type(padding).__name__}"
+            )
         found, host = parse_spatial_input(padding, 2)
         if found.spatial != sizes:
             raise ValueError(f"padding has spatial shape {found.spatial}, expected (height, width) = {sizes}")
