@@ -401,6 +401,35 @@ def test_joiner_contract():
         m.out_channels(2)
 
 
+def test_compiles_without_graph_breaks():
+    torch._dynamo.reset()
+    try:
+        m = PositionEmbeddingRandom(8, normalize="item")
+        compiled = torch.compile(m, fullgraph=True, backend="eager")
+        mask = torch.zeros(3, 6, 7, dtype=torch.bool)
+        mask[1, 4:] = True
+        mask[2, :, 5:] = True
+        for x in (mask, torch.randn(2, 3, 6, 7)):
+            assert_close(compiled(x), m(x), rtol=0, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_similarity_figure(tmp_path):
+    """``vispos plot similarity --encoder PositionEmbeddingRandom`` (the docs' figure)."""
+    from vispos.app.cli import main
+    from vispos.app.figures import encode_grid
+
+    m = PositionEmbeddingRandom(16, extent=12.0)
+    assert_close(encode_grid(m, (5, 6)), m((5, 6)), **EXACT)
+    assert_close(encode_grid(m, (5, 6), spacing=(2.0, 1.0)), m(Padding.none(1, (5, 6)), spacing=torch.tensor([[2.0, 1.0]]))[0],
+                 **EXACT)
+    out = tmp_path / "rff.png"
+    argv = ["plot", "similarity", "--encoder", "PositionEmbeddingRandom", "--kw", "num_pos_feats=32", "extent=16.0",
+            "--shape", "8", "12", "--out", str(out)]
+    assert main(argv) == 0 and out.stat().st_size > 0
+
+
 # ----------------------------------------------------------------------------- state, repr
 def test_repr_state_dict_and_pickle():
     m = PositionEmbeddingRandom(8, (1.0, 2.0), normalize="item", coord_order="ij", align_corners=True,
