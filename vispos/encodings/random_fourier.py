@@ -244,6 +244,7 @@ class PositionEmbeddingRandom(nn.Module):
             )
         scale = getattr(module, "scale", None)
         kwargs.setdefault("scale", scale if isinstance(scale, (int, float)) and scale > 0 else None)
+        kwargs.setdefault("generator", torch.Generator())  # the draw is replaced: leave the global RNG be
         new = cls(matrix.shape[1], num_axes=matrix.shape[0], **kwargs)
         with torch.no_grad():
             new._matrix = matrix.detach().clone()
