@@ -32,7 +32,6 @@ from .._checks import MAX_SPATIAL, check_bool, check_choice, check_float_dtype, 
 from .._positions import item_boxes
 from .._sincos import sincos_inplace
 from ..nested_tensor import float_mask_hint, parse_spatial_input
-from ..padding import Padding
 from .sine import _check_spacing
 
 __all__ = ["PositionEmbeddingRandom", "SamPositionalEmbedding", "fourier_features"]
