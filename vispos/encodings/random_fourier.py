@@ -137,7 +137,8 @@ class PositionEmbeddingRandom(nn.Module):
 
     Forms of :meth:`forward`:
 
-    - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints: SAM's dense grid,
+    - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints (one int: the same for
+      every axis): SAM's dense grid,
       ``Tensor[2K, *size]``, float32 (a channels-first view of a channel-last table, as SAM's).
     - ``forward(x)`` with a padded batch: a :class:`~vispos.NestedTensor` ``(B, C, *S)`` (or
       DETR's), its :class:`~vispos.Padding`, a bool mask ``Tensor[B, *S]`` (True = padding) or a
@@ -390,12 +391,13 @@ class PositionEmbeddingRandom(nn.Module):
         lo, hi = self.coord_range
         lines = []
         for a, size in enumerate(spatial):
-            if boxes is None:
-                p, length = torch.arange(size, device=device, dtype=torch.float32).unsqueeze(0), float(size)
+            if boxes is None:  # cell centres i + 0.5 straight from arange (exact, as SAM's cumsum - 0.5)
+                first = 0.0 if self.align_corners else 0.5
+                p = torch.arange(first, size + first, 1.0, device=device, dtype=torch.float32)[None]
+                length = float(size)
             else:
                 p, length = boxes[0][a], boxes[1][:, a : a + 1]
-            if not self.align_corners:
-                p = p + 0.5
+                p = p if self.align_corners else p + 0.5
             if self.extent is not None:
                 c = (p if spacing is None else p * spacing[:, a : a + 1]) / self.extent
             elif boxes is None:
