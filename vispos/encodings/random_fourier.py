@@ -138,8 +138,8 @@ class PositionEmbeddingRandom(nn.Module):
     Forms of :meth:`forward`:
 
     - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints (one int: the same for
-      every axis): SAM's dense grid,
-      ``Tensor[2K, *size]``, float32 (a channels-first view of a channel-last table, as SAM's).
+      every axis): SAM's dense grid, ``Tensor[2K, *size]``, float32 (a channels-first view of a
+      channel-last table, as SAM's).
     - ``forward(x)`` with a padded batch: a :class:`~vispos.NestedTensor` ``(B, C, *S)`` (or
       DETR's), its :class:`~vispos.Padding`, a bool mask ``Tensor[B, *S]`` (True = padding) or a
       feature map ``Tensor[B, C, *S]`` (no padding): ``Tensor[B, 2K, *S]``, channels-first,
