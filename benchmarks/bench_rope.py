@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/bench_rope.py [--device cpu|cuda] [--repeats N] [--quick] [--threads T]
 
-The harness of ``bench_position_embedding.py`` (same three passes: interleaved steady-state
+The harness of ``bench_position_embedding.py`` (``_driver.py``, same three passes: interleaved steady-state
 medians, compute ops per call, peak memory of one call in a fresh process), on these workloads:
 ViT-B/16 attention, 12 heads of 64 channels, batch 8, a 32 x 32 (1,024 tokens) or 64 x 64
 (4,096 tokens) patch grid, one item of the batch padded (its valid box 3/4 x 5/8 of the grid).
@@ -25,12 +25,8 @@ The floor is writing the outputs once (``empty().fill_()``). Timings are not tes
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import statistics
-import subprocess
 import sys
 
 import torch
@@ -38,13 +34,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench_position_embedding import (  # noqa: E402
-    FLOOR,
-    Workload,
-    _inner_calls,
-    format_table,
-)
-from _measure import count_ops, malloc_setup, peak_bytes, time_sample  # noqa: E402
+from _driver import main  # noqa: E402
+from bench_position_embedding import FLOOR, Workload  # noqa: E402
 
 import vispos  # noqa: E402
 
@@ -141,72 +132,5 @@ def _side_workloads(side: int, device: torch.device) -> list[Workload]:
     return wls
 
 
-def peak_pass(device: torch.device, quick: bool) -> list[dict[str, int]]:
-    malloc_setup()
-    workloads = build_workloads(device, quick)
-    with torch.inference_mode():
-        for wl in workloads:
-            for fn in wl.impls.values():
-                fn()
-        return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items()} for wl in workloads]
-
-
-def run(device: torch.device, repeats: int, quick: bool, peaks=None):
-    workloads = build_workloads(device, quick)
-    results = []
-    with torch.inference_mode():
-        for i, wl in enumerate(workloads):
-            names = list(wl.impls)
-            for name in names:
-                for _ in range(2):
-                    time_sample(wl.impls[name], device)
-            k = _inner_calls(wl.impls[FLOOR], device)
-            times = {n: [] for n in names}
-            for _ in range(repeats):
-                for name in names:  # interleaved
-                    times[name].append(time_sample(wl.impls[name], device, k))
-            ops = {n: count_ops(wl.impls[n])[0] for n in names}
-            floor = statistics.median(times[FLOOR])
-            rows = []
-            for name in names:
-                med = statistics.median(times[name])
-                peak = peaks[i].get(name, math.nan) if peaks else math.nan
-                rows.append((name, med, med / floor, ops[name], peak / 2**20, peak / wl.out_bytes))
-            results.append((f"{wl.name} (output {wl.out_bytes / 2**20:.1f} MiB, {k} calls per sample)", rows))
-            print(format_table(results[-1:]), flush=True)
-    return results
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="16x16 and 32x32 grids (a smoke run)")
-    parser.add_argument("--no-peak", action="store_true")
-    parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device available", file=sys.stderr)
-        return 2
-    if args.peak_pass:
-        print(json.dumps(peak_pass(device, args.quick)))
-        return 0
-    peaks = None
-    if not args.no_peak:
-        cmd = [sys.executable, os.path.abspath(__file__), "--peak-pass", "--device", args.device]
-        cmd += ["--quick"] if args.quick else []
-        cmd += ["--threads", str(args.threads)] if args.threads else []
-        peaks = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs"
-    print(f"torch {torch.__version__}, device {device} ({name}), threads {torch.get_num_threads()}, "
-          f"repeats {args.repeats} (median of interleaved samples)")
-    run(device, args.repeats, args.quick, peaks)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, __file__, build_workloads, repeats=7, quick_help="16x16 and 32x32 grids (a smoke run)"))

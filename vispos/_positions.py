@@ -16,6 +16,11 @@ for bit. Three shapes of the same numbers, bit for bit:
 * any mask: the counts cell by cell (:func:`cumulative_positions`), or, where a block takes
   few distinct values, those values and an index (:func:`distinct_positions`).
 
+Encoders that place an item from its own box rather than by counting (SAM's random Fourier
+features with ``normalize="item"``, the mask-aware RT-DETR table) take each item's box
+instead: :func:`item_boxes` (the box of a rectangular padding, the bounding box of the valid
+cells of any other mask) and the offsets ``i - start`` of every index from it.
+
 Which one a call takes is decided by the padding's ``kind`` and by ``host`` (may host facts be
 used, :func:`vispos._tracing.host_facts`), nothing else.
 
@@ -37,6 +42,7 @@ from torch import Tensor
 from . import _tracing
 from ._mask_checks import check_mask
 from ._mask_origin import rectangular_sizes
+from ._masks import box_tensors
 from .padding import Padding
 
 __all__ = [
@@ -48,6 +54,7 @@ __all__ = [
     "box_positions",
     "detr_positions",
     "distinct_positions",
+    "item_boxes",
 ]
 
 
@@ -316,3 +323,40 @@ def distinct_positions(
     if 4 * (size + 1) > cells:
         return None
     return rule(counts, None), count
+
+
+def item_boxes(
+    padding: Padding, host: bool, dtype: torch.dtype = torch.float32
+) -> tuple[list[Tensor], Tensor] | None:
+    """Each item's own origin and extent: ``(offsets, sizes)``, or None for a ``"none"`` padding
+    (every item is the whole grid).
+
+    An item's box is its valid box for ``"rectangular"`` padding (at the origin or not: MONAI's
+    symmetric padding centres it) and the bounding box of its valid cells for ``"arbitrary"``
+    (an item without a valid cell: start 0, size 0). With ``host`` the boxes known on the host
+    travel in one small copy (no synchronisation; an arbitrary mask on the CPU is read there);
+    otherwise they are found on the mask's device (:func:`~vispos._masks.box_tensors`).
+
+    Args:
+        padding (Padding): the batch's padding.
+        host (bool): host facts may be used (:func:`vispos._tracing.host_facts`).
+        dtype (torch.dtype): of the results (float32 or float64).
+
+    Returns:
+        ``offsets``: per spatial axis ``a``, ``Tensor[B, S_a]``, the index ``i`` less the item's
+        first valid index (negative before the box, ``>= size`` after it); ``sizes``:
+        ``Tensor[B, n]``, the box's size along each axis. Both on the padding's device.
+    """
+    if padding.kind == "none":
+        return None
+    spatial, device = padding.spatial, padding.device
+    if host and (padding.kind == "rectangular" or _tracing.host_side(device)):
+        starts, sizes = _tracing.host_tensor([list(padding.starts), list(padding.sizes)], dtype, device)
+    else:
+        first, stop = box_tensors(padding.mask)
+        starts, sizes = first.to(dtype), (stop - first).to(dtype)
+    offsets = [
+        torch.arange(size, device=device, dtype=dtype) - starts[:, axis : axis + 1]
+        for axis, size in enumerate(spatial)
+    ]
+    return offsets, sizes

@@ -347,10 +347,10 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
     """Reads what a spatial encoder was given: a batch, a padding mask or a feature map.
 
     Args:
-        x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S] float): a
-            padded batch (vispos' :class:`NestedTensor`, or any object with DETR's
-            ``.tensors`` / ``.mask`` / ``.decompose()``); a mask (True = padding); or features
-            meaning "no padding". ``S`` has 1 to 3 axes.
+        x (NestedTensor | NestedTensorLike | Padding | Tensor[B, *S] bool | Tensor[B, C, *S]
+            float): a padded batch (vispos' :class:`NestedTensor`, or any object with DETR's
+            ``.tensors`` / ``.mask`` / ``.decompose()``); its :class:`~vispos.Padding` itself; a
+            mask (True = padding); or features meaning "no padding". ``S`` has 1 to 3 axes.
         n_spatial (int, optional): the encoder's number of spatial axes, when it has one.
             Without it a 3-dim floating tensor is refused: a 1D feature map ``(B, C, L)`` cannot
             be told from a float mask ``(B, H, W)`` (with it, the encoder checks the rank and
@@ -377,6 +377,8 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
         if padding.kind == "none":  # sizes from the tensors: symbolic when traced
             padding = _unpadded(tensors)
         return SpatialInput(padding, host)
+    if isinstance(x, Padding):
+        return SpatialInput(x, _tracing.host_facts(x.device))
     if not isinstance(x, Tensor) and isinstance(x, NestedTensorLike):
         tensors, mask = x.decompose()
         name = type(x).__name__

@@ -17,7 +17,16 @@ from .grid import (
 )
 from .coords import CoordSineEmbedding, sine_embed_coords
 from .learned import PositionEmbeddingLearned, resample_abs_pos_embed
-from .presets import PositionEmbeddingSineDepthAdded, dino_sine, mae_sincos_2d, monai_sincos, timm_sincos_2d
+from .presets import (
+    PositionEmbeddingSineDepthAdded,
+    dino_sine,
+    mae_sincos_2d,
+    monai_fourier,
+    monai_sincos,
+    timm_sincos_2d,
+)
+from .random_fourier import PositionEmbeddingRandom, SamPositionalEmbedding
+from .rtdetr import rtdetr_sincos_2d
 from .rotary import AxialRotaryEmbedding, RotaryEmbedding, apply_rot_embed_cat, apply_rotary_sincos
 from .dinov3_rope import DinoV3RotaryEmbedding
 from .mixed_rope import MixedRotaryEmbedding, init_mixed_freqs
@@ -53,8 +62,12 @@ __all__ = [
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",
+    "monai_fourier",
     "dino_sine",
     "PositionEmbeddingSineDepthAdded",
+    "PositionEmbeddingRandom",
+    "SamPositionalEmbedding",
+    "rtdetr_sincos_2d",
 ]
 
 __getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})

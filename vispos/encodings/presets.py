@@ -9,6 +9,8 @@ peer to peer is only the axis order, the sin/cos layout, the token order, the fr
   optional zero class-token row);
 * :func:`monai_sincos`: MONAI ``build_sincos_position_embedding``, 2D and 3D (``w, h[, d]`` blocks,
   split layout);
+* :func:`monai_fourier`: MONAI ``build_fourier_position_embedding`` (random Fourier features,
+  per-axis ``scales``; the projection of :mod:`vispos.encodings.random_fourier`);
 * :func:`dino_sine`: DINO's backbone ``PositionEmbeddingSineHW`` (DETR layout, temperature 20);
 * :class:`PositionEmbeddingSineDepthAdded`: Mask2Former video ``PositionEmbeddingSine3D`` and mmdet
   ``SinePositionalEncoding3D`` (``cat(y, x) + z``).
@@ -27,14 +29,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import check_bool, check_choice, check_multiple, check_sizes
+from .._checks import as_int, as_real, check_bool, check_choice, check_multiple, check_number, check_sizes
 from .._sincos import check_temperature, sincos_embed
+from .random_fourier import fourier_features
 from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
 __all__ = [
     "timm_sincos_2d",
     "mae_sincos_2d",
     "monai_sincos",
+    "monai_fourier",
     "dino_sine",
     "PositionEmbeddingSineDepthAdded",
 ]
@@ -208,6 +212,77 @@ def monai_sincos(
     temperature = check_temperature(temperature)
     order = (1, 0, 2)[:spatial_dims]
     table = _grid_sincos(sizes, order, embed_dim // spatial_dims, temperature, device=device)
+    return table.unsqueeze(0).to(dtype)
+
+
+def monai_fourier(
+    grid_size: int | Sequence[int],
+    embed_dim: int,
+    spatial_dims: int = 3,
+    scales: float | Sequence[float] = 1.0,
+    *,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """MONAI's random Fourier embedding of a 2D or 3D patch grid (``build_fourier_position_embedding``).
+
+    Draws ``gaussians = randn(embed_dim // 2, spatial_dims) * scales`` from the global generator
+    (or ``generator``) as MONAI does, so under the same seed the table is MONAI's, bit for bit.
+    Positions are corner-aligned, ``linspace(0, 1, S)`` per axis (no centring, no map to
+    ``[-1, 1]``), in tensor axis order; tokens are row-major over ``grid_size``; channels are
+    ``[sin(2 pi p @ gaussians.T), cos(...)]``.
+
+    The same embedding as the module: ``scales`` multiplies the rows of the module's
+    ``positional_encoding_gaussian_matrix`` (``G = gaussians.T``, shape ``(spatial_dims,
+    embed_dim // 2)``: the module's ``scale`` given per axis), so MONAI's table is, up to
+    float32 rounding (MONAI scales the positions by ``2 pi`` before the projection, SAM after),
+    ``m(grid_size).flatten(1).T[None]`` for ``m = PositionEmbeddingRandom(embed_dim // 2,
+    num_axes=spatial_dims, coord_order="ij", align_corners=True, coord_range=(0.0, 1.0))`` with
+    ``m.positional_encoding_gaussian_matrix`` set to ``G`` (the module draws its own matrix as
+    SAM does, ``scale * randn(num_axes, K)``: another draw under the same seed).
+
+    Args:
+        grid_size (int or sequence of ints): ``spatial_dims`` sizes; an int means isotropic.
+        embed_dim (int): a positive even int.
+        spatial_dims (int): 2 or 3. Default 3.
+        scales (float or sequence of spatial_dims floats): the standard deviation of the
+            frequencies along each axis (> 0). Default 1.0.
+        generator (torch.Generator, optional, keyword-only): for the draw.
+        device: where to build it. dtype (torch.dtype): output dtype (float32 math).
+
+    Returns:
+        Tensor[1, prod(grid_size), embed_dim]: a plain tensor (MONAI wraps it in a frozen
+        ``nn.Parameter``).
+
+    Raises:
+        TypeError: non-int sizes, ``embed_dim`` or ``spatial_dims``; ``scales`` not numbers.
+        ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``; odd or non-positive
+            ``embed_dim``; ``scales`` of another length or not > 0.
+
+    References:
+        MONAI ``networks/blocks/pos_embed_utils.py``; Tancik et al., Fourier Features Let
+        Networks Learn High Frequency Functions in Low Dimensional Domains, NeurIPS 2020.
+    """
+    as_integer = as_int(spatial_dims)
+    spatial_dims = check_choice(spatial_dims if as_integer is None else as_integer, (2, 3), "spatial_dims")
+    sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
+    embed_dim = check_multiple(embed_dim, 2, "embed_dim", "a sin and a cos per frequency")
+    if not isinstance(scales, (str, bytes, Sequence)) and as_real(scales, "scales") is not None:
+        scales = as_real(scales, "scales")  # NumPy / 0-d torch scalars as Python numbers
+    if isinstance(scales, (str, bytes)) or not isinstance(scales, (int, float, Sequence)):
+        raise TypeError(f"scales must be a number or a sequence of {spatial_dims} numbers, got {scales!r}")
+    values = [scales] * spatial_dims if isinstance(scales, (int, float)) else list(scales)
+    if len(values) != spatial_dims:
+        raise ValueError(f"scales must hold {spatial_dims} numbers (one per axis), got {values}")
+    values = [float(check_number(v, "scales", positive=True)) for v in values]
+    gaussians = torch.randn(embed_dim // 2, spatial_dims, dtype=torch.float32, generator=generator)
+    gaussians = (gaussians * torch.tensor(values, dtype=torch.float32)).to(device)
+    n = spatial_dims
+    lines = [torch.linspace(0, 1, s, dtype=torch.float32, device=gaussians.device) for s in sizes]
+    views = [line.view(*(s if i == a else 1 for i, s in enumerate(sizes))).expand(sizes) for a, line in enumerate(lines)]
+    coords = torch.stack(views, dim=-1).view(-1, n)
+    table = fourier_features(coords, gaussians.T, scale_first=True)
     return table.unsqueeze(0).to(dtype)
 
 

@@ -24,6 +24,7 @@ from ...encodings import (
     PositionalEncodingPermute2D,
     PositionalEncodingPermute3D,
     PositionEmbeddingLearned,
+    PositionEmbeddingRandom,
     PositionEmbeddingSine,
     SinusoidalPositionalEncoding,
     SpeechainPositionalEncoding,
@@ -58,7 +59,8 @@ def encode_grid(
 
     Dispatches on the encoder's family: mask-driven DETR-family modules
     (:class:`~vispos.PositionEmbeddingSine` and its subclasses,
-    :class:`~vispos.PositionEmbeddingLearned`) get a bool mask ``(1, *S)``; the
+    :class:`~vispos.PositionEmbeddingLearned`, :class:`~vispos.PositionEmbeddingRandom`) get a
+    bool mask ``(1, *S)``; the
     ``positional-encodings`` grid classes get a zero tensor in their layout; the 1D sequence
     encoders (:class:`~vispos.SinusoidalPositionalEncoding`,
     :class:`~vispos.LearnableSinusoidalPositionalEncoding`,
@@ -70,7 +72,8 @@ def encode_grid(
         shape (sequence of int): ``S``, 1 to 3 positive sizes (1 for sequence encoders).
         mask (Tensor[*S], bool, optional): True marks padding; only for mask-driven encoders.
         spacing (sequence of float, optional): the cell size along each axis in mm (tensor axis
-            order), for the DETR-family sine encoders' physical positions (their ``spacing``).
+            order), for the DETR-family sine encoders' and the random Fourier features' physical
+            positions (their ``spacing``).
 
     Returns:
         Tensor[C, *S]: float32 on the CPU, channels-first whatever the encoder's layout.
@@ -91,11 +94,11 @@ def encode_grid(
             raise ValueError(f"mask must have shape {shape}, got {tuple(mask.shape)}")
     with torch.no_grad():
         if spacing is not None:
-            if not isinstance(encoder, SineEmbeddingBase):
+            if not isinstance(encoder, (SineEmbeddingBase, PositionEmbeddingRandom)):
                 raise TypeError(f"{type(encoder).__name__} takes no spacing; pass spacing=None")
             m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
             return encoder(m, spacing=torch.tensor([list(spacing)], dtype=torch.float32))[0].float().contiguous()
-        if isinstance(encoder, (PositionEmbeddingSine, PositionEmbeddingLearned)):
+        if isinstance(encoder, (PositionEmbeddingSine, PositionEmbeddingLearned, PositionEmbeddingRandom)):
             m = torch.zeros(1, *shape, dtype=torch.bool) if mask is None else mask.cpu()[None]
             return encoder(m)[0].float().contiguous()
         if mask is not None:
