@@ -12,7 +12,9 @@ time (spawn to exit) and the median peak resident memory (``ru_maxrss`` of that 
 Rows:
 
 * ``python -c pass``: the interpreter alone (the floor of every row);
-* ``import torch``: the reference;
+* ``import torch``: the reference; ``import torch, torchvision, timm``: what building a backbone
+  adds (``vispos demo`` / ``run`` import them when their config builds its backbone, as their
+  work, and ``vispos plot`` never does);
 * ``vispos --help``, ``vispos plot --help``, ``vispos demo --help``, ``vispos config list``:
   the console script's code (``from vispos.app.cli import main; main()``) with those arguments;
 * ``vispos plot similarity`` / ``vispos demo`` **up to the point their work starts**:
@@ -61,6 +63,7 @@ _UNTIL_WORK = (
 ROWS: list[tuple[str, list[str], bool]] = [
     ("python -c pass", ["-c", "pass"], False),
     ("import torch", ["-c", "import torch"], False),
+    ("import torch, torchvision, timm", ["-c", "import torch, torchvision, timm"], False),
     ("vispos --help", ["-c", _SCRIPT, "--help"], True),
     ("vispos plot --help", ["-c", _SCRIPT, "plot", "--help"], True),
     ("vispos demo --help", ["-c", _SCRIPT, "demo", "--help"], True),
@@ -85,11 +88,11 @@ def measure(argv: list[str], root: str, cwd: str) -> tuple[float, float, int]:
 
 def _commit(root: str) -> str:
     try:
-        out = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], capture_output=True,
+        out = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h"], capture_output=True,
                              text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
-        return out[:70] + (" (with uncommitted changes)" if dirty else "")
+        return f"commit {out}" + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "(not a git checkout)"
 
@@ -127,6 +130,24 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def verdicts(rows: list[dict]) -> list[str]:
+    """Issue 32 item 3's targets, each with the figure measured and met / not met."""
+    by = {r["label"]: r for r in rows}
+    torch_row = by["import torch"]
+    out = []
+    for label in ("vispos --help", "vispos plot --help", "vispos demo --help"):
+        r = by[label]
+        ok = r["wall"] <= 0.5 and r["rss"] <= 100
+        out.append(f"- `{label}`: {r['wall']:.2f} s, {r['rss']:.0f} MB (target at most 0.5 s and 100 MB): "
+                   f"{'met' if ok else 'NOT met'}")
+    for label in ("vispos plot similarity, up to its work", "vispos demo, up to its work"):
+        r = by[label]
+        t, m = r["wall"] / torch_row["wall"], r["rss"] / torch_row["rss"]
+        out.append(f"- {label}: {t:.2f}x the time and {m:.2f}x the memory of `import torch` (target at "
+                   f"most 1.3x): {'met' if t <= 1.3 and m <= 1.3 else 'NOT met'}")
+    return out
+
+
 def report(rows: list[dict], load: list[float], repeats: int, baseline: str | None) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("torch", "torchvision", "timm"))
@@ -142,7 +163,7 @@ def report(rows: list[dict], load: list[float], repeats: int, baseline: str | No
     ]
     if baseline:
         head.append(f"Baseline rows run the checkout at `{baseline}` ({_commit(baseline)}).")
-    return "\n".join([*head, "", format_table(rows), ""])
+    return "\n".join([*head, "", format_table(rows), "", "Targets (issue 32 item 3):", "", *verdicts(rows), ""])
 
 
 def main(argv=None) -> int:

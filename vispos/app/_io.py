@@ -139,7 +139,9 @@ def _missing_dirs(folder: str) -> list[str]:
     return missing[::-1]
 
 
-def _prepare(paths: Sequence[str], make_dirs: bool, replace: bool = True) -> tuple[list[str], list[int | None], list[str]]:
+def _prepare(
+    paths: Sequence[str], make_dirs: bool, replace: bool = True
+) -> tuple[list[str], list[int | None], list[str]]:
     """Resolves and checks every target before anything is written; returns the resolved
     targets, the mode of each one's temporary (None: as ``open()`` creates it) and the folders
     that will have to be created."""
@@ -185,13 +187,14 @@ def _backup(target: str, backup: str) -> None:
 def _link_new(tmp: str, target: str, path: str) -> None:
     """Gives ``tmp`` the name ``target`` only if nothing has that name: ``link(2)`` refuses an
     existing name atomically; where hard links are not supported, a check then a rename."""
+    taken = f"cannot write {path!r}: it appeared while being written and is not to be replaced"
     try:
         os.link(tmp, target)
     except FileExistsError:
-        raise FileExistsError(f"cannot write {path!r}: it appeared while being written and is not to be replaced") from None
+        raise FileExistsError(taken) from None
     except OSError:  # no hard links on this file system
         if os.path.lexists(target):
-            raise FileExistsError(f"cannot write {path!r}: it appeared while being written and is not to be replaced") from None
+            raise FileExistsError(taken) from None
         os.replace(tmp, target)
 
 
