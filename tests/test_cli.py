@@ -343,7 +343,7 @@ def test_run_refuses_batches_that_cannot_fit_before_decoding(tmp_path, capsys, m
     before any file is decoded (the loaders would fail this test) when it cannot fit."""
     import re
 
-    import vispos.app.cli as cli
+    import vispos.app._run_command as cli
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("a file was decoded before the batch was checked")
@@ -382,9 +382,122 @@ def test_demo_refuses_sizes_it_cannot_make(capsys):
 def test_figure_dpi_is_lowered_for_huge_figures(capsys):
     from matplotlib.figure import Figure
 
-    from vispos.app.cli import MAX_FIGURE_PIXELS, _figure_dpi
+    from vispos.app._run_command import MAX_FIGURE_PIXELS, _figure_dpi
 
     assert _figure_dpi(Figure(figsize=(10, 8)), 90) == 90
     dpi = _figure_dpi(Figure(figsize=(45, 600)), 90)  # 64 items x 4 levels x 16 queries
     assert dpi == 49 and 45 * 600 * dpi**2 <= MAX_FIGURE_PIXELS < 45 * 600 * (dpi + 1) ** 2
     assert "figure.png drawn at 49 dpi instead of 90" in capsys.readouterr().out
+
+
+# ------------------------------------- nothing the user did not name is overwritten (issue 32, 6)
+def test_plot_default_file_is_not_replaced_without_force(tmp_path, monkeypatch, capsys):
+    """``vispos plot similarity`` for a 2D and then a 3D encoder wrote the same default file, the
+    second silently replacing the first."""
+    monkeypatch.chdir(tmp_path)
+    default = tmp_path / "vispos-plot-similarity.png"
+    assert main(["plot", "similarity", "--shape", "6", "8", "--dpi", "30"]) == 0
+    first = default.read_bytes()
+    assert main(["plot", "similarity", "--shape", "4", "5", "6", "--dpi", "30"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("vispos: error: vispos-plot-similarity.png exists (an earlier vispos plot similarity wrote "
+                   "it?) and is not replaced unless asked: give --out FILE.png to name this figure, or --force "
+                   "to replace vispos-plot-similarity.png\n")
+    assert default.read_bytes() == first
+    assert main(["plot", "similarity", "--shape", "4", "5", "6", "--dpi", "30", "--force"]) == 0
+    assert default.read_bytes() != first
+    assert main(["plot", "similarity", "--shape", "4", "5", "6", "--dpi", "30", "--out", "s3d.png"]) == 0
+    named = (tmp_path / "s3d.png").read_bytes()
+    assert main(["plot", "similarity", "--shape", "6", "8", "--dpi", "30", "--out", "s3d.png"]) == 0
+    assert (tmp_path / "s3d.png").read_bytes() != named  # a file the user named is replaced, as asked
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s3d.png", "vispos-plot-similarity.png"]
+
+
+def test_plot_default_name_taken_by_a_dangling_link_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.symlink(tmp_path / "elsewhere.png", tmp_path / "vispos-plot-wavelengths.png")
+    assert main(["plot", "wavelengths", "--dpi", "30"]) == 2
+    assert "vispos-plot-wavelengths.png exists" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere.png").exists()
+
+
+def test_plot_never_replaces_a_default_file_that_appears_while_drawing(tmp_path, monkeypatch, capsys):
+    """The check before drawing is backed by the write itself (checked again before anything is
+    written, then ``link(2)``, which refuses a name that exists: tests/test_io.py), so a file
+    that appears meanwhile is kept."""
+    import vispos.app._plot_command as plot_command
+
+    monkeypatch.chdir(tmp_path)
+    real = plot_command._figure
+
+    def figure_then_race(args):
+        fig = real(args)
+        (tmp_path / "vispos-plot-wavelengths.png").write_bytes(b"theirs")
+        return fig
+
+    monkeypatch.setattr(plot_command, "_figure", figure_then_race)
+    assert main(["plot", "wavelengths", "--dpi", "30"]) == 2
+    assert ("vispos: error: cannot write 'vispos-plot-wavelengths.png': it exists and is not to be "
+            "replaced\n") == capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["vispos-plot-wavelengths.png"]
+    assert (tmp_path / "vispos-plot-wavelengths.png").read_bytes() == b"theirs"
+
+
+def test_run_default_folder_is_not_replaced_without_force(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY)
+    paths = _write_images(tmp_path, [(40, 60)])
+    argv = ["run", "--config", str(cfg), "--images", *paths, "--repeats", "1"]
+    assert main(argv) == 0
+    before = (tmp_path / "vispos-out" / "embeddings.pt").read_bytes()
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "vispos: error: vispos-out/ (the default output folder) already holds embeddings.pt and figure.png "
+        "from an earlier run; give --out FOLDER for this run, or --force to replace them\n")
+    assert (tmp_path / "vispos-out" / "embeddings.pt").read_bytes() == before
+    assert main([*argv, "--force"]) == 0
+    assert main([*argv, "--out", "vispos-out"]) == 0  # named: replaced, as asked
+    assert sorted(os.listdir(tmp_path / "vispos-out")) == ["embeddings.pt", "figure.png"]
+
+
+def test_volume_default_folder_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vispos-demo-volume").mkdir()
+    (tmp_path / "vispos-demo-volume" / "figure.png").write_bytes(b"old")
+    assert main(["demo", "--volume"]) == 2
+    assert "vispos-demo-volume/ (the default output folder) already holds figure.png" in capsys.readouterr().err
+    assert (tmp_path / "vispos-demo-volume" / "figure.png").read_bytes() == b"old"
+
+
+# ------------------------------------------------ the README lists what the command offers (6)
+def _plot_kinds():
+    from vispos.app.cli import _parser
+
+    sub = _parser()._subparsers._group_actions[0].choices["plot"]
+    (kind,) = [a for a in sub._actions if a.dest == "kind"]
+    return list(kind.choices)
+
+
+def test_readme_lists_exactly_the_plot_kinds():
+    """The README listed 7 plot kinds while the command offered 9."""
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as fh:
+        text = fh.read()
+    found = re.search(r"`vispos plot KIND` draws one figure of any vispos encoder, KIND one of: (.*?) \(", text, re.S)
+    assert found, "the README's plot-kinds sentence is gone"
+    assert re.findall(r"`([^`]+)`", found.group(1)) == _plot_kinds()
+
+
+def test_cli_docs_table_lists_exactly_the_plot_kinds():
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "cli.md")) as fh:
+        text = fh.read()
+    section = text.split("## vispos plot KIND", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", section, re.M)
+    assert rows == _plot_kinds()

@@ -241,3 +241,37 @@ def test_a_second_signal_during_cleanup_is_held_then_delivered(tmp_path, monkeyp
     assert os.listdir(tmp_path) == []
     assert resent == [(os.getpid(), signal.SIGTERM)]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+# ------------------------------------------- replace=False: never replace a file (issue 32, 6)
+def test_replace_false_refuses_an_existing_target_before_writing(tmp_path):
+    (tmp_path / "b.txt").write_text("theirs")
+    with pytest.raises(FileExistsError, match=r"cannot write '.*b.txt': it exists and is not to be replaced"):
+        write_files([(tmp_path / "a.txt", _writer("a")), (tmp_path / "b.txt", _writer("b"))], replace=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt"]
+    assert (tmp_path / "b.txt").read_text() == "theirs"
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")  # a name taken, though by nothing
+    with pytest.raises(FileExistsError, match="dangling': it exists"):
+        write_files([(tmp_path / "dangling", _writer("x"))], replace=False)
+
+
+def test_replace_false_never_replaces_a_file_that_appears_meanwhile(tmp_path):
+    """Another process creates the target while ours is written: its file stays, ours goes,
+    and the group's other file (already given its name) is removed again."""
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+
+    def write_and_race(tmp):
+        with open(tmp, "w") as fh:
+            fh.write("ours")
+        second.write_text("theirs")  # appears after the check, before the commit
+
+    with pytest.raises(FileExistsError, match="b.txt': it appeared while being written and is not to be replaced"):
+        write_files([(first, _writer("a")), (second, write_and_race)], replace=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt"]
+    assert second.read_text() == "theirs"
+
+
+def test_replace_false_writes_new_files(tmp_path):
+    assert write_files([(tmp_path / "a.txt", _writer("a"))], replace=False) == [str(tmp_path / "a.txt")]
+    assert (tmp_path / "a.txt").read_text() == "a"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]

@@ -38,6 +38,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("private core", {
         "vispos._checks", "vispos._tracing", "vispos._derived", "vispos._deprecation", "vispos._cache",
         "vispos._cache_switch", "vispos._cache_owner", "vispos._sincos", "vispos._sincos_lines",
+        "vispos._lazy",
     }),
     ("padding and masks", {
         "vispos._mask_checks", "vispos._mask_origin", "vispos._masks_host", "vispos._masks",
@@ -49,7 +50,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("transformer", {"vispos.transformer"}),
     ("backbones", {"vispos.backbones"}),
     ("integrations", {"vispos.monai", "vispos.keras"}),
-    ("config and the public API", {"vispos.config", "vispos"}),
+    ("config and the public API", {"vispos.config", "vispos._api", "vispos"}),
     ("app", {"vispos.app", "vispos.data", "vispos.viz", "vispos.cli"}),
 ]
 

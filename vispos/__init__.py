@@ -2,51 +2,18 @@
 
 Padded 2D/3D batches (:class:`NestedTensor`), one N-D sinusoidal core behind every sine
 encoding, DETR's :class:`PositionEmbeddingSine`, and backbone adapters that join them.
+
+The names below are imported on first use (PEP 562, :mod:`vispos._lazy`): ``import vispos``
+alone does not import torch, and the first ``vispos.NAME`` (or ``from vispos import NAME``)
+imports the whole public API from :mod:`vispos._api` at once, submodules included, exactly as
+an eager import would.
 """
 
-__version__ = "0.1.0"
+import typing as _typing
 
-from . import _deprecation
-from ._cache import CacheInfo
-from ._cache_switch import caching, is_caching_enabled, set_caching
-from .config import build_from_config, register
-from .encodings import (
-    AxialRotaryEmbedding,
-    CoordSineEmbedding,
-    LearnableSinusoidalPositionalEncoding,
-    PositionEmbeddingSineDepthAdded,
-    RotaryEmbedding,
-    SinusoidalPositionalEncoding,
-    SpeechainPositionalEncoding,
-    apply_rotary_sincos,
-    DinoV3RotaryEmbedding,
-    MixedRotaryEmbedding,
-    apply_rot_embed_cat,
-    init_mixed_freqs,
-    dino_sine,
-    mae_sincos_2d,
-    monai_fourier,
-    monai_sincos,
-    rtdetr_sincos_2d,
-    sine_embed_coords,
-    timm_sincos_2d,
-    FixEncoding,
-    PositionalEncoding1D,
-    PositionalEncoding2D,
-    PositionalEncoding3D,
-    PositionalEncodingPermute1D,
-    PositionalEncodingPermute2D,
-    PositionalEncodingPermute3D,
-    PositionEmbeddingLearned,
-    PositionEmbeddingRandom,
-    PositionEmbeddingSine,
-    SamPositionalEmbedding,
-    Summer,
-    resample_abs_pos_embed,
-)
-from .padding import Padding, attn_mask_from_padding
-from .nested_tensor import NestedTensor, interpolate_mask
-from .batching import PaddedCollate, collate_fn, nested_tensor_from_tensor_list
+from . import _deprecation, _lazy
+
+__version__ = "0.1.0"
 
 __all__ = [
     "__version__",
@@ -97,5 +64,13 @@ __all__ = [
     "register",
 ]
 
-#: renamed public names, each a deprecated alias for one release (docs/migration.md)
-__getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})
+_load, __dir__ = _lazy.load_on_first_use(globals(), ["._api"])
+#: renamed public names, each a deprecated alias for one release (docs/migration.md); any other
+#: missing name loads the API (vispos._lazy)
+__getattr__ = _deprecation.alias_getattr(
+    __name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"}, fallback=_load
+)
+
+
+if _typing.TYPE_CHECKING:  # type checkers and IDEs see the names eagerly
+    from ._api import *  # noqa: F403

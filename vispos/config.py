@@ -14,6 +14,7 @@ that ships inside the package (``vispos/configs/``): ``"detr_resnet50"``,
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import reprlib
@@ -63,23 +64,32 @@ def register(obj: Callable[..., Any] | None = None, *, name: str | None = None):
     Usable as ``register(MyModule)`` or as a decorator ``@register(name="Mine")``.
 
     Raises:
-        ValueError: the name is already registered to another object.
+        ValueError: the name is already registered to another object (the built-in types
+            included, whether or not their modules are imported yet).
     """
 
     def _add(target: Callable[..., Any]) -> Callable[..., Any]:
+        _register_builtins()
         key = name or target.__name__
-        if key in _REGISTRY and _REGISTRY[key] is not target:
-            raise ValueError(f"config type {key!r} is already registered to {_REGISTRY[key]!r}")
-        _REGISTRY[key] = target
+        if key in _LAZY_BUILTINS:
+            _lookup(key)
+        _enter(key, target)
         return target
 
     return _add if obj is None else _add(obj)
 
 
+def _enter(key: str, target: Callable[..., Any]) -> None:
+    if key in _REGISTRY and _REGISTRY[key] is not target:
+        raise ValueError(f"config type {key!r} is already registered to {_REGISTRY[key]!r}")
+    _REGISTRY[key] = target
+
+
 def registered() -> list[str]:
-    """The registered config type names, sorted."""
+    """The registered config type names, sorted (the backbones' modules are not imported to
+    list them)."""
     _register_builtins()
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_LAZY_BUILTINS))
 
 
 #: the folder inside the package that holds the shipped configs (the repository's top-level
@@ -239,21 +249,36 @@ def _check_size(data: Any, where: str) -> None:
     size(data, 0)
 
 
+#: built-in types whose modules import timm and torchvision: imported when a config names one
+#: (so a config of an encoder, or ``vispos plot``, never loads a backbone library)
+_LAZY_BUILTINS = {
+    "TimmBackbone": "vispos.backbones",
+    "TorchvisionBackbone": "vispos.backbones",
+    "VolumeBackbone": "vispos.backbones",
+    "Joiner": "vispos.backbones",
+    "DetrEncoder": "vispos.transformer",
+}
+
+
 def _register_builtins() -> None:
     global _BUILTINS_DONE
     if _BUILTINS_DONE:
         return
     from . import encodings
-    from .backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone
-    from .transformer import DetrEncoder
 
-    for cls in (TimmBackbone, TorchvisionBackbone, VolumeBackbone, Joiner, DetrEncoder):
-        register(cls)
     for name in encodings.__all__:
         obj = getattr(encodings, name)
         if isinstance(obj, type):
-            register(obj)
+            _enter(obj.__name__, obj)
     _BUILTINS_DONE = True
+
+
+def _lookup(kind: str) -> Callable[..., Any]:
+    """The registered object of ``kind``, importing its module first for a lazy built-in."""
+    if kind not in _REGISTRY and kind in _LAZY_BUILTINS:
+        module = importlib.import_module(_LAZY_BUILTINS[kind])
+        _REGISTRY.setdefault(kind, getattr(module, kind))
+    return _REGISTRY[kind]
 
 
 def _build(node: Any, where: str) -> Any:
@@ -266,7 +291,7 @@ def _build(node: Any, where: str) -> Any:
 
 def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     kind = cfg["type"]
-    allowed_types = [k for k in sorted(_REGISTRY) if not k.startswith("_")]
+    allowed_types = [k for k in registered() if not k.startswith("_")]
     if not isinstance(kind, str) or kind not in allowed_types:
         raise ValueError(f"{where}: unknown type {_short(kind)}; registered types are {allowed_types}")
     bad_keys = [k for k in cfg if not isinstance(k, str)]
@@ -277,7 +302,7 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
             f"{where} ({kind}): keys must be strings (the constructor's keyword names), got "
             f"{', '.join(_short(k) for k in bad_keys[:10])}{hint}"
         )
-    target = _REGISTRY[kind]
+    target = _lookup(kind)
     params = inspect.signature(target).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

@@ -8,8 +8,11 @@ it (``tests/test_layout.py`` checks both). ``import vispos`` does not load it.
 * :mod:`vispos.app.figures`: figures returned as ``matplotlib.figure.Figure`` (no file I/O);
 * :mod:`vispos.app.png`: figures written as PNGs through :mod:`vispos.app._io`;
 * :mod:`vispos.app._io`: all-or-nothing writes of several files (signals, rollback);
-* :mod:`vispos.app.cli`, :mod:`vispos.app._plot_command`, :mod:`vispos.app._errors`: the
-  ``vispos`` command (it owns the terminal).
+* :mod:`vispos.app.cli`: the ``vispos`` command (it owns the terminal): its parser, built from
+  the torch-free argument modules :mod:`vispos.app._run_args` (``demo``, ``run``),
+  :mod:`vispos.app._plot_args` (``plot``) and :mod:`vispos.app._config_command` (``config``),
+  and the work of each subcommand, imported only when it runs: :mod:`vispos.app._run_command`,
+  :mod:`vispos.app._plot_command`; :mod:`vispos.app._errors`: their error type.
 
 ``vispos.data``, ``vispos.viz`` and ``vispos.cli`` stay importable as thin aliases.
 """

@@ -1,7 +1,7 @@
 """The command line's user-facing error type.
 
-Its own module so that :mod:`vispos.app.cli` and the subcommands it dispatches to (``vispos plot``,
-:mod:`vispos.app._plot_command`) share it without importing each other.
+Its own module so that :mod:`vispos.app.cli` and the subcommands it dispatches to (their argument
+modules and their work modules) share it without importing each other.
 """
 
 from __future__ import annotations

@@ -139,7 +139,9 @@ def _missing_dirs(folder: str) -> list[str]:
     return missing[::-1]
 
 
-def _prepare(paths: Sequence[str], make_dirs: bool) -> tuple[list[str], list[int | None], list[str]]:
+def _prepare(
+    paths: Sequence[str], make_dirs: bool, replace: bool = True
+) -> tuple[list[str], list[int | None], list[str]]:
     """Resolves and checks every target before anything is written; returns the resolved
     targets, the mode of each one's temporary (None: as ``open()`` creates it) and the folders
     that will have to be created."""
@@ -155,6 +157,8 @@ def _prepare(paths: Sequence[str], make_dirs: bool) -> tuple[list[str], list[int
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(f"cannot write {path!r}: it is a directory")
+        if not replace and (st is not None or os.path.lexists(path)):
+            raise FileExistsError(f"cannot write {path!r}: it exists and is not to be replaced")
         if st is not None and not stat.S_ISREG(st.st_mode):
             raise ValueError(f"cannot write {path!r}: it exists and is not a regular file")
         if st is not None and not os.access(target, os.W_OK):  # open() would refuse it too
@@ -180,8 +184,23 @@ def _backup(target: str, backup: str) -> None:
         shutil.copy2(target, backup)
 
 
+def _link_new(tmp: str, target: str, path: str) -> None:
+    """Gives ``tmp`` the name ``target`` only if nothing has that name: ``link(2)`` refuses an
+    existing name atomically; where hard links are not supported, a check then a rename."""
+    taken = f"cannot write {path!r}: it appeared while being written and is not to be replaced"
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        raise FileExistsError(taken) from None
+    except OSError:  # no hard links on this file system
+        if os.path.lexists(target):
+            raise FileExistsError(taken) from None
+        os.replace(tmp, target)
+
+
 def write_files(
-    outputs: Sequence[tuple[str | os.PathLike, Callable[[str], object]]], *, make_dirs: bool = False
+    outputs: Sequence[tuple[str | os.PathLike, Callable[[str], object]]], *, make_dirs: bool = False,
+    replace: bool = True,
 ) -> list[str]:
     """Writes every file of a group, or none of them.
 
@@ -190,12 +209,16 @@ def write_files(
             ``path`` to the file ``tmp`` (which already exists, empty, in ``path``'s folder);
             for example ``lambda tmp: torch.save(obj, tmp)``.
         make_dirs (bool): create missing parent folders (removed again on failure).
+        replace (bool): replace existing targets (the default). False: an existing target is
+            refused before anything is written, and a target that appears meanwhile is never
+            replaced (each file is given its name by ``link(2)``, which refuses an existing name).
 
     Returns:
         list of str: the paths written, as given.
 
     Raises:
         ValueError: two outputs are the same file; a target exists and is not a regular file.
+        FileExistsError: ``replace`` is False and a target exists (or appeared meanwhile).
         IsADirectoryError: a target is a directory (checked before anything is written).
         PermissionError: a target exists and is read-only (as ``open()`` would refuse it).
         FileNotFoundError: a parent folder is missing and ``make_dirs`` is False.
@@ -215,7 +238,7 @@ def write_files(
     replaced: list[str] = []
     with _signals_raise():
         try:
-            targets, modes, to_create = _prepare(paths, make_dirs)
+            targets, modes, to_create = _prepare(paths, make_dirs, replace)
             # each path is recorded before it is made, so a signal in between leaves nothing
             for folder in to_create:
                 created.append(folder)
@@ -230,9 +253,14 @@ def write_files(
                 if os.path.exists(target):
                     backups[target] = _temp_path(os.path.dirname(target), os.path.basename(target), "bak")
                     _backup(target, backups[target])
-            for tmp, target in zip(temps, targets):
-                replaced.append(target)  # rolling back a target not yet replaced is harmless
-                os.replace(tmp, target)
+            for tmp, target, path in zip(temps, targets, paths):
+                if replace:
+                    replaced.append(target)  # rolling back a target not yet replaced is harmless
+                    os.replace(tmp, target)
+                else:
+                    _link_new(tmp, target, path)
+                    replaced.append(target)  # only once it is ours: another's file stays
+                    _remove(tmp)
             for folder in {os.path.dirname(t) for t in targets}:
                 _fsync_dir(folder)
         except BaseException:

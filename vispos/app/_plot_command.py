@@ -1,4 +1,7 @@
-"""``vispos plot KIND``: one figure of an encoder, written to a PNG.
+"""The work of ``vispos plot KIND``: one figure of an encoder, written to a PNG.
+
+Imported only when ``vispos plot`` runs (torch, the core and the figures come with it; its
+arguments are parsed by :mod:`vispos.app._plot_args`).
 
 Kinds (one per :mod:`vispos.app.figures` figure function):
 
@@ -29,92 +32,31 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
+import sys
 from typing import Any
 
 import torch
 
+from ..config import build_from_config, load_config
+from ..encodings import PositionEmbeddingSine, RotaryEmbedding
+from ..batching import nested_tensor_from_tensor_list
+from ..nested_tensor import interpolate_mask
+from ..padding import mask_sizes
+from . import figures
 from ._errors import CLIError
+from ._plot_args import (
+    _DEFAULT_SHAPES,
+    KINDS,
+    MAX_CANVAS_PIXELS,
+    MAX_WORK_BYTES,
+    check_plot_args,
+    grid_shape,
+    output_path,
+)
+from .data import sample_images
+from .png import save_figure
 
-__all__ = ["KINDS", "add_plot_parser", "write_plot"]
-
-#: kind -> (one-line help, default encoder config)
-KINDS: dict[str, tuple[str, dict[str, Any] | None]] = {
-    "channels": ("channel heatmaps over a 1D or 2D grid",
-                 {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
-    "curves": ("sin/cos curves of chosen channels, wavelengths marked",
-               {"type": "PositionEmbeddingSine", "num_pos_feats": 64}),
-    "wavelengths": ("wavelength against channel for several temperatures and ladders", None),
-    "similarity": ("cosine similarity of query cells to every cell (2D, or 3D slices)",
-                   {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
-    "batch": ("a padded batch of sample photos with its masks", None),
-    "coords": ("DETR's normalised coordinates of padded items next to a mask-blind grid",
-               {"type": "PositionEmbeddingSine", "num_pos_feats": 64, "normalize": True}),
-    "rotary": ("rotary embeddings: q . k depends on the offset only",
-               {"type": "RotaryEmbedding", "dim": 32}),
-    "rope": ("vision RoPE on a padded batch of sample photos: mask-blind, mask-aware, each item alone",
-             {"type": "DinoV3RotaryEmbedding", "dim": 64}),
-    "rope-periods": ("period bands of axial RoPE, DINOv3 and RoPE-Mixed at a token grid", None),
-}
-
-_DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48), "rope-periods": (32, 32)}
-
-# Upper bounds, checked from the arguments before anything is computed or drawn. Beyond them a
-# figure shows nothing more (a cell would be smaller than a pixel of the default canvas) and the
-# memory asked for grows without limit (issue 26: --shape 20000 20000 asked for hundreds of GB,
-# --dpi 100000 ended in std::bad_alloc).
-#: --shape: cells of the grid (512 x 512, 64 x 64 x 64, or 262,144 positions)
-MAX_CELLS = 2**18
-#: the encoding of the grid (or the rotary scores), float32, all channels together
-MAX_WORK_BYTES = 256 * 2**20
-#: --dpi: from screen to print resolution
-DPI_RANGE = (10, 1200)
-#: pixels of the rendered figure (width x height at --dpi): 268 MB as RGBA
-MAX_CANVAS_PIXELS = 2**26
-#: most entries of the list flags (each adds a panel, a curve or a line)
-MAX_ENTRIES = {"channels": 64, "queries": 16, "temperatures": 16, "samples": 16, "ladders": 4}
-#: --num-feats (wavelengths), --length (rotary), --max-size and --stride (batch, coords)
-INT_RANGES = {"num_feats": (2, 2**16), "length": (2, 4096), "max_size": (8, 4096), "stride": (1, 1024)}
-
-
-def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Adds the ``plot`` subcommand to the ``vispos`` parser's subparsers."""
-    kinds = "; ".join(f"{k}: {h}" for k, (h, _) in KINDS.items())
-    p = sub.add_parser("plot", help="draw one figure of an encoder (channels, curves, similarity, ...)",
-                       description=f"Draw one figure and write it as a PNG. Kinds: {kinds}.")
-    p.add_argument("kind", choices=list(KINDS), help="what to draw")
-    p.add_argument("--encoder", help="registered encoder name, e.g. PositionEmbeddingSine, "
-                   "PositionalEncoding2D, SinusoidalPositionalEncoding, RotaryEmbedding")
-    p.add_argument("--kw", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="encoder keyword arguments, values read as YAML (normalize=true, temperature=20)")
-    p.add_argument("--config", help="YAML config of an encoder, or of a Joiner (its position_embedding)")
-    p.add_argument("--shape", nargs="+", type=int, help="grid size, 1 to 3 ints (default: 100 for "
-                   "channels / curves, 32 48 for similarity)")
-    p.add_argument("--channels", nargs="+", type=int, help="channels to draw (channels, curves)")
-    p.add_argument("--queries", nargs="+", metavar="I,J[,K]",
-                   help="query cells for similarity, e.g. 8,12 20,40")
-    p.add_argument("--spacing", nargs="+", type=float, metavar="MM",
-                   help="cell size along each axis of --shape in mm, tensor axis order (similarity): "
-                   "the figure is drawn to scale and the cells are placed at their physical coordinates")
-    p.add_argument("--voxel-positions", action="store_true",
-                   help="with --spacing: draw to scale but keep voxel-index positions (for comparison)")
-    p.add_argument("--num-feats", type=int, default=128, help="channels per axis (wavelengths)")
-    p.add_argument("--temperatures", nargs="+", type=float, default=[20.0, 100.0, 10000.0],
-                   help="temperatures (wavelengths)")
-    p.add_argument("--ladders", nargs="+", default=["standard", "t2t"], choices=["standard", "t2t", "continued"],
-                   help="frequency ladders (wavelengths)")
-    p.add_argument("--frequency", action="store_true", help="plot frequency instead of wavelength")
-    p.add_argument("--samples", nargs="+", default=["astronaut", "coffee", "chelsea"],
-                   help="scikit-image sample photos (batch, coords)")
-    p.add_argument("--max-size", type=int, default=192, help="longest side of the photos (batch, coords)")
-    p.add_argument("--stride", type=int, default=16, help="feature stride of the mask (coords)")
-    p.add_argument("--length", type=int, default=64, help="positions (rotary)")
-    p.add_argument("--pad", choices=["end", "symmetric"], default="end",
-                   help="where items sit in the padded canvas (rope): at the origin as DETR pads, "
-                   "or centred as MONAI's SpatialPad pads")
-    p.add_argument("--dpi", type=int, default=100, help="resolution of the PNG")
-    p.add_argument("--out", help="the PNG to write (default: vispos-plot-KIND.png)")
-    return p
+__all__ = ["execute", "write_plot"]
 
 
 def _value(text: str) -> Any:
@@ -127,9 +69,6 @@ def _value(text: str) -> Any:
 
 
 def _encoder(args: argparse.Namespace) -> torch.nn.Module:
-    from ..backbones import Joiner
-    from ..config import build_from_config, load_config
-
     if args.config is not None and (args.encoder is not None or args.kw):
         raise CLIError("--config cannot be combined with --encoder / --kw")
     if args.config is not None:
@@ -143,52 +82,14 @@ def _encoder(args: argparse.Namespace) -> torch.nn.Module:
                 raise CLIError(f"--kw expects KEY=VALUE, got {item!r}")
             cfg[key] = _value(text)
     built = build_from_config(cfg)
-    if isinstance(built, Joiner):  # draw its embedding
+    # a Joiner exists only once its config imported vispos.backbones (timm, torchvision): an
+    # encoder's config draws without importing them
+    backbones = sys.modules.get("vispos.backbones")
+    if backbones is not None and isinstance(built, backbones.Joiner):  # draw its embedding
         built = built.position_embedding
     if not isinstance(built, torch.nn.Module):
         raise CLIError(f"the encoder must be a module, the config built a {type(built).__name__}")
     return built.eval()
-
-
-def _shape(args: argparse.Namespace) -> tuple[int, ...]:
-
-    shape = tuple(args.shape) if args.shape else _DEFAULT_SHAPES[args.kind]
-    if not 1 <= len(shape) <= 3 or any(s < 1 for s in shape):
-        raise CLIError(f"--shape must be 1 to 3 positive ints, got {' '.join(map(str, shape))}")
-    cells = math.prod(shape)
-    if cells > MAX_CELLS:
-        raise CLIError(
-            f"--shape {' '.join(map(str, shape))} has {cells:,} cells; vispos plot draws at most "
-            f"{MAX_CELLS:,} (e.g. 512 512 or 64 64 64): a figure shows no more"
-        )
-    return shape
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def check_plot_args(args: argparse.Namespace) -> None:
-    """Refuses, from the arguments alone, what would draw nothing more or exhaust memory.
-
-    Raises:
-        CLIError: ``--dpi`` outside :data:`DPI_RANGE`; a list flag longer than
-            :data:`MAX_ENTRIES`; an int flag outside :data:`INT_RANGES`; a ``--shape`` with more
-            than :data:`MAX_CELLS` cells. Each message names the flag, the value and the bound.
-    """
-    lo, hi = DPI_RANGE
-    if not lo <= args.dpi <= hi:
-        raise CLIError(f"--dpi must be from {lo} to {hi}, got {args.dpi}")
-    for name, most in MAX_ENTRIES.items():
-        values = getattr(args, name)
-        if values is not None and len(values) > most:
-            raise CLIError(f"{_flag(name)} takes at most {most} values, got {len(values)}")
-    for name, (lo, hi) in INT_RANGES.items():
-        value = getattr(args, name)
-        if not lo <= value <= hi:
-            raise CLIError(f"{_flag(name)} must be from {lo} to {hi}, got {value}")
-    if args.kind in _DEFAULT_SHAPES:
-        _shape(args)
 
 
 def _check_work(encoder: torch.nn.Module, shape: tuple[int, ...]) -> None:
@@ -249,19 +150,11 @@ def _spacing(args: argparse.Namespace, shape: tuple[int, ...]) -> list[float] | 
 
 
 def _batch(args: argparse.Namespace):
-    from .data import sample_images
-    from ..batching import nested_tensor_from_tensor_list
-
     samples = sample_images(args.samples, max_size=args.max_size)
     return [n for n, _ in samples], nested_tensor_from_tensor_list([t for _, t in samples])
 
 
 def _figure(args: argparse.Namespace):
-    from . import figures
-    from ..encodings import PositionEmbeddingSine
-    from ..nested_tensor import interpolate_mask
-    from ..padding import mask_sizes
-
     kind = args.kind
     if kind == "wavelengths":
         return figures.plot_wavelengths(args.num_feats, args.temperatures, args.ladders, frequency=args.frequency)
@@ -269,12 +162,10 @@ def _figure(args: argparse.Namespace):
         names, batch = _batch(args)
         return figures.plot_padded_batch(batch, names=names)
     if kind == "rope-periods":
-        return figures.plot_rope_periods(figures.rope_variants(), _shape(args))
+        return figures.plot_rope_periods(figures.rope_variants(), grid_shape(args))
     encoder = _encoder(args)
     name = type(encoder).__name__
     if kind == "rotary":
-        from ..encodings import RotaryEmbedding
-
         dim = encoder.dim if isinstance(encoder, RotaryEmbedding) else 0  # else: the figure refuses it
         need = (args.length * args.length + 2 * args.length * dim) * 4
         if need > MAX_WORK_BYTES:
@@ -303,7 +194,7 @@ def _figure(args: argparse.Namespace):
         if isinstance(encoder, PositionEmbeddingSine):  # DETR's normalisation of this encoder
             params = {"scale": encoder.scale, "offset": encoder.offset, "eps": encoder.eps}
         return figures.plot_normalized_coords(mask, **params)
-    shape = _shape(args)
+    shape = grid_shape(args)
     _check_work(encoder, shape)
     spacing = _spacing(args, shape)
     pos = figures.encode_grid(encoder, shape, spacing=None if args.voxel_positions else spacing)
@@ -342,21 +233,20 @@ def write_plot(args: argparse.Namespace) -> str:
 
     Raises:
         CLIError, ValueError, TypeError, OSError: a bad argument or file, or one beyond the
-            bounds of :func:`check_plot_args` (checked before anything is computed), an encoding
-            over :data:`MAX_WORK_BYTES` or a canvas over :data:`MAX_CANVAS_PIXELS` (checked
-            before it is computed or rendered); :func:`vispos.app.cli.main` prints them as one
-            line and exits with 2.
+            bounds of :func:`~vispos.app._plot_args.check_plot_args` (checked before anything is
+            computed, the default output file included: it is not replaced without
+            ``--force``), an encoding over :data:`MAX_WORK_BYTES` or a canvas over
+            :data:`MAX_CANVAS_PIXELS` (checked before it is computed or rendered);
+            :func:`vispos.app.cli.main` prints them as one line and exits with 2.
     """
-    from .png import save_figure
-
-    out = args.out or f"vispos-plot-{args.kind}.png"
-    if not out.lower().endswith(".png"):
-        raise CLIError(f"--out must name a .png file, got {out!r}")
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise CLIError(f"--out {out!r}: folder {folder!r} does not exist")
     check_plot_args(args)
+    out = output_path(args)
     fig = _figure(args)
     _check_canvas(fig, args.dpi)
-    save_figure(fig, out, dpi=args.dpi)
+    save_figure(fig, out, dpi=args.dpi, replace=args.out is not None or args.force)
     return out
+
+
+def execute(args: argparse.Namespace) -> None:
+    """Runs ``vispos plot`` and says what it wrote (the CLI owns the terminal)."""
+    print(f"wrote {write_plot(args)}")

@@ -26,7 +26,7 @@ def png_writer(fig, dpi: int) -> Callable[[str], None]:
     return lambda tmp: fig.savefig(tmp, dpi=dpi, format="png")
 
 
-def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> str:
+def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100, replace: bool = True) -> str:
     """Writes ``fig`` to ``path`` as a PNG, all or nothing.
 
     The PNG is drawn into a hidden temporary file beside ``path`` and renamed over it, so a
@@ -36,14 +36,17 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100) -> str:
         fig (matplotlib.figure.Figure): e.g. from :mod:`vispos.app.figures`.
         path (str | PathLike): the PNG to write; its folder must exist.
         dpi (int): resolution.
+        replace (bool): replace an existing file (the default); False: refuse it, even one
+            that appears while the PNG is drawn.
 
     Returns:
         str: ``path``.
 
     Raises:
+        FileExistsError: ``replace`` is False and ``path`` exists.
         OSError: the folder is missing or not writable.
     """
-    write_files([(path, png_writer(fig, dpi))])
+    write_files([(path, png_writer(fig, dpi))], replace=replace)
     return os.fspath(path)
 
 

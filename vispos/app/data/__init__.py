@@ -6,27 +6,7 @@ read by nibabel (``pip install 'vispos[medical]'``). Images: :mod:`vispos.app.da
 volumes: :mod:`vispos.app.data.volumes`.
 """
 
-from .images import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    IMAGE_FORMATS,
-    MAX_IMAGE_PIXELS,
-    SAMPLE_IMAGES,
-    imagenet_normalize,
-    load_image,
-    load_images,
-    sample_images,
-)
-from .volumes import (
-    MAX_VOLUME_VOXELS,
-    VOLUME_NORMALIZATIONS,
-    load_volume,
-    load_volumes,
-    mni152_template,
-    normalize_intensity,
-    resize_volume,
-    sample_volumes,
-)
+from ... import _lazy
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -47,3 +27,7 @@ __all__ = [
     "mni152_template",
     "sample_volumes",
 ]
+
+# the loaders import torch: they are imported on first use of a name (PEP 562), so the command's
+# parser can read ``_args`` without them
+__getattr__, __dir__ = _lazy.load_on_first_use(globals(), [".images", ".volumes"])

@@ -1,9 +1,17 @@
-"""Argument check shared by the image and volume loaders: a list of paths, never one string."""
+"""The loaders' arguments: the sample names and normalisations they accept, a list of paths
+(never one string) and the shrunk size; torch-free, so the ``vispos`` command's parser reads them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+
+#: scikit-image sample photos used by ``vispos demo``
+SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket")
+
+#: intensity normalisations :func:`~vispos.app.data.normalize_intensity` knows (None: leave
+#: intensities as read)
+VOLUME_NORMALIZATIONS = ("zscore", "minmax", "percentile", None)
 
 
 def check_paths(paths: object) -> None:

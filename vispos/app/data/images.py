@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_bool, check_file, check_int
-from ._args import check_paths, shrunk_size
+from ._args import SAMPLE_IMAGES, check_paths, shrunk_size
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -36,9 +36,6 @@ __all__ = [
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-#: scikit-image sample photos used by ``vispos demo``: (name, height x width)
-SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket")
 
 
 #: the most pixels :func:`load_image` decodes by default (Pillow's own decompression-bomb

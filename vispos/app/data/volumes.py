@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_bool, check_choice, check_file, check_int, check_number
-from ._args import check_paths, shrunk_size
+from ._args import VOLUME_NORMALIZATIONS, check_paths, shrunk_size
 
 __all__ = [
     "MAX_VOLUME_VOXELS",
@@ -28,9 +28,6 @@ __all__ = [
     "mni152_template",
     "sample_volumes",
 ]
-
-#: intensity normalisations :func:`normalize_intensity` knows (None: leave intensities as read)
-VOLUME_NORMALIZATIONS = ("zscore", "minmax", "percentile", None)
 
 
 def _check_volume(volume: object) -> None:

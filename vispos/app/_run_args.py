@@ -1,0 +1,133 @@
+"""The arguments of ``vispos demo`` and ``vispos run``: their parsers, defaults and bounds.
+
+torch-free, so the ``vispos`` command parses its arguments and answers ``--help`` before any
+heavy import; the work itself is :mod:`vispos.app._run_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from importlib import resources
+from typing import Any
+
+from ..config import load_config, packaged_configs
+from ._errors import CLIError
+from .data._args import SAMPLE_IMAGES, VOLUME_NORMALIZATIONS
+
+__all__ = ["DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "add_run_parsers", "check_args", "is_volume"]
+
+
+def _packaged_config(name: str) -> dict[str, Any]:
+    """A config shipped inside the package (``vispos/configs/``; the repository's top-level
+    ``configs/`` is the same folder), never a file of that name in the working directory."""
+    with resources.as_file(packaged_configs()[name]) as path:
+        return load_config(path)
+
+
+#: the default for images: the packaged ``configs/detr_resnet50.yaml`` itself
+DEFAULT_CONFIG: dict[str, Any] = _packaged_config("detr_resnet50")
+
+#: the default for volumes: the packaged ``configs/volume_r3d18.yaml`` itself
+DEFAULT_VOLUME_CONFIG: dict[str, Any] = _packaged_config("volume_r3d18")
+
+#: the output folder of each subcommand when --out is not given (``-volume`` added for volumes)
+DEFAULT_OUT = {"demo": "vispos-demo", "run": "vispos-out"}
+
+#: the files each run writes into its folder
+OUTPUT_FILES = ("embeddings.pt", "figure.png")
+
+#: upper bounds of the integer flags (each value above is a typo or a way to exhaust memory:
+#: --queries draws one figure panel per query and item, --size-divisibility pads every axis)
+_FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
+#: most inputs of one run (each adds a row of panels to figure.png)
+MAX_INPUTS = 64
+
+
+def add_run_parsers(sub: argparse._SubParsersAction) -> None:
+    """Adds the ``demo`` and ``run`` subcommands to the ``vispos`` parser's subparsers."""
+
+    def common(p: argparse.ArgumentParser, default_out: str) -> None:
+        p.add_argument("--config", help="YAML config: a file, or a shipped config's name (vispos config "
+                       "list; default: detr_resnet50, or volume_r3d18 for volumes)")
+        p.add_argument("--out", default=None,
+                       help=f"output folder (default: {default_out}, or {default_out}-volume for volumes)")
+        p.add_argument("--force", action="store_true",
+                       help="replace embeddings.pt / figure.png in the default output folder (files in "
+                       "a folder named by --out are replaced without it)")
+        p.add_argument("--checkpoint", help="local backbone checkpoint (.pt/.safetensors); never downloaded")
+        p.add_argument("--max-size", type=int, default=None,
+                       help="shrink images / volumes so the longest side is at most this")
+        p.add_argument("--normalize", default="percentile", choices=[str(m) for m in VOLUME_NORMALIZATIONS],
+                       help="volume intensity normalisation (default: percentile, so background and "
+                       "padding are both 0)")
+        p.add_argument("--size-divisibility", type=int, default=0, help="pad to a multiple of this")
+        p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+        p.add_argument("--queries", type=int, default=3, help="query cells per level in the figure")
+        p.add_argument("--repeats", type=int, default=5, help="timing repeats per level (median reported)")
+
+    demo = sub.add_parser("demo", help="run on scikit-image's sample photos (or, with --volume, on MNI152)")
+    common(demo, DEFAULT_OUT["demo"])
+    demo.add_argument("--samples", nargs="+", default=list(SAMPLE_IMAGES), help="scikit-image sample names")
+    demo.add_argument("--volume", action="store_true",
+                      help="run on three volumes cut from nilearn's MNI152 T1 template (3D backbone)")
+    run = sub.add_parser("run", help="run on your own images or NIfTI volumes")
+    common(run, DEFAULT_OUT["run"])
+    inputs = run.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--images", nargs="+", help="image files")
+    inputs.add_argument("--volumes", nargs="+", help="NIfTI volumes (.nii / .nii.gz)")
+
+
+def is_volume(args: argparse.Namespace) -> bool:
+    """``vispos demo --volume`` or ``vispos run --volumes ...`` (each subcommand parses its own flags)."""
+    if args.command == "demo":
+        return bool(args.volume)
+    return args.command == "run" and bool(args.volumes)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Fills the default ``--out`` (and ``args.replace``: whether the outputs may replace
+    existing files) and refuses flag values that would exhaust memory or write
+    somewhere unexpected, before anything is imported, read or computed.
+
+    Raises:
+        CLIError: a flag beyond its bound (the message names it, its value and the bound); the
+            default output folder already holds this command's files and ``--force`` is not
+            given (nothing the user did not name is overwritten).
+    """
+    named = args.out is not None
+    if not named:
+        base = DEFAULT_OUT[args.command]
+        args.out = f"{base}-volume" if is_volume(args) else base
+    #: the outputs may replace files only in a folder the user named, or with --force
+    args.replace = named or args.force
+    for flag, limit in _FLAG_LIMITS.items():
+        value = getattr(args, flag)
+        if value > limit:
+            raise CLIError(f"--{flag.replace('_', '-')} must be <= {limit}, got {value}")
+    for flag in ("queries", "repeats"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.size_divisibility < 0:
+        raise CLIError(f"--size-divisibility must be >= 0, got {args.size_divisibility}")
+    if args.max_size is not None and args.max_size < 1:
+        raise CLIError(f"--max-size must be >= 1, got {args.max_size}")
+    if getattr(args, "volume", False) and args.max_size is not None and not 8 <= args.max_size <= 256:
+        raise CLIError(f"--max-size must be from 8 to 256 with --volume (the MNI152 template's "
+                       f"longest axis is 233), got {args.max_size}")
+    for flag in ("images", "volumes", "samples"):
+        given = getattr(args, flag, None)
+        if given is not None and len(given) > MAX_INPUTS:
+            raise CLIError(f"--{flag} takes at most {MAX_INPUTS} files per run (one figure row each), "
+                           f"got {len(given)}; run several times")
+    if not args.out.strip():
+        raise CLIError("--out must name a folder, got an empty string")
+    if args.device.strip().lower().startswith("meta"):
+        raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
+    if not named and not args.force:
+        existing = [f for f in OUTPUT_FILES if os.path.lexists(os.path.join(args.out, f))]
+        if existing:
+            raise CLIError(
+                f"{args.out}/ (the default output folder) already holds {' and '.join(existing)} from "
+                f"an earlier run; give --out FOLDER for this run, or --force to replace them"
+            )
