@@ -90,6 +90,28 @@ def main(argv=None) -> int:
     tokens = vispos.interpolate_mask(batch.mask, (h // stride, w // stride))
     _save(viz.plot_rope_padding(vispos.DinoV3RotaryEmbedding(16 if small else 64), tokens,
                                 names=[n for n, _ in samples]), args.out, "rope_padding.png", args.dpi, written)
+    # a backbone's features alone against in a padded batch: stock and padding_invariant=True
+    from vispos.app.data import imagenet_normalize
+    from vispos.backbones import TimmBackbone
+
+    torch.manual_seed(0)
+    name = "resnet18" if small else "resnet50"
+    stock = TimmBackbone(name, out_indices=(2, 3, 4))
+    g = torch.Generator().manual_seed(0)
+    for m in stock.modules():  # trained-like batch norms (timm's zero-initialised last norms hide the leak)
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
+    invariant = TimmBackbone(name, out_indices=(2, 3, 4), padding_invariant=True)
+    invariant.load_state_dict(stock.state_dict())
+    photos = dict(sample_images(["coffee", "astronaut"], max_size=96 if small else 448))
+    item, partner = imagenet_normalize(photos["coffee"]), imagenet_normalize(photos["astronaut"])
+    _save(viz.plot_padding_leak({f"{name}, stock": stock.eval(), f"{name}, padding_invariant=True": invariant.eval()},
+                                item, partner, level_names=["C3", "C4", "C5"]),
+          args.out, "padding_leak.png", args.dpi, written)
     # the main job's volume figure, on three MNI152 crops
     volumes = sample_volumes(max_size=24 if small else 64)
     vbatch = vispos.nested_tensor_from_tensor_list([t for _, t in volumes])

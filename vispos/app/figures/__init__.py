@@ -11,10 +11,12 @@ an Agg canvas (importing vispos never changes the global backend) and handed bac
   per feature level (2D images and 3D volume slices);
 * :mod:`~vispos.app.figures.batches`: padded batches and DETR's normalised coordinates;
 * :mod:`~vispos.app.figures.rotary`: the relative-offset invariance of rotary embeddings;
-* :mod:`~vispos.app.figures.vision_rope`: vision RoPE's period bands and its padded batches.
+* :mod:`~vispos.app.figures.vision_rope`: vision RoPE's period bands and its padded batches;
+* :mod:`~vispos.app.figures.leak`: a backbone's features alone against in a padded batch.
 """
 
 from .batches import plot_normalized_coords, plot_padded_batch
+from .leak import padding_leak_maps, plot_padding_leak
 from .channels import channel_wavelengths, encode_grid, plot_channels, plot_sincos_curves, plot_wavelengths
 from .rotary import plot_rotary_invariance
 from .vision_rope import plot_rope_padding, plot_rope_periods, rope_grid, rope_periods, rope_variants
@@ -45,4 +47,6 @@ __all__ = [
     "rope_periods",
     "plot_rope_periods",
     "plot_rope_padding",
+    "padding_leak_maps",
+    "plot_padding_leak",
 ]
