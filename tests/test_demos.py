@@ -35,7 +35,7 @@ def test_gallery_writes_every_figure(tmp_path, capsys):
     assert names == sorted([
         "channels_1d.png", "channels_2d.png", "curves.png", "wavelengths.png", "similarity_2d.png",
         "similarity_3d.png", "padded_batch.png", "normalized_coords.png", "rotary.png", "volume_similarity.png",
-        "rope_periods.png", "rope_padding.png",
+        "rope_periods.png", "rope_padding.png", "padding_leak.png",
     ])
     assert capsys.readouterr().out.count("wrote ") == len(names)
     for name in names:

@@ -455,3 +455,105 @@ def test_ablation_table_over_seeds():
     assert "Warning" not in table
     runs["sine"][0]["args"] = {"eval_every": 10, "lr": 5e-4, "seed": 0}
     assert "differ in settings other than the seed:** {'lr': [0.0005, 0.001]}" in ablation_table(runs, ("ap50",), "ap50", 5)
+
+
+# ------------------------------------------------------------------- held-out compositions
+def _boxes_item(h, w, seed):
+    """A one-channel image of zeros with one solid box of ones; its target (cxcywh normalised)."""
+    g = np.random.default_rng(seed)
+    bh, bw = int(g.integers(3, h // 2)), int(g.integers(3, w // 2))
+    y0, x0 = int(g.integers(0, h - bh)), int(g.integers(0, w - bw))
+    image = torch.zeros(1, h, w)
+    image[0, y0:y0 + bh, x0:x0 + bw] = 1.0
+    box = torch.tensor([[(x0 + bw / 2) / w, (y0 + bh / 2) / h, bw / w, bh / h]])
+    return image, {"labels": torch.tensor([seed % 3]), "boxes": box}
+
+
+class _ItemwiseDetector(nn.Module):
+    """A detector whose predictions for an item depend on that item's own cells only (what a
+    padding-invariant detector gives): query 0 finds the box of ones inside the item's valid region,
+    blurred by an item-dependent offset; query 1 predicts a fixed box with a low score."""
+
+    def forward(self, nested):
+        logits, boxes = [], []
+        for b, (h, w) in enumerate(nested.image_sizes):
+            ones = nested.tensors[b, 0, :h, :w] > 0.5
+            rows, cols = ones.any(1).nonzero()[:, 0], ones.any(0).nonzero()[:, 0]
+            y0, y1, x0, x1 = rows[0], rows[-1] + 1, cols[0], cols[-1] + 1
+            shift = ((h * 7 + w * 3) % 5) / 10 * (x1 - x0)  # 0 .. 0.4 of the width: IoUs from 1 down
+            box = torch.stack([(x0 + x1 + 2 * shift) / 2 / w, (y0 + y1) / 2 / h, (x1 - x0) / w, (y1 - y0) / h])
+            boxes.append(torch.stack([box, torch.tensor([0.5, 0.5, 0.2, 0.2])]))
+            cls = torch.full((2, 4), -4.0)
+            cls[0, (h + w) % 3] = 4.0 - ((h * w) % 7) / 7
+            cls[1, 3] = 1.0
+            logits.append(cls)
+        return {"pred_logits": torch.stack(logits), "pred_boxes": torch.stack(boxes).float()}
+
+
+def _held_set(n=7):
+    sizes = [(20, 30), (36, 24), (28, 28), (40, 44), (24, 40), (32, 20), (44, 36)][:n]
+    return [_boxes_item(h, w, i) for i, (h, w) in enumerate(sizes)]
+
+
+def test_held_out_compositions():
+    from types import SimpleNamespace
+
+    from demos.detr.distributed import DistContext
+    from demos.detr.heldout import composition_keys, full_evaluation_steps, held_out_compositions
+
+    held = _held_set()
+    args = SimpleNamespace(eval_batch_sizes=[3, 1], eval_beside_largest=True, size_divisibility=0)
+    assert composition_keys(args) == ["batch3", "batch1", "beside_largest"]
+    comps = held_out_compositions(held, args, DistContext())
+    assert list(comps) == ["batch3", "batch1", "beside_largest"]
+    assert [len(t) for _, t, _ in comps["batch3"]] == [3, 3, 1] and [n for *_, n in comps["batch3"]] == [3, 3, 1]
+    assert len(comps["batch1"]) == 7
+    for (nested, targets, n_scored), (image, target) in zip(comps["batch1"], held):
+        assert n_scored == 1 and nested.tensors.shape == (1, *image.shape) and not nested.mask.any()  # alone
+        torch.testing.assert_close(nested.tensors[0], image, rtol=0, atol=0)
+        torch.testing.assert_close(targets[0]["boxes"], target["boxes"], rtol=0, atol=0)
+    # beside the largest: item 3 (40 x 44 = 1760 cells) is every item's partner, item 6 (44 x 36 = 1584
+    # cells, the next most) item 3's own; the scored item comes first, at the batch's origin
+    partners = []
+    for i, (nested, targets, n_scored) in enumerate(comps["beside_largest"]):
+        (h, w), (ph, pw) = nested.image_sizes
+        assert n_scored == 1 and nested.tensors.shape[0] == 2 and (h, w) == held[i][0].shape[1:]
+        torch.testing.assert_close(nested.tensors[0, :, :h, :w], held[i][0], rtol=0, atol=0)
+        partner = 6 if i == 3 else 3
+        torch.testing.assert_close(nested.tensors[1, :, :ph, :pw], held[partner][0], rtol=0, atol=0)
+        torch.testing.assert_close(targets[0]["boxes"], held[i][1]["boxes"], rtol=0, atol=0)
+        partners.append((ph, pw))
+    assert partners == [(40, 44)] * 3 + [(44, 36)] + [(40, 44)] * 3
+    # two processes: each takes items rank::2, none repeated, the partner still the whole set's largest
+    shares = [held_out_compositions(held, args, DistContext(rank=r, world_size=2)) for r in (0, 1)]
+    assert [sum(len(t) for _, t, _ in s["batch3"]) for s in shares] == [4, 3]
+    firsts = sorted(tuple(nested.image_sizes[0]) for s in shares for nested, _, _ in s["beside_largest"])
+    assert firsts == sorted(tuple(img.shape[1:]) for img, _ in held)
+    assert {tuple(nested.image_sizes[1]) for s in shares for nested, _, _ in s["beside_largest"]} == {(40, 44), (44, 36)}
+    assert full_evaluation_steps(3000, 300) == {2400, 2700, 3000}
+    assert full_evaluation_steps(1000, 300) == {600, 900, 1000}
+    assert full_evaluation_steps(20, 10) == {10, 20} and full_evaluation_steps(5, 10) == {5}
+
+
+def test_evaluate_scores_only_the_scored_items_of_every_composition():
+    """With a detector that depends on each item's own cells only, every composition gives the
+    same metrics; scoring the partners too (n_scored ignored) would not."""
+    from types import SimpleNamespace
+
+    from demos.detr import evaluate
+    from demos.detr.distributed import DistContext
+    from demos.detr.heldout import held_out_compositions
+
+    held = _held_set()
+    args = SimpleNamespace(eval_batch_sizes=[4, 1, 3], eval_beside_largest=True, size_divisibility=0)
+    comps = held_out_compositions(held, args, DistContext())
+    task = SimpleNamespace(box_ops=BOX_OPS_2D, metric=coco_map)
+    criterion = SetCriterion(3, BOX_OPS_2D, 2.0, 5.0, 2.0, 0.1)
+    results = {k: evaluate(_ItemwiseDetector(), b, criterion, task, DistContext()) for k, b in comps.items()}
+    alone = results["batch1"]
+    assert 0.1 < alone["ap50"] < 1 and 0.1 < alone["map"] < alone["ap50"] and 0.4 < alone["mean_iou"] < 1
+    for key, r in results.items():
+        assert r == alone, key
+    # the same batches with every item scored: the partners' predictions now count too
+    everyone = [(nested, targets) for nested, targets, _ in comps["beside_largest"]]
+    assert evaluate(_ItemwiseDetector(), everyone, criterion, task, DistContext()) != alone

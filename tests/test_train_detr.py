@@ -109,6 +109,9 @@ def _exit_message(capsys, argv):
     (["--queries", "100000"], "argument --queries: must be <= 1000"),
     (["--dec-layers", "1000"], "argument --dec-layers: must be <= 24"),
     (["--eval-images", "100000"], "argument --eval-images: must be <= 10000"),
+    (["--eval-batch-sizes", "0"], "argument --eval-batch-sizes: must be >= 1, got 0"),
+    (["--eval-batch-sizes", "8", "1", "8"], "argument --eval-batch-sizes: each size once, got [8, 1, 8]"),
+    (["--eval-batch-sizes", "2000"], "argument --eval-batch-sizes: must be <= 1024, got [2000]"),
 ])
 def test_every_flag_is_checked_before_work_starts(capsys, argv, message):
     assert message in _exit_message(capsys, ["--tiny", *argv])
@@ -171,6 +174,10 @@ def test_tiny_sets_defaults_only():
         10, 30, 14, 300, 40, 64, 10)
     _, full = parse_args(T.TASK, [])
     assert (full.batch_size, full.eval_every, full.photo_size, full.hidden, full.memory_warmup) == (8, 300, 128, 64, 600)
+    # held-out batches: the demo's, then one item at a time, unless given (independent of --batch-size)
+    assert (full.eval_batch_sizes, tiny.eval_batch_sizes, a.eval_batch_sizes) == ([8, 1], [2, 1], [5, 1])
+    assert parse_args(T.TASK, ["--batch-size", "1"])[1].eval_batch_sizes == [1]
+    assert parse_args(T.TASK, ["--batch-size", "1", "--eval-batch-sizes", "8", "1"])[1].eval_batch_sizes == [8, 1]
     # a task's own defaults (3D: a width divisible by 6 and 8), then --tiny's, then explicit flags
     import dataclasses
 
@@ -280,7 +287,7 @@ def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
     (["--lr", "2e-3", "--batch-size", "3"],
      "argument --resume: the settings differ from the checkpoint's: --batch-size (checkpoint 2, given 3), "
      "--lr (checkpoint 0.001, given 0.002); a resumed run keeps every setting of its checkpoint except "
-     "--device, --eval-every, --memory-warmup, --out, --save-every, --steps, --threads, --workers"),
+     "--device, --eval-batch-sizes, --eval-beside-largest, --eval-every, --memory-warmup, --out, --save-every, --steps, --threads, --workers"),
     (["--train-images", "6"], "--train-images (checkpoint 4, given 6)"),
     (["--pos", "grid"], "argument --resume: the checkpoint is of arm 'sine', this run trains 'grid'"),
     (["--steps", "1"], "argument --resume: the checkpoint is at step 2; --steps must be >= 2, got 1"),
@@ -315,3 +322,87 @@ def test_resume_takes_a_flag_the_checkpoint_does_not_record_at_its_default(tiny_
     assert args.train_images == 4 and args.pre_norm is False
     err = _exit_message(capsys, [*RESUME_TINY, "--steps", "4", "--pre-norm", "--out", str(tmp_path), "--resume", str(old)])
     assert "argument --resume: the settings differ from the checkpoint's: --pre-norm (checkpoint False, given True)" in err
+
+
+def test_evaluation_in_several_compositions_independent_of_the_training_batch(tmp_path):
+    """DETR's failure experiment's flags: trained one image per step (no padding), evaluated in
+    batches of 3 (the headline, every evaluation), one image at a time and beside the largest
+    held-out image (the last 3 evaluations). The recorded numbers are those of the final model
+    evaluated by hand in each composition."""
+    from demos.detr import SetCriterion, evaluate
+    from demos.detr.distributed import DistContext
+
+    argv = ["--tiny", "--pos", "grid", "--steps", "4", "--eval-every", "1", "--batch-size", "1", "--eval-images", "5",
+            "--eval-batch-sizes", "3", "1", "--eval-beside-largest", "--out", str(tmp_path)]
+    models, logs = [], []
+    T.run(T.TASK, argv, log=logs.append, on_step=lambda step, model: models.append(model))
+    m = json.loads((tmp_path / "grid" / "seed0" / "metrics.json").read_text())
+    assert m["args"]["batch_size"] == 1 and m["padded_fraction"] == [0.0] * 4  # training saw no padding
+    assert m["eval_compositions"] == ["batch3", "batch1", "beside_largest"]
+    assert [e["step"] for e in m["eval"]] == [1, 2, 3, 4]
+    assert all([e["step"] for e in m["eval_by_composition"][k]] == [2, 3, 4] for k in m["eval_compositions"])
+    assert m["eval_by_composition"]["batch3"] == m["eval"][1:]
+    assert any(line.startswith("[grid] step 4 held-out ap50 by composition: batch3 ") for line in logs)
+    # by hand, with the final model
+    from demos.detr.cli import parse_args
+
+    _, args = parse_args(T.TASK, argv)
+    _, held = T.TASK.build_datasets(args)
+    items = [held[i] for i in range(5)]
+    cells = [im.shape[1] * im.shape[2] for im, _ in items]
+    largest = max(range(5), key=lambda i: cells[i])
+    collate = vispos.PaddedCollate()
+    by_hand = {
+        "batch3": [collate(items[:3]), collate(items[3:])],
+        "batch1": [collate([it]) for it in items],
+        "beside_largest": [(*collate([it, items[largest if i != largest else sorted(range(5), key=lambda j: -cells[j])[1]]]), 1)
+                           for i, it in enumerate(items)],
+    }
+    task, criterion = T.TASK, SetCriterion(3, T.TASK.box_ops, 2.0, 5.0, 2.0, 0.1)
+    for key, batches in by_hand.items():
+        ev = evaluate(models[-1], batches, criterion, task, DistContext())
+        assert m["eval_by_composition"][key][-1] == {"step": 4, **{k: round(v, 5) for k, v in ev.items()}}, key
+
+
+def _fake_composition_metrics(arm, seed, ap50, alone):
+    m = _fake_metrics(arm, seed, ap50)
+    m["eval_compositions"] = ["batch8", "batch1"]
+    m["eval_by_composition"] = {
+        "batch8": m["eval"],
+        "batch1": [{**e, "ap50": alone} for e in m["eval"]],
+    }
+    return m
+
+
+def test_report_by_evaluation_composition(tmp_path):
+    """Per arm and seed, the headline in every composition and its difference from alone; per arm,
+    batch - alone paired over seeds with the report's rule; arms compared in each composition."""
+    # grid: batch 8 below alone on every seed (the padding costs it); sine: the same alone and in batches
+    values = {"grid": [(0.20, 0.25), (0.30, 0.36), (0.25, 0.29), (0.22, 0.28), (0.27, 0.31)],
+              "sine": [(0.21, 0.21), (0.33, 0.33), (0.26, 0.26), (0.24, 0.24), (0.30, 0.30)]}
+    for arm, by_seed in values.items():
+        for seed, (batch, alone) in enumerate(by_seed):
+            (tmp_path / arm / f"seed{seed}").mkdir(parents=True)
+            (tmp_path / arm / f"seed{seed}" / "metrics.json").write_text(
+                json.dumps(_fake_composition_metrics(arm, seed, batch, alone)))
+    # an older run without compositions is left out of the composition tables only
+    (tmp_path / "none" / "seed0").mkdir(parents=True)
+    (tmp_path / "none" / "seed0" / "metrics.json").write_text(json.dumps(_fake_metrics("none", 0, 0.01)))
+    assert T.main(["--report", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "ablation.md").read_text()
+    assert "in the headline composition, batch 8)" in table
+    assert "| arm | seed | batch 8 | batch 1 | batch 8 - alone |" in table
+    assert "| (b) grid, mask-blind | 0 | 0.200 | 0.250 | -0.050 |" in table
+    assert "| (c) sine, mask-aware | 4 | 0.300 | 0.300 | +0.000 |" in table
+    assert "| (b) grid, mask-blind | batch 8 - alone | ap50 | -0.050, -0.060, -0.040, -0.060, -0.040 | -0.050 ± 0.010 | 0 / 5 / 0 |" in table
+    assert "| higher alone |" in table
+    assert ("- grid, ap50 (last 3) over seeds [0, 1, 2, 3, 4]: batch 8 - alone = -0.050 ± 0.010; higher at batch 8 on 0 "
+            "seed(s), alone on 5, 0 tie(s); **the batch changes it: higher alone**") in table
+    assert ("- sine, ap50 (last 3) over seeds [0, 1, 2, 3, 4]: batch 8 - alone = +0.000 ± 0.000; higher at batch 8 on 0 "
+            "seed(s), alone on 0, 5 tie(s); **the batch does not measurably change it**") in table
+    # the arms compared in the headline composition (as before) and alone
+    assert "| sine - grid | ap50 | +0.010, +0.030, +0.010, +0.020, +0.030 | +0.020 ± 0.010 | 5 / 0 / 0 |" in table
+    assert "| sine - grid | ap50 at batch 1 | -0.040, -0.030, -0.030, -0.040, -0.010 | -0.030 ± 0.012 | 0 / 5 / 0 |" in table
+    assert "- sine vs grid, ap50 at batch 1 (last 3) over seeds [0, 1, 2, 3, 4]: sine - grid = -0.030 ± 0.012" in table
+    assert "- sine vs grid, ap50 (last 3) over seeds [0, 1, 2, 3, 4]: sine - grid = +0.020 ± 0.010" in table
+    assert "(a) none | 0 |" not in table  # no composition recorded

@@ -214,7 +214,8 @@ def _overfit():
 def test_cli_runs_tiny(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "demos.train_detr3d", "--steps", "20", "--tiny", "--threads", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "demos.train_detr3d", "--steps", "20", "--tiny", "--threads", "1", "--out", str(out),
+           "--eval-beside-largest"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for arm in T.POS_ARMS:
@@ -225,8 +226,16 @@ def test_cli_runs_tiny(tmp_path):
         assert all(p > 0 for p in m["padded_fraction"])  # every batch is padded
         assert [e["step"] for e in m["eval"]] == [10, 20]
         assert all(0 <= e[k] <= 1 for e in m["eval"] for k in ("mean_iou", "ap25", "ap50", "map"))
+        # the held-out crops in the demo's batches (the headline), alone and beside the largest crop
+        assert m["eval_compositions"] == ["batch2", "batch1", "beside_largest"]
+        assert m["eval_by_composition"]["batch2"] == m["eval"]
+        for key in m["eval_compositions"]:
+            assert [e["step"] for e in m["eval_by_composition"][key]] == [10, 20]
+            assert all(0 <= e[k] <= 1 for e in m["eval_by_composition"][key] for k in ("mean_iou", "ap25", "ap50", "map"))
     table = (out / "ablation.md").read_text()
     assert "(c) sine, mask-aware" in table and "ap25" in table
+    assert "| arm | seed | batch 2 | batch 1 | beside the largest | batch 2 - alone | beside the largest - alone |" in table
+    assert "| (c) sine, mask-aware | beside the largest - alone | ap25 |" in table
     from PIL import Image
 
     with Image.open(out / "curves.png") as im:

@@ -77,8 +77,9 @@ def test_torchrun_two_processes_match_one_process_on_the_whole_batch(tmp_path):
     assert len(ranks[0]["params"]) == len(ranks[1]["params"]) == STEPS
     for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
         assert torch.equal(a, b)  # identical across ranks after every step
-    # one evaluation (at the last step): 6 held-out items, 3 scored by each process, all 6 gathered
-    assert ranks[0]["gathered"] == ranks[1]["gathered"] == [[3, 3]]
+    # one evaluation (at the last step) in two compositions (batches of 2 per process, then one item at a
+    # time): 6 held-out items, 3 scored by each process, all 6 gathered, in each
+    assert ranks[0]["gathered"] == ranks[1]["gathered"] == [[3, 3], [3, 3]]
     single = []
     threads = torch.get_num_threads()
     try:
@@ -98,6 +99,10 @@ def test_torchrun_two_processes_match_one_process_on_the_whole_batch(tmp_path):
     # evaluation: each process scored its share, the metric saw the whole held-out set
     for key in ("mean_iou", "map", "ap50", "ap75"):
         assert m2["eval"][-1][key] == pytest.approx(m1["eval"][-1][key], abs=1e-3), key
+        # one item at a time: the same items, alone, in both
+        assert m2["eval_by_composition"]["batch1"][-1][key] == pytest.approx(
+            m1["eval_by_composition"]["batch1"][-1][key], abs=1e-3), key
+    assert (m2["eval_compositions"], m1["eval_compositions"]) == (["batch2", "batch1"], ["batch4", "batch1"])
     assert (tmp_path / "ddp" / "ablation.md").exists()
 
 

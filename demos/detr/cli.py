@@ -102,6 +102,13 @@ def build_parser(task: DetrTask) -> argparse.ArgumentParser:
                    help="training items per epoch (0: a fresh item for every sample of the run)")
     g.add_argument("--eval-images", type=pos1, default=48, help="held-out items")
     g.add_argument("--eval-every", type=pos1, default=None, help="evaluate every K steps (default 300; --tiny: steps/2)")
+    g.add_argument("--eval-batch-sizes", type=pos1, nargs="+", default=None, metavar="B",
+                   help="held-out batch sizes per process, independent of --batch-size; the first (the headline) "
+                        "at every evaluation, all of them at the last 3 (default: --batch-size, then 1: the "
+                        "demo's padded batches and one item at a time)")
+    g.add_argument("--eval-beside-largest", action="store_true",
+                   help="also evaluate, at the last 3 evaluations, each held-out item in a batch of two beside "
+                        "the held-out item with the most cells")
     g.add_argument("--size-divisibility", type=pos0, default=0, help="pad every batch to a multiple of this")
     g.add_argument("--memory-warmup", type=pos0, default=None,
                    help="step after which memory should be flat (default: the second evaluation, at most steps/2)")
@@ -152,6 +159,8 @@ def parse_args(task: DetrTask, argv: Sequence[str] | None = None) -> tuple[argpa
     args = parser.parse_args(argv)
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 2) if args.tiny else 300
+    if args.eval_batch_sizes is None:  # the demo's batches, then one item at a time
+        args.eval_batch_sizes = list(dict.fromkeys([args.batch_size, 1]))
     if args.memory_warmup is None:  # after the second evaluation: the first one imports the metric
         args.memory_warmup = min(2 * args.eval_every, args.steps // 2)
     validate(args, task, _error(parser))
@@ -167,6 +176,10 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
     for name, most in MAX_SIZES.items():
         if getattr(args, name) > most:
             error("--" + name.replace("_", "-"), f"must be <= {most}, got {getattr(args, name)}")
+    if len(set(args.eval_batch_sizes)) != len(args.eval_batch_sizes):
+        error("--eval-batch-sizes", f"each size once, got {args.eval_batch_sizes}")
+    if max(args.eval_batch_sizes) > MAX_SIZES["batch_size"]:
+        error("--eval-batch-sizes", f"must be <= {MAX_SIZES['batch_size']}, got {args.eval_batch_sizes}")
     if args.hidden % args.heads:
         error("--hidden", f"must be divisible by --heads {args.heads}, got {args.hidden}")
     n = task.box_ops.n_axes

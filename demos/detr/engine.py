@@ -8,7 +8,9 @@ decoder layers -> backward -> gradient clipping (max norm ``--clip``) -> AdamW -
 DETR's ``lr_drop``). Every step records the losses (averaged over processes), the seconds it took
 (data loading included, evaluation excluded), rank 0's resident memory and the padded fraction
 of the batch; every ``--eval-every`` steps the held-out set is evaluated (each process takes a
-share, predictions are gathered, the metric is computed once on the whole set).
+share, predictions are gathered, the metric is computed once on the whole set) in the headline
+composition (the first of ``--eval-batch-sizes``), and at the last three evaluations in every
+composition (:mod:`.heldout`: each batch size, and beside the largest item).
 
 Data order: a :class:`torch.utils.data.DistributedSampler` (shuffled with the run's seed,
 ``set_epoch`` every epoch) hands each process its share; with ``world_size`` processes of
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 import vispos
 from vispos.app._io import write_files
@@ -42,6 +44,7 @@ from vispos.backbones import freeze_batch_norm
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .criterion import SetCriterion
 from .distributed import DistContext
+from .heldout import composition_keys, full_evaluation_steps, held_out_compositions
 from .metrics import matched_ious
 from .model import DetrModel, make_position_embedding
 from .task import DetrTask
@@ -55,6 +58,7 @@ __all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "tr
 #: ``--train-images``; see :func:`resume_conflict`)
 RESUME_FREE = frozenset({
     "resume", "save_every", "threads", "workers", "out", "report", "device", "eval_every", "memory_warmup", "steps",
+    "eval_batch_sizes", "eval_beside_largest",
 })
 #: per-step series in metrics.json
 SERIES = ("loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "seconds", "rss_mb", "padded_fraction")
@@ -119,11 +123,15 @@ def build_model(task: DetrTask, arm: str, args: argparse.Namespace) -> DetrModel
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: list[tuple[vispos.NestedTensor, tuple]], criterion: SetCriterion,
-    task: DetrTask, ctx: DistContext,
+    model: nn.Module, batches: list[tuple], criterion: SetCriterion, task: DetrTask, ctx: DistContext,
 ) -> dict[str, float]:
     """Held-out metrics: the task's metric over every process's share, and the mean IoU of the
     Hungarian-matched boxes (over every ground-truth box).
+
+    Args:
+        batches (list): ``(NestedTensor, targets)`` or ``(NestedTensor, targets, n_scored)``: only
+            the first ``n_scored`` items of a batch are scored (the others are partners that pad
+            them; :func:`demos.detr.heldout.held_out_compositions`).
 
     Returns:
         dict: ``mean_iou`` and ``task.metric_names``, the same in every process.
@@ -132,10 +140,12 @@ def evaluate(
     net.eval()
     ops = task.box_ops
     records = []
-    for nested, targets in batches:
+    for nested, targets, *scored in batches:
+        n_scored = scored[0] if scored else len(targets)
         sizes = torch.tensor(nested.image_sizes, dtype=torch.float32)
         out = net(nested.to(ctx.device))
-        logits, boxes = out["pred_logits"].float().cpu(), out["pred_boxes"].float().cpu()
+        logits, boxes = out["pred_logits"][:n_scored].float().cpu(), out["pred_boxes"][:n_scored].float().cpu()
+        targets = targets[:n_scored]
         matches = criterion.match(logits, boxes, targets)
         scores, labels = logits.softmax(-1)[..., :-1].max(-1)  # DETR's PostProcess
         for b, (rows, cols) in enumerate(matches):
@@ -153,13 +163,6 @@ def evaluate(
     result = {"mean_iou": float(torch.cat(ious).mean()) if ious else 0.0}
     result.update(task.metric(list(preds), list(gts)))
     return result
-
-
-def _held_out_batches(held_set: Any, args: argparse.Namespace, ctx: DistContext) -> list:
-    """This process's share of the held-out set (items ``rank::world_size``, none repeated)."""
-    share = Subset(held_set, range(ctx.rank, len(held_set), ctx.world_size))
-    collate = vispos.PaddedCollate(size_divisibility=args.size_divisibility)
-    return list(DataLoader(share, batch_size=args.batch_size, collate_fn=collate, generator=torch.Generator()))
 
 
 def _flag(name: str) -> str:
@@ -207,6 +210,7 @@ def _new_metrics(task: DetrTask, arm: str, args: argparse.Namespace, ctx: DistCo
         "torch": str(torch.__version__), "threads": torch.get_num_threads(), "machine": platform.machine(),
         "commit": os.environ.get("VISPOS_COMMIT", ""),
         "steps": [], **{k: [] for k in SERIES}, "eval": [], "resumed_at": [],
+        "eval_compositions": composition_keys(args), "eval_by_composition": {k: [] for k in composition_keys(args)},
     }
 
 
@@ -280,7 +284,11 @@ def train_arm(
     if args.resume and resumed_sampler != _sampler_state(step, per_epoch, args):
         raise ValueError(f"--resume: the checkpoint's data position {resumed_sampler} does not follow from its "
                          f"step {step} with this data ({_sampler_state(step, per_epoch, args)})")
-    held = _held_out_batches(held_set, args, ctx)
+    compositions = held_out_compositions(held_set, args, ctx)
+    headline = next(iter(compositions))
+    full_at = full_evaluation_steps(args.steps, args.eval_every)
+    metrics["eval_compositions"] = list(compositions)
+    by_composition = metrics.setdefault("eval_by_composition", {})
     ckpt_path = os.path.join(out_dir, "checkpoint.pt")
     if args.resume:  # last: building the data above draws nothing from the global generators
         set_rng_state(state["rng"][ctx.rank])
@@ -316,8 +324,12 @@ def train_arm(
             if on_step is not None:
                 on_step(step, model)
             if step % args.eval_every == 0 or step == args.steps:
-                ev = evaluate(model, held, criterion, task, ctx)
+                ev = evaluate(model, compositions[headline], criterion, task, ctx)
                 metrics["eval"].append({"step": step, **{k: round(v, 5) for k, v in ev.items()}})
+                if step in full_at:  # the evaluations the report averages: every composition
+                    for key, batches in compositions.items():
+                        e = ev if key == headline else evaluate(model, batches, criterion, task, ctx)
+                        by_composition.setdefault(key, []).append({"step": step, **{k: round(v, 5) for k, v in e.items()}})
                 if ctx.is_main:
                     k = min(args.eval_every, len(metrics["loss"]))
                     shown = " ".join(f"{n} {ev[n]:.3f}" for n in task.metric_names)
@@ -326,6 +338,10 @@ def train_arm(
                         f"held-out mean IoU {ev['mean_iou']:.3f} {shown} "
                         f"{np.median(metrics['seconds'][-k:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
                     )
+                    if step in full_at and len(compositions) > 1:
+                        h = task.headline
+                        log(f"[{arm}] step {step} held-out {h} by composition: " + ", ".join(
+                            f"{key} {by_composition[key][-1][h]:.3f}" for key in compositions))
             if args.save_every and (step % args.save_every == 0 or step == args.steps):
                 _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx, _sampler_state(step, per_epoch, args))
             if step >= args.steps:

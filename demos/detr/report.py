@@ -22,11 +22,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["load_runs", "summarize", "paired", "ablation_table", "plot_curves"]
+__all__ = ["load_runs", "summarize", "summarize_compositions", "composition_label", "paired", "ablation_table",
+           "plot_curves"]
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
 #: settings that may differ between the runs of one report
-_FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", "device", "eval_every"}
+_FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", "device", "eval_every",
+         "eval_batch_sizes", "eval_beside_largest"}
+#: the composition in which an item is alone
+ALONE = "batch1"
 
 
 def load_runs(out: str, arms: Sequence[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
@@ -78,6 +82,37 @@ def summarize(m: Mapping[str, Any], names: Sequence[str], memory_warmup: int) ->
         s_per_step=float(np.median(m["seconds"][1:] or m["seconds"])),
         rss_warm_mb=rss[w], rss_end_mb=rss[-1], rss_growth_pct=100 * (rss[-1] / rss[w] - 1),
     )
+    return out
+
+
+def composition_label(key: str) -> str:
+    """``"batch8"`` -> ``"batch 8"``, ``"beside_largest"`` -> ``"beside the largest"`` (keys of
+    :mod:`demos.detr.heldout`)."""
+    if key == "beside_largest":
+        return "beside the largest"
+    return "batch " + key.removeprefix("batch") if key.startswith("batch") else key
+
+
+def _at(key: str) -> str:
+    label = composition_label(key)
+    return label if key == "beside_largest" else f"at {label}"
+
+
+def summarize_compositions(m: Mapping[str, Any], names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """One run's held-out metrics in every evaluation composition it recorded
+    (``m["eval_by_composition"]``, the last three evaluations): ``{key: {name: final value,
+    "<name>_last3": mean of the last three}}``, in the order of ``m["eval_compositions"]``
+    (the headline first); empty for runs written before compositions existed."""
+    by = m.get("eval_by_composition") or {}
+    out = {}
+    for key in m.get("eval_compositions") or list(by):
+        evals = by.get(key) or []
+        if evals:
+            out[key] = {}
+            for name in ("mean_iou", *names):
+                values = [e[name] for e in evals]
+                out[key][name] = values[-1]
+                out[key][f"{name}_last3"] = float(np.mean(values[-3:]))
     return out
 
 
@@ -141,8 +176,13 @@ def ablation_table(
     runs: Mapping[str, Mapping[int, Mapping[str, Any]]], names: Sequence[str], headline: str, memory_warmup: int,
 ) -> str:
     """The markdown report: per seed, mean ± standard deviation (ddof 1) over seeds, and the paired
-    comparisons (c) - (b), (c) - (a), (b) - (a) over the seeds both arms have."""
+    comparisons (c) - (b), (c) - (a), (b) - (a) over the seeds both arms have; with runs evaluated
+    in several compositions (``--eval-batch-sizes``, ``--eval-beside-largest``), the headline
+    metric in each, the comparisons of arms in each, and per arm each composition against the
+    item alone (batch 1)."""
     s = {arm: {seed: summarize(m, names, memory_warmup) for seed, m in sorted(by.items())} for arm, by in runs.items()}
+    comp = {arm: {seed: summarize_compositions(m, names) for seed, m in sorted(by.items())} for arm, by in runs.items()}
+    keys = list(dict.fromkeys(k for by in comp.values() for c in by.values() for k in c))
     shown = ("mean_iou", *names)
     lines = []
     differ = _differing_settings(runs)
@@ -153,7 +193,9 @@ def ablation_table(
     lines += [
         f"Steps {any_run['steps'][-1]}, global batch {any_run['global_batch']} "
         f"({any_run['world_size']} process(es)); held-out numbers are the mean of the last 3 evaluations "
-        f"(every {any_run['args']['eval_every']} steps){'; commit ' + ', '.join(commits) if commits else ''}.",
+        f"(every {any_run['args']['eval_every']} steps"
+        f"{', in the headline composition, ' + composition_label(keys[0]) if keys else ''})"
+        f"{'; commit ' + ', '.join(commits) if commits else ''}.",
         "",
         "Per seed (last 3: " + " / ".join(shown) + "):",
         "",
@@ -199,16 +241,90 @@ def ablation_table(
             common = sorted(set(s[x]) & set(s[y]))
             for n in (headline, *[k for k in shown if k != headline]) if (x, y) == ("sine", "grid") else (headline,):
                 r = paired([s[x][c][f"{n}_last3"] for c in common], [s[y][c][f"{n}_last3"] for c in common])
-                lines.append(
-                    f"| {x} - {y} | {n} | " + ", ".join(f"{d:+.3f}" for d in r["diffs"])
-                    + f" | {r['mean']:+.3f} ± {r['std']:.3f} | {r['wins']} / {r['losses']} / {r['ties']} | "
-                    f"{r['p_sign']:.3f} | {r['p_t']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | "
-                    f"{_reading(x, y, r)} |"
-                )
+                lines.append(_paired_row(f"{x} - {y}", n, r, _reading(x, y, r)))
                 if n == headline:
                     verdicts.append(_verdict(x, y, n, common, r))
+            for key in keys[1:]:  # the headline metric in the other compositions
+                common = sorted(c for c in set(comp[x]) & set(comp[y]) if key in comp[x][c] and key in comp[y][c])
+                if common:
+                    r = paired([comp[x][c][key][f"{headline}_last3"] for c in common],
+                               [comp[y][c][key][f"{headline}_last3"] for c in common])
+                    where = f"{headline} {_at(key)}"
+                    lines.append(_paired_row(f"{x} - {y}", where, r, _reading(x, y, r)))
+                    verdicts.append(_verdict(x, y, where, common, r))
         lines += ["", "What the numbers show:", "", *verdicts]
+    if keys:
+        lines += _composition_section(comp, keys, headline)
     return "\n".join(lines) + "\n"
+
+
+def _paired_row(label: str, metric: str, r: Mapping[str, Any], reading: str) -> str:
+    return (f"| {label} | {metric} | " + ", ".join(f"{d:+.3f}" for d in r["diffs"])
+            + f" | {r['mean']:+.3f} ± {r['std']:.3f} | {r['wins']} / {r['losses']} / {r['ties']} | "
+            f"{r['p_sign']:.3f} | {r['p_t']:.3f} | [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] | {reading} |")
+
+
+def _composition_section(
+    comp: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]], keys: Sequence[str], headline: str,
+) -> list[str]:
+    """Per arm and seed, the headline metric in every composition and its difference from the item
+    alone; per arm, the paired composition - alone over seeds with the report's rule."""
+    h = f"{headline}_last3"
+    against = [k for k in keys if k != ALONE] if ALONE in keys else []
+    lines = [
+        "",
+        f"Held-out {headline} by evaluation composition (mean of the last 3 evaluations; batch 1 is each "
+        "item alone; the differences are per seed, the composition minus alone):",
+        "",
+        "| arm | seed | " + " | ".join([composition_label(k) for k in keys]
+                                       + [f"{composition_label(k)} - alone" for k in against]) + " |",
+        "|---|---|" + "---|" * (len(keys) + len(against)),
+    ]
+    comp = {arm: {seed: c for seed, c in by.items() if c} for arm, by in comp.items()}  # runs that recorded any
+    for arm, by in comp.items():
+        for seed, c in by.items():
+            cells = [f"{c[k][h]:.3f}" if k in c else "-" for k in keys]
+            cells += [f"{c[k][h] - c[ALONE][h]:+.3f}" if k in c and ALONE in c else "-" for k in against]
+            lines.append(f"| {ARM_LABELS.get(arm, arm)} | {seed} | " + " | ".join(cells) + " |")
+    if not against:
+        return lines + ["", "No evaluation one item at a time (batch 1): no comparison against alone."]
+    lines += [
+        "",
+        "Batch against alone, per arm (per-seed differences of the last-3 values, the composition minus "
+        "alone; the same tests and rule as the comparison of arms):",
+        "",
+        "| arm | comparison | metric | per-seed differences | mean ± std | wins / losses / ties | sign test p "
+        "| t-test p | bootstrap 95 % CI | reading |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for arm, by in comp.items():
+        for key in against:
+            seeds = [seed for seed, c in by.items() if key in c and ALONE in c]
+            if not seeds:
+                continue
+            r = paired([by[c][key][h] for c in seeds], [by[c][ALONE][h] for c in seeds])
+            label = composition_label(key)
+            reading = {"a ahead": f"higher {_at(key)}", "b ahead": "higher alone"}.get(r["reading"], r["reading"])
+            lines.append(f"| {ARM_LABELS.get(arm, arm)} " + _paired_row(f"{label} - alone", headline, r, reading))
+            verdicts.append(_batch_verdict(arm, key, headline, seeds, r))
+    return lines + ["", "What the evaluation batch does:", "", *verdicts]
+
+
+def _batch_verdict(arm: str, key: str, metric: str, seeds: Sequence[int], r: Mapping[str, Any]) -> str:
+    """One plain sentence: does evaluating ``arm`` in composition ``key`` instead of alone change
+    ``metric``?"""
+    label, at = composition_label(key), _at(key)
+    if len(seeds) < 2:
+        return (f"- {arm}, {metric} {at} against alone: {len(seeds)} seed(s); too few to compare "
+                f"(difference {r['mean']:+.3f} on seed(s) {list(seeds)}).")
+    head = (f"- {arm}, {metric} (last 3) over seeds {list(seeds)}: {label} - alone = {r['mean']:+.3f} ± "
+            f"{r['std']:.3f}; higher {at} on {r['wins']} seed(s), alone on {r['losses']}, {r['ties']} tie(s); ")
+    stats = (f"(t-test p = {r['p_t']:.3f}, bootstrap 95 % interval [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], "
+             f"sign test p = {r['p_sign']:.3f}).")
+    if r["reading"] == "level":
+        return head + "**the batch does not measurably change it** " + stats
+    return head + f"**the batch changes it: higher {at if r['reading'] == 'a ahead' else 'alone'}** " + stats
 
 
 def _verdict(x: str, y: str, metric: str, seeds: Sequence[int], r: Mapping[str, Any]) -> str:
