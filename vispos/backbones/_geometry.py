@@ -59,14 +59,13 @@ class Window:
         return any(k > 1 for k in self.kernel) or any(self.pad_lo + self.pad_hi)
 
     def out_size(self, n: int, axis: int) -> int:
-        """Output size along ``axis`` for an input of size ``n`` (torch's formula; 0 for 0)."""
+        """Output size along ``axis`` for an input of size ``n`` (torch's formula; 0 for 0; below 1
+        where torch refuses the input as too small)."""
         if n == 0:
             return 0
         k, s, d = self.kernel[axis], self.stride[axis], self.dilation[axis]
         lo, hi = self.pad_lo[axis], self.pad_hi[axis]
-        span = n + lo + hi - d * (k - 1) - 1
-        if span < 0:
-            return -1
+        span = n + lo + hi - d * (k - 1) - 1  # floor division rounds down, as torch's div_rtn
         out = (span + (s - 1 if self.ceil_mode else 0)) // s + 1
         if self.ceil_mode and (out - 1) * s >= n + lo:
             out -= 1

@@ -1,0 +1,108 @@
+"""vispos._box_layers and vispos._masked_layers: statistics over valid cells against slow references
+(each item cropped to its box, the valid cells gathered by hand), values and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vispos import Padding
+from vispos import _box_layers as bl
+from vispos import _masked_layers as ml
+
+PADDING = Padding.from_sizes([(5, 7), (6, 3), (2, 7)], (6, 7))
+SYMMETRIC = Padding.from_sizes([(3, 5), (6, 3)], (6, 7), starts="symmetric")
+
+
+def _valid_cells(x: torch.Tensor, padding: Padding) -> torch.Tensor:
+    """(C, n): every item's box cells, concatenated (the slow reference's input)."""
+    return torch.cat([x[(b, slice(None), *padding.region(b))].flatten(1) for b in range(x.shape[0])], 1)
+
+
+@pytest.mark.parametrize("padding", [PADDING, SYMMETRIC], ids=["origin", "symmetric"])
+@pytest.mark.parametrize("strips", [False, True], ids=["masked", "strips"])
+def test_box_fill_writes_exactly_the_padding(padding, strips, monkeypatch):
+    monkeypatch.setattr(bl, "_STRIPS_FROM", 0 if strips else 1 << 40)
+    x = torch.randn(padding.batch, 4, *padding.spatial)
+    got = bl.box_fill(x.clone(), padding, -3.0)
+    torch.testing.assert_close(got, x.masked_fill(padding.mask.unsqueeze(1), -3.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("padding", [PADDING, SYMMETRIC], ids=["origin", "symmetric"])
+@pytest.mark.parametrize("affine", [True, False])
+def test_box_batch_norm_equals_batch_norm_of_the_valid_cells(padding, affine):
+    torch.manual_seed(0)
+    c = 4
+    x = (torch.randn(padding.batch, c, *padding.spatial, dtype=torch.float64) * 3 + 5).requires_grad_()
+    w = (torch.rand(c, dtype=torch.float64) + 0.5).requires_grad_() if affine else None
+    b = torch.randn(c, dtype=torch.float64).requires_grad_() if affine else None
+    rm, rv = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
+    tracked = torch.tensor(0)
+    y = bl.box_batch_norm(x, padding, rm, rv, w, b, True, 0.1, 1e-5, tracked)
+    # reference: torch's batch norm over the valid cells alone
+    ref_rm, ref_rv = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
+    cells = _valid_cells(x, padding)[None, :, :, None]  # (1, C, n, 1)
+    ref = F.batch_norm(cells, ref_rm, ref_rv, w, b, True, 0.1, 1e-5)[0, :, :, 0]
+    torch.testing.assert_close(_valid_cells(y, padding), ref)
+    torch.testing.assert_close(rm, ref_rm)
+    torch.testing.assert_close(rv, ref_rv)
+    assert int(tracked) == 1
+    # gradients of a loss on valid cells equal the reference's
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad((_valid_cells(y, padding) * g).sum(), [x] + ([w, b] if affine else []))
+    want = torch.autograd.grad((ref * g).sum(), [x] + ([w, b] if affine else []))
+    torch.testing.assert_close(_valid_cells(got[0], padding), _valid_cells(want[0], padding))
+    assert float(got[0].masked_select(padding.mask.unsqueeze(1).expand_as(x)).abs().max()) == 0.0
+    for a, r in zip(got[1:], want[1:]):
+        torch.testing.assert_close(a, r)
+
+
+def test_box_batch_norm_gradcheck():
+    """The closed-form backward against finite differences, padded outputs included in the loss."""
+    torch.manual_seed(1)
+    padding = Padding.from_sizes([(2, 3), (3, 2)], (3, 3))
+    x = torch.randn(2, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.rand(2, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    fn = lambda x, w, b: bl.box_batch_norm(x, padding, None, None, w, b, True, 0.1, 1e-5)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w, b))
+
+
+def test_box_group_norm_and_pools_equal_each_item_alone():
+    torch.manual_seed(2)
+    x = torch.randn(PADDING.batch, 6, *PADDING.spatial, dtype=torch.float64)
+    w, b = torch.rand(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    gn = bl.box_group_norm(x, PADDING, 3, w, b, 1e-5)
+    masked = ml.masked_group_norm(x, PADDING.mask.unsqueeze(1), 3, w, b, 1e-5)
+    for i in range(PADDING.batch):
+        item = x[(slice(i, i + 1), slice(None), *PADDING.region(i))]
+        region = (slice(i, i + 1), slice(None), *PADDING.region(i))
+        torch.testing.assert_close(gn[region], F.group_norm(item, 3, w, b, 1e-5))
+        torch.testing.assert_close(masked[region], F.group_norm(item, 3, w, b, 1e-5))
+        for mode, fn in (("mean", torch.mean), ("sum", torch.sum), ("max", torch.amax)):
+            torch.testing.assert_close(bl.box_global_pool(x, PADDING, mode, (2, 3), False)[i], fn(item, (2, 3))[0])
+            torch.testing.assert_close(ml.masked_global_pool(x, PADDING.mask.unsqueeze(1), mode, (2, 3), False)[i],
+                                       fn(item, (2, 3))[0])
+
+
+@pytest.mark.parametrize("count_include_pad, ceil_mode", [(False, True), (False, False), (True, False)])
+def test_masked_avg_pool_divides_as_the_item_alone(count_include_pad, ceil_mode):
+    torch.manual_seed(3)
+    x = torch.randn(PADDING.batch, 2, *PADDING.spatial, dtype=torch.float64)
+    got = ml.masked_avg_pool(x, PADDING.mask.unsqueeze(1), (3, 3), (2, 2), (1, 1), ceil_mode, count_include_pad, None)
+    for i in range(PADDING.batch):
+        item = x[(slice(i, i + 1), slice(None), *PADDING.region(i))]
+        alone = F.avg_pool2d(item, 3, 2, 1, ceil_mode, count_include_pad)
+        torch.testing.assert_close(got[i, :, : alone.shape[2], : alone.shape[3]], alone[0])
+
+
+def test_masked_batch_norm_matches_box_batch_norm():
+    torch.manual_seed(4)
+    x = torch.randn(PADDING.batch, 3, *PADDING.spatial, dtype=torch.float64)
+    w, b = torch.rand(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+    rm1, rv1, rm2, rv2 = torch.zeros(3), torch.ones(3), torch.zeros(3), torch.ones(3)
+    a = ml.masked_batch_norm(x, PADDING.mask.unsqueeze(1), rm1, rv1, w, b, True, 0.1, 1e-5)
+    c = bl.box_batch_norm(x, PADDING, rm2, rv2, w, b, True, 0.1, 1e-5)
+    valid = ~PADDING.mask.unsqueeze(1).expand_as(x)
+    torch.testing.assert_close(a[valid], c[valid])
+    torch.testing.assert_close(rm1, rm2)
+    torch.testing.assert_close(rv1, rv2)
