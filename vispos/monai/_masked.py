@@ -25,6 +25,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
+from .._masked_layers import masked_batch_norm, masked_group_norm
+
 __all__ = ["masked_decoder", "install_decoder_hooks"]
 
 _ACTIVE: ContextVar["_Masks | None"] = ContextVar("vispos_monai_decoder_masks", default=None)
@@ -103,57 +105,28 @@ def _norm_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
     uses_batch_stats = module.training or getattr(module, "running_mean", None) is None
     if not uses_batch_stats:  # running statistics: a per-cell affine map, nothing to mask
         return None
-    valid = masks.at(tuple(x.shape[2:]), torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype)
+    pad = masks.at(tuple(x.shape[2:]), torch.float32) == 0  # True = padding
     if isinstance(module, _BatchNorm):
-        return _masked_batch_norm(module, x, valid, masks.stash.pop(module, None))
+        return _masked_batch_norm(module, x, pad, masks.stash.pop(module, None))
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else x.shape[1]
-    return _masked_group_norm(x, valid, groups, module.weight, module.bias, module.eps)
+    return masked_group_norm(x, pad, groups, module.weight, module.bias, module.eps)
 
 
-def _masked_group_norm(x: Tensor, valid: Tensor, groups: int, weight, bias, eps: float) -> Tensor:
-    """GroupNorm (InstanceNorm: one group per channel) with statistics over valid cells only."""
-    b, c = x.shape[:2]
-    spatial = x.shape[2:]
-    xf = x.to(valid.dtype).reshape(b, groups, c // groups, *spatial)
-    v = valid.reshape(b, 1, 1, *spatial)
-    dims = tuple(range(2, xf.dim()))
-    count = (v.sum(dims, keepdim=True) * (c // groups)).clamp(min=1)
-    mean = (xf * v).sum(dims, keepdim=True) / count
-    var = (((xf - mean) * v) ** 2).sum(dims, keepdim=True) / count
-    y = ((xf - mean) / torch.sqrt(var + eps)).reshape(b, c, *spatial)
-    shape = (1, c) + (1,) * len(spatial)
-    if weight is not None:
-        y = y * weight.view(shape)
-    if bias is not None:
-        y = y + bias.view(shape)
-    return y.to(x.dtype)
-
-
-def _masked_batch_norm(module: _BatchNorm, x: Tensor, valid: Tensor, stash: list | None) -> Tensor:
-    """BatchNorm in training: batch statistics over valid cells only, and the running statistics
-    updated from them (as ``_BatchNorm.forward`` does, with the unbiased variance)."""
-    c = x.shape[1]
-    xf = x.to(valid.dtype)
-    dims = (0, *range(2, x.dim()))
-    count = valid.sum(dims, keepdim=True).clamp(min=1)
-    mean = (xf * valid).sum(dims, keepdim=True) / count
-    var = (((xf - mean) * valid) ** 2).sum(dims, keepdim=True) / count
-    if stash is not None:
+def _masked_batch_norm(module: _BatchNorm, x: Tensor, pad: Tensor, stash: list | None) -> Tensor:
+    """BatchNorm in training: batch statistics over valid cells only, the running statistics updated
+    from them (restored first from ``stash``: the module's own forward already updated them from
+    every cell)."""
+    track = stash is not None
+    if track:
         with torch.no_grad():
-            running_mean, running_var, tracked = stash
-            module.running_mean.copy_(running_mean)
-            module.running_var.copy_(running_var)
-            module.num_batches_tracked.copy_(tracked + 1)
-            factor = 1.0 / float(module.num_batches_tracked) if module.momentum is None else module.momentum
-            n = count.reshape(())
-            unbiased = var.reshape(c) * n / (n - 1).clamp(min=1)
-            module.running_mean.mul_(1 - factor).add_(mean.reshape(c).to(running_mean.dtype), alpha=factor)
-            module.running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype), alpha=factor)
-    y = (xf - mean) / torch.sqrt(var + module.eps)
-    shape = (1, c) + (1,) * (x.dim() - 2)
-    if module.weight is not None:
-        y = y * module.weight.view(shape) + module.bias.view(shape)
-    return y.to(x.dtype)
+            module.running_mean.copy_(stash[0])
+            module.running_var.copy_(stash[1])
+            module.num_batches_tracked.copy_(stash[2])
+    return masked_batch_norm(
+        x, pad, module.running_mean if track else None, module.running_var if track else None,
+        module.weight, module.bias, True, module.momentum, module.eps,
+        module.num_batches_tracked if track else None,
+    )
 
 
 def install_decoder_hooks(modules: Iterable[nn.Module], owner: str) -> None:
