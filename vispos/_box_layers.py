@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._masked_layers import check_sync_batch_norm, update_running_stats
 from .padding import Padding
 
 __all__ = ["box_views", "box_fill", "box_batch_norm", "box_batch_norm_module", "box_group_norm", "box_global_pool"]
@@ -173,20 +174,9 @@ def box_batch_norm(
     if not use_batch:
         return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, eps)
     y, mean, var = _BoxBatchNorm.apply(x, weight, bias, padding, eps)
-    if training and running_mean is not None and running_var is not None:
-        factor = momentum
-        if num_batches_tracked is not None:
-            with torch.no_grad():
-                num_batches_tracked.add_(1)
-            if momentum is None:
-                factor = 1.0 / num_batches_tracked
-        elif momentum is None:
-            factor = 0.0
+    if training:
         n = sum(count for _, _, count in box_views(padding))
-        with torch.no_grad():
-            unbiased = var * (n / max(n - 1, 1))
-            running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype) * factor)
-            running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype) * factor)
+        update_running_stats(running_mean, running_var, num_batches_tracked, momentum, mean, var, n)
     return y
 
 
@@ -196,8 +186,6 @@ def box_batch_norm_module(x: Tensor, padding: Padding | None, bn: nn.Module) -> 
     activation after)."""
     if padding is None or not isinstance(bn, nn.modules.batchnorm._BatchNorm):
         return bn(x)
-    from ._masked_layers import check_sync_batch_norm
-
     check_sync_batch_norm(bn)
     track = bn.training and bn.track_running_stats
     use_running = not bn.training and bn.running_mean is not None

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "update_running_stats",
     "check_sync_batch_norm",
     "fill_padding",
     "masked_batch_norm",
@@ -63,6 +64,33 @@ def fill_padding(x: Tensor, pad: Tensor | None, value: float, inplace: bool = Fa
 def _valid_count(pad: Tensor, dims: Sequence[int], dtype: torch.dtype) -> Tensor:
     """Number of valid cells over ``dims`` of ``pad`` (as ``dtype``, at least 1)."""
     return (~pad).sum(tuple(dims), keepdim=True, dtype=dtype).clamp_(min=1)
+
+
+def update_running_stats(
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    num_batches_tracked: Tensor | None,
+    momentum: float | None,
+    mean: Tensor,
+    var: Tensor,
+    n: Tensor | int,
+) -> None:
+    """Batch norm's running statistics after a training step, as ``torch.nn.BatchNorm2d`` updates
+    them: ``num_batches_tracked += 1``; ``momentum`` (or, when None, the cumulative average
+    ``1 / num_batches_tracked``); the running variance from the unbiased variance ``var * n / (n -
+    1)`` of the ``n`` cells the biased ``var`` was taken over. Nothing happens without running
+    statistics."""
+    if running_mean is None or running_var is None:
+        return
+    factor: float | Tensor = 0.0 if momentum is None else momentum
+    with torch.no_grad():
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+            if momentum is None:
+                factor = 1.0 / num_batches_tracked
+        unbiased = var * (n / (n - 1).clamp(min=1) if isinstance(n, Tensor) else n / max(n - 1, 1))
+        running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype) * factor)
+        running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype) * factor)
 
 
 def masked_batch_norm(
@@ -111,20 +139,9 @@ def masked_batch_norm(
     mean = xf.masked_fill(pad, 0).sum(dims, keepdim=True) / n
     centred = (xf - mean).masked_fill_(pad, 0)
     var = centred.square().sum(dims, keepdim=True) / n
-    if training and running_mean is not None and running_var is not None:
-        factor = momentum
-        if num_batches_tracked is not None:
-            with torch.no_grad():
-                num_batches_tracked.add_(1)
-            if momentum is None:
-                factor = 1.0 / num_batches_tracked
-        elif momentum is None:
-            factor = 0.0
-        with torch.no_grad():
-            c = x.shape[1]
-            unbiased = var.reshape(c) * (n.reshape(()) / (n.reshape(()) - 1).clamp(min=1))
-            running_mean.mul_(1 - factor).add_(mean.reshape(c).to(running_mean.dtype) * factor)
-            running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype) * factor)
+    if training:
+        update_running_stats(running_mean, running_var, num_batches_tracked, momentum,
+                             mean.reshape(-1), var.reshape(-1), n.reshape(()))
     scale = torch.rsqrt(var + eps)
     shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
     if weight is not None:

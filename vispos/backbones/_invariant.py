@@ -293,15 +293,8 @@ class _Rewriter:
             return
         if target is operator.getitem:
             return self.getitem(node, spatial)
-        entry = rules.FUNCTION_SIGNATURES.get(target)
-        if entry is None:
-            self.refuse(node, "no rule for this function on a feature map")
-        kind, signature = entry
-        try:
-            a = rules.bind(signature, node.args, node.kwargs)
-        except TypeError:
-            self.refuse(node, "its arguments could not be read")
-        self.functional(node, kind, a, spatial)
+        self.by_signature(node, rules.FUNCTION_SIGNATURES.get(target), spatial,
+                          "no rule for this function on a feature map")
 
     def method(self, node: fx.Node, spatial: list[fx.Node]) -> None:
         name = node.target
@@ -310,9 +303,13 @@ class _Rewriter:
             return
         if name in rules.POINTWISE_METHODS:
             return self.pointwise(node, spatial, alias=name in rules.ALIAS_METHODS)
-        entry = rules.METHOD_SIGNATURES.get(name)
+        self.by_signature(node, rules.METHOD_SIGNATURES.get(name), spatial,
+                          "it reshapes, moves or mixes cells without a padding mask")
+
+    def by_signature(self, node: fx.Node, entry: tuple | None, spatial: list[fx.Node], unknown: str) -> None:
+        """A call with a rule of :mod:`._invariant_rules`: its arguments read by name, then rewritten."""
         if entry is None:
-            self.refuse(node, "it reshapes, moves or mixes cells without a padding mask")
+            self.refuse(node, unknown)
         kind, signature = entry
         try:
             a = rules.bind(signature, node.args, node.kwargs)
