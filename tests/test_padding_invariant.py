@@ -321,3 +321,24 @@ def test_joiner_projections_and_extra_levels_exact(hidden, levels):
         fs, _ = stock(nested_tensor_from_tensor_list([other, item]))
     drift = (_crop(fs[0], 1, fa[0].tensors.shape[2:]) - fa[0].tensors[0]).abs().max()
     assert drift > 1e-3  # GroupNorm over the padded canvas: what the option removes
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_cpu_without_host_reads_of_the_masks():
+    """On CUDA the masks are built from the boxes by slicing (no host-to-device copy of sizes) and
+    every level equals the CPU result; synchronising calls would raise under sync debug mode."""
+    bb = _trained_like(TimmBackbone("resnet18", out_indices=(3, 4), padding_invariant=True)).eval()
+    batch = nested_tensor_from_tensor_list([torch.randn(3, 70, 50), torch.randn(3, 64, 96)])
+    with torch.no_grad():
+        ref = bb(batch)
+        bb.cuda()
+        cuda_batch = batch.to("cuda")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = bb(cuda_batch)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b.tensors.cpu(), a.tensors, rtol=1e-4, atol=1e-4)
+        assert b.padding.sizes == a.padding.sizes
