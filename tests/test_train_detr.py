@@ -399,7 +399,7 @@ def test_report_by_evaluation_composition(tmp_path):
     assert ("- grid, ap50 (last 3) over seeds [0, 1, 2, 3, 4]: batch 8 - alone = -0.050 ± 0.010; higher at batch 8 on 0 "
             "seed(s), alone on 5, 0 tie(s); **the batch changes it: higher alone**") in table
     assert ("- sine, ap50 (last 3) over seeds [0, 1, 2, 3, 4]: batch 8 - alone = +0.000 ± 0.000; higher at batch 8 on 0 "
-            "seed(s), alone on 0, 5 tie(s); **the batch does not measurably change it**") in table
+            "seed(s), alone on 0, 5 tie(s); **level: the report's rule calls no difference**") in table
     # the arms compared in the headline composition (as before) and alone
     assert "| sine - grid | ap50 | +0.010, +0.030, +0.010, +0.020, +0.030 | +0.020 ± 0.010 | 5 / 0 / 0 |" in table
     assert "| sine - grid | ap50 at batch 1 | -0.040, -0.030, -0.030, -0.040, -0.010 | -0.030 ± 0.012 | 0 / 5 / 0 |" in table

@@ -323,7 +323,7 @@ def _batch_verdict(arm: str, key: str, metric: str, seeds: Sequence[int], r: Map
     stats = (f"(t-test p = {r['p_t']:.3f}, bootstrap 95 % interval [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], "
              f"sign test p = {r['p_sign']:.3f}).")
     if r["reading"] == "level":
-        return head + "**the batch does not measurably change it** " + stats
+        return head + "**level: the report's rule calls no difference** " + stats
     return head + f"**the batch changes it: higher {at if r['reading'] == 'a ahead' else 'alone'}** " + stats
 
 
