@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vispos  # noqa: E402
+from _demo_step import timed_step  # noqa: E402
 from demos import train_detr3d as T  # noqa: E402
 from demos.detr import POS_ARMS, SetCriterion, build_model  # noqa: E402
 from demos.detr.cli import parse_args  # noqa: E402
@@ -57,16 +58,10 @@ def main(argv=None) -> int:
     for step in range(args.warmup + args.steps):
         items = [train[step * demo.batch_size + i] for i in range(demo.batch_size)]
         for arm, (model, optim) in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            nested, targets = collate(items)
-            losses = criterion(model(nested), targets)
-            optim.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), demo.clip)
-            optim.step()
+            w, c, nested = timed_step(model, optim, criterion, collate, items, demo.clip)
             if step >= args.warmup:
-                wall[arm].append(time.perf_counter() - t0)
-                cpu[arm].append(time.process_time() - c0)
+                wall[arm].append(w)
+                cpu[arm].append(c)
         padded.append(float(nested.mask.float().mean()))
     lines = [
         f"torch {torch.__version__}, {args.threads} thread(s), batch {demo.batch_size}, {args.steps} timed steps "

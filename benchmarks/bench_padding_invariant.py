@@ -153,6 +153,7 @@ def backbone_rows(args) -> list[str]:
 
 
 def demo_rows(args) -> list[str]:
+    from _demo_step import timed_step
     from demos import train_detr, train_detr3d
     from demos.detr import SetCriterion, build_model
     from demos.detr.cli import parse_args
@@ -184,16 +185,10 @@ def demo_rows(args) -> list[str]:
         for step in range(total):
             items = [train[step * demo.batch_size + i] for i in range(demo.batch_size)]
             for arm, (model, optim) in runs.items():
-                t0, c0 = time.perf_counter(), time.process_time()
-                nested, targets = collate(items)
-                losses = criterion(model(nested), targets)
-                optim.zero_grad(set_to_none=True)
-                losses["loss"].backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), demo.clip)
-                optim.step()
+                w, c, _ = timed_step(model, optim, criterion, collate, items, demo.clip)
                 if step >= args.warmup:
-                    wall[arm].append(time.perf_counter() - t0)
-                    cpu[arm].append(time.process_time() - c0)
+                    wall[arm].append(w)
+                    cpu[arm].append(c)
         w = {arm: statistics.median(wall[arm]) for arm in ARMS}
         c = {arm: statistics.median(cpu[arm]) for arm in ARMS}
         lines.append(f"| {task.name} | {w['stock']:.3f} | {w['invariant']:.3f} | {w['invariant'] / w['stock']:.3f} | "

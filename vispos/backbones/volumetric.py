@@ -52,14 +52,11 @@ class VolumeBackbone(GraphBackbone):
         train_backbone (bool), frozen_stages (int), frozen_batch_norm (bool): as in
             :class:`~vispos.backbones.TorchvisionBackbone`; batch norms become
             :class:`~vispos.backbones.FrozenBatchNorm3d`.
-        padding_invariant (bool): an item in a padded batch (at the origin, DETR's layout) gets on
-            its own cells exactly the features it gets alone, on every level, in eval and training
-            mode: every layer of the feature-extraction graph that mixes cells is rewritten
-            (convolutions and pools see zeros / ``-inf`` outside the item, also where FX traced
-            through a ``Conv3d`` subclass; batch norm in training, group / instance norm and global
-            pooling take statistics over valid cells), and each level's mask marks exactly the
-            cells outside the item's own feature map (convolution arithmetic). Layers that cannot
-            be made exact are refused here, by name. Default False: DETR's numbers.
+        padding_invariant (bool): as in :class:`~vispos.backbones.TorchvisionBackbone`: each volume
+            of a padded batch gets, on its own cells, the features it gets alone (torchvision's
+            video ResNets convolve through ``Conv3d`` subclasses that FX traces through, which the
+            rewrite follows too). Items placed by MONAI's symmetric padding are exact when they
+            start at a multiple of every stride, else refused at ``forward``. Default False.
 
     Attributes:
         num_channels (list[int]): channels of each level.
