@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .report import ALONE, composition_label, load_runs, paired, summarize_compositions
+from .report import ALONE, composition_label, load_runs, paired, stats_clause, summarize_compositions
 
 __all__ = ["compare_backbones", "main"]
 
@@ -50,8 +50,7 @@ def _sentence(label: str, r: Mapping[str, Any], seeds: Sequence[int], x: str, y:
     verdict = {"a ahead": f"**{x} ahead**", "b ahead": f"**{y} ahead**"}.get(r["reading"], "**level**")
     return (f"- {label} over seeds {list(seeds)}: {x} - {y} = {r['mean']:+.3f} ± {r['std']:.3f} "
             f"(per seed {', '.join(f'{d:+.3f}' for d in r['diffs'])}); {x} higher on {r['wins']}, {y} on "
-            f"{r['losses']}; {verdict} (t-test p = {r['p_t']:.3f}, bootstrap 95 % interval "
-            f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], sign test p = {r['p_sign']:.3f}).")
+            f"{r['losses']}; {verdict} " + stats_clause(r))
 
 
 def _compare(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]], key_a: str, key_b: str,

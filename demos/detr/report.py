@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["load_runs", "summarize", "summarize_compositions", "composition_label", "paired", "ablation_table",
+__all__ = ["load_runs", "summarize", "summarize_compositions", "composition_label", "paired", "stats_clause", "ablation_table",
            "plot_curves"]
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
@@ -311,6 +311,13 @@ def _composition_section(
     return lines + ["", "What the evaluation batch does:", "", *verdicts]
 
 
+def stats_clause(r: Mapping[str, Any]) -> str:
+    """The statistics behind one reading of :func:`paired`, in the words every sentence of the
+    reports uses: ``(t-test p = .., bootstrap 95 % interval [.., ..], sign test p = ..).``"""
+    return (f"(t-test p = {r['p_t']:.3f}, bootstrap 95 % interval [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], "
+            f"sign test p = {r['p_sign']:.3f}).")
+
+
 def _batch_verdict(arm: str, key: str, metric: str, seeds: Sequence[int], r: Mapping[str, Any]) -> str:
     """One plain sentence: does evaluating ``arm`` in composition ``key`` instead of alone change
     ``metric``?"""
@@ -320,8 +327,7 @@ def _batch_verdict(arm: str, key: str, metric: str, seeds: Sequence[int], r: Map
                 f"(difference {r['mean']:+.3f} on seed(s) {list(seeds)}).")
     head = (f"- {arm}, {metric} (last 3) over seeds {list(seeds)}: {label} - alone = {r['mean']:+.3f} ± "
             f"{r['std']:.3f}; higher {at} on {r['wins']} seed(s), alone on {r['losses']}, {r['ties']} tie(s); ")
-    stats = (f"(t-test p = {r['p_t']:.3f}, bootstrap 95 % interval [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], "
-             f"sign test p = {r['p_sign']:.3f}).")
+    stats = stats_clause(r)
     if r["reading"] == "level":
         return head + "**level: the report's rule calls no difference** " + stats
     return head + f"**the batch changes it: higher {at if r['reading'] == 'a ahead' else 'alone'}** " + stats
@@ -336,10 +342,8 @@ def _verdict(x: str, y: str, metric: str, seeds: Sequence[int], r: Mapping[str, 
     head = (f"- {x} vs {y}, {metric} (last 3) over seeds {list(seeds)}: {x} - {y} = {r['mean']:+.3f} ± {r['std']:.3f}; "
             f"{x} better on {r['wins']} seed(s), {y} on {r['losses']}, {r['ties']} tie(s); ")
     if r["reading"] == "level":
-        return head + (f"**the arms are level** (t-test p = {r['p_t']:.3f}, bootstrap 95 % interval "
-                       f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]).")
-    return head + (f"**{_reading(x, y, r)}** (t-test p = {r['p_t']:.3f}, bootstrap 95 % interval "
-                   f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}], sign test p = {r['p_sign']:.3f}).")
+        return head + "**the arms are level** " + stats_clause(r)
+    return head + f"**{_reading(x, y, r)}** " + stats_clause(r)
 
 
 def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], headline: str, path: str) -> str:
