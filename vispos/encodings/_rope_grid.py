@@ -117,7 +117,9 @@ def grid_boxes(spatial: Sequence[int], device: torch.device, batch: int = 1) -> 
     """Unpadded items covering the whole grid ``S``."""
     n = len(spatial)
     start = torch.zeros((batch, n), dtype=torch.int64, device=device)
-    size = torch.tensor([list(spatial)], dtype=torch.int64, device=device).expand(batch, n)
+    size = torch.empty((batch, n), dtype=torch.int64, device=device)
+    for axis, extent in enumerate(spatial):  # scalar fills: no host-to-device copy
+        size[:, axis].fill_(extent)
     return ItemBoxes(tuple(spatial), start, size, None)
 
 
@@ -199,7 +201,9 @@ def coordinate_lines(
     length = max(boxes.spatial) if boxes.spatial else 0
     device = start.device
     if list(perm) != list(range(n)):
-        start, size = start[:, list(perm)], size[:, list(perm)]
+        # columns by slicing: an index list would be copied from the host (a synchronisation)
+        start = torch.stack([start[:, p] for p in perm], 1)
+        size = torch.stack([size[:, p] for p in perm], 1)
     cells = torch.arange(length, device=device, dtype=torch.float32)
     lines = cells - start.to(torch.float32).unsqueeze(-1)  # [B, n, M]
     if not centered:
@@ -368,7 +372,7 @@ def identity_at_padding(out: Tensor, boxes: ItemBoxes) -> None:
         if items.numel():
             view[:, items, :, tokens] = torch.tensor([0.0, 1.0], dtype=out.dtype).view(2, 1)
         return
-    ident = torch.tensor([0.0, 1.0], dtype=out.dtype, device=out.device).view(2, 1)
+    ident = torch.arange(2, dtype=out.dtype, device=out.device).view(2, 1)  # (sin, cos) = (0, 1), no host copy
     cond = flat.view(1, batch, 1, n, 1, 1)
     if out.requires_grad or tracing():
         view.copy_(torch.where(cond, view, ident))
