@@ -358,7 +358,9 @@ def resnet50_ratio(table: Table, dev, small: bool, repeats: int) -> None:
     from bench_padding_invariant import MODES, _trained_like, step_fn
     from vispos.backbones import TimmBackbone
 
-    crit = f"B = 8, 480-640 px padded, median of {repeats} interleaved, TF32 default"
+    sides = [s for size in RESNET50_SIZES for s in size]
+    crit = (f"B = {len(RESNET50_SIZES)}, {min(sides)}-{max(sides)} px padded, median of {repeats} interleaved, "
+            "TF32 default")
     if dev.type == "cpu" and small:
         for mode in MODES:
             table.add("timing", f"ResNet-50 invariant / stock, {mode}", "skipped (--quick on CPU)", "-", crit)
