@@ -234,7 +234,9 @@ def _grid_rows(wl: Workload, levels, channels, device):
     wl.impls[f"vispos PositionalEncodingPermute{n}D cached, copy out"] = lambda: [warm(x) for x in xs]
 
 
-def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
+def build_workloads(device: torch.device, quick: bool, grid_peers: bool = True) -> list[Workload]:
+    """Every workload; ``grid_peers=False`` leaves out the peers that ignore the mask
+    (positional-encodings, timm, MONAI), and so their imports."""
     wls = []
     scale_down = 2 if quick else 1
 
@@ -249,7 +251,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     fresh = fresh_levels(imgs, [32], vary, device, scale=32)
     _vispos_rows(wl, levels, fresh, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
-    _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
+    _peers_2d(wl, levels, 128, 10000, True, 0.0, device, grid_peers)
     wls.append(wl)
 
     levels = _level_masks(imgs[:2], [8, 16, 32, 64], device)
@@ -262,7 +264,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     fresh = fresh_levels(imgs[:2], [8, 16, 32, 64], [((0,), steps)], device, scale=64)
     _vispos_rows(wl, levels, fresh, 128, 10000, True, -0.5, device)
     _grid_rows(wl, levels, 256, device)
-    _peers_2d(wl, levels, 128, 10000, True, -0.5, device)
+    _peers_2d(wl, levels, 128, 10000, True, -0.5, device, grid_peers)
     wls.append(wl)
 
     levels = _level_masks(imgs[:2], [4], device)
@@ -273,7 +275,7 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     fresh = fresh_levels(imgs[:2], [4], [((0,), steps)], device, scale=4)
     _vispos_rows(wl, levels, fresh, 128, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 256, device)
-    _peers_2d(wl, levels, 128, 10000, True, 0.0, device)
+    _peers_2d(wl, levels, 128, 10000, True, 0.0, device, grid_peers)
     wls.append(wl)
 
     vols = [(64, 64, 64), (48, 64, 56)] if not quick else [(32, 32, 32), (24, 32, 28)]
@@ -286,24 +288,25 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     fresh = fresh_levels(vols, [1], [((1,), steps)], device)
     _vispos_rows(wl, levels, fresh, 32, 10000, True, 0.0, device)
     _grid_rows(wl, levels, 96, device)
-    try:
-        from positional_encodings.torch_encodings import PositionalEncodingPermute3D
+    if grid_peers:
+        try:
+            from positional_encodings.torch_encodings import PositionalEncodingPermute3D
 
-        x3 = torch.zeros(2, 96, *nt.tensors.shape[2:], device=device)
-        pe3 = PositionalEncodingPermute3D(96).to(device)
-        wl.impls["positional-encodings (no mask)"] = lambda: _uncached_pe(pe3, x3)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
+            x3 = torch.zeros(2, 96, *nt.tensors.shape[2:], device=device)
+            pe3 = PositionalEncodingPermute3D(96).to(device)
+            wl.impls["positional-encodings (no mask)"] = lambda: _uncached_pe(pe3, x3)
+        except ImportError:  # pragma: no cover
+            pass
+        try:
+            from monai.networks.blocks.pos_embed_utils import build_sincos_position_embedding
 
-        if device.type == "cpu":
-            grid3 = list(nt.tensors.shape[2:])
-            wl.impls["MONAI sincos (no mask, 1 grid)"] = lambda: build_sincos_position_embedding(
-                grid3, 96, 3, 10000.0
-            )
-    except ImportError:  # pragma: no cover
-        pass
+            if device.type == "cpu":
+                grid3 = list(nt.tensors.shape[2:])
+                wl.impls["MONAI sincos (no mask, 1 grid)"] = lambda: build_sincos_position_embedding(
+                    grid3, 96, 3, 10000.0
+                )
+        except ImportError:  # pragma: no cover
+            pass
     wls.append(wl)
 
     length = 4096 // scale_down
@@ -316,14 +319,15 @@ def build_workloads(device: torch.device, quick: bool) -> list[Workload]:
     fresh = fresh_levels(lengths, [1], [(tuple(range(8, 16)), [range(0, 1000 // scale_down)])], device)
     _vispos_rows(wl, [nt], fresh, 1024, 10000, False, 0.0, device)
     _grid_rows(wl, [nt], 1024, device)
-    try:
-        from positional_encodings.torch_encodings import PositionalEncodingPermute1D
+    if grid_peers:
+        try:
+            from positional_encodings.torch_encodings import PositionalEncodingPermute1D
 
-        x1 = torch.zeros(16, 1024, length, device=device)
-        pe1 = PositionalEncodingPermute1D(1024).to(device)
-        wl.impls["positional-encodings (no mask)"] = lambda: _uncached_pe(pe1, x1)
-    except ImportError:  # pragma: no cover
-        pass
+            x1 = torch.zeros(16, 1024, length, device=device)
+            pe1 = PositionalEncodingPermute1D(1024).to(device)
+            wl.impls["positional-encodings (no mask)"] = lambda: _uncached_pe(pe1, x1)
+        except ImportError:  # pragma: no cover
+            pass
     wls.append(wl)
     return wls
 
@@ -358,8 +362,11 @@ def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False, only
         return [{n: peak_bytes(fn, device) for n, fn in wl.impls.items() if keep(n)} for wl in workloads]
 
 
-def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None, only=None):
-    workloads = select(build_workloads(device, quick), only)
+def run(device: torch.device, repeats: int, quick: bool, peaks: list[dict[str, int]] | None = None, only=None,
+        workloads: list[Workload] | None = None):
+    """Times ``workloads`` (default: the selected ones of :func:`build_workloads`)."""
+    if workloads is None:
+        workloads = select(build_workloads(device, quick), only)
     timed = []
     with torch.inference_mode():
         for wl in workloads:  # pass 1: steady-state time, default allocator

@@ -12,3 +12,24 @@ torch.backends.cuda.matmul.allow_tf32 = False
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+def _runs_on_cuda(item) -> bool:
+    """Parametrized over a CUDA device, naming ``cuda`` in its body (``torch.cuda.is_available()``,
+    ``.cuda()``), or skipped without CUDA."""
+    callspec = getattr(item, "callspec", None)
+    for value in (callspec.params.values() if callspec else ()):
+        if (isinstance(value, str) and value.startswith("cuda")) or getattr(value, "type", None) == "cuda":
+            return True
+    code = getattr(getattr(item, "function", None), "__code__", None)
+    if code is not None and "cuda" in code.co_names:
+        return True
+    return any("CUDA" in str(m.kwargs.get("reason", "")) for m in item.iter_markers("skipif"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses a CUDA device carries the ``cuda`` marker, so ``pytest -m cuda`` runs
+    them all on a GPU machine (on a CPU-only one they skip or run their CPU part)."""
+    for item in items:
+        if item.get_closest_marker("cuda") is None and _runs_on_cuda(item):
+            item.add_marker(pytest.mark.cuda)
