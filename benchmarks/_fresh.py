@@ -74,11 +74,20 @@ class FreshInputs:
         return item
 
 
+#: a cycle of distinct batches must be longer than any module's cache (8 entries by default,
+#: LRU) for a batch seen a cycle ago to be a miss again
+MIN_CYCLE = 64
+
+
 def _offsets(i: int, ranges: list[range]) -> list[int]:
-    """The ``i``-th point of the grid ``ranges[0] x ranges[1] x ...`` (mixed radix, first fastest)."""
+    """The ``i``-th point of the grid ``ranges[0] x ranges[1] x ...`` (mixed radix, first fastest).
+    Past the last point the grid starts again: a GPU runs thousands of calls per sample, more than
+    a workload has size combinations, and a cache of fewer entries than the cycle never hits."""
     total = math.prod(len(r) for r in ranges)
-    if i >= total:
-        raise RuntimeError(f"fresh batch {i}: only {total} distinct size combinations in this workload")
+    if i >= total and total < MIN_CYCLE:
+        raise RuntimeError(f"fresh batch {i}: only {total} distinct size combinations in this workload "
+                           f"(a cycle needs at least {MIN_CYCLE})")
+    i %= total
     out = []
     for r in ranges:
         i, digit = divmod(i, len(r))

@@ -44,6 +44,13 @@ def c5_level(device) -> NestedTensor:
     return _level_masks(IMAGES, [32], device)[0]
 
 
+def valid_cells(pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``pos`` with zeros on padding. With ``offset=-0.5`` (Deformable-DETR) a padding-only line
+    has the angle ``-0.5 / (0 + eps) * scale``, about -3e6 rad: one ulp of it moves a sine by 1e-2,
+    so two devices (or a compiler) agree there only on a finite value in [-1, 1]."""
+    return pos.masked_fill(mask.unsqueeze(1), 0.0)
+
+
 def _module(make: Callable[[], torch.nn.Module], device) -> torch.nn.Module:
     torch.manual_seed(0)
     return make().eval().to(device)
@@ -54,7 +61,7 @@ def _sine(feats: int, offset: float, what: str) -> Setup:
         pe = _module(lambda: vispos.PositionEmbeddingSine(feats, normalize=True, offset=offset), device)
         if what == "levels":
             levels = _level_masks(IMAGES[:2], [8, 16, 32, 64], device)
-            return lambda: [pe(lv) for lv in levels]
+            return lambda: [valid_cells(pe(lv), lv.mask) for lv in levels]
         if what == "volumes":
             nt = nested_tensor_from_tensor_list([torch.zeros(1, *v) for v in VOLUMES]).to(device)
             return lambda: pe(nt)
@@ -97,7 +104,7 @@ FAMILIES: dict[str, Setup] = {
     "PositionEmbeddingSine, DETR C5 (NestedTensor)": _sine(128, 0.0, "nested"),
     "PositionEmbeddingSine, DETR C5 (bool mask)": _sine(128, 0.0, "mask"),
     "PositionEmbeddingSine, DETR C5 (arbitrary mask)": _sine(128, 0.0, "arbitrary"),
-    "PositionEmbeddingSine, Deformable offset -0.5 (4 levels)": _sine(128, -0.5, "levels"),
+    "PositionEmbeddingSine, Deformable offset -0.5 (4 levels, valid cells)": _sine(128, -0.5, "levels"),
     "PositionEmbeddingSine, 3D volumes (NestedTensor)": _sine(32, 0.0, "volumes"),
     "PositionalEncoding2D (channel-last)": _call(
         lambda: vispos.PositionalEncoding2D(64), lambda: (torch.randn(2, 12, 16, 64),)),

@@ -43,3 +43,13 @@ def test_a_batch_not_prepared_is_refused():
         cursor()
     with pytest.raises(RuntimeError, match="only 3 distinct size combinations"):
         cursor.prepare(1)
+
+
+def test_a_long_cycle_starts_again():
+    """A GPU runs more calls than a workload has size combinations: past the last, batch ``i`` is
+    batch ``i % total``, a miss for any cache of fewer entries than the cycle."""
+    batches = fresh_levels([(80,), (70,)], [1], [((1,), [range(0, 64)])], "cpu")
+    cursor = FreshInputs(batches, "mask")
+    cursor.prepare(66)
+    first = [cursor() for _ in range(66)]
+    assert torch.equal(first[64][0], first[0][0]) and not torch.equal(first[63][0], first[0][0])
