@@ -170,3 +170,24 @@ def test_backbone_border_effect_3d_measured():
         assert s["max_abs"] > 0
     with pytest.raises(ValueError, match="padded_size must have 3 entries"):
         backbone_border_effect(bb, vol, (8, 8, 8))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flatten_levels_does_not_synchronise_on_cuda():
+    """The level shapes travel to the device through pinned memory (no blocking copy)."""
+    nt = nested_tensor_from_tensor_list([torch.zeros(3, 40, 56), torch.zeros(3, 64, 32)], size_divisibility=16)
+    pe = PositionEmbeddingSine(16, normalize=True).cuda()
+    levels = [NestedTensor(torch.randn(2, 32, *s), None).to("cuda") for s in ((8, 8), (4, 4))]
+    levels = [nt.to("cuda").with_features(lv.tensors) for lv in levels]
+    ref = flatten_levels([lv.to("cpu") for lv in levels], [pe(lv).cpu() for lv in levels])
+    pos = [pe(lv) for lv in levels]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        flat = flatten_levels(levels, pos)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(flat.spatial_shapes.cpu(), ref.spatial_shapes)
+    assert torch.equal(flat.level_start_index.cpu(), ref.level_start_index)
+    torch.testing.assert_close(flat.src.cpu(), ref.src)

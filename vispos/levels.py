@@ -20,6 +20,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from ._tracing import host_facts, host_tensor
 from .nested_tensor import NestedTensor
 from .padding import Padding
 
@@ -125,7 +126,10 @@ def flatten_levels(
             p = p + level_embed[lvl].to(p.dtype).view(1, 1, -1)
         pos_flat.append(p)
     key_padding_mask = torch.cat([p.mask.flatten(1) for p in paddings], 1)
-    spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=src.device)
+    if host_facts(src.device):  # pinned and non-blocking on CUDA: no synchronisation
+        spatial_shapes = host_tensor([list(s) for s in shapes], torch.long, src.device)
+    else:
+        spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=src.device)
     level_start_index = torch.cat((spatial_shapes.new_zeros((1,)), spatial_shapes.prod(1).cumsum(0)[:-1]))
     ratio_dtype = src.dtype if src.is_floating_point() else torch.float32
     ratios = torch.stack([p.valid_ratios(ratio_dtype) for p in paddings], 1)
