@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._checks import as_int, as_real, check_bool, check_choice, check_multiple, check_number, check_sizes
 from .._sincos import check_temperature, sincos_embed
-from .random_fourier import fourier_features
+from ._fourier import check_finite_matrix, check_scale, fourier_features
 from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
 __all__ = [
