@@ -149,7 +149,8 @@ class PositionEmbeddingRandom(nn.Module):
         check_choice(normalize, _NORMALIZE, "normalize")
         check_choice(coord_order, _ORDERS, "coord_order")
         check_bool(align_corners, "align_corners")
-        trainable = self._trainable if trainable is None else check_bool(trainable, "trainable")
+        if check_bool(trainable, "trainable", optional=True) is None:
+            trainable = self._trainable
         if isinstance(coord_range, (str, bytes)) or not isinstance(coord_range, Sequence) or len(coord_range) != 2:
             raise (TypeError if not isinstance(coord_range, Sequence) else ValueError)(
                 f"coord_range must be a pair (lo, hi), got {coord_range!r}"
