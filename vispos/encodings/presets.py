@@ -284,7 +284,8 @@ def monai_fourier(
         raise TypeError(f"scales must be a number or a sequence of {spatial_dims} numbers, got {scales!r}")
     if isinstance(scales, Sequence) and len(scales) != spatial_dims:
         raise ValueError(f"scales must hold {spatial_dims} numbers (one per axis), got {list(scales)}")
-    values = check_scale([scales] * spatial_dims if isinstance(scales, (int, float)) else scales, spatial_dims, "scales")
+    values = [scales] * spatial_dims if isinstance(scales, (int, float)) else scales
+    values = check_scale(values, spatial_dims, "scales")
     gaussians = torch.randn(embed_dim // 2, spatial_dims, dtype=torch.float32, generator=generator)
     gaussians = gaussians * torch.tensor(values, dtype=torch.float32)
     gaussians = check_finite_matrix(gaussians.T, scales, "scales").T.to(device)

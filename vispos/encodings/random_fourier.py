@@ -28,7 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import _tracing
-from .._checks import MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes
+from .._checks import (
+    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes,
+)
 from .._positions import item_boxes
 from ..nested_tensor import float_mask_hint, parse_spatial_input
 from ._fourier import check_finite_matrix, check_scale, fourier_features
@@ -84,8 +86,8 @@ class PositionEmbeddingRandom(nn.Module):
     Forms of :meth:`forward`:
 
     - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints (one int, a NumPy integer
-      or a 0-d integer tensor: the same for every axis): SAM's dense grid, ``Tensor[2K, *size]``, float32 (a channels-first view of a
-      channel-last table, as SAM's).
+      or a 0-d integer tensor: the same for every axis): SAM's dense grid, ``Tensor[2K,
+      *size]``, float32 (a channels-first view of a channel-last table, as SAM's).
     - ``forward(x)`` with a padded batch: a :class:`~vispos.NestedTensor` ``(B, C, *S)`` (or
       DETR's), its :class:`~vispos.Padding`, a bool mask ``Tensor[B, *S]`` (True = padding) or a
       feature map ``Tensor[B, C, *S]`` (no padding): ``Tensor[B, 2K, *S]``, channels-first,
@@ -113,9 +115,9 @@ class PositionEmbeddingRandom(nn.Module):
             non-floating ``dtype`` (integer, bool or a string) or ``spacing``.
         ValueError: non-positive ``num_pos_feats`` / ``scale`` / ``extent``; a ``scale`` beyond
             float32 (or one whose draw overflows it), or a NumPy ``longdouble`` a Python float
-            cannot hold; ``num_axes`` not 1 to 3; unknown ``normalize`` / ``coord_order``; ``coord_range`` not two finite
-            numbers ``lo < hi``; ``size`` of another length; an input with another number of
-            spatial axes; ``spacing`` not ``(B, n)`` or not > 0.
+            cannot hold; ``num_axes`` not 1 to 3; unknown ``normalize`` / ``coord_order``;
+            ``coord_range`` not two finite numbers ``lo < hi``; ``size`` of another length; an
+            input with another number of spatial axes; ``spacing`` not ``(B, n)`` or not > 0.
 
     References:
         Tancik et al., Fourier Features Let Networks Learn High Frequency Functions in Low
@@ -237,12 +239,13 @@ class PositionEmbeddingRandom(nn.Module):
         """The embedding of a grid (SAM's dense form) or of a padded batch (class docstring).
 
         Args:
-            size (sequence of num_axes ints, or a batch): ``(H, W)`` (``(D, H, W)``) for SAM's
-                dense grid, or a NestedTensor / Padding / bool mask / feature map.
+            size (sequence of num_axes ints, one int, or a batch): ``(H, W)`` (``(D, H, W)``)
+                for SAM's dense grid (one int, NumPy integer or 0-d integer tensor: every axis),
+                or a NestedTensor / Padding / bool mask / feature map.
             spacing (Tensor[B, n], floating, optional, keyword-only): with a batch, mm per cell
                 along each axis, per item (used with ``extent``; see the class docstring).
-            dtype (torch.dtype, optional, keyword-only): output dtype; float32 when not given
-                (angles are float32 in any case).
+            dtype (torch.dtype, optional, keyword-only): output dtype, floating; float32 when
+                not given (angles are float32 in any case, under ``torch.autocast`` too).
 
         Returns:
             Tensor[2K, *size] for a size; Tensor[B, 2K, *S] for a batch (empty inputs give an
