@@ -351,4 +351,5 @@ def test_cuda_autocast_grad_equals_float32(case, autocast):
         ref = fn(*_detached(args))
     with torch.enable_grad(), torch.autocast("cuda", dtype=autocast):
         out = fn(*args)
-    torch.testing.assert_close(out.detach(), ref, rtol=0, atol=0)
+    # cuBLAS may pick another kernel for the strided ``out=`` of the no-grad reference
+    torch.testing.assert_close(out.detach(), ref, rtol=0, atol=_COMPILED_ATOL)
