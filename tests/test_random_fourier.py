@@ -8,6 +8,7 @@ import copy
 import math
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from monai.networks.blocks.pos_embed_utils import build_fourier_position_embedding
@@ -506,11 +507,39 @@ def test_repr_state_dict_and_pickle():
         (lambda: monai_fourier(8, 32, scales=[1.0, 2.0]), ValueError, "scales must hold 3 numbers"),
         (lambda: monai_fourier(8, 32, scales="1"), TypeError, "scales must be a number or a sequence"),
         (lambda: monai_fourier(8, 32, scales=-1.0), ValueError, "scales must be > 0"),
+        # a scale float32 cannot hold, or whose matrix / angles overflow it: NaN outputs otherwise
+        (lambda: PositionEmbeddingRandom(8, 1e39), ValueError, r"scale must be at most 3\.40282e\+38 \(the largest float32"),
+        (lambda: PositionEmbeddingRandom(8, (1.0, 1e39)), ValueError, r"scale must be at most 3\.40282e\+38"),
+        (lambda: PositionEmbeddingRandom(8, 1e38), ValueError, r"scale=1e\+38 overflows float32"),
+        (lambda: monai_fourier(8, 32, scales=1e39), ValueError, r"scales must be at most 3\.40282e\+38"),
+        (lambda: monai_fourier(8, 32, scales=(1.0, 1.0, 1e38)), ValueError, r"scales=\(1\.0, 1\.0, 1e\+38\) overflows float32"),
+        # a NumPy longdouble a Python float cannot hold: the message says so (not "<= 0")
+        (lambda: PositionEmbeddingRandom(8, np.longdouble("0.1")), ValueError,
+         r"scale = np\.longdouble\('0\.1'\) \(longdouble\) cannot be held by a Python float without rounding"),
+        (lambda: monai_fourier(8, 32, scales=np.longdouble("0.1")), ValueError, "cannot be held by a Python float"),
+        (lambda: PositionEmbeddingRandom(8, trainable="yes"), TypeError, "trainable must be a bool or None"),
+        (lambda: PositionEmbeddingRandom(8)(torch.tensor(4.0)), ValueError, "a feature map must have shape"),
+        (lambda: PositionEmbeddingRandom(8)(np.int64(0)), ValueError, "size must hold positive ints, got \\(0, 0\\)"),
     ],
 )
 def test_errors(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("size", [4, np.int64(4), np.array(4), torch.tensor(4), (np.int64(4), torch.tensor(4))],
+                         ids=["int", "np.int64", "np.array-0d", "tensor-0d", "pair"])
+def test_integer_scalars_are_sizes(size):
+    """A NumPy integer or a 0-d integer tensor is one size for every axis, as an int is."""
+    pe = PositionEmbeddingRandom(8)
+    assert_close(pe(size), pe((4, 4)), **EXACT)
+
+
+def test_exact_longdouble_and_large_finite_scales_are_taken():
+    assert PositionEmbeddingRandom(8, np.longdouble("0.5")).scale == 0.5
+    torch.manual_seed(0)
+    pe = PositionEmbeddingRandom(8, 1e30)
+    assert torch.isfinite(pe((3, 3))).all() and pe.scale == 1e30
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

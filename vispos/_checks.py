@@ -232,11 +232,14 @@ def check_file(path: Any, what: str, expected: str) -> str:
 
     Raises:
         TypeError: ``path`` is not a str or PathLike. IsADirectoryError: it is a directory.
+        ValueError: it exists but is not a regular file (a device, FIFO or socket).
         FileNotFoundError: nothing is there.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{what} {path!r} is a directory, not {expected}")
+    if not os.path.isfile(path) and os.path.exists(path):
+        raise ValueError(f"{what} {path!r} exists but is not a regular file (a device, pipe or socket), not {expected}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} {path!r} does not exist")
     return path

@@ -135,6 +135,7 @@ def resolve_config(name: str | os.PathLike) -> Traversable:
     Raises:
         TypeError: ``name`` is not a str or PathLike of str.
         IsADirectoryError: ``name`` is a directory.
+        ValueError: ``name`` exists but is not a regular file (``/dev/zero``, a FIFO, a socket).
         FileNotFoundError: no such file and no such packaged config; the message lists the
             packaged ones (``vispos config list`` prints them with what each builds).
     """
@@ -147,6 +148,11 @@ def resolve_config(name: str | os.PathLike) -> Traversable:
         raise IsADirectoryError(f"config file {path!r} is a directory, not a YAML file")
     if os.path.isfile(path):
         return Path(path)
+    if os.path.exists(path):  # a device, FIFO or socket: there, but not a file to read a config from
+        raise ValueError(
+            f"config file {path!r} exists but is not a regular file (a device, pipe or socket); "
+            "a config must be a YAML file"
+        )
     shipped = packaged_configs()
     parts = PurePath(path).parts
     if len(parts) == 1 or (len(parts) == 2 and parts[0] == _PACKAGED):

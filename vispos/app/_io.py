@@ -6,7 +6,8 @@
 How a group is written:
 
 1. **Prepare, before anything is replaced.** Every target is checked: two targets may not be the
-   same file, none may be a directory or another non-regular file, and every parent folder must
+   same file, none may be one of the caller's inputs (``keep``: the files the outputs were made
+   from), none may be a directory or another non-regular file, and every parent folder must
    exist (or is created, when ``make_dirs``). A symbolic link is followed, as a plain ``open()``
    follows it.
 2. **Write.** Each writer fills a hidden temporary file (``.vispos-<random>.<name>.tmp``) in its
@@ -36,7 +37,7 @@ import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["Terminated", "write_files"]
+__all__ = ["Terminated", "same_file", "write_files"]
 
 _PREFIX = ".vispos-"
 
@@ -139,8 +140,19 @@ def _missing_dirs(folder: str) -> list[str]:
     return missing[::-1]
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same path once symbolic links are
+    followed, or (both existing) the same device and inode (a hard link, another mount)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return False
+
+
 def _prepare(
-    paths: Sequence[str], make_dirs: bool, replace: bool = True
+    paths: Sequence[str], make_dirs: bool, replace: bool = True, keep: Sequence[str] = ()
 ) -> tuple[list[str], list[int | None], list[str]]:
     """Resolves and checks every target before anything is written; returns the resolved
     targets, the mode of each one's temporary (None: as ``open()`` creates it) and the folders
@@ -151,6 +163,12 @@ def _prepare(
         if target in seen:
             raise ValueError(f"outputs {seen[target]!r} and {path!r} are the same file")
         seen[target] = path
+        for source in keep:
+            if same_file(path, source):
+                raise ValueError(
+                    f"cannot write {path!r}: it is the input {source!r}, which is never replaced; "
+                    "write the outputs somewhere else"
+                )
         try:
             st = os.stat(target)
         except (FileNotFoundError, NotADirectoryError):
@@ -200,7 +218,7 @@ def _link_new(tmp: str, target: str, path: str) -> None:
 
 def write_files(
     outputs: Sequence[tuple[str | os.PathLike, Callable[[str], object]]], *, make_dirs: bool = False,
-    replace: bool = True,
+    replace: bool = True, keep: Sequence[str | os.PathLike] = (),
 ) -> list[str]:
     """Writes every file of a group, or none of them.
 
@@ -212,12 +230,16 @@ def write_files(
         replace (bool): replace existing targets (the default). False: an existing target is
             refused before anything is written, and a target that appears meanwhile is never
             replaced (each file is given its name by ``link(2)``, which refuses an existing name).
+        keep (sequence of paths): files that must never be written, whatever ``replace`` says
+            (the inputs the outputs are made from); a target that is one of them (by path,
+            symbolic link or hard link) is refused before anything is written.
 
     Returns:
         list of str: the paths written, as given.
 
     Raises:
-        ValueError: two outputs are the same file; a target exists and is not a regular file.
+        ValueError: two outputs are the same file; a target is one of ``keep``; a target exists
+            and is not a regular file.
         FileExistsError: ``replace`` is False and a target exists (or appeared meanwhile).
         IsADirectoryError: a target is a directory (checked before anything is written).
         PermissionError: a target exists and is read-only (as ``open()`` would refuse it).
@@ -238,7 +260,7 @@ def write_files(
     replaced: list[str] = []
     with _signals_raise():
         try:
-            targets, modes, to_create = _prepare(paths, make_dirs, replace)
+            targets, modes, to_create = _prepare(paths, make_dirs, replace, [os.fspath(k) for k in keep])
             # each path is recorded before it is made, so a signal in between leaves nothing
             for folder in to_create:
                 created.append(folder)

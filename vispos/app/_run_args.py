@@ -13,9 +13,10 @@ from typing import Any
 
 from ..config import load_config, packaged_configs
 from ._errors import CLIError
+from ._io import same_file
 from .data._args import SAMPLE_IMAGES, VOLUME_NORMALIZATIONS
 
-__all__ = ["DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "add_run_parsers", "check_args", "is_volume"]
+__all__ = ["DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "add_run_parsers", "check_args", "input_files", "is_volume"]
 
 
 def _packaged_config(name: str) -> dict[str, Any]:
@@ -85,6 +86,17 @@ def is_volume(args: argparse.Namespace) -> bool:
     return args.command == "run" and bool(args.volumes)
 
 
+def input_files(args: argparse.Namespace) -> list[str]:
+    """The files a run reads and must never write: ``--images`` / ``--volumes``, the
+    ``--config`` file (when it names one) and the ``--checkpoint``."""
+    files = list(getattr(args, "images", None) or ()) + list(getattr(args, "volumes", None) or ())
+    for flag in ("config", "checkpoint"):
+        path = getattr(args, flag, None)
+        if path is not None and os.path.lexists(path):
+            files.append(path)
+    return files
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Fills the default ``--out`` (and ``args.replace``: whether the outputs may replace
     existing files) and refuses flag values that would exhaust memory or write
@@ -93,7 +105,9 @@ def check_args(args: argparse.Namespace) -> None:
     Raises:
         CLIError: a flag beyond its bound (the message names it, its value and the bound); the
             default output folder already holds this command's files and ``--force`` is not
-            given (nothing the user did not name is overwritten).
+            given (nothing the user did not name is overwritten); an output would be one of the
+            run's own input files (refused with or without ``--force``); an input that exists
+            but is not a regular file (a FIFO would block the run).
     """
     named = args.out is not None
     if not named:
@@ -124,6 +138,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise CLIError("--out must name a folder, got an empty string")
     if args.device.strip().lower().startswith("meta"):
         raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
+    for flag in ("images", "volumes"):
+        for path in getattr(args, flag, None) or ():
+            if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+                # a FIFO would block the header read; a device never ends
+                raise CLIError(f"--{flag}: {path!r} exists but is not a regular file (a device, pipe or socket)")
+    for name in OUTPUT_FILES:
+        output = os.path.join(args.out, name)
+        for source in input_files(args):
+            if same_file(output, source):
+                raise CLIError(
+                    f"--out {args.out!r} would write {output!r} over the input {source!r}; inputs are never "
+                    "replaced (--force or not): give --out another folder"
+                )
     if not named and not args.force:
         existing = [f for f in OUTPUT_FILES if os.path.lexists(os.path.join(args.out, f))]
         if existing:

@@ -26,7 +26,7 @@ from ..nested_tensor import NestedTensor
 from . import figures
 from ._errors import CLIError
 from ._io import write_files
-from ._run_args import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG, is_volume
+from ._run_args import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG, input_files, is_volume
 from .data import imagenet_normalize, load_images, load_volumes, sample_images, sample_volumes
 from .data._args import shrunk_size
 from .data.images import displayed_size
@@ -81,14 +81,14 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join([line, sep, *body])
 
 
-def _write_outputs(folder: str, outputs: list[tuple[str, Any]], replace: bool = True) -> None:
+def _write_outputs(folder: str, outputs: list[tuple[str, Any]], replace: bool = True, keep: Any = ()) -> None:
     """Writes every output or none (see :func:`vispos.app._io.write_files`): each ``writer(tmp_path)``
     fills a hidden temporary file, every target is checked before any is replaced, a failed
     rename puts the old files back, and on an error, SIGINT or SIGTERM the temporaries and the
     folders this call created are removed."""
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise CLIError(f"--out {folder!r} exists and is not a folder")
-    write_files(outputs, make_dirs=True, replace=replace)
+    write_files(outputs, make_dirs=True, replace=replace, keep=keep)
 
 
 #: most values (items x channels x padded cells) of the padded input batch: 256 MiB as float32.
@@ -296,7 +296,7 @@ def _save(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: 
             png_writer(fig, _figure_dpi(fig, _IMAGE_DPI))(path)
 
     _write_outputs(args.out, [(emb_path, lambda path: torch.save(saved, path)), (fig_path, write_figure)],
-                   replace=getattr(args, "replace", True))
+                   replace=getattr(args, "replace", True), keep=input_files(args))
     print(f"wrote {emb_path}")
     print(f"wrote {fig_path}")
 

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .._checks import as_int, as_real, check_bool, check_choice, check_multiple, check_number, check_sizes
+from .._checks import as_int, as_real, check_bool, check_choice, check_float_dtype, check_multiple, check_sizes
 from .._sincos import check_temperature, sincos_embed
-from .random_fourier import fourier_features
+from ._fourier import check_finite_matrix, check_scale, fourier_features
 from .sine import PositionEmbeddingSine, SineEmbeddingBase
 
 __all__ = [
@@ -103,7 +103,8 @@ def timm_sincos_2d(
         temperature, reverse_coord, interleave_sin_cos)``.
 
     Raises:
-        TypeError: non-int sizes / ``dim``; non-bool flags.
+        TypeError: non-int sizes / ``dim``; non-bool flags; a ``dtype`` that is not a floating
+            ``torch.dtype`` (an integer or bool dtype, a string).
         ValueError: ``feat_shape`` not two positive ints; ``dim`` not a positive multiple of 4;
             non-positive ``temperature``.
 
@@ -115,6 +116,7 @@ def timm_sincos_2d(
     temperature = check_temperature(temperature)
     check_bool(reverse_coord, "reverse_coord")
     check_bool(interleave_sin_cos, "interleave_sin_cos")
+    check_float_dtype(dtype)
     if reverse_coord:
         sizes = sizes[::-1]
     table = _grid_sincos(sizes, (0, 1), dim // 2, temperature, device=device)
@@ -152,7 +154,8 @@ def mae_sincos_2d(
         Tensor[(1 +) H * W, embed_dim].
 
     Raises:
-        TypeError: non-int sizes; non-bool ``cls_token``.
+        TypeError: non-int sizes; non-bool ``cls_token``; a ``dtype`` that is not a floating
+            ``torch.dtype`` (an integer or bool dtype, a string).
         ValueError: bad ``grid_size``; ``embed_dim`` not a positive multiple of 4; non-positive
             ``temperature``.
 
@@ -164,6 +167,7 @@ def mae_sincos_2d(
     sizes = check_sizes(grid_size, "grid_size", n=2)
     temperature = check_temperature(temperature)
     check_bool(cls_token, "cls_token")
+    check_float_dtype(dtype)
     table = _grid_sincos(sizes, (1, 0), embed_dim // 2, temperature, compute_dtype=torch.float64, device=device)
     if cls_token:
         table = torch.cat((table.new_zeros(1, embed_dim), table), dim=0)
@@ -199,7 +203,8 @@ def monai_sincos(
         ``nn.Parameter``; register it as a buffer instead to keep it out of checkpoints).
 
     Raises:
-        TypeError: non-int sizes or ``spatial_dims``.
+        TypeError: non-int sizes or ``spatial_dims``; a ``dtype`` that is not a floating
+            ``torch.dtype`` (an integer or bool dtype, a string).
         ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``; ``embed_dim`` not a positive
             multiple of ``2 * spatial_dims``; non-positive ``temperature``.
 
@@ -210,6 +215,7 @@ def monai_sincos(
     sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
     embed_dim = check_multiple(embed_dim, 2 * spatial_dims, "embed_dim", f"a sin and a cos per frequency, on {spatial_dims} axes")
     temperature = check_temperature(temperature)
+    check_float_dtype(dtype)
     order = (1, 0, 2)[:spatial_dims]
     table = _grid_sincos(sizes, order, embed_dim // spatial_dims, temperature, device=device)
     return table.unsqueeze(0).to(dtype)
@@ -249,16 +255,19 @@ def monai_fourier(
         scales (float or sequence of spatial_dims floats): the standard deviation of the
             frequencies along each axis (> 0). Default 1.0.
         generator (torch.Generator, optional, keyword-only): for the draw.
-        device: where to build it. dtype (torch.dtype): output dtype (float32 math).
+        device: where to build it. dtype (torch.dtype): output dtype, floating (float32 math,
+            also under ``torch.autocast``).
 
     Returns:
         Tensor[1, prod(grid_size), embed_dim]: a plain tensor (MONAI wraps it in a frozen
         ``nn.Parameter``).
 
     Raises:
-        TypeError: non-int sizes, ``embed_dim`` or ``spatial_dims``; ``scales`` not numbers.
+        TypeError: non-int sizes, ``embed_dim`` or ``spatial_dims``; ``scales`` not numbers; a
+            ``dtype`` that is not a floating ``torch.dtype`` (an integer or bool dtype, a string).
         ValueError: ``spatial_dims`` not 2 or 3; bad ``grid_size``; odd or non-positive
-            ``embed_dim``; ``scales`` of another length or not > 0.
+            ``embed_dim``; ``scales`` of another length, not > 0 or overflowing float32 (in the
+            matrix or its angles), or a NumPy ``longdouble`` a Python float cannot hold.
 
     References:
         MONAI ``networks/blocks/pos_embed_utils.py``; Tancik et al., Fourier Features Let
@@ -268,16 +277,18 @@ def monai_fourier(
     spatial_dims = check_choice(spatial_dims if as_integer is None else as_integer, (2, 3), "spatial_dims")
     sizes = check_sizes(grid_size, "grid_size", n=spatial_dims)
     embed_dim = check_multiple(embed_dim, 2, "embed_dim", "a sin and a cos per frequency")
+    check_float_dtype(dtype)
     if not isinstance(scales, (str, bytes, Sequence)) and as_real(scales, "scales") is not None:
         scales = as_real(scales, "scales")  # NumPy / 0-d torch scalars as Python numbers
     if isinstance(scales, (str, bytes)) or not isinstance(scales, (int, float, Sequence)):
         raise TypeError(f"scales must be a number or a sequence of {spatial_dims} numbers, got {scales!r}")
-    values = [scales] * spatial_dims if isinstance(scales, (int, float)) else list(scales)
-    if len(values) != spatial_dims:
-        raise ValueError(f"scales must hold {spatial_dims} numbers (one per axis), got {values}")
-    values = [float(check_number(v, "scales", positive=True)) for v in values]
+    if isinstance(scales, Sequence) and len(scales) != spatial_dims:
+        raise ValueError(f"scales must hold {spatial_dims} numbers (one per axis), got {list(scales)}")
+    values = [scales] * spatial_dims if isinstance(scales, (int, float)) else scales
+    values = check_scale(values, spatial_dims, "scales")
     gaussians = torch.randn(embed_dim // 2, spatial_dims, dtype=torch.float32, generator=generator)
-    gaussians = (gaussians * torch.tensor(values, dtype=torch.float32)).to(device)
+    gaussians = gaussians * torch.tensor(values, dtype=torch.float32)
+    gaussians = check_finite_matrix(gaussians.T, scales, "scales").T.to(device)
     n = spatial_dims
     lines = [torch.linspace(0, 1, s, dtype=torch.float32, device=gaussians.device) for s in sizes]
     views = [line.view(*(s if i == a else 1 for i, s in enumerate(sizes))).expand(sizes) for a, line in enumerate(lines)]

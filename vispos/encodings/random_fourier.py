@@ -4,13 +4,14 @@ A position ``u`` (``n`` coordinates) becomes ``[sin(2 pi u G), cos(2 pi u G)]`` 
 matrix ``G`` of shape ``(n, K)``: ``2K`` channels, sines first. Unlike the sine family the
 projection mixes the axes (every frequency is a direction), so the table is not a product of
 per-axis tables and isotropic in the plane: the similarity of two cells depends on their
-offset, not on the axes it runs along. The last step (cosines from the angles, sines in place)
-is the sine core's :func:`~vispos._sincos.sincos_inplace`; positions of a padded batch come
-from :func:`~vispos._positions.item_boxes`.
+offset, not on the axes it runs along. The projection is
+:func:`vispos.encodings._fourier.fourier_features`; positions of a padded batch come from
+:func:`~vispos._positions.item_boxes`.
 
 The angles are ``coords @ G`` as one ``torch.mm`` over ``(cells, n)`` coordinates, the
 orientation SAM, transformers and MONAI use, written straight into the output's sine slots:
-the same kernel, so the same bits.
+the same kernel, so the same bits. They are float32 under ``torch.autocast`` too (the product
+runs with autocast off), with or without grad, compiled or exported.
 
 References:
     Tancik et al., Fourier Features Let Networks Learn High Frequency Functions in Low
@@ -21,81 +22,24 @@ References:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from .. import _tracing
-from .._checks import MAX_SPATIAL, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes
+from .._checks import (
+    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes,
+)
 from .._positions import item_boxes
-from .._sincos import sincos_inplace
 from ..nested_tensor import float_mask_hint, parse_spatial_input
+from ._fourier import check_finite_matrix, check_scale, fourier_features
 from .sine import _check_spacing
 
 __all__ = ["PositionEmbeddingRandom", "SamPositionalEmbedding", "fourier_features"]
 
-_TWO_PI = 2 * math.pi  # SAM's ``2 * np.pi`` and MONAI's ``2.0 * torch.pi``: the same double
 _NORMALIZE = ("canvas", "item")
 _ORDERS = ("xy", "ij")
-
-
-def fourier_features(coords: Tensor, matrix: Tensor, *, scale_first: bool = False, out: Tensor | None = None) -> Tensor:
-    """``[sin(2 pi coords @ matrix), cos(2 pi coords @ matrix)]``, sines first.
-
-    Args:
-        coords (Tensor[M, n], float32): the (mapped) coordinates, one row per point.
-        matrix (Tensor[n, K], float32): the Gaussian projection, on ``coords``' device.
-        scale_first (bool): multiply the coordinates by ``2 pi`` before the projection (MONAI's
-            order) instead of the angles after it (SAM's); the two round differently.
-        out (Tensor[M, 2K], float32, optional): where to write; its rows may be strided (a view
-            of a wider buffer). The angles go into its sine half by ``torch.mm(..., out=)``.
-
-    Returns:
-        Tensor[M, 2K]: ``out`` when given. Differentiable with respect to ``coords`` and
-        ``matrix`` when either requires grad (then computed out of place).
-
-    Raises:
-        Nothing beyond torch's own errors (an internal step; callers validate).
-
-    References:
-        Tancik et al., NeurIPS 2020; SAM ``PositionEmbeddingRandom._pe_encoding``; MONAI
-        ``build_fourier_position_embedding``.
-    """
-    k = matrix.shape[1]
-    grad = torch.is_grad_enabled() and (coords.requires_grad or matrix.requires_grad)
-    if grad or _tracing.compiling():  # no ``out=`` under autograd; compilers fuse the plain form
-        angles = (coords * _TWO_PI) @ matrix if scale_first else (coords @ matrix) * _TWO_PI
-        table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
-        return table if out is None else out.copy_(table)
-    if out is None:
-        out = torch.empty((coords.shape[0], 2 * k), dtype=torch.float32, device=coords.device)
-    angles = out.narrow(1, 0, k)
-    if scale_first:
-        torch.mm(coords * _TWO_PI, matrix, out=angles)
-    else:
-        torch.mm(coords, matrix, out=angles)
-        angles.mul_(_TWO_PI)
-    sincos_inplace(angles, out.narrow(1, k, k))
-    return out
-
-
-def _check_scale(scale: object, num_axes: int) -> float | tuple[float, ...]:
-    if scale is None:
-        return 1.0
-    if isinstance(scale, Sequence) and not isinstance(scale, (str, bytes)):
-        values = list(scale)
-        if len(values) != num_axes:
-            raise ValueError(f"scale must be a number or {num_axes} numbers (one per axis), got {values}")
-        return tuple(float(check_number(v, "scale", positive=True)) for v in values)
-    try:
-        return float(check_number(scale, "scale", positive=True))
-    except ValueError:
-        raise ValueError(
-            f"scale must be a finite number > 0, got {scale} (SAM replaces a scale <= 0 by 1.0 "
-            "silently; pass None for that)"
-        ) from None
 
 
 class PositionEmbeddingRandom(nn.Module):
@@ -134,12 +78,16 @@ class PositionEmbeddingRandom(nn.Module):
             ``spacing``, else in cells) that maps to ``c = 1``, instead of each axis' own
             length: positions keep their physical proportions. Default None.
         generator (torch.Generator, optional, keyword-only): for the draw of ``G``.
+        trainable (bool, optional, keyword-only): hold ``G`` as a trainable ``nn.Parameter``
+            (transformers' ``SamModel`` trains its matrix) instead of a buffer (SAM, SAM 2). The
+            state-dict key is the same either way. Default None: this class' own kind (a buffer
+            here, a parameter for :class:`SamPositionalEmbedding`).
 
     Forms of :meth:`forward`:
 
-    - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints (one int: the same for
-      every axis): SAM's dense grid, ``Tensor[2K, *size]``, float32 (a channels-first view of a
-      channel-last table, as SAM's).
+    - ``forward(size)`` with ``size`` a sequence of ``num_axes`` ints (one int, a NumPy integer
+      or a 0-d integer tensor: the same for every axis): SAM's dense grid, ``Tensor[2K,
+      *size]``, float32 (a channels-first view of a channel-last table, as SAM's).
     - ``forward(x)`` with a padded batch: a :class:`~vispos.NestedTensor` ``(B, C, *S)`` (or
       DETR's), its :class:`~vispos.Padding`, a bool mask ``Tensor[B, *S]`` (True = padding) or a
       feature map ``Tensor[B, C, *S]`` (no padding): ``Tensor[B, 2K, *S]``, channels-first,
@@ -163,12 +111,13 @@ class PositionEmbeddingRandom(nn.Module):
     Raises:
         TypeError: a non-int ``num_pos_feats`` / ``num_axes``; non-number ``scale`` / ``extent``
             / ``coord_range`` entries; ``normalize`` / ``coord_order`` not a str; a non-bool
-            ``align_corners``; an input of another type; a non-bool mask; a non-floating
-            ``dtype`` or ``spacing``.
-        ValueError: non-positive ``num_pos_feats`` / ``scale`` / ``extent``; ``num_axes`` not 1
-            to 3; unknown ``normalize`` / ``coord_order``; ``coord_range`` not two finite
-            numbers ``lo < hi``; ``size`` of another length; an input with another number of
-            spatial axes; ``spacing`` not ``(B, n)`` or not > 0.
+            ``align_corners`` / ``trainable``; an input of another type; a non-bool mask; a
+            non-floating ``dtype`` (integer, bool or a string) or ``spacing``.
+        ValueError: non-positive ``num_pos_feats`` / ``scale`` / ``extent``; a ``scale`` beyond
+            float32 (or one whose draw overflows it), or a NumPy ``longdouble`` a Python float
+            cannot hold; ``num_axes`` not 1 to 3; unknown ``normalize`` / ``coord_order``;
+            ``coord_range`` not two finite numbers ``lo < hi``; ``size`` of another length; an
+            input with another number of spatial axes; ``spacing`` not ``(B, n)`` or not > 0.
 
     References:
         Tancik et al., Fourier Features Let Networks Learn High Frequency Functions in Low
@@ -177,6 +126,7 @@ class PositionEmbeddingRandom(nn.Module):
     """
 
     _matrix_name = "positional_encoding_gaussian_matrix"
+    _trainable = False  # SAM and SAM 2 buffer their matrix
 
     def __init__(
         self,
@@ -190,16 +140,19 @@ class PositionEmbeddingRandom(nn.Module):
         coord_range: tuple[float, float] = (-1.0, 1.0),
         extent: float | None = None,
         generator: torch.Generator | None = None,
+        trainable: bool | None = None,
     ) -> None:
         super().__init__()
         num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
         num_axes = check_int(num_axes, "num_axes", minimum=1)
         if num_axes > MAX_SPATIAL:
             raise ValueError(f"num_axes must be 1 to {MAX_SPATIAL}, got {num_axes}")
-        scale = _check_scale(scale, num_axes)
+        scale = check_scale(scale, num_axes)
         check_choice(normalize, _NORMALIZE, "normalize")
         check_choice(coord_order, _ORDERS, "coord_order")
         check_bool(align_corners, "align_corners")
+        if check_bool(trainable, "trainable", optional=True) is None:
+            trainable = self._trainable
         if isinstance(coord_range, (str, bytes)) or not isinstance(coord_range, Sequence) or len(coord_range) != 2:
             raise (TypeError if not isinstance(coord_range, Sequence) else ValueError)(
                 f"coord_range must be a pair (lo, hi), got {coord_range!r}"
@@ -217,7 +170,7 @@ class PositionEmbeddingRandom(nn.Module):
             gaussian = torch.tensor(scale, dtype=torch.float32).unsqueeze(1) * gaussian
         else:
             gaussian = scale * gaussian  # SAM: ``scale * torch.randn((2, num_pos_feats))``
-        self.register_buffer(self._matrix_name, gaussian)
+        self._set_matrix(check_finite_matrix(gaussian, scale), trainable)
 
     # ------------------------------------------------------------------------------------ api
     @classmethod
@@ -225,6 +178,10 @@ class PositionEmbeddingRandom(nn.Module):
         """A copy of a peer's module: its Gaussian matrix (``positional_encoding_gaussian_matrix``
         of segment_anything, ``positional_embedding`` of transformers' ``SamPositionalEmbedding``
         / ``Sam2PositionalEmbedding``, or a vispos one) and, when it has one, its ``scale``.
+
+        The matrix keeps its kind: a peer's ``nn.Parameter`` (transformers' SAM) stays a
+        parameter with the peer's ``requires_grad``, a buffer (segment_anything, SAM 2) stays a
+        buffer, unless ``trainable`` is given.
 
         Args:
             module (nn.Module): the peer. kwargs: other constructor arguments.
@@ -245,18 +202,26 @@ class PositionEmbeddingRandom(nn.Module):
         scale = getattr(module, "scale", None)
         kwargs.setdefault("scale", scale if isinstance(scale, (int, float)) and scale > 0 else None)
         kwargs.setdefault("generator", torch.Generator())  # the draw is replaced: leave the global RNG be
+        kwargs.setdefault("trainable", isinstance(matrix, nn.Parameter))
         new = cls(matrix.shape[1], num_axes=matrix.shape[0], **kwargs)
-        with torch.no_grad():
-            new._matrix = matrix.detach().clone()
+        new._set_matrix(matrix.detach().clone(), new._matrix_name in new._parameters)
+        if isinstance(matrix, nn.Parameter) and new._matrix_name in new._parameters:
+            new._matrix.requires_grad_(matrix.requires_grad)
         return new
 
     @property
     def _matrix(self) -> Tensor:
         return getattr(self, self._matrix_name)
 
-    @_matrix.setter
-    def _matrix(self, value: Tensor) -> None:
-        setattr(self, self._matrix_name, value)
+    def _set_matrix(self, value: Tensor, trainable: bool) -> None:
+        """Holds ``value`` as the matrix: a parameter when ``trainable``, else a buffer."""
+        name = self._matrix_name
+        self._parameters.pop(name, None)
+        self._buffers.pop(name, None)
+        if trainable:
+            self.register_parameter(name, nn.Parameter(value))
+        else:
+            self.register_buffer(name, value)
 
     def out_channels(self, n_axes: int | None = None) -> int:
         """``2 * num_pos_feats`` (the Joiner's contract); ``n_axes`` must be ``num_axes``."""
@@ -274,12 +239,13 @@ class PositionEmbeddingRandom(nn.Module):
         """The embedding of a grid (SAM's dense form) or of a padded batch (class docstring).
 
         Args:
-            size (sequence of num_axes ints, or a batch): ``(H, W)`` (``(D, H, W)``) for SAM's
-                dense grid, or a NestedTensor / Padding / bool mask / feature map.
+            size (sequence of num_axes ints, one int, or a batch): ``(H, W)`` (``(D, H, W)``)
+                for SAM's dense grid (one int, NumPy integer or 0-d integer tensor: every axis),
+                or a NestedTensor / Padding / bool mask / feature map.
             spacing (Tensor[B, n], floating, optional, keyword-only): with a batch, mm per cell
                 along each axis, per item (used with ``extent``; see the class docstring).
-            dtype (torch.dtype, optional, keyword-only): output dtype; float32 when not given
-                (angles are float32 in any case).
+            dtype (torch.dtype, optional, keyword-only): output dtype, floating; float32 when
+                not given (angles are float32 in any case, under ``torch.autocast`` too).
 
         Returns:
             Tensor[2K, *size] for a size; Tensor[B, 2K, *S] for a batch (empty inputs give an
@@ -290,7 +256,7 @@ class PositionEmbeddingRandom(nn.Module):
         """
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
         device = self._matrix.device
-        if isinstance(size, (int, Sequence)) and not isinstance(size, (str, bytes, Tensor)):
+        if as_int(size) is not None or isinstance(size, Sequence) and not isinstance(size, (str, bytes)):
             if spacing is not None:
                 raise ValueError("spacing is per item: pass a batch (NestedTensor, Padding or mask), not a size")
             spatial = check_sizes(size, "size", n=self.num_axes)
@@ -359,7 +325,9 @@ class PositionEmbeddingRandom(nn.Module):
             f"normalize={self.normalize!r}, coord_order={self.coord_order!r}, "
             f"align_corners={self.align_corners}, coord_range={self.coord_range}"
         )
-        return text + (f", extent={self.extent}" if self.extent is not None else "")
+        text += f", extent={self.extent}" if self.extent is not None else ""
+        trainable = self._matrix_name in self._parameters
+        return text + (f", trainable={trainable}" if trainable != self._trainable else "")
 
     # -------------------------------------------------------------------------------- helpers
     def _check_coords(self, coords: object, name: str = "coords_input") -> Tensor:
@@ -389,9 +357,14 @@ class PositionEmbeddingRandom(nn.Module):
         """Per axis, the mapped coordinate ``u`` of every index: ``Tensor[B' , S_a]`` (``B' = 1``
         for a canvas without per-item spacing)."""
         lo, hi = self.coord_range
+        tracing = _tracing.tracing()
         lines = []
         for a, size in enumerate(spatial):
-            if boxes is None:  # cell centres i + 0.5 straight from arange (exact, as SAM's cumsum - 0.5)
+            if boxes is None and tracing:  # sizes stay symbolic: no Python float of a size
+                first = 0.0 if self.align_corners else 0.5
+                p = (torch.arange(size, device=device, dtype=torch.float32) + first)[None]
+                length = torch.full((1, 1), size, device=device, dtype=torch.float32)
+            elif boxes is None:  # cell centres i + 0.5 straight from arange (exact, as SAM's cumsum - 0.5)
                 first = 0.0 if self.align_corners else 0.5
                 p = torch.arange(first, size + first, 1.0, device=device, dtype=torch.float32)[None]
                 length = float(size)
@@ -400,7 +373,7 @@ class PositionEmbeddingRandom(nn.Module):
                 p = p if self.align_corners else p + 0.5
             if self.extent is not None:
                 c = (p if spacing is None else p * spacing[:, a : a + 1]) / self.extent
-            elif boxes is None:
+            elif boxes is None and not tracing:
                 c = p / (max(length - 1.0, 1.0) if self.align_corners else length)
             else:
                 c = p / ((length - 1.0) if self.align_corners else length).clamp(min=1.0)
@@ -423,6 +396,10 @@ class PositionEmbeddingRandom(nn.Module):
             views = views[::-1]
         coords = torch.stack(views, dim=-1).view(-1, n)
         matrix = self._matrix.to(device=device, dtype=torch.float32)
+        if _tracing.tracing() or matrix.requires_grad and torch.is_grad_enabled():
+            # no comparison of the (symbolic) batch size, no ``out=`` under autograd
+            table = fourier_features(coords, matrix).view(rows, *spatial, k2).expand(batch, *spatial, k2)
+            return table.contiguous().permute(0, n + 1, *range(1, n + 1))
         out = torch.empty((batch, *spatial, k2), dtype=torch.float32, device=device)
         head = out.narrow(0, 0, rows)
         fourier_features(coords, matrix, out=head.view(-1, k2))
@@ -444,6 +421,11 @@ class SamPositionalEmbedding(PositionEmbeddingRandom):
     model's outputs do not change. The output has the matrix's dtype, as transformers' does
     (angles in float32 whatever it is).
 
+    The matrix is a trainable ``nn.Parameter``, as in transformers' ``SamPositionalEmbedding``,
+    so fine-tuning updates it and optimizer state lines up with the original model's;
+    :meth:`from_module` keeps the peer's kind (SAM 2's ``Sam2PositionalEmbedding`` buffers it)
+    and ``trainable=False`` makes it a buffer.
+
     Args:
         num_pos_feats, scale, ...: as :class:`PositionEmbeddingRandom` (transformers builds
             ``num_pos_feats`` from its config: ``num_pos_feats`` for SAM, ``hidden_size // 2``
@@ -460,6 +442,7 @@ class SamPositionalEmbedding(PositionEmbeddingRandom):
     """
 
     _matrix_name = "positional_embedding"
+    _trainable = True  # transformers' SamModel trains it (SAM 2 buffers it: from_module keeps that)
 
     def forward(self, input_coords: Tensor, input_shape: Sequence[int] | None = None) -> Tensor:  # type: ignore[override]
         """Embeds ``input_coords`` (``Tensor[..., num_axes]``, ``coord_order``): in ``[0, 1]``,

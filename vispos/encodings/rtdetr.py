@@ -26,7 +26,7 @@ from torch import Tensor
 from .._checks import check_bool, check_float_dtype, check_multiple, check_sizes
 from .._positions import item_boxes
 from .._sincos import check_temperature, sincos_embed
-from ..nested_tensor import NestedTensorLike, parse_spatial_input
+from ..nested_tensor import NestedTensor, NestedTensorLike, parse_spatial_input
 from ..padding import Padding
 
 __all__ = ["rtdetr_sincos_2d"]
@@ -99,7 +99,9 @@ def rtdetr_sincos_2d(
         device = torch.device("cpu") if device is None else torch.device(device)
         batch, boxes = 1, None
     else:
-        if not isinstance(padding, (Tensor, Padding, NestedTensorLike)):
+        # the Protocol last and alone: TorchDynamo cannot check it, and never reaches it for a
+        # tensor, a Padding or vispos' NestedTensor
+        if not isinstance(padding, (Tensor, Padding, NestedTensor)) and not isinstance(padding, NestedTensorLike):
             raise TypeError(
                 "padding must be a NestedTensor, a Padding, a bool mask (B, height, width) or a feature "
                 f"map (B, C, height, width), got {type(padding).__name__}"
