@@ -553,3 +553,22 @@ def test_cuda_matches_cpu_to_float32_rounding():
         assert_close(gpu(mask.cuda()).cpu(), m(mask), **tol)
     sam, ours = _pair(128)
     assert_close(ours.cuda()((64, 64)).cpu(), sam((64, 64)), **_angle_tol(sam.positional_encoding_gaussian_matrix))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_points_in_pixels_do_not_synchronise_on_cuda():
+    """The image size reaches the device by scalar fills, not a blocking host copy."""
+    torch.manual_seed(0)
+    m = SamPositionalEmbedding(32)
+    points = torch.rand(2, 5, 2) * 1024
+    ref = m(points, (1024, 1024))
+    gpu, cuda_points = copy.deepcopy(m).cuda(), points.cuda()
+    gpu(cuda_points, (1024, 1024))  # first call: lazy CUDA initialisation may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = gpu(cuda_points, (1024, 1024))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_close(got.cpu(), ref, **_angle_tol(m.positional_embedding))

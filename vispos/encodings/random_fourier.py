@@ -316,7 +316,9 @@ class PositionEmbeddingRandom(nn.Module):
         if self.align_corners:
             sizes = [max(s - 1.0, 1.0) for s in sizes]
         work = torch.float64 if coords.dtype == torch.float64 else torch.float32  # SAM divides first
-        divisor = torch.tensor(sizes, dtype=work, device=coords.device)
+        divisor = torch.empty(len(sizes), dtype=work, device=coords.device)
+        for axis, size in enumerate(sizes):  # scalar fills: no host copy, so no CUDA synchronisation
+            divisor[axis] = size
         return self._project(coords.to(work) / divisor, out_dtype)
 
     def extra_repr(self) -> str:
