@@ -400,3 +400,27 @@ def test_a_renamed_keyword_still_builds_and_warns():
     assert old.extra_repr() == new.extra_repr()
     with pytest.raises(ValueError, match=r"unknown keys \['d_modl'\]"):
         build_from_config({"type": "SinusoidalPositionalEncoding", "d_modl": 8})
+
+
+class _NeedsTwoArgs(ValueError):
+    """A constructor's own error type whose ``__init__`` does not take one message."""
+
+    def __init__(self, value, expected):
+        super().__init__(f"got {value}, expected {expected}")
+
+
+class _RaisesSubclass:
+    def __init__(self, value: int = 0):
+        raise _NeedsTwoArgs(value, "a positive int")
+
+
+def test_constructor_errors_keep_their_category_and_gain_their_place():
+    """A constructor's ``TypeError`` / ``ValueError``, subclasses included, is re-raised as its
+    category with where in the config it comes from, the original chained (before, a subclass
+    passed through without its place: the re-raise tested ``type(exc)``)."""
+    vispos.register(_RaisesSubclass, name="RaisesSubclassForTest")
+    with pytest.raises(ValueError, match=r"^config \(RaisesSubclassForTest\): got 3, expected a positive int$") as info:
+        build_from_config({"type": "RaisesSubclassForTest", "value": 3})
+    assert type(info.value) is ValueError and isinstance(info.value.__cause__, _NeedsTwoArgs)
+    with pytest.raises(TypeError, match=r"^config \(PositionEmbeddingSine\): normalize"):
+        build_from_config({"type": "PositionEmbeddingSine", "normalize": "yes"})
