@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 __getattr__ = _deprecation.alias_getattr(__name__, {
-    "valid_ratios": "vispos.padding:mask_valid_ratios",  # renamed in issue 32 (beside Padding.valid_ratios)
+    "valid_ratios": "vispos.padding:mask_valid_ratios",  # renamed (beside Padding.valid_ratios)
     "SpatialInput": "vispos.nested_tensor:SpatialInput",  # moved beside parse_spatial_input
 })
 

@@ -38,8 +38,8 @@ _DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48),
 
 # Upper bounds, checked from the arguments before anything is computed or drawn. Beyond them a
 # figure shows nothing more (a cell would be smaller than a pixel of the default canvas) and the
-# memory asked for grows without limit (issue 26: --shape 20000 20000 asked for hundreds of GB,
-# --dpi 100000 ended in std::bad_alloc).
+# memory asked for grows without limit (--shape 20000 20000 would ask for hundreds of GB, --dpi 100000
+# ends in std::bad_alloc).
 #: --shape: cells of the grid (512 x 512, 64 x 64 x 64, or 262,144 positions)
 MAX_CELLS = 2**18
 #: the encoding of the grid (or the rotary scores), float32, all channels together
