@@ -160,7 +160,7 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
 
 
 def test_tiny_sets_defaults_only():
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     _, tiny = parse_args(T.TASK, ["--tiny", "--steps", "20"])
     assert (tiny.batch_size, tiny.eval_images, tiny.photo_size, tiny.scales) == (2, 4, 64, [48, 64])
@@ -312,7 +312,7 @@ def test_resume_of_a_file_that_is_no_checkpoint_is_exit_2(tmp_path, capsys):
 def test_resume_takes_a_flag_the_checkpoint_does_not_record_at_its_default(tiny_checkpoint, tmp_path, capsys):
     """A checkpoint written before a flag existed resumes when the flag is at its default (the
     behaviour the run had), and names the flag otherwise."""
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     state = torch.load(tiny_checkpoint, weights_only=True)
     del state["args"]["pre_norm"]
@@ -329,8 +329,8 @@ def test_evaluation_in_several_compositions_independent_of_the_training_batch(tm
     batches of 3 (the headline, every evaluation), one image at a time and beside the largest
     held-out image (the last 3 evaluations). The recorded numbers are those of the final model
     evaluated by hand in each composition."""
-    from demos.detr import SetCriterion, evaluate
-    from demos.detr.distributed import DistContext
+    from vispos.app.train import SetCriterion, evaluate
+    from vispos.app.train.distributed import DistContext
 
     argv = ["--tiny", "--pos", "grid", "--steps", "4", "--eval-every", "1", "--batch-size", "1", "--eval-images", "5",
             "--eval-batch-sizes", "3", "1", "--eval-beside-largest", "--out", str(tmp_path)]
@@ -344,7 +344,7 @@ def test_evaluation_in_several_compositions_independent_of_the_training_batch(tm
     assert m["eval_by_composition"]["batch3"] == m["eval"][1:]
     assert any(line.startswith("[grid] step 4 held-out ap50 by composition: batch3 ") for line in logs)
     # by hand, with the final model
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     _, args = parse_args(T.TASK, argv)
     _, held = T.TASK.build_datasets(args)

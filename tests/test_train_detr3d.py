@@ -21,8 +21,8 @@ pytest.importorskip("nilearn")
 
 import vispos  # noqa: E402
 from demos import train_detr3d as T  # noqa: E402
-from demos.detr import SetCriterion, build_model  # noqa: E402
-from demos.detr.cli import parse_args  # noqa: E402
+from vispos.app.train import SetCriterion, build_model  # noqa: E402
+from vispos.app.train.cli import parse_args  # noqa: E402
 
 OPS = T.BOX_OPS_3D
 
@@ -155,7 +155,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
 
 
 def test_smallest_extent_reads_the_header():
-    from demos.volumes3d import available_volumes, smallest_extent_mm
+    from vispos.app.train.volumes3d import available_volumes, smallest_extent_mm
 
     if not available_volumes(["anatomical"]):
         pytest.skip("nibabel's test data is not installed")

@@ -59,7 +59,7 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     kinds = "; ".join(f"{k}: {h}" for k, (h, _) in KINDS.items())
     p = sub.add_parser("plot", help="draw one figure of an encoder (channels, curves, similarity, ...)",
                        description=f"Draw one figure and write it as a PNG. Kinds: {kinds}.")
-    p.add_argument("kind", choices=list(KINDS), help="what to draw")
+    p.add_argument("kind", metavar="KIND", help=f"what to draw: {', '.join(KINDS)}")
     p.add_argument("--encoder", help="registered encoder name, e.g. PositionEmbeddingSine, "
                    "PositionalEncoding2D, SinusoidalPositionalEncoding, RotaryEmbedding")
     p.add_argument("--kw", nargs="+", default=[], metavar="KEY=VALUE",
@@ -132,12 +132,14 @@ def check_plot_args(args: argparse.Namespace) -> None:
     by ``--out`` is replaced, as asked).
 
     Raises:
-        CLIError: ``--out`` not a ``.png`` or in a missing folder; the default output exists
+        CLIError: an unknown kind (one line, no usage); ``--out`` not a ``.png`` or in a missing folder; the default output exists
             and ``--force`` is not given; ``--dpi`` outside :data:`DPI_RANGE`; a list flag
             longer than :data:`MAX_ENTRIES`; an int flag outside :data:`INT_RANGES`; a
             ``--shape`` with more than :data:`MAX_CELLS` cells. Each message names the flag,
             the value and the bound.
     """
+    if args.kind not in KINDS:
+        raise CLIError(f"unknown plot kind {args.kind!r}; expected one of {', '.join(KINDS)}")
     out = output_path(args)
     if not out.lower().endswith(".png"):
         raise CLIError(f"--out must name a .png file, got {out!r}")
