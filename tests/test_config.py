@@ -275,7 +275,7 @@ def test_a_file_of_yours_wins_over_a_packaged_name(tmp_path, monkeypatch):
     [
         ("detr_resnet51", FileNotFoundError,
          r"config file 'detr_resnet51' does not exist \(relative to '.*'\) and is not a config vispos "
-         r"ships; it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5, "
+         r"ships; it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5, "
          r"dino_convnext_tiny, volume_r3d18 \(by short name"),
         ("configs/nope.yaml", FileNotFoundError, r"'configs/nope.yaml' does not exist .* it ships deformable_detr"),
         ("other/detr_resnet50.yaml", FileNotFoundError, r"'other/detr_resnet50.yaml' does not exist"),
@@ -362,7 +362,7 @@ def test_cli_unknown_config_exits_2_listing_what_ships(tmp_path, monkeypatch, ca
     assert main(["plot", "similarity", "--config", "detr_resnet51"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vispos: error: config file 'detr_resnet51' does not exist") and err.count("\n") == 1
-    assert "it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5" in err
+    assert "it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5" in err
     assert list(tmp_path.iterdir()) == []
     from PIL import Image
 
