@@ -23,6 +23,7 @@ pytest.importorskip("scipy")
 
 import vispos  # noqa: E402
 from demos import train_detr as T  # noqa: E402
+from vispos.app.train.cli import run  # noqa: E402
 
 
 @pytest.mark.slow
@@ -145,7 +146,7 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
             (tmp_path / arm / f"seed{seed}" / "metrics.json").write_text(json.dumps(_fake_metrics(arm, seed, v)))
     (tmp_path / "grid" / "seed4").mkdir()  # in flight: no metrics.json yet
     logs = []
-    assert T.run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
+    assert run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
     table = (tmp_path / "ablation.md").read_text()
     assert logs[0] == table
     assert "| seed | (a) none | (b) grid, mask-blind | (c) sine, mask-aware |" in table
@@ -251,7 +252,7 @@ def tiny_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     threads = torch.get_num_threads()
     try:
-        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "2", "--save-every", "2", "--out", str(out)],
+        assert run(T.TASK, [*RESUME_TINY, "--steps", "2", "--save-every", "2", "--out", str(out)],
                      log=lambda *_: None) == 0
     finally:
         torch.set_num_threads(threads)
@@ -267,7 +268,7 @@ def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
     logs = []
     threads = torch.get_num_threads()
     try:
-        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "5", "--save-every", "5", "--out", str(out),
+        assert run(T.TASK, [*RESUME_TINY, "--steps", "5", "--save-every", "5", "--out", str(out),
                               "--resume", str(tiny_checkpoint)], log=logs.append) == 0
     finally:
         torch.set_num_threads(threads)
@@ -335,7 +336,7 @@ def test_evaluation_in_several_compositions_independent_of_the_training_batch(tm
     argv = ["--tiny", "--pos", "grid", "--steps", "4", "--eval-every", "1", "--batch-size", "1", "--eval-images", "5",
             "--eval-batch-sizes", "3", "1", "--eval-beside-largest", "--out", str(tmp_path)]
     models, logs = [], []
-    T.run(T.TASK, argv, log=logs.append, on_step=lambda step, model: models.append(model))
+    run(T.TASK, argv, log=logs.append, on_step=lambda step, model: models.append(model))
     m = json.loads((tmp_path / "grid" / "seed0" / "metrics.json").read_text())
     assert m["args"]["batch_size"] == 1 and m["padded_fraction"] == [0.0] * 4  # training saw no padding
     assert m["eval_compositions"] == ["batch3", "batch1", "beside_largest"]
