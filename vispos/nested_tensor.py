@@ -27,7 +27,8 @@ from torch import Tensor
 
 from . import _deprecation, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_index
-from .padding import Padding, check_mask, check_spans, interpolate_mask, resize_image_sizes
+from .padding import Padding, check_mask, interpolate_mask, resize_image_sizes
+from .padding._mask_checks import check_spans
 
 __all__ = [
     "NestedTensor",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_int
+from .._checks import check_int
 from ._mask_checks import Spans, check_mask
 from ._mask_origin import rectangular_sizes
 
