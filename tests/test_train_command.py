@@ -54,6 +54,27 @@ def test_train_tiny_runs_from_an_empty_directory_outside_the_clone(tmp_path):
     assert f"wrote {os.path.join('runs', 'train_detr', 'ablation.md')}" in proc.stdout
 
 
+@pytest.mark.slow
+def test_train_saves_and_resumes(tmp_path, capsys, monkeypatch):
+    """``vispos train --resume`` continues a run the command saved (the training core's resume)."""
+    pytest.importorskip("skimage")
+    pytest.importorskip("scipy")
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    tiny = ["train", "--tiny", "--pos", "sine", "--eval-images", "2", "--threads", "1"]
+    try:
+        assert main([*tiny, "--steps", "2", "--save-every", "2"]) == 0
+        ckpt = tmp_path / "runs" / "train_detr" / "sine" / "seed0" / "checkpoint.pt"
+        assert main([*tiny, "--steps", "3", "--out", "more", "--resume", str(ckpt)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "at step 2" in capsys.readouterr().out
+    metrics = json.loads((tmp_path / "more" / "sine" / "seed0" / "metrics.json").read_text())
+    assert metrics["steps"] == [1, 2, 3] and metrics["resumed_at"] == [2]
+
+
 def test_tiny_is_a_quick_run():
     args = parse_train_args(["--tiny"])
     assert args.steps == 20 and args.eval_every == 10 and args.volume is False
