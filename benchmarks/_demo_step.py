@@ -1,4 +1,4 @@
-"""One training step of the detector demos, as ``demos.detr.engine.train_arm`` takes it: collate the
+"""One training step of the detector demos, as ``vispos.app.train.engine.train_arm`` takes it: collate the
 padded batch, forward, DETR's set criterion, backward, gradient clipping, the optimiser's step.
 Shared by the benchmarks that time demo steps."""
 

@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vispos  # noqa: E402
 from _demo_step import timed_step  # noqa: E402
 from demos import train_detr3d as T  # noqa: E402
-from demos.detr import POS_ARMS, SetCriterion, build_model  # noqa: E402
-from demos.detr.cli import parse_args  # noqa: E402
+from vispos.app.train import POS_ARMS, SetCriterion, build_model  # noqa: E402
+from vispos.app.train.cli import parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -155,8 +155,8 @@ def backbone_rows(args) -> list[str]:
 def demo_rows(args) -> list[str]:
     from _demo_step import timed_step
     from demos import train_detr, train_detr3d
-    from demos.detr import SetCriterion, build_model
-    from demos.detr.cli import parse_args
+    from vispos.app.train import SetCriterion, build_model
+    from vispos.app.train.cli import parse_args
 
     lines = [
         "",

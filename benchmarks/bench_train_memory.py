@@ -1,6 +1,6 @@
 """Resident memory over a long training loop: flat after warm-up?
 
-Runs ``demos.train_detr``'s training loop (the shared core ``demos.detr``: DataLoader +
+Runs ``demos.train_detr``'s training loop (the shared core ``vispos.app.train``: DataLoader +
 PaddedCollate with multi-scale padded batches, timm backbone -> Joiner -> PositionEmbeddingSine ->
 DetrEncoder -> DETR decoder, Hungarian matching, backward, AdamW) for ``--steps`` steps on small images, reads the process's resident
 set size after every step and compares the value after ``--warmup`` steps with the end. Every
@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from demos import train_detr  # noqa: E402
-from demos.detr import DistContext, train_arm  # noqa: E402
-from demos.detr.cli import parse_args  # noqa: E402
+from vispos.app.train import DistContext, train_arm  # noqa: E402
+from vispos.app.train.cli import parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -275,7 +275,7 @@ def test_a_file_of_yours_wins_over_a_packaged_name(tmp_path, monkeypatch):
     [
         ("detr_resnet51", FileNotFoundError,
          r"config file 'detr_resnet51' does not exist \(relative to '.*'\) and is not a config vispos "
-         r"ships; it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5, "
+         r"ships; it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5, "
          r"dino_convnext_tiny, volume_r3d18 \(by short name"),
         ("configs/nope.yaml", FileNotFoundError, r"'configs/nope.yaml' does not exist .* it ships deformable_detr"),
         ("other/detr_resnet50.yaml", FileNotFoundError, r"'other/detr_resnet50.yaml' does not exist"),
@@ -362,7 +362,7 @@ def test_cli_unknown_config_exits_2_listing_what_ships(tmp_path, monkeypatch, ca
     assert main(["plot", "similarity", "--config", "detr_resnet51"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vispos: error: config file 'detr_resnet51' does not exist") and err.count("\n") == 1
-    assert "it ships deformable_detr_resnet50, detr_resnet50, detr_resnet50_dc5" in err
+    assert "it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5" in err
     assert list(tmp_path.iterdir()) == []
     from PIL import Image
 
@@ -400,3 +400,27 @@ def test_a_renamed_keyword_still_builds_and_warns():
     assert old.extra_repr() == new.extra_repr()
     with pytest.raises(ValueError, match=r"unknown keys \['d_modl'\]"):
         build_from_config({"type": "SinusoidalPositionalEncoding", "d_modl": 8})
+
+
+class _NeedsTwoArgs(ValueError):
+    """A constructor's own error type whose ``__init__`` does not take one message."""
+
+    def __init__(self, value, expected):
+        super().__init__(f"got {value}, expected {expected}")
+
+
+class _RaisesSubclass:
+    def __init__(self, value: int = 0):
+        raise _NeedsTwoArgs(value, "a positive int")
+
+
+def test_constructor_errors_keep_their_category_and_gain_their_place():
+    """A constructor's ``TypeError`` / ``ValueError``, subclasses included, is re-raised as its
+    category with where in the config it comes from, the original chained (before, a subclass
+    passed through without its place: the re-raise tested ``type(exc)``)."""
+    vispos.register(_RaisesSubclass, name="RaisesSubclassForTest")
+    with pytest.raises(ValueError, match=r"^config \(RaisesSubclassForTest\): got 3, expected a positive int$") as info:
+        build_from_config({"type": "RaisesSubclassForTest", "value": 3})
+    assert type(info.value) is ValueError and isinstance(info.value.__cause__, _NeedsTwoArgs)
+    with pytest.raises(TypeError, match=r"^config \(PositionEmbeddingSine\): normalize"):
+        build_from_config({"type": "PositionEmbeddingSine", "normalize": "yes"})

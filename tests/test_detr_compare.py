@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)
 
 pytest.importorskip("scipy")
 
-from demos.detr.compare import compare_backbones, main  # noqa: E402
+from vispos.app.train.compare import compare_backbones, main  # noqa: E402
 
 
 def _write(out, arm, seed, batch, alone):

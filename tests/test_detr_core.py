@@ -23,11 +23,11 @@ sys.path.insert(0, ROOT)
 pytest.importorskip("scipy")
 
 import vispos  # noqa: E402
-from demos.detr import (  # noqa: E402
+from vispos.app.train import (  # noqa: E402
     BOX_OPS_2D, DetrDecoder, DetrDecoderLayer, DetrModel, SetCriterion, coco_map, hungarian_match,
     make_position_embedding, matched_ious,
 )
-from demos.detr.report import ablation_table, paired  # noqa: E402
+from vispos.app.train.report import ablation_table, paired  # noqa: E402
 from vispos.backbones import TimmBackbone  # noqa: E402
 
 
@@ -498,8 +498,8 @@ def _held_set(n=7):
 def test_held_out_compositions():
     from types import SimpleNamespace
 
-    from demos.detr.distributed import DistContext
-    from demos.detr.heldout import composition_keys, full_evaluation_steps, held_out_compositions
+    from vispos.app.train.distributed import DistContext
+    from vispos.app.train.heldout import composition_keys, full_evaluation_steps, held_out_compositions
 
     held = _held_set()
     args = SimpleNamespace(eval_batch_sizes=[3, 1], eval_beside_largest=True, size_divisibility=0)
@@ -540,9 +540,9 @@ def test_evaluate_scores_only_the_scored_items_of_every_composition():
     same metrics; scoring the partners too (n_scored ignored) would not."""
     from types import SimpleNamespace
 
-    from demos.detr import evaluate
-    from demos.detr.distributed import DistContext
-    from demos.detr.heldout import held_out_compositions
+    from vispos.app.train import evaluate
+    from vispos.app.train.distributed import DistContext
+    from vispos.app.train.heldout import held_out_compositions
 
     held = _held_set()
     args = SimpleNamespace(eval_batch_sizes=[4, 1, 3], eval_beside_largest=True, size_divisibility=0)

@@ -18,8 +18,8 @@ pytest.importorskip("scipy")
 
 import vispos  # noqa: E402
 from demos import train_detr, train_detr3d  # noqa: E402
-from demos.detr.cli import parse_args  # noqa: E402
-from demos.detr.engine import build_model  # noqa: E402
+from vispos.app.train.cli import parse_args  # noqa: E402
+from vispos.app.train.engine import build_model  # noqa: E402
 
 
 def _trained_like(model: nn.Module) -> None:

@@ -52,7 +52,7 @@ def test_counter_counts_compute_ops_not_views():
 
 # (case, module, input, pinned ops per uncached call). The issue's starting point for C5 was
 # 52 (NestedTensor) / 60 (bool mask); transformers' DETR dispatches 26. A CPU mask is classified
-# with NumPy (vispos/_masks_host.py): a bool mask then costs what its NestedTensor costs.
+# with NumPy (vispos/padding/_masks_host.py): a bool mask then costs what its NestedTensor costs.
 CASES = {
     "C5 NestedTensor": (lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: _c5(), 15),
     "C5 bool mask": (lambda: PositionEmbeddingSine(128, normalize=True, cache_size=0), lambda: _c5().mask, 15),

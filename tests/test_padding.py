@@ -455,11 +455,11 @@ def test_a_mask_written_in_place_stays_the_truth():
 
 
 def test_host_box_reading_matches_the_torch_ops():
-    """find_boxes reads a CPU mask with NumPy (vispos/_masks_host.py): the same sizes and
+    """find_boxes reads a CPU mask with NumPy (vispos/padding/_masks_host.py): the same sizes and
     mismatches as the torch ops it replaces, on boxes at and off the origin, holes, transposed
     (non-contiguous) masks and 1-3 axes."""
-    from vispos import _mask_origin
-    from vispos._masks_host import origin_mismatch
+    from vispos.padding import _mask_origin
+    from vispos.padding._masks_host import origin_mismatch
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(300):

@@ -291,7 +291,7 @@ def test_symmetric_boxes_take_the_line_path_and_equal_detr_counts(sizes, padded,
 
 
 def test_nested_tensor_takes_fast_path_without_reading_mask(monkeypatch):
-    import vispos._masks as masks
+    import vispos.padding._masks as masks
     import vispos._positions as positions
 
     nt = nested_tensor_from_tensor_list([torch.randn(3, 9, 12), torch.randn(3, 12, 7)])

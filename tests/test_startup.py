@@ -43,7 +43,8 @@ MAIN = "from vispos.app.cli import main\nsys.exit(main())"
 @pytest.mark.parametrize(
     "argv",
     [["--help"], ["demo", "--help"], ["run", "--help"], ["plot", "--help"], ["config", "--help"],
-     ["config", "list", "--help"], ["config", "list"]],
+     ["config", "list", "--help"], ["config", "list"], ["config", "show", "detr_resnet18"],
+     ["train", "--help"], ["train", "--volume", "--help"], ["--version"]],
     ids=" ".join,
 )
 def test_help_and_config_list_import_no_torch(tmp_path, argv):
@@ -52,7 +53,7 @@ def test_help_and_config_list_import_no_torch(tmp_path, argv):
     got = _loaded(MAIN, tmp_path, *argv)
     assert got["rc"] == 0
     assert got["heavy"] == []
-    assert "usage: vispos" in got["out"] or "detr_resnet50" in got["out"]
+    assert "usage: vispos" in got["out"] or "detr_resnet" in got["out"] or got["out"].startswith("vispos ")
 
 
 @pytest.mark.parametrize("alias", ["vispos.cli", "vispos.app.cli"])
@@ -69,6 +70,9 @@ def test_bad_arguments_are_answered_before_torch(tmp_path):
     code = MAIN.replace("sys.exit(main())", "rc = main()\nassert rc == 2, rc")
     assert _loaded(code, tmp_path, "plot", "similarity", "--dpi", "100000")["heavy"] == []
     assert _loaded(code, tmp_path, "demo", "--queries", "99")["heavy"] == []
+    assert _loaded(code, tmp_path, "train", "--resume", "missing.pt")["heavy"] == []
+    got = _loaded(MAIN, tmp_path, "train", "--steps", "0")
+    assert got["rc"] == 2 and got["heavy"] == []
 
 
 _UNTIL_WORK = (

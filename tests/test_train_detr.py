@@ -23,6 +23,7 @@ pytest.importorskip("scipy")
 
 import vispos  # noqa: E402
 from demos import train_detr as T  # noqa: E402
+from vispos.app.train.cli import run  # noqa: E402
 
 
 @pytest.mark.slow
@@ -145,7 +146,7 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
             (tmp_path / arm / f"seed{seed}" / "metrics.json").write_text(json.dumps(_fake_metrics(arm, seed, v)))
     (tmp_path / "grid" / "seed4").mkdir()  # in flight: no metrics.json yet
     logs = []
-    assert T.run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
+    assert run(T.TASK, ["--report", "--pos", "sine", "--out", str(tmp_path)], log=logs.append) == 0
     table = (tmp_path / "ablation.md").read_text()
     assert logs[0] == table
     assert "| seed | (a) none | (b) grid, mask-blind | (c) sine, mask-aware |" in table
@@ -160,7 +161,7 @@ def test_report_joins_every_arm_and_seed_present(tmp_path):
 
 
 def test_tiny_sets_defaults_only():
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     _, tiny = parse_args(T.TASK, ["--tiny", "--steps", "20"])
     assert (tiny.batch_size, tiny.eval_images, tiny.photo_size, tiny.scales) == (2, 4, 64, [48, 64])
@@ -251,7 +252,7 @@ def tiny_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
     threads = torch.get_num_threads()
     try:
-        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "2", "--save-every", "2", "--out", str(out)],
+        assert run(T.TASK, [*RESUME_TINY, "--steps", "2", "--save-every", "2", "--out", str(out)],
                      log=lambda *_: None) == 0
     finally:
         torch.set_num_threads(threads)
@@ -267,7 +268,7 @@ def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
     logs = []
     threads = torch.get_num_threads()
     try:
-        assert T.run(T.TASK, [*RESUME_TINY, "--steps", "5", "--save-every", "5", "--out", str(out),
+        assert run(T.TASK, [*RESUME_TINY, "--steps", "5", "--save-every", "5", "--out", str(out),
                               "--resume", str(tiny_checkpoint)], log=logs.append) == 0
     finally:
         torch.set_num_threads(threads)
@@ -312,7 +313,7 @@ def test_resume_of_a_file_that_is_no_checkpoint_is_exit_2(tmp_path, capsys):
 def test_resume_takes_a_flag_the_checkpoint_does_not_record_at_its_default(tiny_checkpoint, tmp_path, capsys):
     """A checkpoint written before a flag existed resumes when the flag is at its default (the
     behaviour the run had), and names the flag otherwise."""
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     state = torch.load(tiny_checkpoint, weights_only=True)
     del state["args"]["pre_norm"]
@@ -329,13 +330,13 @@ def test_evaluation_in_several_compositions_independent_of_the_training_batch(tm
     batches of 3 (the headline, every evaluation), one image at a time and beside the largest
     held-out image (the last 3 evaluations). The recorded numbers are those of the final model
     evaluated by hand in each composition."""
-    from demos.detr import SetCriterion, evaluate
-    from demos.detr.distributed import DistContext
+    from vispos.app.train import SetCriterion, evaluate
+    from vispos.app.train.distributed import DistContext
 
     argv = ["--tiny", "--pos", "grid", "--steps", "4", "--eval-every", "1", "--batch-size", "1", "--eval-images", "5",
             "--eval-batch-sizes", "3", "1", "--eval-beside-largest", "--out", str(tmp_path)]
     models, logs = [], []
-    T.run(T.TASK, argv, log=logs.append, on_step=lambda step, model: models.append(model))
+    run(T.TASK, argv, log=logs.append, on_step=lambda step, model: models.append(model))
     m = json.loads((tmp_path / "grid" / "seed0" / "metrics.json").read_text())
     assert m["args"]["batch_size"] == 1 and m["padded_fraction"] == [0.0] * 4  # training saw no padding
     assert m["eval_compositions"] == ["batch3", "batch1", "beside_largest"]
@@ -344,7 +345,7 @@ def test_evaluation_in_several_compositions_independent_of_the_training_batch(tm
     assert m["eval_by_composition"]["batch3"] == m["eval"][1:]
     assert any(line.startswith("[grid] step 4 held-out ap50 by composition: batch3 ") for line in logs)
     # by hand, with the final model
-    from demos.detr.cli import parse_args
+    from vispos.app.train.cli import parse_args
 
     _, args = parse_args(T.TASK, argv)
     _, held = T.TASK.build_datasets(args)

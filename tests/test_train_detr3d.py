@@ -21,8 +21,9 @@ pytest.importorskip("nilearn")
 
 import vispos  # noqa: E402
 from demos import train_detr3d as T  # noqa: E402
-from demos.detr import SetCriterion, build_model  # noqa: E402
-from demos.detr.cli import parse_args  # noqa: E402
+from vispos.app.train.cli import run  # noqa: E402
+from vispos.app.train import SetCriterion, build_model  # noqa: E402
+from vispos.app.train.cli import parse_args  # noqa: E402
 
 OPS = T.BOX_OPS_3D
 
@@ -155,7 +156,7 @@ def test_bad_flags_exit_2_naming_the_flag(argv, flag, capsys):
 
 
 def test_smallest_extent_reads_the_header():
-    from demos.volumes3d import available_volumes, smallest_extent_mm
+    from vispos.app.train.volumes3d import available_volumes, smallest_extent_mm
 
     if not available_volumes(["anatomical"]):
         pytest.skip("nibabel's test data is not installed")
@@ -290,7 +291,7 @@ def test_tiny_run_resumes_for_more_steps_and_other_settings_exit_2(tmp_path, cap
     tiny = ["--tiny", "--pos", "sine", "--eval-images", "2", "--threads", "1", "--out", str(tmp_path)]
     threads = torch.get_num_threads()
     try:
-        assert T.run(T.TASK, [*tiny, "--steps", "2", "--save-every", "2"], log=lambda *_: None) == 0
+        assert run(T.TASK, [*tiny, "--steps", "2", "--save-every", "2"], log=lambda *_: None) == 0
         ckpt = tmp_path / "sine" / "seed0" / "checkpoint.pt"
         first = torch.load(ckpt, weights_only=True)
         assert first["args"]["train_images"] == 2 * first["args"]["batch_size"]
@@ -300,7 +301,7 @@ def test_tiny_run_resumes_for_more_steps_and_other_settings_exit_2(tmp_path, cap
         assert exc.value.code == 2 and "Traceback" not in err
         assert ("argument --resume: the settings differ from the checkpoint's: --spacing (checkpoint 4.0, given 3.0); "
                 "a resumed run keeps every setting of its checkpoint except --device") in err.splitlines()[-1]
-        assert T.run(T.TASK, [*tiny, "--steps", "4", "--resume", str(ckpt)], log=lambda *_: None) == 0
+        assert run(T.TASK, [*tiny, "--steps", "4", "--resume", str(ckpt)], log=lambda *_: None) == 0
     finally:
         torch.set_num_threads(threads)
     m = json.loads((tmp_path / "sine" / "seed0" / "metrics.json").read_text())

@@ -21,7 +21,7 @@ pytest.importorskip("skimage")
 pytest.importorskip("scipy")
 
 from demos import train_detr as T  # noqa: E402
-from demos.detr.cli import run  # noqa: E402
+from vispos.app.train.cli import run  # noqa: E402
 
 STEPS = 3
 #: every image padded to 64 x 64 (scales <= 64, size divisibility 64) and the backbone's batch norm
@@ -45,7 +45,7 @@ def _torchrun_worker(out: str, result: str) -> None:
     """What each of torchrun's processes runs (``__main__`` below): the demo's own ``run`` (what
     ``python -m demos.train_detr`` calls), recording the parameters after every step and the sizes
     of the held-out shares each evaluation gathers."""
-    from demos.detr.distributed import DistContext
+    from vispos.app.train.distributed import DistContext
 
     seen, gathered = [], []
     gather = DistContext.all_gather_object
@@ -161,8 +161,8 @@ def test_interrupted_and_resumed_run_is_bit_exact(tmp_path):
 def test_resume_refuses_another_arm_or_other_settings(tmp_path, capsys):
     """The command line refuses before any work (exit 2, one line; more in tests/test_train_detr.py);
     ``train_arm`` called directly refuses with a ValueError saying the same."""
-    from demos.detr import DistContext, train_arm
-    from demos.detr.cli import parse_args
+    from vispos.app.train import DistContext, train_arm
+    from vispos.app.train.cli import parse_args
 
     run(T.TASK, [*TINY, "--steps", "2", "--save-every", "2", "--out", str(tmp_path)], log=lambda *_: None)
     ckpt = str(tmp_path / "sine" / "seed0" / "checkpoint.pt")

@@ -15,7 +15,7 @@ pytest.importorskip("monai")
 nib = pytest.importorskip("nibabel")
 pytest.importorskip("nilearn")
 
-from demos import volumes3d as V  # noqa: E402
+from vispos.app.train import volumes3d as V  # noqa: E402
 
 import vispos  # noqa: E402
 

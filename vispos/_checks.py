@@ -7,7 +7,7 @@ sines are produced), counts as a wrong type: ``TypeError``, as torch itself does
 Every message names the parameter, the value received and what was expected. ``bool`` is not
 accepted where an int or a number is asked for (``True`` is not a size).
 
-**Scalars from NumPy and torch** (issue 32): an integer argument accepts a Python ``int``, a
+**Scalars from NumPy and torch**: an integer argument accepts a Python ``int``, a
 NumPy integer (``np.int64(4)``, a 0-d integer array) or a 0-d integer tensor, and a real-number
 argument also a NumPy floating scalar (``np.float32(0.5)``, a 0-d float array) or a 0-d
 floating tensor; never a bool of any library, and an integer argument never a float (``4.0``).

@@ -56,8 +56,8 @@ def load_on_first_use(
             if name in namespace:
                 continue
             for module in loaded:
-                if hasattr(module, name):
-                    namespace[name] = getattr(module, name)
+                if name in vars(module):  # bound there (a module's deprecated aliases are not)
+                    namespace[name] = vars(module)[name]
                     break
 
     def __getattr__(name: str) -> Any:

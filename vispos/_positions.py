@@ -40,9 +40,9 @@ import torch
 from torch import Tensor
 
 from . import _tracing
-from ._mask_checks import check_mask
-from ._mask_origin import rectangular_sizes
-from ._masks import box_tensors
+from .padding._mask_checks import check_mask
+from .padding._mask_origin import rectangular_sizes
+from .padding._masks import box_tensors
 from .padding import Padding
 
 __all__ = [
@@ -335,7 +335,7 @@ def item_boxes(
     symmetric padding centres it) and the bounding box of its valid cells for ``"arbitrary"``
     (an item without a valid cell: start 0, size 0). With ``host`` the boxes known on the host
     travel in one small copy (no synchronisation; an arbitrary mask on the CPU is read there);
-    otherwise they are found on the mask's device (:func:`~vispos._masks.box_tensors`).
+    otherwise they are found on the mask's device (:func:`~vispos.padding._masks.box_tensors`).
 
     Args:
         padding (Padding): the batch's padding.

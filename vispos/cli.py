@@ -1,7 +1,7 @@
 """Deprecated alias of :mod:`vispos.app.cli` (the ``vispos`` command), kept so ``vispos.cli:main``
 and ``python -m vispos.cli`` work for one more release; importing it warns.
 
-The command moved to the app side in issue 19; run ``vispos`` (or ``python -m vispos.app.cli``)
+The command moved to the app side; run ``vispos`` (or ``python -m vispos.app.cli``)
 and import from :mod:`vispos.app.cli`.
 """
 

@@ -330,12 +330,17 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
             built[k] = _dtype(v, f"{where}.{k}")
     try:
         return target(**built)
-    except (TypeError, ValueError) as exc:
-        if type(exc) not in (TypeError, ValueError):
-            raise
-        # the constructor's message, prefixed with where it comes from and cut to a readable
-        # length (a constructor may print a long value in full)
-        raise type(exc)(f"{where} ({kind}): {_clip(str(exc))}") from exc
+    except TypeError as exc:
+        raise TypeError(_located(exc, where, kind)) from exc
+    except ValueError as exc:
+        raise ValueError(_located(exc, where, kind)) from exc
+
+
+def _located(exc: Exception, where: str, kind: str) -> str:
+    """A constructor's error message, prefixed with where in the config it comes from and cut
+    to a readable length (a constructor may print a long value in full). The error is re-raised
+    as its category (``TypeError`` or ``ValueError``, subclasses included), the original chained."""
+    return f"{where} ({kind}): {_clip(str(exc))}"
 
 
 def _dtype(name: str, where: str):

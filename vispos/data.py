@@ -1,7 +1,7 @@
 """Deprecated alias of :mod:`vispos.app.data` (image and volume loaders), kept so
 ``vispos.data`` imports work for one more release; importing it warns.
 
-The loaders moved to the app side in issue 19; import from :mod:`vispos.app.data`.
+The loaders moved to the app side; import from :mod:`vispos.app.data`.
 """
 
 from ._deprecation import warn_module

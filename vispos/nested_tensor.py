@@ -27,7 +27,8 @@ from torch import Tensor
 
 from . import _deprecation, _tracing
 from ._checks import MAX_SPATIAL, check_bool, check_index
-from .padding import Padding, check_mask, check_spans, interpolate_mask, resize_image_sizes
+from .padding import Padding, check_mask, interpolate_mask, resize_image_sizes
+from .padding._mask_checks import check_spans
 
 __all__ = [
     "NestedTensor",
@@ -41,8 +42,8 @@ __all__ = [
 
 _check_mask = check_mask  # old private name, kept for callers inside the package
 
-#: the batching functions' earlier home (issue 19 moved them to :mod:`vispos.batching`; since
-#: issue 32 the old path warns, so this module no longer imports the one above it)
+#: the batching functions' earlier home (they live in :mod:`vispos.batching`; the old path
+#: warns, so this module does not import the one above it)
 __getattr__ = _deprecation.alias_getattr(__name__, {
     name: f"vispos.batching:{name}" for name in ("nested_tensor_from_tensor_list", "collate_fn", "PaddedCollate")
 })

@@ -3,8 +3,8 @@ kept so ``vispos.viz`` imports work for one more release; importing it warns.
 
 Figures that return a ``matplotlib.figure.Figure`` live in :mod:`vispos.app.figures`; the
 functions that write PNGs (:func:`~vispos.app.png.save_figure`, ``plot_position_similarity``,
-``plot_volume_similarity``, ``png_writer``) in :mod:`vispos.app.png`. Moved in issue 19; import
-from those modules. Every public name of both is here (``__all__`` is theirs, joined).
+``plot_volume_similarity``, ``png_writer``) in :mod:`vispos.app.png`. Moved; import from those
+modules. Every public name of both is here (``__all__`` is theirs, joined).
 """
 
 from ._deprecation import warn_module

@@ -38,8 +38,8 @@ _DEFAULT_SHAPES = {"channels": (100,), "curves": (100,), "similarity": (32, 48),
 
 # Upper bounds, checked from the arguments before anything is computed or drawn. Beyond them a
 # figure shows nothing more (a cell would be smaller than a pixel of the default canvas) and the
-# memory asked for grows without limit (issue 26: --shape 20000 20000 asked for hundreds of GB,
-# --dpi 100000 ended in std::bad_alloc).
+# memory asked for grows without limit (--shape 20000 20000 would ask for hundreds of GB, --dpi 100000
+# ends in std::bad_alloc).
 #: --shape: cells of the grid (512 x 512, 64 x 64 x 64, or 262,144 positions)
 MAX_CELLS = 2**18
 #: the encoding of the grid (or the rotary scores), float32, all channels together
@@ -59,7 +59,7 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     kinds = "; ".join(f"{k}: {h}" for k, (h, _) in KINDS.items())
     p = sub.add_parser("plot", help="draw one figure of an encoder (channels, curves, similarity, ...)",
                        description=f"Draw one figure and write it as a PNG. Kinds: {kinds}.")
-    p.add_argument("kind", choices=list(KINDS), help="what to draw")
+    p.add_argument("kind", metavar="KIND", help=f"what to draw: {', '.join(KINDS)}")
     p.add_argument("--encoder", help="registered encoder name, e.g. PositionEmbeddingSine, "
                    "PositionalEncoding2D, SinusoidalPositionalEncoding, RotaryEmbedding")
     p.add_argument("--kw", nargs="+", default=[], metavar="KEY=VALUE",
@@ -132,12 +132,14 @@ def check_plot_args(args: argparse.Namespace) -> None:
     by ``--out`` is replaced, as asked).
 
     Raises:
-        CLIError: ``--out`` not a ``.png`` or in a missing folder; the default output exists
+        CLIError: an unknown kind (one line, no usage); ``--out`` not a ``.png`` or in a missing folder; the default output exists
             and ``--force`` is not given; ``--dpi`` outside :data:`DPI_RANGE`; a list flag
             longer than :data:`MAX_ENTRIES`; an int flag outside :data:`INT_RANGES`; a
             ``--shape`` with more than :data:`MAX_CELLS` cells. Each message names the flag,
             the value and the bound.
     """
+    if args.kind not in KINDS:
+        raise CLIError(f"unknown plot kind {args.kind!r}; expected one of {', '.join(KINDS)}")
     out = output_path(args)
     if not out.lower().endswith(".png"):
         raise CLIError(f"--out must name a .png file, got {out!r}")

@@ -93,7 +93,7 @@ def _write_outputs(folder: str, outputs: list[tuple[str, Any]], replace: bool = 
 
 #: most values (items x channels x padded cells) of the padded input batch: 256 MiB as float32.
 #: The backbone holds several times that at its peak (a ResNet-50 about 16x: 4 GB), so a batch
-#: beyond it is refused from the file headers, before anything is decoded (issue 26 item 11)
+#: beyond it is refused from the file headers, before anything is decoded
 MAX_BATCH_VALUES = 2**26
 #: padding to a multiple of --size-divisibility may multiply the batch's cells at most by this
 #: (ViTDet's 1024 on 800x600 photos: 2.2x; --size-divisibility 4096 on a 48x64 photo: 5461x)

@@ -5,11 +5,13 @@ config's backbone and position embedding; ``vispos demo --volume``: the same on 
 nilearn's MNI152 T1 template through a 3D ResNet; ``vispos run``: the same on the user's images
 (``--images``) or NIfTI volumes (``--volumes``). All print a table per feature level and write
 ``embeddings.pt`` and ``figure.png``. ``vispos plot KIND``: one figure of an encoder.
-``vispos config list``: the configs that ship.
+``vispos config list`` / ``vispos config show NAME``: the configs that ship. ``vispos train``:
+a small DETR trained on padded batches (2D, or 3D with ``--volume``). ``vispos --version``.
 
 This module and the argument modules it reads (:mod:`vispos.app._run_args`,
-:mod:`vispos.app._plot_args`, :mod:`vispos.app._config_command`) import neither torch nor
-anything that does, so ``vispos --help`` and every ``vispos SUBCOMMAND --help`` answer at once
+:mod:`vispos.app._plot_args`, :mod:`vispos.app._config_command`, :mod:`vispos.app._train_args`)
+import neither torch nor anything that does, so ``vispos --help`` and every
+``vispos SUBCOMMAND --help`` answer at once
 (``import vispos`` loads its API on first use, :mod:`vispos._lazy`). :func:`load_command` imports
 a subcommand's work module (torch with it) only once its arguments are parsed and checked.
 """
@@ -21,11 +23,13 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from .. import __version__
 from ._config_command import add_config_parser
 from ._errors import CLIError
 from ._io import Terminated
 from ._plot_args import add_plot_parser, check_plot_args
 from ._run_args import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG, add_run_parsers, check_args
+from ._train_args import add_train_parser, check_train_args, parse_train_args
 
 __all__ = ["main", "DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "load_command"]
 
@@ -36,6 +40,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None] | None]] = 
     "run": ("._run_command", check_args),
     "plot": ("._plot_command", check_plot_args),
     "config": ("._config_command", None),
+    "train": ("._train_command", check_train_args),
 }
 
 
@@ -44,15 +49,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="vispos",
         description="Position embeddings for padded batches of real images on a real backbone.",
     )
+    parser.add_argument("--version", action="version", version=f"vispos {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_parsers(sub)
     add_plot_parser(sub)
     add_config_parser(sub)
+    add_train_parser(sub)
     return parser
 
 
 def load_command(command: str) -> Callable[[argparse.Namespace], None]:
-    """The function that runs ``command`` (``"demo"``, ``"run"``, ``"plot"``, ``"config"``),
+    """The function that runs ``command`` (``"demo"``, ``"run"``, ``"plot"``, ``"config"``, ``"train"``),
     its module imported: the point where the subcommand's own work starts (torch, the core
     and what the subcommand needs are imported here, not before).
 
@@ -77,9 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
     1 any other failure (named by its exception type), 130 on Ctrl-C, 128 + the signal
     number on SIGTERM / SIGHUP while the outputs are written (143 for SIGTERM). argparse's own usage
-    errors exit with status 2 through ``SystemExit``.
+    errors exit with status 2 through ``SystemExit``. Every argument after ``train`` is the
+    training's own (:func:`vispos.app._train_args.parse_train_args`).
     """
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_train_args(argv[1:]) if argv[:1] == ["train"] else _parser().parse_args(argv)
     try:
         _, check = _COMMANDS[args.command]
         if check is not None:

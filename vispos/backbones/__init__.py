@@ -6,7 +6,7 @@ Helpers are split by concern: ``_checkpoints`` (local state dicts and load repor
 ``_graph`` (torchvision feature extraction shared by the 2D and 3D adapters). The DETR encoder
 that consumes the levels lives in :mod:`vispos.transformer`, and the flattened levels both share
 in :mod:`vispos.levels` (``FlatLevels`` and its functions are re-exported here).
-``vispos.backbones.DetrEncoder`` / ``DetrEncoderLayer`` (moved in issue 19), ``BackboneBase``
+``vispos.backbones.DetrEncoder`` / ``DetrEncoderLayer`` (moved), ``BackboneBase``
 (now :class:`BackboneAdapter`) and ``valid_ratios`` (now
 :func:`vispos.padding.mask_valid_ratios`) are deprecated aliases that warn, naming the new home.
 """
@@ -23,10 +23,10 @@ from .volumetric import VOLUME_MODELS, VolumeBackbone
 #: old names, each a deprecated alias naming its new home (resolved on first access, so this
 #: package never imports :mod:`vispos.transformer`, its consumer)
 __getattr__ = _deprecation.alias_getattr(__name__, {
-    "DetrEncoder": "vispos.transformer:DetrEncoder",  # moved in issue 19
+    "DetrEncoder": "vispos.transformer:DetrEncoder",  # moved
     "DetrEncoderLayer": "vispos.transformer:DetrEncoderLayer",
-    "BackboneBase": "vispos.backbones.base:BackboneAdapter",  # renamed in issue 32
-    "valid_ratios": "vispos.padding:mask_valid_ratios",  # one home (issue 32), beside Padding.valid_ratios
+    "BackboneBase": "vispos.backbones.base:BackboneAdapter",  # renamed
+    "valid_ratios": "vispos.padding:mask_valid_ratios",  # one home, beside Padding.valid_ratios
 })
 
 

@@ -3,7 +3,7 @@
 Names and argument conventions: ``docs/api-conventions.md`` (which encoder mirrors which peer).
 """
 
-from .. import _deprecation
+from .. import _deprecation, _public
 
 from .grid import (
     FixEncoding,
@@ -34,40 +34,6 @@ from .sequence import LearnableSinusoidalPositionalEncoding, SinusoidalPositiona
 from .speechain import SpeechainPositionalEncoding
 from .sine import PositionEmbeddingSine, cumulative_positions
 
-__all__ = [
-    "PositionEmbeddingSine",
-    "cumulative_positions",
-    "PositionalEncoding1D",
-    "PositionalEncoding2D",
-    "PositionalEncoding3D",
-    "PositionalEncodingPermute1D",
-    "PositionalEncodingPermute2D",
-    "PositionalEncodingPermute3D",
-    "Summer",
-    "FixEncoding",
-    "PositionEmbeddingLearned",
-    "resample_abs_pos_embed",
-    "SinusoidalPositionalEncoding",
-    "LearnableSinusoidalPositionalEncoding",
-    "SpeechainPositionalEncoding",
-    "sine_embed_coords",
-    "CoordSineEmbedding",
-    "RotaryEmbedding",
-    "AxialRotaryEmbedding",
-    "apply_rotary_sincos",
-    "DinoV3RotaryEmbedding",
-    "MixedRotaryEmbedding",
-    "init_mixed_freqs",
-    "apply_rot_embed_cat",
-    "timm_sincos_2d",
-    "mae_sincos_2d",
-    "monai_sincos",
-    "monai_fourier",
-    "dino_sine",
-    "PositionEmbeddingSineDepthAdded",
-    "PositionEmbeddingRandom",
-    "SamPositionalEmbedding",
-    "rtdetr_sincos_2d",
-]
+__all__ = list(_public.ENCODINGS)  # the one list of public names (vispos._public)
 
 __getattr__ = _deprecation.alias_getattr(__name__, {"apply_rotary": "vispos.encodings.rotary:apply_rotary_sincos"})

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .._checks import check_number
-from .._masks import box_tensors
+from ..padding._masks import box_tensors
 from .._tracing import host_facts, host_side, host_tensor, tracing
 from ..padding import Padding, check_mask
 
@@ -130,7 +130,7 @@ def read_padding(padding: Any, num_axes: int, name: str = "mask") -> ItemBoxes:
 
     Boxes known on the host (``kind == "rectangular"``) are used as they are; otherwise (a mask
     on an accelerator, traced calls, masks that are not boxes) the bounding boxes are computed
-    on the device (:func:`vispos._masks.box_tensors`, no synchronisation).
+    on the device (:func:`vispos.padding._masks.box_tensors`, no synchronisation).
 
     Raises:
         TypeError: none of those (or a mask that is not bool).

@@ -259,7 +259,7 @@ def resample_abs_pos_embed(
         interpolation (str): the ``F.interpolate`` mode (timm's name): ``nearest``,
             ``nearest-exact``, ``bilinear``, ``bicubic`` or ``area`` for 2D grids; ``nearest``,
             ``nearest-exact``, ``trilinear`` or ``area`` for 3D grids. Default ``bicubic``
-            (timm). Named ``mode`` before issue 32: that keyword still works, with a
+            (timm). Formerly ``mode``: that keyword still works, with a
             ``DeprecationWarning``.
         antialias (bool): anti-aliasing when down-sampling with ``bilinear`` / ``bicubic`` (the
             modes torch supports it for); ignored otherwise. Default True (timm).

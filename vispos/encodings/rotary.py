@@ -62,8 +62,8 @@ def apply_rotary_sincos(q: Tensor, k: Tensor | None, sin: Tensor, cos: Tensor) -
 
     Not to be confused with :func:`apply_rot_embed_cat`, timm's function, which takes one
     ``[sin, cos]`` table of the *full* width ``2 * C`` (each value repeated per channel), rotates
-    one tensor and every channel, interleaved or rotate-half. Named ``apply_rotary`` before issue
-    32 (a deprecated alias for one release).
+    one tensor and every channel, interleaved or rotate-half. Formerly ``apply_rotary`` (a
+    deprecated alias for one release).
 
     Args:
         q (Tensor[..., C], float): queries, ``C >= R``.

@@ -251,7 +251,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
 
 
 class _DeprecatedDModel:
-    """The width's name before issue 32 (vispos' rule names it ``dim``): ``d_model`` still reads,
+    """The width's former name (vispos' rule names it ``dim``): ``d_model`` still reads,
     with a ``DeprecationWarning``, for one release."""
 
     @property
@@ -296,7 +296,7 @@ class SinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
 
     Args:
         dim (int): embedding size ``D``, the width of ``x`` (positive, even; ``>= 4`` with
-            ``ladder="t2t"``). Named ``d_model`` before issue 32: that keyword still works, with
+            ``ladder="t2t"``). Formerly ``d_model``: that keyword still works, with
             a ``DeprecationWarning``.
         dropout (float): dropout probability on the sum, in ``[0, 1)``. Default 0.
         max_len (int): rows of the table built at construction. Default 5000.
@@ -393,8 +393,8 @@ class LearnableSinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid
     ``self.ffn[3]``.
 
     Args:
-        dim (int): embedding size ``D``, the width of ``x`` (positive, even). Named ``d_model``
-            before issue 32: that keyword still works, with a ``DeprecationWarning``.
+        dim (int): embedding size ``D``, the width of ``x`` (positive, even). Formerly ``d_model``:
+            that keyword still works, with a ``DeprecationWarning``.
         hidden_dim (int, optional): ``H``, the FFN's hidden size; ``dim`` when not given.
         dropout (float): dropout probability, used inside the FFN and on the sum. Default 0.
         max_len (int): rows of the sinusoid table built at construction; longer inputs extend it.

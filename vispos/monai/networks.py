@@ -1,7 +1,7 @@
 """MONAI's ViT and UNETR on padded batches of volumes of any size.
 
 A ``ViT`` / ``UNETR`` built for one ``img_size`` holds a position table for one patch grid and
-refuses any other size (MONAI issues 3992 and 6264). :class:`AnySizeViT` and
+refuses any other size (Project-MONAI/MONAI#3992, #6264). :class:`AnySizeViT` and
 :class:`AnySizeUNETR` are the same classes (same constructor, same ``state_dict`` keys, so MONAI
 checkpoints load as they are) with a forward that takes a :class:`~vispos.NestedTensor` or a
 tensor of any size:

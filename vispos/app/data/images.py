@@ -6,7 +6,7 @@ applied) or Pillow (TIFF, BMP, PNM): one decoder per format, never a second opin
 decompression bomb is refused from its header. A damaged file raises ``ValueError``: both
 decoders report damage as exceptions (torchvision's native PNG decoder, used before, ended the
 process on some damaged PNGs, pytorch/vision #3613, #4485), and a file TorchCodec refuses is not
-handed to Pillow, which returns plausible but wrong pixels for some damaged files (issue 32).
+handed to Pillow, which returns plausible but wrong pixels for some damaged files.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def plot_padding_leak(
             another length than the levels.
 
     References:
-        Carion et al., DETR, ECCV 2020 (padded batches; facebookresearch/detr issues 217, 239).
+        Carion et al., DETR, ECCV 2020 (padded batches; facebookresearch/detr#217, #239).
     """
     if not backbones:
         raise ValueError("backbones must name at least one backbone")

@@ -1,8 +1,9 @@
 """What a detection task hands the shared training core: data, backbone, box geometry, metric.
 
-The 2D demo (``demos/train_detr.py``) and the 3D demo each build one :class:`DetrTask`; the core
-(:mod:`demos.detr.engine`, :mod:`demos.detr.cli`) does everything else: the model around the
-backbone, matching and losses, the loop, checkpoints, distributed runs, evaluation and reports.
+The 2D task (:mod:`vispos.app.train.task2d`) and the 3D one (:mod:`vispos.app.train.task3d`) each
+build one :class:`DetrTask`; the core (:mod:`vispos.app.train.engine`, :mod:`vispos.app.train.cli`)
+does everything else: the model around the backbone, matching and losses, the loop, checkpoints,
+distributed runs, evaluation and reports.
 
 Data contract: both datasets return ``(Tensor[C, *S], target)`` with ``target["labels"]``
 ``Tensor[T] int64`` in ``[0, len(classes))`` and ``target["boxes"]`` ``Tensor[T, 2 * n_axes]``
@@ -21,6 +22,7 @@ from typing import Any, NoReturn
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from ._args import TaskFlags
 from .criterion import BoxOps
 
 __all__ = ["DetrTask", "Records"]
@@ -68,3 +70,10 @@ class DetrTask:
     headline: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_flags(cls, flags: TaskFlags, **parts: Any) -> DetrTask:
+        """The task whose command-line fields (``name``, ``description``, ``add_arguments``,
+        ``defaults``, ``tiny_defaults``) are ``flags``'s, the other fields ``parts``."""
+        return cls(name=flags.name, description=flags.description, add_arguments=flags.add_arguments,
+                   defaults=flags.defaults, tiny_defaults=flags.tiny_defaults, **parts)

@@ -5,11 +5,12 @@ A *box* is a per-item valid region ``[start_i, stop_i)`` along every axis of a p
 MONAI's symmetric padding centres it. :func:`find_boxes` decides whether a mask is boxes (the
 reading behind :meth:`vispos.Padding.from_mask`), :func:`boxes_mask` builds the mask of boxes,
 :func:`bounding_boxes` / :func:`box_tensors` give the extent of any mask. The other tensor
-algorithms behind :class:`vispos.Padding` live beside this room: argument checks
-(:mod:`vispos._mask_checks`), origin-anchored sizes (:mod:`vispos._mask_origin`, read with NumPy
-on the host by :mod:`vispos._masks_host`), resizing (:mod:`vispos._mask_resize`) and the views
-models consume (:mod:`vispos._mask_views`). :mod:`vispos.padding` re-exports the public ones
-(their documented home); nobody else re-derives these facts.
+algorithms behind :class:`vispos.Padding` live beside this room in :mod:`vispos.padding`:
+argument checks (:mod:`~vispos.padding._mask_checks`), origin-anchored sizes
+(:mod:`~vispos.padding._mask_origin`, read with NumPy on the host by
+:mod:`~vispos.padding._masks_host`), resizing (:mod:`~vispos.padding._mask_resize`) and the views
+models consume (:mod:`~vispos.padding._mask_views`). :mod:`vispos.padding` re-exports the public
+ones (their documented home); nobody else re-derives these facts.
 
 Empty inputs (an empty batch, a zero-size axis) give empty results of the documented shape.
 

@@ -1,7 +1,7 @@
 """Process-group setup for the training demos: one process by default, data-parallel under
 ``torchrun`` (``torch.distributed``, gloo on CPU, nccl on CUDA, chosen from the device).
 
-``torchrun --nproc_per_node N -m demos.train_detr ...`` sets ``RANK``, ``WORLD_SIZE``,
+``torchrun --nproc_per_node N -m vispos.app.train.task2d ...`` sets ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; :func:`init_distributed` reads them
 (``init_method="env://"``). Without them the run is a plain single process and nothing of
 ``torch.distributed`` is touched. On a cluster only torchrun's own rendezvous flags change

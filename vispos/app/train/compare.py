@@ -1,4 +1,4 @@
-"""Stock against padding-invariant backbone: one report over two ablation folders (issue 31).
+"""Stock against padding-invariant backbone: one report over two ablation folders.
 
 Each folder is a ``--report`` folder (``OUT/<arm>/seed<S>/metrics.json``) of runs that differ only
 in ``--padding-invariant``. The report gives, on the headline metric (mean of the last three
@@ -11,11 +11,11 @@ evaluations) in every evaluation composition the runs recorded (``--eval-batch-s
 * the arms compared within each backbone (sine - grid, sine - none, grid - none), in the demo's
   batches and alone.
 
-Every comparison is read with :func:`demos.detr.report.paired` and its rule (an arm is ahead only
+Every comparison is read with :func:`vispos.app.train.report.paired` and its rule (an arm is ahead only
 when the t-test gives p < 0.05, the bootstrap interval excludes 0 and it wins more seeds than it
 loses; otherwise the sentence says level).
 
-    python -m demos.detr.compare --task 2d --stock runs/stock --invariant runs/inv --out compare.md
+    python -m vispos.app.train.compare --task 2d --stock runs/stock --invariant runs/inv --out compare.md
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def compare_backbones(stock_out: str, invariant_out: str, metric: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m demos.detr.compare``: the report on stdout or in ``--out``."""
+    """``python -m vispos.app.train.compare``: the report on stdout or in ``--out``."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stock", required=True, help="folder of the stock backbone's runs")
     p.add_argument("--invariant", required=True, help="folder of the padding-invariant backbone's runs")

@@ -1,4 +1,4 @@
-"""The first reading of :func:`vispos._masks.find_boxes`, with NumPy where the mask is on the host.
+"""The first reading of :func:`~vispos.padding._masks.find_boxes`, with NumPy where the mask is on the host.
 
 Whether a padding mask is DETR's origin-anchored boxes is read from the lines through the origin
 (each item's valid sizes) and one comparison with the boxes of those sizes. On a small CPU mask
@@ -32,7 +32,7 @@ def origin_mismatch(mask: Tensor, spatial: Sequence[int]) -> tuple[list, list]:
         spatial (sequence of int): ``S``.
 
     Returns:
-        (list, list): ``B`` lists of ``n`` ints (as :func:`vispos._mask_origin.rectangular_sizes`),
+        (list, list): ``B`` lists of ``n`` ints (as :func:`~vispos.padding._mask_origin.rectangular_sizes`),
         ``B`` bools (True: not that box).
 
     Raises:

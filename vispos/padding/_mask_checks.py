@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL, check_int, is_int
+from .._checks import MAX_SPATIAL, check_int, is_int
 
 __all__ = ["Spans", "check_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
 

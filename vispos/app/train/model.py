@@ -29,11 +29,11 @@ from vispos._checks import check_bool, check_choice, check_int
 from vispos.backbones import Joiner
 from vispos.transformer import DetrEncoder
 
+from ._args import POS_ARMS
 from .decoder import DetrDecoder
 
 __all__ = ["POS_ARMS", "ZeroPosition", "MaskBlindGrid", "make_position_embedding", "MLP", "DetrModel"]
 
-POS_ARMS = ("none", "grid", "sine")
 _GRIDS = {2: vispos.PositionalEncodingPermute2D, 3: vispos.PositionalEncodingPermute3D}
 
 

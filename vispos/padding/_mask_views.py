@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._checks import check_int
+from .._checks import check_int
 from ._mask_checks import Spans, check_mask
 from ._mask_origin import rectangular_sizes
 
@@ -50,7 +50,7 @@ def mask_valid_ratios(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tenso
 
     The same numbers as :meth:`vispos.Padding.valid_ratios`, which reads them from the padding's
     boxes without touching the device where it can; use this one when you hold a bare mask (it
-    never reads the mask on the host). Named ``valid_ratios`` before issue 32 (a deprecated alias
+    never reads the mask on the host). Formerly ``valid_ratios`` (a deprecated alias
     in :mod:`vispos.padding` and :mod:`vispos.backbones`).
 
     Along axis ``i`` the valid length is the number of valid cells in the line through index 0 of

@@ -41,25 +41,14 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from ._task_args import HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES
+
 __all__ = [
     "CLASSES", "VOLUMES", "TRAIN_VOLUMES", "HELDOUT_VOLUMES", "available_volumes", "load_volume_resampled",
     "draw_lesions", "LesionsInVolumes",
 ]
 
 CLASSES = ("ellipsoid", "cuboid")
-#: every shipped volume this module knows: name -> (package, what it is)
-VOLUMES = {
-    "mni152_t1": ("nilearn", "MNI152 2009 T1 template, 1 mm"),
-    "mni152_gm": ("nilearn", "MNI152 2009 grey-matter probability map, 1 mm"),
-    "mni152_wm": ("nilearn", "MNI152 2009 white-matter probability map, 1 mm"),
-    "epi": ("nibabel", "example4d.nii.gz, first frame: EPI, 2 x 2 x 2.2 mm"),
-    "anatomical": ("nibabel", "anatomical.nii: T1, 2 mm, partial field of view"),
-    "b0": ("dipy", "aniso_vox.nii.gz: diffusion b0, 4 x 4 x 5 mm"),
-}
-#: training volumes (whole volumes: none of them is used for evaluation)
-TRAIN_VOLUMES = ("mni152_t1", "mni152_gm", "mni152_wm", "epi")
-#: held-out volumes (other scans, other subjects, other contrasts)
-HELDOUT_VOLUMES = ("anatomical", "b0")
 
 
 def _package_file(package: str, *parts: str) -> str:

@@ -87,7 +87,7 @@ def summarize(m: Mapping[str, Any], names: Sequence[str], memory_warmup: int) ->
 
 def composition_label(key: str) -> str:
     """``"batch8"`` -> ``"batch 8"``, ``"beside_largest"`` -> ``"beside the largest"`` (keys of
-    :mod:`demos.detr.heldout`)."""
+    :mod:`vispos.app.train.heldout`)."""
     if key == "beside_largest":
         return "beside the largest"
     return "batch " + key.removeprefix("batch") if key.startswith("batch") else key

@@ -131,7 +131,7 @@ def evaluate(
     Args:
         batches (list): ``(NestedTensor, targets)`` or ``(NestedTensor, targets, n_scored)``: only
             the first ``n_scored`` items of a batch are scored (the others are partners that pad
-            them; :func:`demos.detr.heldout.held_out_compositions`).
+            them; :func:`vispos.app.train.heldout.held_out_compositions`).
 
     Returns:
         dict: ``mean_iou`` and ``task.metric_names``, the same in every process.

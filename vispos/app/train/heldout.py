@@ -2,8 +2,8 @@
 any other batch size, and each item beside the largest held-out item.
 
 A CNN backbone run on a padded batch sees the padding, so an item's predictions (and the
-held-out metric) depend on what it is batched with (DETR's README; facebookresearch/detr issues
-217 and 239; vispos issue 31). ``--eval-batch-sizes B1 B2 ...`` evaluates the held-out set in
+held-out metric) depend on what it is batched with (DETR's README; facebookresearch/detr#217 and
+#239). ``--eval-batch-sizes B1 B2 ...`` evaluates the held-out set in
 batches of each size (``B1``, the headline, at every evaluation; all of them at the last three
 evaluations, the ones the report averages), and ``--eval-beside-largest`` adds a composition in
 which each item is batched with the held-out item that has the most cells (the most padding an

@@ -1,0 +1,96 @@
+"""The flags of the two DETR training tasks (2D photographs, 3D volumes), with the data names
+they offer, torch-free.
+
+:mod:`vispos.app.train.task2d` and :mod:`vispos.app.train.task3d` build their tasks from
+:data:`FLAGS_2D` and :data:`FLAGS_3D`; ``vispos train`` parses them before torch is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ._args import TaskFlags, int_at_least, positive_float
+
+__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "VOLUMES", "TRAIN_VOLUMES",
+           "HELDOUT_VOLUMES"]
+
+# ---------------------------------------------------------------------------------------- 2D
+#: scikit-image sample photographs used as training backgrounds (all shipped, no download)
+TRAIN_PHOTOS = (
+    "astronaut", "coffee", "chelsea", "rocket", "camera", "moon", "page", "immunohistochemistry",
+    "hubble_deep_field", "retina", "grass", "gravel", "brick", "colorwheel",
+)
+#: held-out backgrounds: other scikit-image photographs and matplotlib's grace_hopper.jpg
+HELDOUT_PHOTOS = ("text", "clock", "coins", "grace_hopper")
+#: the largest photo side and resize scale the demo accepts (px)
+MAX_SIDE = 2048
+
+
+def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
+    pos1 = int_at_least(1)
+    g.add_argument("--photo-size", type=pos1, default=128, help="longer side of the photographs (px)")
+    g.add_argument("--scales", type=pos1, nargs="+", default=[96, 112, 128],
+                   help="multi-scale resize: longer sides (px)")
+    g.add_argument("--photos", type=pos1, default=len(TRAIN_PHOTOS), help="training photographs used")
+    g.add_argument("--max-objects", type=pos1, default=2, help="objects per image: 1 to this")
+    # 32-64 px (was 20-56): the task then learns at every seed (docs/training.md, "A task that learns
+    # every time"); at 20-56 some seeds had not left the first plateau after 3000 steps
+    g.add_argument("--min-object", type=int_at_least(4), default=32, help="smallest object side (px)")
+    g.add_argument("--max-object", type=pos1, default=64, help="largest object side (px)")
+    g.add_argument("--backbone", default="test_resnet", help="timm model (pretrained=False)")
+    g.add_argument("--out-index", type=int_at_least(0), default=2,
+                   help="timm feature index (2: stride 8, 3: stride 16)")
+
+
+FLAGS_2D = TaskFlags(
+    name="2d",
+    description="A small DETR trained on padded batches of real photographs, and the position-embedding "
+                "ablation.",
+    add_arguments=_add_arguments_2d,
+    tiny_defaults={"photo_size": 64, "scales": [48, 64], "min_object": 8, "max_object": 24, "photos": 3},
+)
+
+# ---------------------------------------------------------------------------------------- 3D
+#: every shipped volume this module knows: name -> (package, what it is)
+VOLUMES = {
+    "mni152_t1": ("nilearn", "MNI152 2009 T1 template, 1 mm"),
+    "mni152_gm": ("nilearn", "MNI152 2009 grey-matter probability map, 1 mm"),
+    "mni152_wm": ("nilearn", "MNI152 2009 white-matter probability map, 1 mm"),
+    "epi": ("nibabel", "example4d.nii.gz, first frame: EPI, 2 x 2 x 2.2 mm"),
+    "anatomical": ("nibabel", "anatomical.nii: T1, 2 mm, partial field of view"),
+    "b0": ("dipy", "aniso_vox.nii.gz: diffusion b0, 4 x 4 x 5 mm"),
+}
+#: training volumes (whole volumes: none of them is used for evaluation)
+TRAIN_VOLUMES = ("mni152_t1", "mni152_gm", "mni152_wm", "epi")
+#: held-out volumes (other scans, other subjects, other contrasts)
+HELDOUT_VOLUMES = ("anatomical", "b0")
+
+
+def _add_arguments_3d(g: argparse._ArgumentGroup) -> None:
+    pos1 = int_at_least(1)
+    g.add_argument("--volumes", nargs="+", default=list(TRAIN_VOLUMES),
+                   help=f"training volumes: of {tuple(VOLUMES)} or nifti:<path> (default {' '.join(TRAIN_VOLUMES)})")
+    g.add_argument("--heldout-volumes", nargs="+", default=list(HELDOUT_VOLUMES),
+                   help=f"held-out volumes, never trained on (default {' '.join(HELDOUT_VOLUMES)})")
+    g.add_argument("--spacing", type=positive_float, default=3.0, help="common isotropic voxel size (mm)")
+    g.add_argument("--crop", type=pos1, nargs=2, default=[16, 32], metavar=("MIN", "MAX"),
+                   help="crop side in voxels, drawn per axis (clipped to the volume)")
+    g.add_argument("--max-objects", type=pos1, default=1, help="lesions per crop: 1 .. this")
+    g.add_argument("--min-object", type=pos1, default=6, help="smallest lesion side (voxels)")
+    g.add_argument("--max-object", type=pos1, default=12, help="largest lesion side (voxels)")
+    g.add_argument("--contrast", type=positive_float, nargs=2, default=[4.0, 6.0], metavar=("MIN", "MAX"),
+                   help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
+    g.add_argument("--widths", type=pos1, nargs="+", default=[16],
+                   help="MONAI ResNet block widths, one per stage used (1 stage: stride 4, 2: stride 8)")
+    g.add_argument("--stem-kernel", type=pos1, default=3, help="MONAI ResNet stem kernel (conv1_t_size)")
+
+
+FLAGS_3D = TaskFlags(
+    name="3d",
+    description="A small 3D DETR trained on padded batches of real MRI volumes, and the 3D "
+                "position-embedding ablation.",
+    add_arguments=_add_arguments_3d,
+    defaults={"hidden": 48, "ffn": 96, "batch_size": 4, "steps": 2000, "eval_every": 250, "memory_warmup": 300},
+    tiny_defaults={"spacing": 4.0, "crop": [12, 20], "min_object": 3, "max_object": 8, "widths": [8, 16],
+                   "hidden": 24, "ffn": 48, "eval_every": None, "memory_warmup": None},
+)
