@@ -30,7 +30,10 @@ from torch import Tensor, nn
 from ._masked_layers import check_sync_batch_norm, update_running_stats
 from .padding import Padding
 
-__all__ = ["box_views", "box_fill", "box_batch_norm", "box_batch_norm_module", "box_group_norm", "box_global_pool"]
+__all__ = [
+    "box_views", "box_fill", "box_batch_norm", "box_batch_norm_module", "box_group_norm", "box_global_pool",
+    "box_avg_pool", "box_cell_count",
+]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -216,15 +219,23 @@ def box_group_norm(
     return out
 
 
+def _l2_norm(x: Tensor, dims: tuple[int, ...], keepdim: bool = False) -> Tensor:
+    return torch.linalg.vector_norm(x, 2, dims, keepdim=keepdim)
+
+
+_REDUCTIONS = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "norm": _l2_norm}
+
+
 def box_global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[int], keepdim: bool) -> Tensor:
-    """Mean, sum or max of each item over its box (global pooling, squeeze-excitation).
+    """Mean, sum, max or L2 norm of each item over its box (global pooling, squeeze-excitation,
+    ConvNeXt V2's global response norm).
 
     Returns:
         Tensor[B, C] (``[B, C, 1, ...]`` with ``keepdim``) in ``x``'s dtype; zeros for an item
         without a valid cell.
     """
     dims = tuple(dims)
-    reduce = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax}[mode]
+    reduce = _REDUCTIONS[mode]
     if padding is None:
         return reduce(x, dims, keepdim=keepdim)
     parts = [x.new_zeros((1, x.shape[1]) + (1,) * len(dims))] * x.shape[0]
@@ -232,3 +243,96 @@ def box_global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequenc
         parts[b] = reduce(x[(slice(b, b + 1), slice(None), *region)], dims, keepdim=True)
     out = torch.cat(parts, 0)
     return out if keepdim else out.flatten(1)
+
+
+def box_cell_count(x: Tensor, padding: Padding | None, dims: Sequence[int], keepdim: bool) -> Tensor:
+    """The number of each item's own cells over the spatial ``dims``: what ``H * W`` read from
+    the item's own map is, in ``x``'s dtype (exact for any count below 2**24 in float32).
+
+    Returns:
+        Tensor[B, 1] (``[B, 1, 1, ...]`` with ``keepdim``); the canvas's count without padding.
+    """
+    dims = tuple(dims)
+    shape = (x.shape[0], 1) + ((1,) * len(dims) if keepdim else ())
+    if padding is None:
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+        return x.new_full(shape, count)
+    out = x.new_zeros(shape)
+    for b, _, count in box_views(padding):
+        out[b] = count
+    return out
+
+
+_AVG_POOLS = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+def _edge_divisor(x: Tensor, out: Tensor, padding: Padding, kernel, stride, pad) -> Tensor:
+    """Average pooling's divisor with ``ceil_mode=True, count_include_pad=True`` as each item
+    alone gets it: torch shortens a window that runs past ``size + padding`` to the cells before
+    that edge, ``min(k, size + 2 p - o s)`` per axis (``aten/src/ATen/native/cpu/AvgPoolKernel.cpp``),
+    and the edge is the item's, not the canvas's. One line of divisors per axis, their product."""
+    n = padding.n_spatial
+    total = None
+    for axis in range(n):
+        k, s, p = kernel[axis], stride[axis], pad[axis]
+        line = x.new_full((x.shape[0], out.shape[2 + axis]), float(k))
+        for b, (start, size) in enumerate(zip(padding.starts, padding.sizes)):
+            first = start[axis] // s
+            o = max(0, (size[axis] + 2 * p - k) // s + 1)  # the first window past the item's edge
+            while size[axis] and first + o < line.shape[1]:
+                reach = size[axis] + 2 * p - o * s
+                if reach <= 0:
+                    break
+                if reach < k:
+                    line[b, first + o] = float(reach)
+                o += 1
+        view = [x.shape[0], 1] + [1] * n
+        view[2 + axis] = line.shape[1]
+        line = line.view(view)
+        total = line if total is None else total * line
+    return total
+
+
+def box_avg_pool(
+    x: Tensor,
+    padding: Padding | None,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    pad: Sequence[int],
+    ceil_mode: bool,
+    count_include_pad: bool,
+    divisor_override: int | None,
+) -> Tensor:
+    """Average pooling of a padded batch that divides as each item alone would.
+
+    Zeros in the padding give every window's sum. The divisor: ``divisor_override``, or the
+    kernel's size with ``count_include_pad=True`` (shortened at the item's own edge with
+    ``ceil_mode``, where torch shortens a window that runs past the input), or the number of the
+    item's own cells in the window with ``count_include_pad=False``.
+
+    Args:
+        x (Tensor[B, C, *S]): features, channels first.
+        padding (Padding, optional): rectangular; None runs the stock pool.
+        kernel_size, stride, pad (sequence of int): per axis. ceil_mode, count_include_pad
+            (bool), divisor_override (int, optional): as ``torch.nn.AvgPool2d``.
+
+    Returns:
+        Tensor[B, C, *S_out] in ``x``'s dtype.
+
+    References:
+        ``torch.nn.AvgPool2d`` (output size, divisor), ATen ``AvgPoolKernel.cpp``.
+    """
+    pool = _AVG_POOLS[x.dim() - 2]
+    if padding is None:
+        return pool(x, kernel_size, stride, pad, ceil_mode, count_include_pad, divisor_override)
+    mask = padding.mask.unsqueeze(1)
+    filled = x.masked_fill(mask, 0)
+    if divisor_override is not None or (count_include_pad and not ceil_mode):
+        return pool(filled, kernel_size, stride, pad, ceil_mode, count_include_pad, divisor_override)
+    total = pool(filled, kernel_size, stride, pad, ceil_mode, True, 1)
+    if count_include_pad:
+        return total / _edge_divisor(x, total, padding, kernel_size, stride, pad)
+    count = pool((~mask).to(total.dtype), kernel_size, stride, pad, ceil_mode, True, 1)
+    return total / count.clamp_(min=1)

@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from . import _invariant_ops as ops
 from . import _invariant_rules as rules
+from . import _invariant_values as values
 from ._geometry import Geometry, Window
 from ._invariant_run import InvariantRunner
 
@@ -63,6 +64,12 @@ class _Rewriter:
         self.nonneg: set[fx.Node] = set()  # ... and no negative value (after a ReLU)
         self.pool_input: fx.Node | None = None
         self.last_path = "the input"
+        self.data: set[fx.Node] = set()  # values computed from the input (maps, per-item vectors)
+        self.sizes: dict[fx.Node, values.CanvasSize] = {}  # values read from a map's (canvas) size
+        self.sums: dict[fx.Node, tuple[int, bool]] = {}  # sums over every spatial axis: (gid, keepdim)
+        self.layout: dict[fx.Node, tuple[int, ...]] = {}  # permuted maps: channels-first axis per axis
+        self.storage: dict[fx.Node, fx.Node] = {}  # a view or in-place result -> the node that made it
+        self.overwritten: set[fx.Node] = set()  # storages written in place by a non zero-preserving op
 
     # ------------------------------------------------------------------------------ helpers
     def where(self, node: fx.Node) -> str:
@@ -146,6 +153,8 @@ class _Rewriter:
             return False
         if cur in self.alias or not self.fresh(cur):
             return False
+        if any(self.storage.get(n, n) in self.overwritten for n in chain + [cur]):
+            return False  # written in place since it was made: a fill there would be undone
         with self.new.inserting_after(self.env[cur]):
             self.new.call_function(ops.fill_in_place, (self.env[cur], self.mask(self.gid[cur]), 0.0))
         self.zeroed.update(chain + [cur])
@@ -195,27 +204,173 @@ class _Rewriter:
                 if first:
                     self.gid[node] = 0
                     self.alias.add(node)
+                    self.data.add(node)
                     first = False
                 continue
             if self.paddings_node is None:  # after every input of the original graph
                 self.paddings_node = self.new.placeholder("paddings", default_value=None)
             if node.op == "output":
-                outputs = [self.gid.get(n) if isinstance(n, fx.Node) else None
-                           for n in pytree.tree_leaves(node.args[0])]
+                leaves = [n for n in pytree.tree_leaves(node.args[0])]
+                for leaf in leaves:
+                    if leaf in self.layout:
+                        self.refuse(leaf, "the backbone returns a feature map with permuted axes")
+                outputs = [self.gid.get(n) if isinstance(n, fx.Node) else None for n in leaves]
                 self.copy(node)
                 continue
             if node.op == "call_module":
                 self.last_path = node.target
-            spatial = self.spatial_args(node)
-            if not spatial:
-                self.env[node] = self.copy(node)
-                continue
+            self.step(node)
+        return outputs
+
+    def step(self, node: fx.Node) -> None:
+        """Rewrites one node: a read of a tensor's facts, a computation on size values, a node
+        without feature maps, or a node on feature maps (by the rule book)."""
+        inputs = node.all_input_nodes
+        from_data = any(n in self.data for n in inputs)
+        if from_data and self.reads_facts(node):
+            return
+        sized = [n for n in inputs if n in self.sizes]
+        if sized:
+            if from_data:
+                return self.sized_features(node)
+            size = values.combine_sizes(node, self.sizes)
+            if size is not None:
+                self.sizes[node] = size
+            self.env[node] = self.copy(node)
+            return
+        spatial = self.spatial_args(node)
+        if not spatial:
+            self.env[node] = self.copy(node)
+        elif any(n in self.layout for n in spatial):
+            self.permuted(node, spatial)
+        else:
             handler = {"call_module": self.module, "call_function": self.function,
                        "call_method": self.method}.get(node.op)
             if handler is None:  # get_attr cannot take a feature map
                 self.refuse(node, f"unexpected graph operation {node.op!r}")
             handler(node, spatial)
-        return outputs
+        if from_data:
+            self.data.add(node)
+            self.track_writes(node)
+
+    # ------------------------------------------------------- sizes, layouts, in-place writes
+    def reads_facts(self, node: fx.Node) -> bool:
+        """A read of a tensor's facts: its size (a :class:`~._invariant_values.CanvasSize` for a
+        spatial axis of a feature map), rank, dtype, device, or a new tensor of a given size.
+        Returns False for any other node."""
+        args = node.args
+        if node.op == "call_function" and node.target is getattr:
+            src, attr = args[0], args[1]
+            if attr == "shape":
+                if isinstance(self.gid.get(src), int):
+                    self.sizes[node] = values.CanvasSize(self.gid[src], layout=self.layout_of(src))
+            elif attr not in values.FACTS:
+                self.refuse(node, f"it reads the attribute {attr!r} of a feature map")
+        elif node.op == "call_method" and args and args[0] in self.data:
+            name, src = node.target, args[0]
+            spatial = isinstance(self.gid.get(src), int)
+            if name == "size" and spatial:
+                dim = args[1] if len(args) > 1 else node.kwargs.get("dim")
+                whole = values.CanvasSize(self.gid[src], layout=self.layout_of(src))
+                size = whole if dim is None else values.index_size(whole, dim)
+                if size is not None:
+                    self.sizes[node] = size
+            elif name == "numel" and spatial:
+                self.sizes[node] = values.CanvasSize(self.gid[src])
+            elif name in values.FACTORY_METHODS:
+                if any(n in self.sizes for n in node.all_input_nodes):
+                    return False
+            elif name not in values.FACT_METHODS and name not in ("size", "numel"):
+                return False
+        else:
+            return False
+        self.env[node] = self.copy(node)
+        return True
+
+    def sized_features(self, node: fx.Node) -> None:
+        """A computation on features with a value read from a map's size: a sum over every
+        spatial axis divided by the map's own ``H * W`` (``* D``) becomes each item's mean; anything
+        else is refused."""
+        if len(node.args) == 2 and not node.kwargs and (
+                (node.op == "call_function" and node.target in (operator.truediv, torch.div, torch.true_divide))
+                or (node.op == "call_method" and node.target in ("div", "true_divide"))):
+            total, size = node.args
+            summed, canvas = self.sums.get(total), self.sizes.get(size)
+            if summed is not None and canvas is not None and canvas.gid == summed[0] and \
+                    canvas.axes == tuple(range(2, 2 + self.n)):
+                gid, keepdim = summed
+                self.env[node] = self.new.call_function(
+                    ops.per_item_mean, (self.env[total], self.mask(gid), self.env[size], keepdim))
+                self.data.add(node)
+                return
+        self.refuse(node, (
+            "it computes on features with a value read from the size of a feature map (x.shape, "
+            "x.size(), x.numel()), which on a padded batch is the canvas's size, not the item's; only "
+            "a sum over every spatial axis divided by that map's own H * W is rewritten (to each item's "
+            "mean). Compute the value from a fixed hyper-parameter, or use x.mean over the spatial axes"))
+
+    def layout_of(self, node: fx.Node) -> tuple[int, ...]:
+        return self.layout.get(node, tuple(range(2 + self.n)))
+
+    def track_writes(self, node: fx.Node) -> None:
+        """Follows storages through views and in-place ops: an in-place write that does not keep
+        zeros zero (``a.add_(1)``) undoes every fill of that storage's padding, so the next window
+        that reads it fills again, at its own time (never at the producer, before the write)."""
+        first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if first is None or first not in self.data:
+            return
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        in_place = values.writes_in_place(node, module)
+        if in_place or node in self.alias or (node.op == "call_function" and node.target is operator.getitem) \
+                or isinstance(self.gid.get(node), _Split) or node in self.layout:
+            self.storage[node] = self.storage.get(first, first)
+        if in_place and not rules.zero_preserving(node.op, node.target, module)[0]:
+            root = self.storage.get(first, first)
+            self.overwritten.add(root)
+            self.zeroed = {n for n in self.zeroed if self.storage.get(n, n) != root}
+            self.nonneg = {n for n in self.nonneg if self.storage.get(n, n) != root}
+
+    def permute(self, node: fx.Node, x: fx.Node, dims: Any) -> None:
+        layout = values.compose_layout(self.layout_of(x), dims)
+        if layout is None or layout[0] != 0:
+            self.refuse(node, f"it permutes a feature map with dims {dims!r} (only the batch axis first)")
+        self.gid[node] = self.gid[x]
+        self.env[node] = self.copy(node)
+        if layout != tuple(range(2 + self.n)):
+            self.layout[node] = layout
+        if x in self.alias:
+            self.alias.add(node)
+
+    def permuted(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        """A node on a map whose axes were permuted (ConvNeXt's channels-last blocks): elementwise
+        ops, a layer norm or linear layer over the last axis when it holds the channels, and a
+        reduction over every spatial axis; anything else is refused."""
+        layouts = {self.layout_of(n) for n in spatial}
+        if len(layouts) != 1:
+            self.refuse(node, "it combines feature maps whose axes are in different orders")
+        layout = layouts.pop()
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        if node.op == "call_method" and node.target == "permute" or node.target is torch.permute:
+            return self.method(node, spatial) if node.op == "call_method" else self.function(node, spatial)
+        if module is not None and rules.classify_module(module, self.n)[0] == "permute":
+            return self.module(node, spatial)
+        kind = rules.channels_last_kind(node.op, node.target, module, node.args, node.kwargs)
+        if kind == "pointwise" or (kind == "channels" and layout[-1] == 1):
+            self.pointwise(node, spatial, alias=node.op == "call_method" and node.target in rules.ALIAS_METHODS)
+            self.layout[node] = layout
+            return
+        if kind in ("mean", "sum", "max", "norm"):
+            a = rules.bind(rules.reduction_signature(node), node.args, node.kwargs)
+            dims = a["dim"]
+            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else ()
+            rank = len(layout)
+            if sorted(layout[d % rank] for d in dims) == list(range(2, rank)) and rules.plain_reduction(kind, a):
+                x = a["input"]
+                self.env[node] = self.new.call_function(ops.global_pool_permuted, (
+                    self.env[x], self.mask(self.gid[x]), kind, layout, a["keepdim"]))
+                return
+        what = "over an axis that is not the channels" if kind == "channels" else "on a feature map"
+        self.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
 
     def merge(self, node: fx.Node, spatial: list[fx.Node]) -> int:
         gids = [self.gid[n] for n in spatial]
@@ -231,7 +386,9 @@ class _Rewriter:
                 value = self.gm
                 for part in arg.target.split("."):
                     value = getattr(value, part)
-                if isinstance(value, Tensor) and value.dim() >= 2 + self.n and any(s > 1 for s in value.shape[2:]):
+                layout = self.layout_of(spatial[0])
+                if isinstance(value, Tensor) and value.dim() <= len(layout) and any(
+                        size > 1 and layout[len(layout) - value.dim() + i] >= 2 for i, size in enumerate(value.shape)):
                     self.refuse(node, f"it adds a fixed spatial tensor {arg.target} of shape {tuple(value.shape)}")
         self.gid[node] = self.merge(node, spatial)
         self.env[node] = self.copy(node)
@@ -244,26 +401,24 @@ class _Rewriter:
         x = node.args[0] if node.args else None
         if kind == "refuse":
             self.refuse(node, detail)
+        if kind == "permute":
+            return self.permute(node, x, detail)
         if x not in self.gid or len(spatial) != 1:
             self.refuse(node, "its feature map is not its first argument")
         if kind == "pointwise":
             return self.pointwise(node, spatial, alias=isinstance(m, (nn.Identity, nn.Dropout)))
         gid = self.gid[x]
-        if kind in ("conv", "max_pool", "avg_pool"):
-            window = detail[0] if kind == "avg_pool" else detail
-            if kind == "avg_pool" and not detail[1] and detail[2] is None:
-                out_gid = self.windowed(node, x, window, None)[0]
-                self.env[node] = self.new.call_function(ops.avg_pool, (
-                    self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
-                    False, None))
-            else:
-                out_gid, neg_inf = self.windowed(node, x, window, "max" if kind == "max_pool" else "zero")
-                args = self.mapped(node.args)
-                if neg_inf:
-                    args = (self.pool_input, *args[1:])
-                self.env[node] = self.copy(node, args=args)
-                if neg_inf:
-                    self.finite_padding(node, out_gid)
+        if kind == "avg_pool":
+            window, count_include_pad, divisor = detail
+            return self.avg_pool(node, x, window, count_include_pad, divisor)
+        if kind in ("conv", "max_pool"):
+            out_gid, neg_inf = self.windowed(node, x, detail, "max" if kind == "max_pool" else "zero")
+            args = self.mapped(node.args)
+            if neg_inf:
+                args = (self.pool_input, *args[1:])
+            self.env[node] = self.copy(node, args=args)
+            if neg_inf:
+                self.finite_padding(node, out_gid)
             self.gid[node] = out_gid
             return
         if kind == "global":
@@ -284,6 +439,14 @@ class _Rewriter:
         self.env[node] = self.new.call_function(fn, args)
         self.gid[node] = gid
 
+    def avg_pool(self, node: fx.Node, x: fx.Node, window: Window, count_include_pad: bool,
+                 divisor: int | None) -> None:
+        """Average pooling with each item's own divisor (:func:`vispos._box_layers.box_avg_pool`)."""
+        self.gid[node] = self.geometry.child(self.gid[x], window, self.where(node))
+        self.env[node] = self.new.call_function(ops.avg_pool, (
+            self.env[x], self.mask(self.gid[x]), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
+            count_include_pad, divisor))
+
     def function(self, node: fx.Node, spatial: list[fx.Node]) -> None:
         target = node.target
         if target in rules.POINTWISE_FUNCTIONS:
@@ -293,11 +456,16 @@ class _Rewriter:
             return
         if target is operator.getitem:
             return self.getitem(node, spatial)
+        if target is torch.permute:
+            return self.permute(node, node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["dims"])
         self.by_signature(node, rules.FUNCTION_SIGNATURES.get(target), spatial,
                           "no rule for this function on a feature map")
 
     def method(self, node: fx.Node, spatial: list[fx.Node]) -> None:
         name = node.target
+        if name == "permute":
+            dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
+            return self.permute(node, node.args[0], node.kwargs.get("dims", dims))
         if name in rules.SHAPE_METHODS:
             self.env[node] = self.copy(node)
             return
@@ -372,12 +540,7 @@ class _Rewriter:
                 self.finite_padding(node, self.gid[node])
         elif kind == "avg_pool":
             window = rules.window_of(self.n, a["kernel_size"], a["stride"], a["padding"], 1, a["ceil_mode"])
-            if a["ceil_mode"] and a["count_include_pad"] and a["divisor_override"] is None and any(window.pad_lo):
-                self.refuse(node, "ceil_mode=True with count_include_pad=True and padding")
-            self.gid[node] = self.windowed(node, x, window, None)[0]
-            self.env[node] = self.new.call_function(ops.avg_pool, (
-                self.env[x], self.mask(gid), window.kernel, window.stride, window.pad_lo, window.ceil_mode,
-                a["count_include_pad"], a["divisor_override"]))
+            self.avg_pool(node, x, window, a["count_include_pad"], a["divisor_override"])
         elif kind in ("adaptive_mean", "adaptive_max"):
             size = a["output_size"]
             if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))) or a["return_indices"]:
@@ -385,13 +548,15 @@ class _Rewriter:
             mode = "mean" if kind == "adaptive_mean" else "max"
             self.env[node] = self.new.call_function(
                 ops.global_pool, (self.env[x], self.mask(gid), mode, tuple(range(2, rank)), True))
-        elif kind in ("mean", "sum", "max"):
+        elif kind in ("mean", "sum", "max", "norm"):
             dims = a["dim"]
             dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else None
-            if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or a.get("dtype") is not None:
+            if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or not rules.plain_reduction(kind, a):
                 self.refuse(node, f"a reduction over dims {a['dim']!r} (only over every spatial axis)")
             self.env[node] = self.new.call_function(
                 ops.global_pool, (self.env[x], self.mask(gid), kind, tuple(range(2, rank)), a["keepdim"]))
+            if kind == "sum":
+                self.sums[node] = (gid, a["keepdim"])
         elif kind == "batch_norm":
             m = self.mapped
             self.env[node] = self.new.call_function(ops.batch_norm_fn, (

@@ -19,12 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _box_layers as bl
-from .._masked_layers import masked_avg_pool
 from ..padding import Padding
 
 __all__ = [
     "padding_at", "fill", "fill_in_place", "batch_norm_module", "batch_norm_fn", "group_norm", "instance_norm_module",
-    "instance_norm_fn", "norm_act", "avg_pool", "global_pool",
+    "instance_norm_fn", "norm_act", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
 ]
 
 
@@ -122,9 +121,29 @@ def norm_act(x: Tensor, padding: Padding | None, module: nn.Module, kind: str) -
 
 @_graph_op
 def avg_pool(x: Tensor, padding: Padding | None, *args: Any) -> Tensor:
-    return masked_avg_pool(x, None if padding is None else _mask(padding), *args)
+    return bl.box_avg_pool(x, padding, *args)
 
 
 @_graph_op
 def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: tuple[int, ...], keepdim: bool) -> Tensor:
     return bl.box_global_pool(x, padding, mode, dims, keepdim)
+
+
+@_graph_op
+def global_pool_permuted(x: Tensor, padding: Padding | None, mode: str, layout: tuple[int, ...],
+                         keepdim: bool) -> Tensor:
+    """:func:`global_pool` of a map whose axes are permuted (``layout``: the channels-first axis of
+    each tensor axis, batch first), e.g. ConvNeXt V2's global response norm on channels last."""
+    inverse = tuple(sorted(range(len(layout)), key=lambda i: layout[i]))
+    out = bl.box_global_pool(x.permute(inverse), padding, mode, tuple(range(2, x.dim())), True)
+    return out.permute(layout) if keepdim else out.flatten(1)
+
+
+@_graph_op
+def per_item_mean(total: Tensor, padding: Padding | None, canvas_count: Any, keepdim: bool) -> Tensor:
+    """A sum over every spatial axis divided by each item's own number of cells (the graph divided
+    by the canvas's ``H * W``, ``canvas_count``, which is what runs without padding)."""
+    if padding is None:
+        return total / canvas_count
+    dims = tuple(range(2, 2 + padding.n_spatial))
+    return total / bl.box_cell_count(total, padding, dims, keepdim)

@@ -29,13 +29,16 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.ops import StochasticDepth, stochastic_depth
+from torchvision.ops.misc import Permute
 
 from ._batch_norm import FrozenBatchNorm3d
 from ._geometry import Window
 
 __all__ = [
     "ALIAS_METHODS", "FUNCTION_SIGNATURES", "FRESH_FUNCTIONS", "zero_preserving", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS", "POINTWISE_METHODS",
-    "SHAPE_METHODS", "bind", "classify_module", "window_of",
+    "SHAPE_METHODS", "bind", "channels_last_kind", "classify_module", "plain_reduction", "reduction_signature",
+    "window_of",
 ]
 
 
@@ -72,6 +75,7 @@ _POINTWISE_MODULES: tuple[type, ...] = (
     nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
     nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
     nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.LocalResponseNorm, FrozenBatchNorm3d,
+    StochasticDepth,
 )
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _MAX_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
@@ -131,6 +135,8 @@ def classify_module(m: nn.Module, n_spatial: int) -> tuple[str, Any]:
     """
     if _own_forward(m, _POINTWISE_MODULES) or type(m) in _third_party_pointwise():
         return "pointwise", None
+    if _own_forward(m, (Permute,)):
+        return "permute", tuple(m.dims)
     if _own_forward(m, _CONVS):
         if m.padding_mode != "zeros":
             return "refuse", f"padding_mode={m.padding_mode!r} (only zero padding is what an item alone sees)"
@@ -141,8 +147,6 @@ def classify_module(m: nn.Module, n_spatial: int) -> tuple[str, Any]:
         return "max_pool", window_of(n_spatial, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
     if _own_forward(m, _AVG_POOLS):
         divisor = getattr(m, "divisor_override", None)
-        if m.ceil_mode and m.count_include_pad and divisor is None and any(_tuple(m.padding, n_spatial)):
-            return "refuse", "ceil_mode=True with count_include_pad=True and padding (its divisor depends on the canvas)"
         window = window_of(n_spatial, m.kernel_size, m.stride, m.padding, 1, m.ceil_mode)
         return "avg_pool", (window, m.count_include_pad, divisor)
     base = _own_forward(m, tuple(_ADAPTIVE))
@@ -190,6 +194,7 @@ def _sig_reduce(input, dim=None, keepdim=False, *, dtype=None): ...
 def _sig_cat(tensors, dim=0): ...
 def _sig_split(input, split_size_or_sections, dim=0): ...
 def _sig_flatten(input, start_dim=0, end_dim=-1): ...
+def _sig_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
 
 
 #: function -> (kind, signature used to read its arguments)
@@ -208,13 +213,14 @@ FUNCTION_SIGNATURES: dict[Callable, tuple[str, Callable]] = {
     torch.mean: ("mean", _sig_reduce), torch.sum: ("sum", _sig_reduce), torch.amax: ("max", _sig_reduce),
     torch.cat: ("cat", _sig_cat), torch.concat: ("cat", _sig_cat), torch.concatenate: ("cat", _sig_cat),
     torch.chunk: ("split", _sig_split), torch.split: ("split", _sig_split),
-    torch.flatten: ("flatten", _sig_flatten),
+    torch.flatten: ("flatten", _sig_flatten), torch.norm: ("norm", _sig_norm),
 }
 
 #: call_method names read with the same signatures (``x.mean(...)``, ``x.chunk(...)``)
 METHOD_SIGNATURES: dict[str, tuple[str, Callable]] = {
     "mean": ("mean", _sig_reduce), "sum": ("sum", _sig_reduce), "amax": ("max", _sig_reduce),
     "chunk": ("split", _sig_split), "split": ("split", _sig_split), "flatten": ("flatten", _sig_flatten),
+    "norm": ("norm", _sig_norm),
 }
 
 POINTWISE_FUNCTIONS: frozenset = frozenset({
@@ -227,7 +233,7 @@ POINTWISE_FUNCTIONS: frozenset = frozenset({
     F.relu, F.relu_, F.relu6, F.leaky_relu, F.leaky_relu_, F.prelu, F.rrelu, F.elu, F.elu_, F.selu,
     F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.hardtanh_, F.sigmoid,
     F.tanh, F.softplus, F.softsign, F.threshold, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d,
-    F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm,
+    F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm, stochastic_depth,
 })
 
 #: methods whose output may be the input itself (never filled in place, see ``alias``)
@@ -247,6 +253,49 @@ POINTWISE_METHODS: frozenset = ALIAS_METHODS | frozenset({
 SHAPE_METHODS: frozenset = frozenset({"size", "dim", "numel", "ndimension", "get_device", "is_contiguous"})
 
 
+def plain_reduction(kind: str, arguments: dict[str, Any]) -> bool:
+    """A reduction vispos computes per item: no ``dtype``; a norm only with ``p=2``."""
+    if arguments.get("dtype") is not None:
+        return False
+    return kind != "norm" or arguments["p"] in (2, 2.0, "fro")
+
+
+def reduction_signature(node: Any) -> Callable:
+    """The signature a reduction node (``x.mean(...)``, ``torch.sum(...)``) is read with."""
+    table = METHOD_SIGNATURES if node.op == "call_method" else FUNCTION_SIGNATURES
+    return table[node.target][1]
+
+
+def channels_last_kind(op: str, target: Any, module: nn.Module | None, args: tuple, kwargs: dict) -> str | None:
+    """How a node reads a map whose axes were permuted: ``"pointwise"`` (elementwise),
+    ``"channels"`` (a layer norm or linear layer over the last axis, cell-wise when that axis holds
+    the channels), a reduction kind (``"mean"``, ``"sum"``, ``"max"``, ``"norm"``), or None."""
+    if op == "call_module":
+        if classify_module(module, 2)[0] == "pointwise":
+            return "pointwise"
+        if _own_forward(module, (nn.LayerNorm,)) and len(module.normalized_shape) == 1:
+            return "channels"
+        if _own_forward(module, (nn.Linear,)):
+            return "channels"
+        return None
+    if op == "call_function":
+        if target in POINTWISE_FUNCTIONS:
+            return "pointwise"
+        if target is F.layer_norm:
+            shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+            return "channels" if isinstance(shape, (tuple, list)) and len(shape) == 1 else None
+        if target is F.linear:
+            return "channels"
+        entry = FUNCTION_SIGNATURES.get(target)
+    elif op == "call_method":
+        if target in POINTWISE_METHODS:
+            return "pointwise"
+        entry = METHOD_SIGNATURES.get(target)
+    else:
+        return None
+    return entry[0] if entry is not None and entry[0] in ("mean", "sum", "max", "norm") else None
+
+
 def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The arguments of a call by name, defaults applied."""
     bound = inspect.signature(signature).bind(*args, **kwargs)
@@ -257,11 +306,12 @@ def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
 # ------------------------------------------------------------- zeros that survive activations
 _ZERO_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
                  nn.Hardswish, nn.Hardtanh, nn.Tanh, nn.Softsign, nn.Identity, nn.Dropout, nn.Dropout1d,
-                 nn.Dropout2d, nn.Dropout3d)
+                 nn.Dropout2d, nn.Dropout3d, StochasticDepth)
 _NONNEG_MODULES = (nn.ReLU, nn.ReLU6)
 _ZERO_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.leaky_relu, F.leaky_relu_,
                              F.elu, F.selu, F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardtanh,
-                             torch.tanh, F.tanh, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d})
+                             torch.tanh, F.tanh, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d,
+                             stochastic_depth})
 _NONNEG_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6})
 _ZERO_METHODS = frozenset({"relu", "relu_", "tanh", "tanh_"})
 _NONNEG_METHODS = frozenset({"relu", "relu_"})
