@@ -42,10 +42,10 @@ FLOORS: list[tuple[str, set[str]]] = [
     }),
     ("padding and masks", {
         "vispos._mask_checks", "vispos._mask_origin", "vispos._masks_host", "vispos._masks",
-        "vispos._mask_resize", "vispos._mask_views", "vispos.padding", "vispos._masked_layers",
-        "vispos._box_layers",
+        "vispos._mask_resize", "vispos._mask_views", "vispos.padding",
     }),
     ("padded batches", {"vispos.nested_tensor", "vispos.batching", "vispos.levels"}),
+    ("padding invariance", {"vispos.invariance"}),
     ("encodings", {"vispos._positions", "vispos.encodings"}),
     ("transformer", {"vispos.transformer"}),
     ("backbones", {"vispos.backbones"}),

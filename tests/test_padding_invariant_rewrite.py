@@ -13,7 +13,7 @@ from torch import nn
 
 from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
-from vispos.backbones._invariant import make_padding_invariant
+from vispos.invariance._rewrite import make_padding_invariant
 from vispos.backbones._trace import trace_dual
 
 F64 = torch.float64
@@ -197,6 +197,14 @@ def test_batch_and_channel_sizes_are_not_canvas_sizes():
     assert_alone_equals_padded(_backbone(_Net(_BatchAndChannels())), (3, 9, 11), (12, 15), True)
 
 
+def test_norm_with_activation_is_not_filled_in_place_in_training():
+    """timm's BatchNormAct2d ends in an activation whose backward may read its output: a fill in
+    place there would fail autograd's version check; the fill goes to the reader instead."""
+    torch.manual_seed(0)
+    bb = _trained_like(TimmBackbone("regnetx_002", out_indices=(1, 2), padding_invariant=True))  # ReLU
+    assert_alone_equals_padded(bb, (3, 45, 37), (64, 52), True)
+
+
 # ---------------------------------------------------------------------------- in-place writes
 class _WriteAfterFill(nn.Module):
     """``a`` feeds a convolution through a ReLU (its padding is zero-filled where the convolution
@@ -272,7 +280,16 @@ def _torchvision_convnext(stochastic_depth_prob: float = 0.0) -> TorchvisionBack
     return TorchvisionBackbone(model, return_nodes=["features.1", "features.3"], padding_invariant=True)
 
 
+def _timm_convnext_channels_last() -> nn.Module:
+    """convnext_atto with the channels-last MLP of convnext_tiny and larger (timm's LayerNorm and
+    Linear layers between two permutes)."""
+    import timm
+
+    return _Invariant(timm.create_model("convnext_atto", features_only=True, out_indices=(1, 2), conv_mlp=False))
+
+
 CONVNEXTS["torchvision_convnext_tiny"] = _torchvision_convnext
+CONVNEXTS["timm_convnext_atto_channels_last"] = _timm_convnext_channels_last
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])

@@ -62,6 +62,10 @@ __all__ = [
     "SamPositionalEmbedding",
     "build_from_config",
     "register",
+    "register_invariance_rule",
+    "CellWise",
+    "PaddingAware",
+    "Refuse",
 ]
 
 _load, __dir__ = _lazy.load_on_first_use(globals(), ["._api"])

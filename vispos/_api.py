@@ -43,5 +43,6 @@ from .encodings import (
     sine_embed_coords,
     timm_sincos_2d,
 )
+from .invariance import CellWise, PaddingAware, Refuse, register_invariance_rule
 from .nested_tensor import NestedTensor, interpolate_mask
 from .padding import Padding, attn_mask_from_padding

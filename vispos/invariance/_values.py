@@ -37,17 +37,17 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CanvasSize:
-    """A value computed from the spatial size of feature map ``gid`` (a padded canvas's size).
+    """A value computed from the spatial size of feature map ``geometry_id`` (a padded canvas's size).
 
     Attributes:
-        gid (int): the map's geometry id.
+        geometry_id (int): the map's geometry id.
         axes (tuple of int, optional): channels-first axes (``>= 2``) whose sizes multiply to this
             value; None for any other value (a ramp, a power, a sum of sizes).
         layout (tuple of int, optional): for the whole ``torch.Size`` of the map (``x.shape``), the
             channels-first axis of each tensor axis; None for a number.
     """
 
-    gid: int
+    geometry_id: int
     axes: tuple[int, ...] | None = None
     layout: tuple[int, ...] | None = None
 
@@ -68,13 +68,13 @@ def index_size(shape: CanvasSize, index: Any) -> CanvasSize | None:
     layout = shape.layout or ()
     if isinstance(index, int):
         if not -len(layout) <= index < len(layout):
-            return CanvasSize(shape.gid)
+            return CanvasSize(shape.geometry_id)
         axis = layout[index]
-        return CanvasSize(shape.gid, (axis,)) if axis >= 2 else None
+        return CanvasSize(shape.geometry_id, (axis,)) if axis >= 2 else None
     if isinstance(index, slice):
         picked = [layout[i] for i in range(len(layout))[index]]
-        return CanvasSize(shape.gid) if any(a >= 2 for a in picked) else None
-    return CanvasSize(shape.gid)
+        return CanvasSize(shape.geometry_id) if any(a >= 2 for a in picked) else None
+    return CanvasSize(shape.geometry_id)
 
 
 def combine_sizes(node: fx.Node, sizes: dict[fx.Node, CanvasSize]) -> CanvasSize | None:
@@ -89,10 +89,10 @@ def combine_sizes(node: fx.Node, sizes: dict[fx.Node, CanvasSize]) -> CanvasSize
             return index_size(whole, node.args[1])
     if node.op == "call_function" and node.target is operator.mul and len(node.args) == 2:
         a, b = (sizes.get(arg) if isinstance(arg, fx.Node) else None for arg in node.args)
-        if a is not None and b is not None and a.axes and b.axes and a.gid == b.gid:
+        if a is not None and b is not None and a.axes and b.axes and a.geometry_id == b.geometry_id:
             if not set(a.axes) & set(b.axes):
-                return CanvasSize(a.gid, tuple(sorted(a.axes + b.axes)))
-    return CanvasSize(first.gid)
+                return CanvasSize(a.geometry_id, tuple(sorted(a.axes + b.axes)))
+    return CanvasSize(first.geometry_id)
 
 
 def compose_layout(layout: tuple[int, ...], dims: Any) -> tuple[int, ...] | None:
