@@ -226,15 +226,29 @@ class _WriteAfterFill(nn.Module):
             a.mul_(0.5).add_(0.25)
         elif self.op == "sigmoid_":
             a.sigmoid_()
+        elif self.op == "out":
+            torch.add(a, 1.0, out=a)
+        elif self.op == "view":
+            a[:, 1:3].add_(1)
         else:
             F.hardsigmoid(a, inplace=True)
         return b + self.c3(a)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("op", ["add_", "mul_", "sigmoid_", "hardsigmoid"])
+@pytest.mark.parametrize("op", ["add_", "mul_", "sigmoid_", "hardsigmoid", "view"])
 def test_in_place_write_after_a_fill_is_filled_again(train, op):
     assert_alone_equals_padded(_backbone(_WriteAfterFill(op)), (3, 9, 10), (13, 15), train)
+
+
+def test_write_through_out_argument_is_filled_again():
+    """``torch.add(a, 1, out=a)`` (no autograd: ``out=`` does not take part in it)."""
+    bb = _backbone(_WriteAfterFill("out")).to(F64).eval()
+    item = torch.randn(3, 9, 10, dtype=F64)
+    with torch.no_grad():
+        alone = bb(NestedTensor(item[None], None))[0].tensors[0]
+        got = bb(nested_tensor_from_tensor_list([item, torch.randn(3, 13, 15, dtype=F64)], pad_value=5.0))
+    torch.testing.assert_close(got[0].tensors[0, :, :9, :10], alone, rtol=1e-10, atol=1e-10)
 
 
 # -------------------------------------------------------------- batch norm without running stats

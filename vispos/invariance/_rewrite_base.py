@@ -224,18 +224,20 @@ class RewriterBase:
         """Follows storages through views and in-place ops: an in-place write that does not keep
         zeros zero (``a.add_(1)``) undoes every fill of that storage's padding, so the next window
         that reads it fills again, at its own time (never at the producer, before the write)."""
-        first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if first is None or first not in self.maps.from_input:
-            return
         module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
-        in_place = values.writes_in_place(node, module)
+        written = values.written_in_place(node, module)
+        first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
         zeros = self.zeros
-        if in_place or node in self.maps.caller_owned or node in self.maps.layout or (
-                node.op == "call_function" and node.target is operator.getitem) or isinstance(
-                self.maps.geometry.get(node), Split):
+        if first is not None and first in self.maps.from_input and (
+                written is first or node in self.maps.caller_owned or node in self.maps.layout or (
+                    node.op == "call_function" and node.target is operator.getitem) or isinstance(
+                    self.maps.geometry.get(node), Split)):
             zeros.storage[node] = zeros.owner(first)
-        if in_place and not functions.zero_preserving(node.op, node.target, module)[0]:
-            owner = zeros.owner(first)
+        if written is not None and written is not first:  # ``out=``: the result is that tensor
+            zeros.storage[node] = zeros.owner(written)
+        if written is not None and written in self.maps.from_input and (
+                written is not first or not functions.zero_preserving(node.op, node.target, module)[0]):
+            owner = zeros.owner(written)
             zeros.overwritten.add(owner)
             zeros.zeroed = {n for n in zeros.zeroed if zeros.owner(n) != owner}
             zeros.nonneg = {n for n in zeros.nonneg if zeros.owner(n) != owner}

@@ -31,7 +31,7 @@ from torch import nn
 
 __all__ = [
     "CanvasSize", "FACTS", "FACT_METHODS", "FACTORY_METHODS", "combine_sizes", "compose_layout", "index_size",
-    "writes_in_place",
+    "writes_in_place", "written_in_place",
 ]
 
 
@@ -116,6 +116,17 @@ _IN_PLACE_FUNCTIONS = frozenset({
 _INPLACE_ARG = {F.relu: 1, F.relu6: 1, F.elu: 2, F.selu: 1, F.celu: 2, F.leaky_relu: 2, F.hardtanh: 3,
                 F.silu: 1, F.mish: 1, F.hardswish: 1, F.hardsigmoid: 1, F.dropout: 3, F.dropout1d: 3,
                 F.dropout2d: 3, F.dropout3d: 3, F.alpha_dropout: 3, F.threshold: 3, F.rrelu: 4}
+
+
+def written_in_place(node: fx.Node, module: nn.Module | None) -> fx.Node | None:
+    """The node whose tensor ``node`` writes into: its ``out=`` argument, or its first argument
+    for an in-place op (``x.add_(1)``, ``operator.iadd``, ``F.relu(x, inplace=True)``,
+    ``nn.ReLU(inplace=True)``); None when it writes into nothing it was given."""
+    out = node.kwargs.get("out")
+    if isinstance(out, fx.Node):
+        return out
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    return first if first is not None and writes_in_place(node, module) else None
 
 
 def writes_in_place(node: fx.Node, module: nn.Module | None) -> bool:
