@@ -26,14 +26,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import StochasticDepth, stochastic_depth
 
 from ._geometry import Window
 
 __all__ = [
     "ALIAS_METHODS", "FUNCTION_SIGNATURES", "FRESH_FUNCTIONS", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS",
-    "POINTWISE_METHODS", "bind", "channels_last_kind", "plain_reduction", "reduction_signature", "window_of",
-    "zero_preserving",
+    "POINTWISE_METHODS", "NAMED_POINTWISE", "bind", "channels_last_kind", "plain_reduction", "pointwise_function",
+    "reduction_signature", "window_of", "zero_preserving",
 ]
 
 
@@ -127,8 +126,21 @@ POINTWISE_FUNCTIONS: frozenset = frozenset({
     F.relu, F.relu_, F.relu6, F.leaky_relu, F.leaky_relu_, F.prelu, F.rrelu, F.elu, F.elu_, F.selu,
     F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardsigmoid, F.hardtanh, F.hardtanh_, F.sigmoid,
     F.tanh, F.softplus, F.softsign, F.threshold, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d,
-    F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm, stochastic_depth,
+    F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm,
 })
+
+#: pointwise functions of other packages, by dotted name (so importing vispos imports none of them):
+#: torchvision's stochastic depth multiplies each sample by its own draw
+NAMED_POINTWISE: frozenset = frozenset({"torchvision.ops.stochastic_depth.stochastic_depth"})
+
+
+def _dotted(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+
+
+def pointwise_function(target: Any) -> bool:
+    """Whether a ``call_function`` target reads each cell alone."""
+    return target in POINTWISE_FUNCTIONS or _dotted(target) in NAMED_POINTWISE
 
 #: methods whose output may be the input itself (never filled in place, see ``alias``)
 ALIAS_METHODS: frozenset = frozenset({
@@ -172,7 +184,7 @@ def channels_last_kind(op: str, target: Any, module: nn.Module | None, args: tup
             return "channels"
         return None
     if op == "call_function":
-        if target in POINTWISE_FUNCTIONS:
+        if pointwise_function(target):
             return "pointwise"
         if target is F.layer_norm:
             shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
@@ -199,12 +211,11 @@ def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
 # ------------------------------------------------------------- zeros that survive activations
 _ZERO_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish,
                  nn.Hardswish, nn.Hardtanh, nn.Tanh, nn.Softsign, nn.Identity, nn.Dropout, nn.Dropout1d,
-                 nn.Dropout2d, nn.Dropout3d, StochasticDepth)
+                 nn.Dropout2d, nn.Dropout3d)
 _NONNEG_MODULES = (nn.ReLU, nn.ReLU6)
 _ZERO_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6, F.leaky_relu, F.leaky_relu_,
                              F.elu, F.selu, F.celu, F.gelu, F.silu, F.mish, F.hardswish, F.hardtanh,
-                             torch.tanh, F.tanh, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d,
-                             stochastic_depth})
+                             torch.tanh, F.tanh, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d})
 _NONNEG_FUNCTIONS = frozenset({F.relu, F.relu_, torch.relu, torch.relu_, F.relu6})
 _ZERO_METHODS = frozenset({"relu", "relu_", "tanh", "tanh_"})
 _NONNEG_METHODS = frozenset({"relu", "relu_"})
@@ -219,10 +230,11 @@ def zero_preserving(op: str, target: Any, module: nn.Module | None) -> tuple[boo
     """``(maps 0 to 0, output >= 0)`` of an elementwise activation (ReLU, GELU, SiLU, dropout, ...):
     zeros written into the padding before it are still zeros after it."""
     if op == "call_module":
-        zero = _own_forward(module, _ZERO_MODULES) is not None
+        zero = _own_forward(module, _ZERO_MODULES) is not None or \
+            _dotted(type(module)) == "torchvision.ops.stochastic_depth.StochasticDepth"
         return zero, zero and _own_forward(module, _NONNEG_MODULES) is not None
     if op == "call_function":
-        return target in _ZERO_FUNCTIONS, target in _NONNEG_FUNCTIONS
+        return target in _ZERO_FUNCTIONS or _dotted(target) in NAMED_POINTWISE, target in _NONNEG_FUNCTIONS
     if op == "call_method":
         return target in _ZERO_METHODS, target in _NONNEG_METHODS
     return False, False

@@ -243,7 +243,7 @@ class _Rewriter(RewriterBase):
 
     def function(self, node: fx.Node, spatial: list[fx.Node]) -> None:
         target = node.target
-        if target in functions.POINTWISE_FUNCTIONS:
+        if functions.pointwise_function(target):
             return self.cell_wise(node)
         if target is operator.getitem:
             return self.getitem(node)

@@ -42,8 +42,6 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch.fx as fx
 from torch import Tensor, nn
-from torchvision.ops import FrozenBatchNorm2d, StochasticDepth
-from torchvision.ops.misc import Permute
 
 from ..padding import Padding
 from ._functions import window_of
@@ -107,10 +105,17 @@ class CellWise(InvarianceRule):
     Args:
         alias (bool): the module may return its input itself (Identity, dropout in eval): never
             written in place.
+
+    Raises:
+        TypeError: ``alias`` is not a bool.
     """
 
     alias: bool = False
     kind = "pointwise"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.alias, bool):
+            raise TypeError(f"CellWise: alias must be a bool, got {type(self.alias).__name__}")
 
     def rewrite(self, step: RewriteStep, node: fx.Node, module: nn.Module) -> None:
         step.cell_wise(node, alias=self.alias)
@@ -126,10 +131,17 @@ class PaddingAware(InvarianceRule):
     Args:
         fn (callable): ``fn(module, x: Tensor[B, C, *S], padding: Padding | None) -> Tensor[B, C', *S]``,
             looked up by the module's type when the graph runs.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
     """
 
     fn: Callable[[nn.Module, Tensor, Padding | None], Tensor]
     kind = "padding_aware"
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"PaddingAware: fn must be callable, got {type(self.fn).__name__}")
 
     def rewrite(self, step: RewriteStep, node: fx.Node, module: nn.Module) -> None:
         step.padding_aware(node)
@@ -137,10 +149,21 @@ class PaddingAware(InvarianceRule):
 
 @dataclass(frozen=True)
 class Refuse(InvarianceRule):
-    """The module cannot be made exact: the backbone is refused when it is built, with ``why``."""
+    """The module cannot be made exact: the backbone is refused when it is built, with ``why``.
+
+    Args:
+        why (str): the reason, said in the ``ValueError`` that names the layer.
+
+    Raises:
+        TypeError: ``why`` is not a string.
+    """
 
     why: str
     kind = "refuse"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.why, str):
+            raise TypeError(f"Refuse: why must be a str, got {type(self.why).__name__}")
 
     def rewrite(self, step: RewriteStep, node: fx.Node, module: nn.Module) -> None:
         step.refuse(node, self.why)
@@ -296,7 +319,8 @@ class PermuteRule(InvarianceRule):
 _POINTWISE = (
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
     nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
-    nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.LocalResponseNorm, FrozenBatchNorm2d, StochasticDepth,
+    nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.LocalResponseNorm,
+    "torchvision.ops.misc.FrozenBatchNorm2d", "torchvision.ops.stochastic_depth.StochasticDepth",
 )
 _ALIASING = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
              nn.FeatureAlphaDropout)
@@ -324,7 +348,7 @@ def _register_builtins() -> None:
     for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm,
                 nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d):
         register_invariance_rule(cls, NormRule())
-    register_invariance_rule(Permute, PermuteRule())
+    register_invariance_rule("torchvision.ops.misc.Permute", PermuteRule())
     for name in ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.GroupNormAct",
                  "timm.layers.norm_act.GroupNorm1Act"):
         register_invariance_rule(name, NormRule(activation=True))
