@@ -105,6 +105,9 @@ def _grid(cls, n: int, first: bool) -> list[Case]:
 
 
 TABLE: dict[str, list[Case]] = {
+    "CellWise": [("alias not bool", lambda: vispos.CellWise(alias=1))],
+    "PaddingAware": [("fn not callable", lambda: vispos.PaddingAware("item_mean"))],
+    "Refuse": [("why not str", lambda: vispos.Refuse(3))],
     "NestedTensor": [
         ("tensors not tensor", lambda: vispos.NestedTensor([[1.0]], None)),
         ("mask not bool", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4))),

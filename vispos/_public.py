@@ -65,6 +65,10 @@ CORE: tuple[str, ...] = (
     "PaddedCollate",
     "build_from_config",
     "register",
+    "register_invariance_rule",
+    "CellWise",
+    "PaddingAware",
+    "Refuse",
 )
 
 #: ``vispos.__all__`` (``__version__`` lives in ``vispos/__init__.py`` itself)
@@ -74,4 +78,5 @@ TOP_LEVEL: tuple[str, ...] = ("__version__", *CORE, *(n for n in ENCODINGS if n 
 #: name is bound from the first of them that has it
 TOP_LEVEL_MODULES: tuple[str, ...] = (
     "._cache", "._cache_switch", ".padding", ".nested_tensor", ".batching", ".encodings", ".config",
+    ".invariance",
 )

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from .._checks import check_int, check_number
+from ..invariance import CellWise, register_invariance_rule
 
 __all__ = ["FrozenBatchNorm3d", "freeze_batch_norm"]
 
@@ -53,6 +54,9 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
         scale = self.weight.reshape(shape) * (self.running_var.reshape(shape) + self.eps).rsqrt()
         bias = self.bias.reshape(shape) - self.running_mean.reshape(shape) * scale
         return x * scale + bias
+
+
+register_invariance_rule(FrozenBatchNorm3d, CellWise())  # a per-channel affine map of each cell
 
 
 def _frozen_copy(bn: nn.Module, n_spatial: int) -> nn.Module | None:

@@ -27,7 +27,7 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
-from ._invariant import make_padding_invariant
+from ..invariance._rewrite import make_padding_invariant
 from ._stems import adapt_stem, first_conv
 from .base import BackboneAdapter
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch.fx as fx
 from torch import nn
 
-from ._invariant_rules import classify_module
+from ..invariance.rules import classify_module
 
 __all__ = ["trace_dual"]
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from .. import _deprecation
 from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
-from ._invariant_run import InvariantRunner
+from ..invariance._run import InvariantRunner
 
 __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
 

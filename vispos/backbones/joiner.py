@@ -21,12 +21,13 @@ from torch import Tensor, nn
 
 from .. import _deprecation
 from .._checks import check_bool, check_int
-from .._masked_layers import fill_padding
+from ..invariance._norms import group_norm
+from ..invariance._pools import filled
 from ..encodings.grid import _GridEncoding
 from ..levels import FlatLevels, flatten_levels, unflatten_levels
 from ..nested_tensor import NestedTensor
-from ._invariant_run import group_norm_valid, window_padding
-from ._invariant_rules import window_of
+from ..invariance._run import window_padding
+from ..invariance._functions import window_of
 from .base import Backbone, SpatialPositionEmbedding
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels"]
@@ -334,19 +335,23 @@ class Joiner(nn.Module):
         for proj, level in zip(projs, levels):
             conv, norm = proj
             y = conv(level.tensors)  # 1x1: each cell reads only itself
-            features.append(NestedTensor(group_norm_valid(y, level.padding, norm), level.padding))
+            features.append(NestedTensor(self._norm(y, level.padding, norm), level.padding))
         source = levels[-1]
         for k, proj in enumerate(projs[len(levels):]):
             conv, norm = proj
             window = window_of(self.n_spatial, conv.kernel_size, conv.stride, conv.padding, conv.dilation)
             padding = window_padding(source.padding, window, f"input_proj.{len(levels) + k}")
-            pad = None if source.padding.kind == "none" else source.padding.mask.unsqueeze(1)
-            y = conv(fill_padding(source.tensors, pad, 0.0))
+            y = conv(filled(source.tensors, source.padding, 0.0))
             if padding is None:  # an arbitrary mask has no box: DETR's nearest rule
                 padding = source.with_features(y).padding
-            source = NestedTensor(group_norm_valid(y, padding, norm), padding)
+            source = NestedTensor(self._norm(y, padding, norm), padding)
             features.append(source)
         return features
+
+    @staticmethod
+    def _norm(y: Tensor, padding, norm: nn.GroupNorm) -> Tensor:
+        """``norm`` with each item's statistics over its valid cells (its box, or any mask)."""
+        return group_norm(y, padding, norm.num_groups, norm.weight, norm.bias, norm.eps)
 
     def flatten(self, features: Sequence[NestedTensor], pos: Sequence[Tensor]) -> FlatLevels:
         """Flattens ``forward``'s output into Deformable-DETR's encoder input, adding the level

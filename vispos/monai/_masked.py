@@ -25,7 +25,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.conv import _ConvNd
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from .._masked_layers import masked_batch_norm, masked_group_norm
+from ..invariance._norms import batch_norm, group_norm
 
 __all__ = ["masked_decoder", "install_decoder_hooks"]
 
@@ -109,7 +109,7 @@ def _norm_hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor | None:
     if isinstance(module, _BatchNorm):
         return _masked_batch_norm(module, x, pad, masks.stash.pop(module, None))
     groups = module.num_groups if isinstance(module, nn.GroupNorm) else x.shape[1]
-    return masked_group_norm(x, pad, groups, module.weight, module.bias, module.eps)
+    return group_norm(x, pad, groups, module.weight, module.bias, module.eps)
 
 
 def _masked_batch_norm(module: _BatchNorm, x: Tensor, pad: Tensor, stash: list | None) -> Tensor:
@@ -122,7 +122,7 @@ def _masked_batch_norm(module: _BatchNorm, x: Tensor, pad: Tensor, stash: list |
             module.running_mean.copy_(stash[0])
             module.running_var.copy_(stash[1])
             module.num_batches_tracked.copy_(stash[2])
-    return masked_batch_norm(
+    return batch_norm(
         x, pad, module.running_mean if track else None, module.running_var if track else None,
         module.weight, module.bias, True, module.momentum, module.eps,
         module.num_batches_tracked if track else None,

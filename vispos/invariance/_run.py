@@ -1,11 +1,10 @@
 """Running a padding-invariant graph: each batch's paddings in, each level's padding out.
 
-:class:`InvariantRunner` holds what :func:`vispos.backbones._invariant.make_padding_invariant`
-learnt of a graph (its :class:`~vispos.backbones._geometry.Geometry` and the geometry of each
+:class:`InvariantRunner` holds what :func:`vispos.invariance._rewrite.make_padding_invariant`
+learnt of a graph (its :class:`~vispos.invariance._geometry.Geometry` and the geometry of each
 output) and, per batch, replays the convolution arithmetic on the items' boxes, hands the graph
 every feature map's :class:`~vispos.Padding` and pairs each output with its own.
-:func:`window_padding` and :func:`group_norm_valid` do the same for the
-:class:`~vispos.backbones.Joiner`'s input projections and extra levels.
+:func:`window_padding` does the same for the :class:`~vispos.backbones.Joiner`'s extra levels.
 
 References:
     Dumoulin and Visin, A guide to convolution arithmetic for deep learning, 2016; Zhu et al.,
@@ -14,27 +13,25 @@ References:
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 from torch.utils import _pytree as pytree
 
-from .._box_layers import box_group_norm
-from .._masked_layers import masked_group_norm
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._geometry import Geometry, Window
 
-__all__ = ["InvariantRunner", "group_norm_valid", "window_padding"]
+__all__ = ["InvariantRunner", "window_padding"]
 
 
 class InvariantRunner:
     """Runs a rewritten graph on a :class:`~vispos.NestedTensor` and pairs each output with its
     padding (see :func:`make_padding_invariant`)."""
 
-    def __init__(self, geometry: Geometry, outputs: dict[str, list[int]], needed: set[int]) -> None:
-        self.geometry, self.outputs, self.needed = geometry, outputs, frozenset(needed)
+    def __init__(self, geometry: Geometry, outputs: dict[str, list[int]]) -> None:
+        self.geometry, self.outputs = geometry, outputs
 
     def paddings(self, padding: Padding) -> list[Padding | None]:
-        """The padding of every geometry id (None where nothing reads it)."""
+        """The padding of every geometry id."""
         kind = padding.kind
         if kind == "arbitrary":
             raise ValueError(
@@ -56,21 +53,13 @@ class InvariantRunner:
             return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
         paddings = self.paddings(padding)
         out = pytree.tree_leaves(body(x.tensors, tuple(paddings)))
-        gids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
+        output_ids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
         levels = []
-        for t, gid in zip(out, gids):
-            level = paddings[gid]
+        for t, geometry_id in zip(out, output_ids):
+            level = paddings[geometry_id]
             assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
             levels.append(NestedTensor(t, level))
         return levels
-
-
-def group_norm_valid(x: Tensor, padding: Padding, norm: nn.GroupNorm) -> Tensor:
-    """``norm`` applied with each item's statistics over its valid cells (its box, or any mask)."""
-    if padding.kind == "arbitrary":
-        return masked_group_norm(x, padding.mask.unsqueeze(1), norm.num_groups, norm.weight, norm.bias, norm.eps)
-    return box_group_norm(x, None if padding.kind == "none" else padding, norm.num_groups, norm.weight, norm.bias,
-                          norm.eps)
 
 
 def window_padding(padding: Padding, window: Window, layer: str) -> Padding | None:
@@ -84,9 +73,9 @@ def window_padding(padding: Padding, window: Window, layer: str) -> Padding | No
     if padding.kind == "arbitrary":
         return None
     geometry = Geometry(padding.n_spatial)
-    gid = geometry.child(0, window, layer)
+    geometry_id = geometry.child(0, window, layer)
     if padding.kind == "none":
         canvas = tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial))
         return Padding.none(padding.batch, canvas, padding.device)
-    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[gid]
+    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[geometry_id]
     return Padding.from_sizes(sizes, canvas, starts=starts, device=padding.device)

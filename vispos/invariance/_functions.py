@@ -1,41 +1,38 @@
-"""What each layer of a traced backbone does to the cells of a padded batch: the rule book of
-:mod:`vispos.backbones._invariant`.
+"""The rule book of padding invariance for functions and methods on feature maps: one row per op
+(:mod:`vispos.invariance.rules` holds the modules' rules).
 
-Every graph node that touches a feature map falls in one class:
+Every call on a feature map falls in one class:
 
-* **pointwise** (activations, dropout, frozen / eval batch norm, sums and products, channel
-  concatenation): each output cell reads the same cell of its inputs; nothing to do;
+* **pointwise** (activations, dropout, stochastic depth, sums and products, channel concatenation):
+  each output cell reads the same cell of its inputs; nothing to do;
 * **window** (convolutions, max / average pooling): reads neighbours; its input's padding is
   filled (0, or ``-inf`` for max pooling) and its output gets a new geometry by convolution
   arithmetic;
-* **statistics** (batch norm in training, group / instance norm, global pooling, means over space):
-  computed over valid cells by :mod:`vispos._masked_layers`;
-* anything else that reads a feature map (reshapes, permutes, attention, interpolation, ``F.pad``
-  with sizes computed from the canvas, ``padding="same"`` of TensorFlow ports, a layer norm over
-  space, unknown modules) is **refused** when the backbone is built, by name.
+* **statistics** (batch / group / instance norm, means, sums, maxima and L2 norms over every
+  spatial axis): computed over valid cells (:mod:`vispos.invariance._ops`);
+* anything else (reshapes, attention, interpolation, ``F.pad``, reductions over some spatial
+  axes) is **refused** when the backbone is built, by name.
 
 References:
-    ``torch.nn`` module and functional signatures; timm ``layers/norm_act.py`` (``BatchNormAct2d``,
-    ``GroupNormAct``, ``FrozenBatchNormAct2d``); torchvision ``ops/misc.py`` (``FrozenBatchNorm2d``).
+    ``torch.nn.functional`` and ``torch.Tensor`` signatures; torchvision ``ops/stochastic_depth.py``.
 """
 
 from __future__ import annotations
 
 import inspect
 import operator
-import sys
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._batch_norm import FrozenBatchNorm3d
 from ._geometry import Window
 
 __all__ = [
-    "ALIAS_METHODS", "FUNCTION_SIGNATURES", "FRESH_FUNCTIONS", "zero_preserving", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS", "POINTWISE_METHODS",
-    "SHAPE_METHODS", "bind", "classify_module", "window_of",
+    "ALIAS_METHODS", "FUNCTION_SIGNATURES", "FRESH_FUNCTIONS", "METHOD_SIGNATURES", "POINTWISE_FUNCTIONS",
+    "POINTWISE_METHODS", "NAMED_POINTWISE", "bind", "channels_last_kind", "plain_reduction", "pointwise_function",
+    "reduction_signature", "window_of", "zero_preserving",
 ]
 
 
@@ -66,24 +63,6 @@ def window_of(
     return Window(kernel, stride, lo, hi, dilation, bool(ceil_mode))
 
 
-# ------------------------------------------------------------------------------------ modules
-_POINTWISE_MODULES: tuple[type, ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
-    nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
-    nn.Softsign, nn.Tanhshrink, nn.Threshold, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
-    nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout, nn.LocalResponseNorm, FrozenBatchNorm3d,
-)
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-_MAX_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d)
-_AVG_POOLS = (nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
-_ADAPTIVE = {
-    nn.AdaptiveAvgPool1d: "mean", nn.AdaptiveAvgPool2d: "mean", nn.AdaptiveAvgPool3d: "mean",
-    nn.AdaptiveMaxPool1d: "max", nn.AdaptiveMaxPool2d: "max", nn.AdaptiveMaxPool3d: "max",
-}
-_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-_INSTANCE_NORMS = (nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d)
-
-
 def _own_forward(m: nn.Module, bases: tuple[type, ...]) -> type | None:
     """The base in ``bases`` whose ``forward`` ``m`` runs unchanged (its class or a subclass
     that does not override ``forward``), else None."""
@@ -91,88 +70,6 @@ def _own_forward(m: nn.Module, bases: tuple[type, ...]) -> type | None:
         if isinstance(m, base) and type(m).forward is base.forward:
             return base
     return None
-
-
-def _third_party_pointwise() -> tuple[type, ...]:
-    """Frozen batch norms of torchvision and timm (a per-channel affine map, plus timm's act)."""
-    found: list[type] = []
-    tv = sys.modules.get("torchvision.ops.misc")
-    if tv is not None:
-        found.append(tv.FrozenBatchNorm2d)
-    timm_norm = sys.modules.get("timm.layers.norm_act")
-    if timm_norm is not None:
-        found += [getattr(timm_norm, n) for n in ("FrozenBatchNormAct2d",) if hasattr(timm_norm, n)]
-    timm_frozen = sys.modules.get("timm.layers")
-    if timm_frozen is not None and hasattr(timm_frozen, "FrozenBatchNorm2d"):
-        found.append(timm_frozen.FrozenBatchNorm2d)
-    return tuple(found)
-
-
-def _timm_norm_act(m: nn.Module) -> str | None:
-    """``"bn"`` / ``"gn"`` for timm's ``BatchNormAct2d`` / ``GroupNormAct`` (norm, then ``drop``,
-    then ``act``), else None."""
-    timm_norm = sys.modules.get("timm.layers.norm_act")
-    if timm_norm is None:
-        return None
-    for name, kind in (("BatchNormAct2d", "bn"), ("GroupNormAct", "gn"), ("GroupNorm1Act", "gn")):
-        cls = getattr(timm_norm, name, None)
-        if cls is not None and type(m) is cls:
-            return kind
-    return None
-
-
-def classify_module(m: nn.Module, n_spatial: int) -> tuple[str, Any]:
-    """``(kind, detail)`` of a module applied to a feature map with ``n_spatial`` axes.
-
-    Kinds: ``"pointwise"``; ``"conv"`` / ``"max_pool"`` / ``"avg_pool"`` (detail: the
-    :class:`Window`, and for average pooling its divisor settings); ``"global"`` (detail: ``"mean"``
-    or ``"max"``); ``"batch_norm"``; ``"group_norm"`` (detail: groups); ``"instance_norm"``;
-    ``"norm_act"`` (detail: ``"bn"`` / ``"gn"``); ``"refuse"`` (detail: why).
-    """
-    if _own_forward(m, _POINTWISE_MODULES) or type(m) in _third_party_pointwise():
-        return "pointwise", None
-    if _own_forward(m, _CONVS):
-        if m.padding_mode != "zeros":
-            return "refuse", f"padding_mode={m.padding_mode!r} (only zero padding is what an item alone sees)"
-        return "conv", window_of(n_spatial, m.kernel_size, m.stride, m.padding, m.dilation)
-    if _own_forward(m, _MAX_POOLS):
-        if m.return_indices:
-            return "refuse", "return_indices=True (indices into the padded canvas differ from the item's)"
-        return "max_pool", window_of(n_spatial, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
-    if _own_forward(m, _AVG_POOLS):
-        divisor = getattr(m, "divisor_override", None)
-        if m.ceil_mode and m.count_include_pad and divisor is None and any(_tuple(m.padding, n_spatial)):
-            return "refuse", "ceil_mode=True with count_include_pad=True and padding (its divisor depends on the canvas)"
-        window = window_of(n_spatial, m.kernel_size, m.stride, m.padding, 1, m.ceil_mode)
-        return "avg_pool", (window, m.count_include_pad, divisor)
-    base = _own_forward(m, tuple(_ADAPTIVE))
-    if base is not None:
-        size = m.output_size
-        sizes = size if isinstance(size, (tuple, list)) else (size,)
-        if any(s != 1 for s in sizes):
-            return "refuse", f"output_size={size!r} (only a global pool, output size 1, has the item's bins)"
-        return "global", _ADAPTIVE[base]
-    if _own_forward(m, _BATCH_NORMS) or type(m) is nn.SyncBatchNorm:
-        return "batch_norm", None
-    if _own_forward(m, (nn.GroupNorm,)):
-        return "group_norm", m.num_groups
-    if _own_forward(m, _INSTANCE_NORMS):
-        if m.track_running_stats:
-            return "refuse", "track_running_stats=True (running statistics of instance norm)"
-        return "instance_norm", None
-    kind = _timm_norm_act(m)
-    if kind is not None:
-        return "norm_act", kind
-    if type(m).__name__.endswith("Same") and type(m).__module__.startswith("timm."):
-        return "refuse", (
-            "TensorFlow-style 'same' padding computed from the input's size, so from the padded canvas "
-            "rather than the item (timm's tf_* ports); use the model without the tf_ prefix"
-        )
-    if isinstance(m, nn.LayerNorm):
-        return "refuse", "layer norm over the trailing axes, which are spatial in a channels-first map"
-    if isinstance(m, (nn.MultiheadAttention, nn.Upsample, nn.Flatten, nn.Unflatten)):
-        return "refuse", "it mixes or moves cells without a padding mask"
-    return "refuse", "a module vispos does not know how to run on a padded batch (no rule for it)"
 
 
 # ---------------------------------------------------------------------------------- functions
@@ -190,6 +87,7 @@ def _sig_reduce(input, dim=None, keepdim=False, *, dtype=None): ...
 def _sig_cat(tensors, dim=0): ...
 def _sig_split(input, split_size_or_sections, dim=0): ...
 def _sig_flatten(input, start_dim=0, end_dim=-1): ...
+def _sig_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
 
 
 #: function -> (kind, signature used to read its arguments)
@@ -208,13 +106,14 @@ FUNCTION_SIGNATURES: dict[Callable, tuple[str, Callable]] = {
     torch.mean: ("mean", _sig_reduce), torch.sum: ("sum", _sig_reduce), torch.amax: ("max", _sig_reduce),
     torch.cat: ("cat", _sig_cat), torch.concat: ("cat", _sig_cat), torch.concatenate: ("cat", _sig_cat),
     torch.chunk: ("split", _sig_split), torch.split: ("split", _sig_split),
-    torch.flatten: ("flatten", _sig_flatten),
+    torch.flatten: ("flatten", _sig_flatten), torch.norm: ("norm", _sig_norm),
 }
 
 #: call_method names read with the same signatures (``x.mean(...)``, ``x.chunk(...)``)
 METHOD_SIGNATURES: dict[str, tuple[str, Callable]] = {
     "mean": ("mean", _sig_reduce), "sum": ("sum", _sig_reduce), "amax": ("max", _sig_reduce),
     "chunk": ("split", _sig_split), "split": ("split", _sig_split), "flatten": ("flatten", _sig_flatten),
+    "norm": ("norm", _sig_norm),
 }
 
 POINTWISE_FUNCTIONS: frozenset = frozenset({
@@ -230,6 +129,19 @@ POINTWISE_FUNCTIONS: frozenset = frozenset({
     F.alpha_dropout, F.feature_alpha_dropout, F.local_response_norm,
 })
 
+#: pointwise functions of other packages, by dotted name (so importing vispos imports none of them):
+#: torchvision's stochastic depth multiplies each sample by its own draw
+NAMED_POINTWISE: frozenset = frozenset({"torchvision.ops.stochastic_depth.stochastic_depth"})
+
+
+def _dotted(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+
+
+def pointwise_function(target: Any) -> bool:
+    """Whether a ``call_function`` target reads each cell alone."""
+    return target in POINTWISE_FUNCTIONS or _dotted(target) in NAMED_POINTWISE
+
 #: methods whose output may be the input itself (never filled in place, see ``alias``)
 ALIAS_METHODS: frozenset = frozenset({
     "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "clone", "detach",
@@ -243,8 +155,50 @@ POINTWISE_METHODS: frozenset = ALIAS_METHODS | frozenset({
     "erf", "addcmul", "addcmul_", "masked_fill", "hardswish", "sign",
 })
 
-#: methods and attributes that read facts of a tensor, not its cells
-SHAPE_METHODS: frozenset = frozenset({"size", "dim", "numel", "ndimension", "get_device", "is_contiguous"})
+
+def plain_reduction(kind: str, arguments: dict[str, Any]) -> bool:
+    """A reduction vispos computes per item: no ``dtype``; a norm only with ``p=2``."""
+    if arguments.get("dtype") is not None:
+        return False
+    return kind != "norm" or arguments["p"] in (2, 2.0, "fro")
+
+
+def reduction_signature(node: Any) -> Callable:
+    """The signature a reduction node (``x.mean(...)``, ``torch.sum(...)``) is read with."""
+    table = METHOD_SIGNATURES if node.op == "call_method" else FUNCTION_SIGNATURES
+    return table[node.target][1]
+
+
+def channels_last_kind(op: str, target: Any, module: nn.Module | None, args: tuple, kwargs: dict,
+                       module_kind: str | None = None) -> str | None:
+    """How a node reads a map whose axes were permuted: ``"pointwise"`` (elementwise),
+    ``"channels"`` (a layer norm or linear layer over the last axis, cell-wise when that axis holds
+    the channels), a reduction kind (``"mean"``, ``"sum"``, ``"max"``, ``"norm"``), or None.
+    ``module_kind`` is the kind of a module's rule (:mod:`vispos.invariance.rules`)."""
+    if op == "call_module":
+        if module_kind == "pointwise":
+            return "pointwise"
+        if _own_forward(module, (nn.LayerNorm,)) and len(module.normalized_shape) == 1:
+            return "channels"
+        if _own_forward(module, (nn.Linear,)):
+            return "channels"
+        return None
+    if op == "call_function":
+        if pointwise_function(target):
+            return "pointwise"
+        if target is F.layer_norm:
+            shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+            return "channels" if isinstance(shape, (tuple, list)) and len(shape) == 1 else None
+        if target is F.linear:
+            return "channels"
+        entry = FUNCTION_SIGNATURES.get(target)
+    elif op == "call_method":
+        if target in POINTWISE_METHODS:
+            return "pointwise"
+        entry = METHOD_SIGNATURES.get(target)
+    else:
+        return None
+    return entry[0] if entry is not None and entry[0] in ("mean", "sum", "max", "norm") else None
 
 
 def bind(signature: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -276,10 +230,11 @@ def zero_preserving(op: str, target: Any, module: nn.Module | None) -> tuple[boo
     """``(maps 0 to 0, output >= 0)`` of an elementwise activation (ReLU, GELU, SiLU, dropout, ...):
     zeros written into the padding before it are still zeros after it."""
     if op == "call_module":
-        zero = _own_forward(module, _ZERO_MODULES) is not None
+        zero = _own_forward(module, _ZERO_MODULES) is not None or \
+            _dotted(type(module)) == "torchvision.ops.stochastic_depth.StochasticDepth"
         return zero, zero and _own_forward(module, _NONNEG_MODULES) is not None
     if op == "call_function":
-        return target in _ZERO_FUNCTIONS, target in _NONNEG_FUNCTIONS
+        return target in _ZERO_FUNCTIONS or _dotted(target) in NAMED_POINTWISE, target in _NONNEG_FUNCTIONS
     if op == "call_method":
         return target in _ZERO_METHODS, target in _NONNEG_METHODS
     return False, False

@@ -125,8 +125,8 @@ class Geometry:
                 would fail with a shape mismatch).
         """
         out: list[Boxes] = [(tuple(starts), tuple(sizes), tuple(canvas))]
-        for gid in range(1, len(self.parents)):
-            parent, window, layer = self.parents[gid], self.windows[gid], self.layers[gid]
+        for geometry_id in range(1, len(self.parents)):
+            parent, window, layer = self.parents[geometry_id], self.windows[geometry_id], self.layers[geometry_id]
             p_starts, p_sizes, p_canvas = out[parent]
             new_starts, new_sizes = [], []
             for b, (start, size) in enumerate(zip(p_starts, p_sizes)):

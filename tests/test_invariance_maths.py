@@ -1,15 +1,17 @@
-"""vispos._box_layers and vispos._masked_layers: statistics over valid cells against slow references
-(each item cropped to its box, the valid cells gathered by hand), values and gradients."""
+"""vispos.invariance._norms and vispos.invariance._pools: statistics over valid cells against slow
+references (each item cropped to its box, the valid cells gathered by hand), values and gradients,
+for each item's box and for the mask fallback."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from vispos import Padding
-from vispos import _box_layers as bl
-from vispos import _masked_layers as ml
+from vispos.invariance import _norms as norms
+from vispos.invariance import _pools as pools
 
 PADDING = Padding.from_sizes([(5, 7), (6, 3), (2, 7)], (6, 7))
+ARBITRARY = Padding.from_mask(PADDING.mask, classify=False)  # the same cells, read as any mask
 SYMMETRIC = Padding.from_sizes([(3, 5), (6, 3)], (6, 7), starts="symmetric")
 
 
@@ -21,9 +23,9 @@ def _valid_cells(x: torch.Tensor, padding: Padding) -> torch.Tensor:
 @pytest.mark.parametrize("padding", [PADDING, SYMMETRIC], ids=["origin", "symmetric"])
 @pytest.mark.parametrize("strips", [False, True], ids=["masked", "strips"])
 def test_box_fill_writes_exactly_the_padding(padding, strips, monkeypatch):
-    monkeypatch.setattr(bl, "_STRIPS_FROM", 0 if strips else 1 << 40)
+    monkeypatch.setattr(pools, "_STRIPS_FROM", 0 if strips else 1 << 40)
     x = torch.randn(padding.batch, 4, *padding.spatial)
-    got = bl.box_fill(x.clone(), padding, -3.0)
+    got = pools.fill(x.clone(), padding, -3.0)
     torch.testing.assert_close(got, x.masked_fill(padding.mask.unsqueeze(1), -3.0), rtol=0, atol=0)
 
 
@@ -37,7 +39,7 @@ def test_box_batch_norm_equals_batch_norm_of_the_valid_cells(padding, affine):
     b = torch.randn(c, dtype=torch.float64).requires_grad_() if affine else None
     rm, rv = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
     tracked = torch.tensor(0)
-    y = bl.box_batch_norm(x, padding, rm, rv, w, b, True, 0.1, 1e-5, tracked)
+    y = norms.batch_norm(x, padding, rm, rv, w, b, True, 0.1, 1e-5, tracked)
     # reference: torch's batch norm over the valid cells alone
     ref_rm, ref_rv = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
     cells = _valid_cells(x, padding)[None, :, :, None]  # (1, C, n, 1)
@@ -63,7 +65,7 @@ def test_box_batch_norm_gradcheck():
     x = torch.randn(2, 2, 3, 3, dtype=torch.float64, requires_grad=True)
     w = torch.rand(2, dtype=torch.float64, requires_grad=True)
     b = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    fn = lambda x, w, b: bl.box_batch_norm(x, padding, None, None, w, b, True, 0.1, 1e-5)  # noqa: E731
+    fn = lambda x, w, b: norms.batch_norm(x, padding, None, None, w, b, True, 0.1, 1e-5)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, w, b))
 
 
@@ -71,37 +73,38 @@ def test_box_group_norm_and_pools_equal_each_item_alone():
     torch.manual_seed(2)
     x = torch.randn(PADDING.batch, 6, *PADDING.spatial, dtype=torch.float64)
     w, b = torch.rand(6, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
-    gn = bl.box_group_norm(x, PADDING, 3, w, b, 1e-5)
-    masked = ml.masked_group_norm(x, PADDING.mask.unsqueeze(1), 3, w, b, 1e-5)
+    gn = norms.group_norm(x, PADDING, 3, w, b, 1e-5)
+    masked = norms.group_norm(x, ARBITRARY, 3, w, b, 1e-5)
     for i in range(PADDING.batch):
         item = x[(slice(i, i + 1), slice(None), *PADDING.region(i))]
         region = (slice(i, i + 1), slice(None), *PADDING.region(i))
         torch.testing.assert_close(gn[region], F.group_norm(item, 3, w, b, 1e-5))
         torch.testing.assert_close(masked[region], F.group_norm(item, 3, w, b, 1e-5))
-        for mode, fn in (("mean", torch.mean), ("sum", torch.sum), ("max", torch.amax)):
-            torch.testing.assert_close(bl.box_global_pool(x, PADDING, mode, (2, 3), False)[i], fn(item, (2, 3))[0])
-            torch.testing.assert_close(ml.masked_global_pool(x, PADDING.mask.unsqueeze(1), mode, (2, 3), False)[i],
+        for mode, fn in (("mean", torch.mean), ("sum", torch.sum), ("max", torch.amax),
+                         ("norm", lambda t, d: torch.linalg.vector_norm(t, 2, d))):
+            torch.testing.assert_close(pools.global_pool(x, PADDING, mode, (2, 3), False)[i], fn(item, (2, 3))[0])
+            torch.testing.assert_close(pools.global_pool(x, ARBITRARY, mode, (2, 3), False)[i],
                                        fn(item, (2, 3))[0])
 
 
-@pytest.mark.parametrize("count_include_pad, ceil_mode", [(False, True), (False, False), (True, False)])
-def test_masked_avg_pool_divides_as_the_item_alone(count_include_pad, ceil_mode):
+@pytest.mark.parametrize("count_include_pad, ceil_mode", [(False, True), (False, False), (True, False), (True, True)])
+def test_avg_pool_divides_as_the_item_alone(count_include_pad, ceil_mode):
     torch.manual_seed(3)
     x = torch.randn(PADDING.batch, 2, *PADDING.spatial, dtype=torch.float64)
-    got = ml.masked_avg_pool(x, PADDING.mask.unsqueeze(1), (3, 3), (2, 2), (1, 1), ceil_mode, count_include_pad, None)
+    got = pools.avg_pool(x, PADDING, (3, 3), (2, 2), (1, 1), ceil_mode, count_include_pad, None)
     for i in range(PADDING.batch):
         item = x[(slice(i, i + 1), slice(None), *PADDING.region(i))]
         alone = F.avg_pool2d(item, 3, 2, 1, ceil_mode, count_include_pad)
         torch.testing.assert_close(got[i, :, : alone.shape[2], : alone.shape[3]], alone[0])
 
 
-def test_masked_batch_norm_matches_box_batch_norm():
+def test_mask_fallback_batch_norm_matches_the_box_one():
     torch.manual_seed(4)
     x = torch.randn(PADDING.batch, 3, *PADDING.spatial, dtype=torch.float64)
     w, b = torch.rand(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     rm1, rv1, rm2, rv2 = torch.zeros(3), torch.ones(3), torch.zeros(3), torch.ones(3)
-    a = ml.masked_batch_norm(x, PADDING.mask.unsqueeze(1), rm1, rv1, w, b, True, 0.1, 1e-5)
-    c = bl.box_batch_norm(x, PADDING, rm2, rv2, w, b, True, 0.1, 1e-5)
+    a = norms.batch_norm(x, ARBITRARY, rm1, rv1, w, b, True, 0.1, 1e-5)
+    c = norms.batch_norm(x, PADDING, rm2, rv2, w, b, True, 0.1, 1e-5)
     valid = ~PADDING.mask.unsqueeze(1).expand_as(x)
     torch.testing.assert_close(a[valid], c[valid])
     torch.testing.assert_close(rm1, rm2)

@@ -1,0 +1,16 @@
+"""Padding invariance: every item of a padded batch gets, on its own cells, what it gets alone.
+
+One home for the rule book (:mod:`vispos.invariance.rules`, open to a user's own layers through
+:func:`register_invariance_rule`), the maths over valid cells (each item's box first, any mask
+as the fallback) and the rewrite of a traced backbone's graph. The backbones'
+``padding_invariant=True``, the :class:`~vispos.backbones.Joiner`'s projections and
+:mod:`vispos.monai`'s decoder all use it.
+
+References:
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches).
+"""
+
+from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
+
+__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "register_invariance_rule",
+           "rule_for"]

@@ -1,0 +1,148 @@
+"""The operations a padding-invariant graph calls (:mod:`vispos.invariance._rewrite` inserts them).
+
+Each takes the feature map's :class:`~vispos.Padding` (or None: no padding, the stock layer runs)
+and calls the maths of :mod:`vispos.invariance._norms` and :mod:`vispos.invariance._pools`.
+Module-level functions, so the rewritten graph pickles and compiles.
+
+References:
+    See :mod:`vispos.invariance._norms` and :mod:`vispos.invariance._pools`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
+
+from . import _norms, _pools
+from ..padding import Padding
+
+__all__ = [
+    "padding_at", "fill", "fill_in_place", "norm_module", "call_with_padding", "batch_norm_fn", "group_norm",
+    "instance_norm_fn", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
+]
+
+
+def _graph_op(fn: Callable) -> Callable:
+    """Keeps ``fn`` one call in a graph when FX traces code that calls it (a GraphModule re-traces
+    its own code when it is unpickled), as ``torch.fx.wrap`` does for names in one module."""
+
+    @functools.wraps(fn)
+    def op(*args: Any) -> Any:
+        for a in args:
+            if isinstance(a, fx.Proxy):
+                return a.tracer.create_proxy("call_function", op, args, {})
+        return fn(*args)
+
+    return op
+
+
+@_graph_op
+def padding_at(paddings: tuple[Padding | None, ...] | None, geometry_id: int) -> Padding | None:
+    """The padding of geometry ``geometry_id`` (None when the batch has no padding)."""
+    return None if paddings is None else paddings[geometry_id]
+
+
+@_graph_op
+def fill(x: Tensor, padding: Padding | None, value: float, may_write: bool) -> Tensor:
+    """``x`` with ``value`` in its padding: in place (only the padded strips are written) when
+    ``may_write`` and autograd does not track ``x``, else a masked copy."""
+    if padding is None:
+        return x
+    if may_write and not (torch.is_grad_enabled() and x.requires_grad):
+        return _pools.fill(x, padding, value)
+    return _pools.filled(x, padding, value)
+
+
+@_graph_op
+def fill_in_place(x: Tensor, padding: Padding | None, value: float) -> Tensor:
+    """Zeros written into a fresh feature map's padding right after the layer that made it (a
+    convolution, a norm or a sum, none of which keeps its output for the backward pass), so that the
+    activations after it and the next convolution see zeros without a copy."""
+    if padding is None:
+        return x
+    return _pools.fill(x, padding, value)
+
+
+@_graph_op
+def batch_norm_fn(x, padding, running_mean, running_var, weight, bias, training, momentum, eps):
+    if padding is None:
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    return _norms.batch_norm(x, padding, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+@_graph_op
+def group_norm(x: Tensor, padding: Padding | None, num_groups: int, weight, bias, eps: float) -> Tensor:
+    return _norms.group_norm(x, padding, num_groups, weight, bias, eps)
+
+
+@_graph_op
+def instance_norm_fn(x: Tensor, padding: Padding | None, weight, bias, eps: float) -> Tensor:
+    if padding is None:
+        return F.instance_norm(x, None, None, weight, bias, True, 0.0, eps)
+    return _norms.group_norm(x, padding, x.shape[1], weight, bias, eps)
+
+
+@_graph_op
+def norm_module(x: Tensor, padding: Padding | None, module: nn.Module) -> Tensor:
+    """A batch / group / instance norm module (timm's ``BatchNormAct2d`` / ``GroupNormAct`` with
+    their ``drop`` and ``act`` after) with statistics over valid cells; the module itself without
+    padding, or when it was swapped for a frozen batch norm after the graph was built."""
+    if padding is None or not isinstance(module, (_BatchNorm, nn.GroupNorm, _InstanceNorm)):
+        return module(x)
+    if isinstance(module, _BatchNorm):
+        y = _norms.batch_norm_module(x, padding, module)
+    else:
+        groups = module.num_groups if isinstance(module, nn.GroupNorm) else x.shape[1]
+        y = _norms.group_norm(x, padding, groups, module.weight, module.bias, module.eps)
+    drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
+    if isinstance(drop, nn.Module):
+        y = drop(y)
+    if isinstance(act, nn.Module):
+        y = act(y)
+    return y
+
+
+@_graph_op
+def call_with_padding(x: Tensor, padding: Padding | None, module: nn.Module) -> Tensor:
+    """A module with a :class:`~vispos.invariance.rules.PaddingAware` rule: its ``fn(module, x,
+    padding)``, looked up when the graph runs (so the graph pickles without the function)."""
+    from .rules import rule_for
+
+    return rule_for(module).fn(module, x, padding)
+
+
+@_graph_op
+def avg_pool(x: Tensor, padding: Padding | None, *args: Any) -> Tensor:
+    return _pools.avg_pool(x, padding, *args)
+
+
+@_graph_op
+def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: tuple[int, ...], keepdim: bool) -> Tensor:
+    return _pools.global_pool(x, padding, mode, dims, keepdim)
+
+
+@_graph_op
+def global_pool_permuted(x: Tensor, padding: Padding | None, mode: str, layout: tuple[int, ...],
+                         keepdim: bool) -> Tensor:
+    """:func:`global_pool` of a map whose axes are permuted (``layout``: the channels-first axis of
+    each tensor axis, batch first), e.g. ConvNeXt V2's global response norm on channels last."""
+    inverse = tuple(sorted(range(len(layout)), key=lambda i: layout[i]))
+    out = _pools.global_pool(x.permute(inverse), padding, mode, tuple(range(2, x.dim())), True)
+    return out.permute(layout) if keepdim else out.flatten(1)
+
+
+@_graph_op
+def per_item_mean(total: Tensor, padding: Padding | None, canvas_count: Any, keepdim: bool) -> Tensor:
+    """A sum over every spatial axis divided by each item's own number of cells (the graph divided
+    by the canvas's ``H * W``, ``canvas_count``, which is what runs without padding)."""
+    if padding is None:
+        return total / canvas_count
+    dims = tuple(range(2, 2 + padding.n_spatial))
+    return total / _pools.cell_count(total, padding, dims, keepdim)

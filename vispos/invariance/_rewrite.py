@@ -1,0 +1,402 @@
+"""Padding-invariant backbones: a traced graph rewritten so that every item of a padded batch gets,
+on its own cells, the features it gets alone.
+
+:func:`make_padding_invariant` walks the FX graph(s) of a backbone (torchvision's feature-extraction
+graph, or a timm / any module traced by ``trace_dual``) node by node and rewrites it by the rule
+book: a module by its rule (:mod:`vispos.invariance.rules`), a function or method by its row
+(:mod:`vispos.invariance._functions`):
+
+* before every layer that reads neighbours (convolution, pooling) the input's padding is filled
+  (zeros; ``-inf`` for max pooling), exactly what the layer's own padding gives the item alone;
+* statistics (batch / group / instance norm, global pooling, means, L2 norms over space) are taken
+  over valid cells (:mod:`vispos.invariance._ops`);
+* a permuted map (channels last) keeps its axis order; layer norms and linear layers over its
+  channels are cell-wise; values read from a map's size and in-place writes are followed
+  (:mod:`vispos.invariance._values`);
+* every feature map gets a geometry id; :class:`~vispos.invariance._geometry.Geometry` replays the
+  convolution arithmetic on each item's box on the host, so each returned level's padding marks
+  exactly the cells outside the item's own feature map.
+
+A layer that cannot be made exact is refused when the graph is rewritten (at construction), with
+its name. The rewritten graph takes one more argument, ``paddings`` (a tuple with the
+:class:`~vispos.Padding` of every geometry id, or None): without it (or with None) it runs exactly
+as before. :class:`~vispos.invariance._run.InvariantRunner` derives the paddings of a batch and
+pairs each output with its padding.
+
+References:
+    Carion et al., DETR, ECCV 2020 (padded batches; evaluation depends on images per GPU,
+    facebookresearch/detr#217 and #239); torchvision ``models/feature_extraction.py``
+    (``DualGraphModule``); Liu et al., Partial Convolution based Padding, 2018.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from . import _functions as functions
+from . import _ops as ops
+from . import _values as values
+from ._geometry import Geometry, Window
+from ._rewrite_base import RewriterBase, Split
+from ._run import InvariantRunner
+from .rules import rule_for
+
+__all__ = ["make_padding_invariant"]
+
+
+class _Rewriter(RewriterBase):
+    """One pass over one graph; the :class:`~vispos.invariance.rules.RewriteStep` the rules use."""
+
+    # ----------------------------------------------------------------------- the walk
+    def run(self) -> list[Any]:
+        outputs: list[Any] = []
+        first = True
+        for node in self.old.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self.copy(node)
+                if first:
+                    self.maps.geometry[node] = 0
+                    self.maps.caller_owned.add(node)
+                    self.maps.from_input.add(node)
+                    first = False
+                continue
+            if self.paddings_node is None:  # after every input of the original graph
+                self.paddings_node = self.new.placeholder("paddings", default_value=None)
+            if node.op == "output":
+                leaves = list(pytree.tree_leaves(node.args[0]))
+                for leaf in leaves:
+                    if leaf in self.maps.layout:
+                        self.refuse(leaf, "the backbone returns a feature map with permuted axes")
+                outputs = [self.maps.geometry.get(n) if isinstance(n, fx.Node) else None for n in leaves]
+                self.copy(node)
+                continue
+            if node.op == "call_module":
+                self.last_path = node.target
+            self.step(node)
+        return outputs
+
+    def step(self, node: fx.Node) -> None:
+        """Rewrites one node: a read of a tensor's facts, a computation on size values, a node
+        without feature maps, or a node on feature maps (by the rule book)."""
+        inputs = node.all_input_nodes
+        from_input = any(n in self.maps.from_input for n in inputs)
+        if from_input and self.reads_facts(node):
+            return
+        if any(n in self.maps.sizes for n in inputs):
+            if from_input:
+                return self.sized_features(node)
+            size = values.combine_sizes(node, self.maps.sizes)
+            if size is not None:
+                self.maps.sizes[node] = size
+            self.env[node] = self.copy(node)
+            return
+        spatial = self.spatial_args(node)
+        if not spatial:
+            self.env[node] = self.copy(node)
+        elif any(n in self.maps.layout for n in spatial) and not self.is_permute(node):
+            self.permuted(node, spatial)
+        else:
+            handler = {"call_module": self.module, "call_function": self.function,
+                       "call_method": self.method}.get(node.op)
+            if handler is None:  # get_attr cannot take a feature map
+                self.refuse(node, f"unexpected graph operation {node.op!r}")
+            handler(node, spatial)
+        if from_input:
+            self.maps.from_input.add(node)
+            self.track_writes(node)
+
+    # ------------------------------------------------------------- RewriteStep (for rules)
+    def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
+        """Each output cell reads the same cell of its inputs: the node as it is."""
+        spatial = self.spatial_args(node)
+        layout = self.layout_of(spatial[0])
+        for arg in pytree.tree_leaves((node.args, node.kwargs)):
+            if isinstance(arg, fx.Node) and arg not in self.maps.geometry and arg.op == "get_attr":
+                value = self.attribute(arg.target)
+                if isinstance(value, Tensor) and value.dim() <= len(layout) and any(
+                        size > 1 and layout[len(layout) - value.dim() + i] >= 2 for i, size in enumerate(value.shape)):
+                    self.refuse(node, f"it adds a fixed spatial tensor {arg.target} of shape {tuple(value.shape)}")
+        self.maps.geometry[node] = self.merge(node, spatial)
+        self.env[node] = self.copy(node)
+        if spatial[0] in self.maps.layout:
+            self.maps.layout[node] = layout
+        if alias and any(n in self.maps.caller_owned for n in spatial):
+            self.maps.caller_owned.add(node)
+
+    def window(self, node: fx.Node, window: Window, fill: str) -> None:
+        """A convolution (``fill="zero"``) or max pool (``"max"``) on its first argument (or the
+        keyword ``input``): that map's padding filled first, a new geometry for the output."""
+        x = node.args[0] if node.args else node.kwargs["input"]
+        out, filled = self.fill_for_window(node, x, window, fill)
+        args, kwargs = self.mapped(node.args), self.mapped(node.kwargs)
+        if node.args:
+            args = (filled, *args[1:])
+        else:
+            kwargs = {**kwargs, "input": filled}
+        self.env[node] = self.copy(node, args=args, kwargs=kwargs)
+        self.maps.geometry[node] = out
+        if fill == "max" and filled is not self.env[x]:
+            self.finite_padding(node, out)
+
+    def avg_pool(self, node: fx.Node, window: Window, count_include_pad: bool, divisor: int | None) -> None:
+        """Average pooling with each item's own divisor (:func:`._pools.box_avg_pool`)."""
+        x = node.args[0] if node.args else node.kwargs["input"]
+        geometry_in = self.maps.geometry[x]
+        self.maps.geometry[node] = self.geometry.child(geometry_in, window, self.where(node))
+        self.env[node] = self.new.call_function(ops.avg_pool, (
+            self.env[x], self.padding_of(geometry_in), window.kernel, window.stride, window.pad_lo,
+            window.ceil_mode, count_include_pad, divisor))
+
+    def global_pool(self, node: fx.Node, mode: str) -> None:
+        """A global pool of each item's own cells: a per-item vector ``[B, C, 1, ...]``."""
+        x = node.args[0]
+        dims = tuple(range(2, 2 + self.n_spatial))
+        self.env[node] = self.new.call_function(ops.global_pool, (
+            self.env[x], self.padding_of(self.maps.geometry[x]), mode, dims, True))
+
+    def with_padding(self, node: fx.Node, fn: Callable[..., Tensor], *args: Any, keeps_geometry: bool = True) -> None:
+        x = node.args[0]
+        geometry_in = self.maps.geometry[x]
+        self.env[node] = self.new.call_function(fn, (self.env[x], self.padding_of(geometry_in), *args))
+        if keeps_geometry:
+            self.maps.geometry[node] = geometry_in
+
+    def norm(self, node: fx.Node) -> None:
+        self.with_padding(node, ops.norm_module, self.module_ref(node))
+
+    def padding_aware(self, node: fx.Node) -> None:
+        self.with_padding(node, ops.call_with_padding, self.module_ref(node))
+
+    def module_ref(self, node: fx.Node) -> fx.Node:
+        """A node that reads the module ``node`` calls (for a function given to :meth:`with_padding`)."""
+        return self.new.get_attr(node.target)
+
+    def permute(self, node: fx.Node, dims: Any) -> None:
+        x = node.args[0] if node.args else node.kwargs["input"]
+        layout = values.compose_layout(self.layout_of(x), dims)
+        if layout is None or layout[0] != 0:
+            self.refuse(node, f"it permutes a feature map with dims {tuple(dims)!r} (only the batch axis first)")
+        self.maps.geometry[node] = self.maps.geometry[x]
+        self.env[node] = self.copy(node)
+        if layout != tuple(range(2 + self.n_spatial)):
+            self.maps.layout[node] = layout
+        if x in self.maps.caller_owned:
+            self.maps.caller_owned.add(node)
+
+    # -------------------------------------------------------------------------- by op kind
+    def is_permute(self, node: fx.Node) -> bool:
+        if node.op == "call_module":
+            return getattr(rule_for(self.gm.get_submodule(node.target)), "kind", None) == "permute"
+        return (node.op == "call_method" and node.target == "permute") or node.target is torch.permute
+
+    def permuted(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        """A node on a map whose axes were permuted (ConvNeXt's channels-last blocks): elementwise
+        ops, a layer norm or linear layer over the last axis when it holds the channels, and a
+        reduction over every spatial axis; anything else is refused."""
+        layouts = {self.layout_of(n) for n in spatial}
+        if len(layouts) != 1:
+            self.refuse(node, "it combines feature maps whose axes are in different orders")
+        layout = layouts.pop()
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        rule = rule_for(module) if module is not None else None
+        kind = functions.channels_last_kind(node.op, node.target, module, node.args, node.kwargs,
+                                            getattr(rule, "kind", None))
+        if kind == "pointwise" or (kind == "channels" and layout[-1] == 1):
+            return self.cell_wise(node, alias=node.op == "call_method" and node.target in functions.ALIAS_METHODS)
+        if kind in ("mean", "sum", "max", "norm"):
+            arguments = functions.bind(functions.reduction_signature(node), node.args, node.kwargs)
+            dims = arguments["dim"]
+            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else ()
+            rank = len(layout)
+            if sorted(layout[d % rank] for d in dims) == list(range(2, rank)) and \
+                    functions.plain_reduction(kind, arguments):
+                x = arguments["input"]
+                self.env[node] = self.new.call_function(ops.global_pool_permuted, (
+                    self.env[x], self.padding_of(self.maps.geometry[x]), kind, layout, arguments["keepdim"]))
+                return
+        what = "over an axis that is not the channels" if kind == "channels" else "on a feature map"
+        self.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
+
+    def merge(self, node: fx.Node, spatial: list[fx.Node]) -> int:
+        ids = [self.maps.geometry[n] for n in spatial]
+        if any(not isinstance(g, int) for g in ids):
+            self.refuse(node, "it takes a whole split of a feature map")
+        for g in ids[1:]:
+            self.geometry.require_equal(ids[0], g, self.where(node))
+        return ids[0]
+
+    def module(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        module = self.gm.get_submodule(node.target)
+        rule = rule_for(module)
+        if rule is None:
+            self.refuse(node, "a module vispos does not know how to run on a padded batch (no rule for it; "
+                              "see vispos.register_invariance_rule)")
+        if rule.kind != "refuse" and (node.args[:1] != (spatial[0],) or len(spatial) != 1):
+            self.refuse(node, "its feature map is not its first argument")
+        rule.rewrite(self, node, module)
+
+    def function(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        target = node.target
+        if functions.pointwise_function(target):
+            return self.cell_wise(node)
+        if target is operator.getitem:
+            return self.getitem(node)
+        if target is torch.permute:
+            return self.permute(node, node.args[1] if len(node.args) > 1 else node.kwargs["dims"])
+        self.by_signature(node, functions.FUNCTION_SIGNATURES.get(target), spatial,
+                          "no rule for this function on a feature map")
+
+    def method(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        name = node.target
+        if name == "permute":
+            dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
+            return self.permute(node, node.kwargs.get("dims", dims))
+        if name in functions.POINTWISE_METHODS:
+            return self.cell_wise(node, alias=name in functions.ALIAS_METHODS)
+        self.by_signature(node, functions.METHOD_SIGNATURES.get(name), spatial,
+                          "it reshapes, moves or mixes cells without a padding mask")
+
+    def by_signature(self, node: fx.Node, entry: tuple | None, spatial: list[fx.Node], unknown: str) -> None:
+        """A call with a row in the function table: its arguments read by name, then rewritten."""
+        if entry is None:
+            self.refuse(node, unknown)
+        kind, signature = entry
+        try:
+            bound = functions.bind(signature, node.args, node.kwargs)
+        except TypeError:
+            self.refuse(node, "its arguments could not be read")
+        self.functional(node, kind, bound, spatial)
+
+    def getitem(self, node: fx.Node) -> None:
+        src, index = node.args
+        geometry_id = self.maps.geometry.get(src)
+        if isinstance(geometry_id, Split) and isinstance(index, int):  # one part of a channel split
+            self.maps.geometry[node] = geometry_id.geometry_id
+        elif isinstance(geometry_id, int) and _channel_index(index):
+            self.maps.geometry[node] = geometry_id
+        else:
+            self.refuse(node, f"indexing a feature map with {index!r} (only channels may be selected)")
+        self.env[node] = self.copy(node)
+        if src in self.maps.caller_owned:  # a view of the caller's input
+            self.maps.caller_owned.add(node)
+
+    def functional(self, node: fx.Node, kind: str, bound: dict[str, Any], spatial: list[fx.Node]) -> None:
+        rank = 2 + self.n_spatial
+        x = bound.get("input")
+        if kind == "cat":
+            if not isinstance(bound["dim"], int) or bound["dim"] % rank != 1:
+                self.refuse(node, "it concatenates feature maps along a spatial axis")
+            return self.cell_wise(node)
+        if kind == "split":
+            if x not in self.maps.geometry or (bound["dim"] % rank) != 1:
+                self.refuse(node, "it splits a feature map along a spatial axis")
+            self.env[node] = self.copy(node)
+            self.maps.geometry[node] = Split(self.maps.geometry[x])
+            if x in self.maps.caller_owned:
+                self.maps.caller_owned.add(node)
+            return
+        if kind == "flatten":
+            self.refuse(node, "it flattens the spatial axes of a feature map")
+        if x not in self.maps.geometry or len(spatial) != 1:
+            self.refuse(node, "its feature map is not its input")
+        geometry_id = self.maps.geometry[x]
+        padding = self.padding_of(geometry_id)
+        mapped = self.mapped
+        if kind == "conv":
+            kernel = self.kernel_of(bound["weight"], node)
+            self.window(node, functions.window_of(self.n_spatial, kernel, bound["stride"], bound["padding"],
+                                                  bound["dilation"]),
+                        "zero")
+        elif kind == "max_pool":
+            if bound["return_indices"]:
+                self.refuse(node, "return_indices=True (indices into the padded canvas)")
+            self.window(node, functions.window_of(self.n_spatial, bound["kernel_size"], bound["stride"],
+                                                  bound["padding"], bound["dilation"], bound["ceil_mode"]), "max")
+        elif kind == "avg_pool":
+            window = functions.window_of(self.n_spatial, bound["kernel_size"], bound["stride"], bound["padding"], 1,
+                                         bound["ceil_mode"])
+            self.avg_pool(node, window, bound["count_include_pad"], bound["divisor_override"])
+        elif kind in ("adaptive_mean", "adaptive_max"):
+            size = bound["output_size"]
+            if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))) or bound["return_indices"]:
+                self.refuse(node, f"output_size={size!r} (only a global pool has the item's bins)")
+            self.global_pool(node, "mean" if kind == "adaptive_mean" else "max")
+        elif kind in ("mean", "sum", "max", "norm"):
+            dims = bound["dim"]
+            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else None
+            if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or \
+                    not functions.plain_reduction(kind, bound):
+                self.refuse(node, f"a reduction over dims {bound['dim']!r} (only over every spatial axis)")
+            self.env[node] = self.new.call_function(
+                ops.global_pool, (self.env[x], padding, kind, tuple(range(2, rank)), bound["keepdim"]))
+            if kind == "sum":
+                self.maps.spatial_sums[node] = (geometry_id, bound["keepdim"])
+        elif kind == "batch_norm":
+            self.with_padding(node, ops.batch_norm_fn, mapped(bound["running_mean"]), mapped(bound["running_var"]),
+                              mapped(bound["weight"]), mapped(bound["bias"]), bound["training"], bound["momentum"],
+                              bound["eps"])
+        elif kind == "group_norm":
+            self.with_padding(node, ops.group_norm, bound["num_groups"], mapped(bound["weight"]),
+                              mapped(bound["bias"]), bound["eps"])
+        elif kind == "instance_norm":
+            if not bound["use_input_stats"]:
+                return self.cell_wise(node)
+            if bound["running_mean"] is not None:
+                self.refuse(node, "instance norm that tracks running statistics")
+            self.with_padding(node, ops.instance_norm_fn, mapped(bound["weight"]), mapped(bound["bias"]), bound["eps"])
+        else:  # pragma: no cover - every kind of the function table is handled above
+            self.refuse(node, f"no rule for {kind!r}")
+
+
+def _channel_index(index: Any) -> bool:
+    """``x[:, a:b]`` / ``x[:, [..]]``: an index that selects channels only."""
+    if not isinstance(index, tuple):
+        return False
+    if len(index) == 0 or index[0] != slice(None):
+        return False
+    return all(i == slice(None) or i is Ellipsis for i in index[2:])
+
+
+def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> InvariantRunner:
+    """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
+    runner that feeds it paddings.
+
+    Args:
+        gm (fx.GraphModule): a traced backbone whose first input is the image batch
+            ``Tensor[B, C, *S]``; its outputs must be feature maps of that input.
+        n_spatial (int): the number of spatial axes (2 or 3).
+
+    Returns:
+        InvariantRunner: derives every map's padding from a batch's and runs ``gm``.
+
+    Raises:
+        ValueError: a layer that cannot be made exact (named), or outputs that are not feature maps
+            of the input.
+    """
+    geometry = Geometry(n_spatial)
+    dual = hasattr(gm, "train_graph") and hasattr(gm, "eval_graph")
+    graphs = {"train": gm.train_graph, "eval": gm.eval_graph} if dual else {"any": gm.graph}
+    outputs, new_graphs = {}, {}
+    for mode, graph in graphs.items():
+        rewriter = _Rewriter(gm, graph, geometry, n_spatial)
+        outs = rewriter.run()
+        if any(not isinstance(g, int) for g in outs):
+            raise ValueError(
+                "padding_invariant=True: every output of the backbone must be a feature map of its input "
+                f"(got outputs without a spatial layout: {outs})"
+            )
+        rewriter.new.lint()
+        outputs[mode], new_graphs[mode] = outs, rewriter.new
+    if dual:
+        gm.train_graph, gm.eval_graph = new_graphs["train"], new_graphs["eval"]
+        gm.graph = gm.train_graph if gm.training else gm.eval_graph
+    else:
+        gm.graph = new_graphs["any"]
+    gm.recompile()
+    return InvariantRunner(geometry, outputs)

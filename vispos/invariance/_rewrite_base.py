@@ -1,0 +1,299 @@
+"""What the graph rewrite knows about each node, and where it writes zeros into padding.
+
+:class:`RewriterBase` holds the state of one pass over one traced graph: each feature map's
+geometry id and axis order, the values read from a map's size, and which maps hold zeros in their
+padding. It fills a map's padding before a window reads it: in place, right after the layer that
+made the map (a convolution, a norm or a sum, whose backward never reads its output) and ahead of
+activations that keep zeros zero, so the convolution after them needs no copy; or, where the map
+was written in place since, at the reader's time. :mod:`vispos.invariance._rewrite` adds the
+node handlers.
+
+References:
+    torch.fx (``Graph``, ``Node``); Liu et al., Partial Convolution based Padding, 2018.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import Tensor
+
+from . import _functions as functions
+from . import _ops as ops
+from . import _values as values
+from ._geometry import Geometry, Window
+
+__all__ = ["RewriterBase", "Split"]
+
+_NEG_INF = float("-inf")
+
+
+class Split:
+    """The geometry of the parts of a channel split (``chunk`` / ``split`` along channels): the
+    input's, for every part."""
+
+    __slots__ = ("geometry_id",)
+
+    def __init__(self, geometry_id: int) -> None:
+        self.geometry_id = geometry_id
+
+
+@dataclass
+class _Maps:
+    """What each node of the old graph is: a feature map (its geometry id, or a :class:`Split`;
+    its axis order when permuted), a value computed from the input, or a value read from a map's
+    size."""
+
+    geometry: dict[fx.Node, Any] = field(default_factory=dict)
+    layout: dict[fx.Node, tuple[int, ...]] = field(default_factory=dict)
+    from_input: set[fx.Node] = field(default_factory=set)
+    caller_owned: set[fx.Node] = field(default_factory=set)  # may be the caller's own input tensor
+    sizes: dict[fx.Node, values.CanvasSize] = field(default_factory=dict)
+    spatial_sums: dict[fx.Node, tuple[int, bool]] = field(default_factory=dict)  # (geometry id, keepdim)
+
+
+@dataclass
+class _Zeros:
+    """Which maps hold zeros (and no negative value) in their padding, and which storages were
+    written in place by an op that does not keep zeros zero."""
+
+    zeroed: set[fx.Node] = field(default_factory=set)
+    nonneg: set[fx.Node] = field(default_factory=set)
+    storage: dict[fx.Node, fx.Node] = field(default_factory=dict)  # view / in-place result -> maker
+    overwritten: set[fx.Node] = field(default_factory=set)
+
+    def owner(self, node: fx.Node) -> fx.Node:
+        return self.storage.get(node, node)
+
+
+class RewriterBase:
+    """State and helpers of one pass over one graph (see the module docstring)."""
+
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int) -> None:
+        self.gm, self.old, self.geometry, self.n_spatial = gm, graph, geometry, n_spatial
+        self.new = fx.Graph(tracer_cls=graph._tracer_cls)
+        self.env: dict[fx.Node, fx.Node] = {}
+        self.maps = _Maps()
+        self.zeros = _Zeros()
+        self.paddings_node: fx.Node | None = None
+        self.padding_nodes: dict[int, fx.Node] = {}
+        self.last_path = "the input"
+
+    # ------------------------------------------------------------------------------ helpers
+    def where(self, node: fx.Node) -> str:
+        """The layer a node belongs to: the module it calls, the module it was traced in, the owner
+        of a parameter it reads (a functional convolution), or the module before it."""
+        if node.op == "call_module":
+            return f"{node.target} ({type(self.gm.get_submodule(node.target)).__name__})"
+        target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+        path = node.meta.get("vispos_path")
+        if not path:
+            owners = [a.target.rpartition(".")[0] for a in node.all_input_nodes if a.op == "get_attr"]
+            path = owners[0] if owners and owners[0] else f"the layer after {self.last_path}"
+        return f"{target} in {path} (graph node {node.name!r})"
+
+    def refuse(self, node: fx.Node, why: str) -> None:
+        raise ValueError(
+            f"padding_invariant=True cannot run {self.where(node)} exactly on a padded batch: {why}. "
+            "Use padding_invariant=False (DETR's behaviour), or a backbone without this layer"
+        )
+
+    def padding_of(self, geometry_id: int) -> fx.Node:
+        """The node holding the :class:`~vispos.Padding` of geometry ``geometry_id`` (made once,
+        right after the inputs)."""
+        if geometry_id not in self.padding_nodes:
+            with self.new.inserting_after(self.paddings_node):
+                self.padding_nodes[geometry_id] = self.new.call_function(
+                    ops.padding_at, (self.paddings_node, geometry_id))
+        return self.padding_nodes[geometry_id]
+
+    def spatial_args(self, node: fx.Node) -> list[fx.Node]:
+        found: list[fx.Node] = []
+        fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) if n in self.maps.geometry else None)
+        return found
+
+    def copy(self, node: fx.Node, args=None, kwargs=None) -> fx.Node:
+        new = self.new.node_copy(node, lambda n: self.env[n])
+        if args is not None:
+            new.args = args
+        if kwargs is not None:
+            new.kwargs = kwargs
+        return new
+
+    def mapped(self, value: Any) -> Any:
+        return fx.node.map_arg(value, lambda n: self.env[n])
+
+    def layout_of(self, node: fx.Node) -> tuple[int, ...]:
+        return self.maps.layout.get(node, tuple(range(2 + self.n_spatial)))
+
+    def attribute(self, target: str) -> Any:
+        value = self.gm
+        for part in target.split("."):
+            value = getattr(value, part)
+        return value
+
+    def kernel_of(self, weight: Any, node: fx.Node) -> tuple[int, ...]:
+        """The kernel size of a functional convolution from its weight (a get_attr, possibly
+        reshaped by weight standardisation)."""
+        seen = weight
+        while isinstance(seen, fx.Node):
+            if seen.op == "get_attr":
+                value = self.attribute(seen.target)
+                if isinstance(value, Tensor) and value.dim() == 2 + self.n_spatial:
+                    return tuple(int(k) for k in value.shape[2:])
+                break
+            seen = seen.args[0] if seen.args else None
+        self.refuse(node, "its kernel size cannot be read from the graph")
+        raise AssertionError  # unreachable
+
+    # -------------------------------------------------------------------------------- fills
+    def fill_for_window(self, node: fx.Node, x: fx.Node, window: Window, fill: str) -> tuple[int, fx.Node]:
+        """Zeros (``fill="zero"``) or ``-inf`` (``"max"``) in ``x``'s padding before a window that
+        reads neighbours. Returns the output's geometry id and the node the window must read."""
+        geometry_in = self.maps.geometry[x]
+        out = self.geometry.child(geometry_in, window, self.where(node))
+        zeros = self.zeros
+        if not window.reads_neighbours:
+            return out, self.env[x]
+        if x in zeros.zeroed and (fill == "zero" or x in zeros.nonneg):
+            return out, self.env[x]
+        if self.zero_at_producer(x, need_nonneg=fill == "max"):
+            return out, self.env[x]
+        padding = self.padding_of(geometry_in)
+        if fill == "zero":
+            may_write = x not in self.maps.caller_owned
+            self.env[x] = self.new.call_function(ops.fill, (self.env[x], padding, 0.0, may_write))
+            self.maps.caller_owned.discard(x)
+            zeros.zeroed.add(x)
+            return out, self.env[x]
+        # a copy for the max pool alone: -inf must not reach a layer that reads x without a fill
+        return out, self.new.call_function(ops.fill, (self.env[x], padding, _NEG_INF, False))
+
+    def zero_at_producer(self, x: fx.Node, need_nonneg: bool) -> bool:
+        """Writes zeros into the padding right after the layer that made ``x`` (through activations
+        that map 0 to 0), when that layer's backward does not read its output and nothing wrote
+        into it since. With ``need_nonneg`` (a max pool) one of the activations must be a ReLU:
+        its window then has a valid cell >= 0, and a 0 in the padding never wins over it, as
+        ``-inf`` would not."""
+        chain, cur, nonneg = [], x, False
+        while True:
+            module = self.gm.get_submodule(cur.target) if cur.op == "call_module" else None
+            zero, positive = functions.zero_preserving(cur.op, cur.target, module)
+            inputs = [a for a in cur.all_input_nodes if a in self.maps.geometry]
+            if not zero or len(inputs) != 1 or cur.args[:1] != (inputs[0],):
+                break
+            chain.append(cur)
+            nonneg |= positive
+            cur = inputs[0]
+        if need_nonneg and not nonneg:
+            return False
+        if cur in self.maps.caller_owned or not self.output_is_writable(cur):
+            return False
+        if any(self.zeros.owner(n) in self.zeros.overwritten for n in chain + [cur]):
+            return False  # written in place since it was made: a fill there would be undone
+        with self.new.inserting_after(self.env[cur]):
+            self.new.call_function(ops.fill_in_place, (self.env[cur], self.padding_of(self.maps.geometry[cur]), 0.0))
+        self.zeros.zeroed.update(chain + [cur])
+        if nonneg:
+            self.zeros.nonneg.add(x)
+        return True
+
+    def output_is_writable(self, node: fx.Node) -> bool:
+        """A new map whose maker's backward does not read it (a fill may write into it)."""
+        if node.op == "call_module":
+            from .rules import rule_for
+
+            rule = rule_for(self.gm.get_submodule(node.target))
+            return rule is not None and (rule.kind == "conv" or (rule.kind == "norm" and not rule.activation))
+        if node.op == "call_function":
+            return node.target in functions.FRESH_FUNCTIONS
+        return False
+
+    def finite_padding(self, node: fx.Node, geometry_id: int) -> None:
+        """Zeros in a max pool's output padding, where windows of padding alone gave ``-inf``: no
+        layer without a fill (a 1x1 convolution) may read a non-finite value, whose product with
+        the zero gradient of a padded cell would be NaN in the weights' gradient."""
+        self.env[node] = self.new.call_function(ops.fill, (self.env[node], self.padding_of(geometry_id), 0.0, True))
+        self.zeros.zeroed.add(node)
+
+    def track_writes(self, node: fx.Node) -> None:
+        """Follows storages through views and in-place ops: an in-place write that does not keep
+        zeros zero (``a.add_(1)``) undoes every fill of that storage's padding, so the next window
+        that reads it fills again, at its own time (never at the producer, before the write)."""
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        written = values.written_in_place(node, module)
+        first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        zeros = self.zeros
+        if first is not None and first in self.maps.from_input and (
+                written is first or node in self.maps.caller_owned or node in self.maps.layout or (
+                    node.op == "call_function" and node.target is operator.getitem) or isinstance(
+                    self.maps.geometry.get(node), Split)):
+            zeros.storage[node] = zeros.owner(first)
+        if written is not None and written is not first:  # ``out=``: the result is that tensor
+            zeros.storage[node] = zeros.owner(written)
+        if written is not None and written in self.maps.from_input and (
+                written is not first or not functions.zero_preserving(node.op, node.target, module)[0]):
+            owner = zeros.owner(written)
+            zeros.overwritten.add(owner)
+            zeros.zeroed = {n for n in zeros.zeroed if zeros.owner(n) != owner}
+            zeros.nonneg = {n for n in zeros.nonneg if zeros.owner(n) != owner}
+
+    # ------------------------------------------------------------------------------- sizes
+    def reads_facts(self, node: fx.Node) -> bool:
+        """A read of a tensor's facts: its size (a :class:`~._values.CanvasSize` for a spatial
+        axis of a feature map), rank, dtype, device, or a new tensor of a given size. Returns
+        False for any other node."""
+        args, maps = node.args, self.maps
+        if node.op == "call_function" and node.target is getattr:
+            src, attr = args[0], args[1]
+            if attr == "shape":
+                if isinstance(maps.geometry.get(src), int):
+                    maps.sizes[node] = values.CanvasSize(maps.geometry[src], layout=self.layout_of(src))
+            elif attr not in values.FACTS:
+                self.refuse(node, f"it reads the attribute {attr!r} of a feature map")
+        elif node.op == "call_method" and args and args[0] in maps.from_input:
+            name, src = node.target, args[0]
+            spatial = isinstance(maps.geometry.get(src), int)
+            if name == "size" and spatial:
+                dim = args[1] if len(args) > 1 else node.kwargs.get("dim")
+                whole = values.CanvasSize(maps.geometry[src], layout=self.layout_of(src))
+                size = whole if dim is None else values.index_size(whole, dim)
+                if size is not None:
+                    maps.sizes[node] = size
+            elif name == "numel" and spatial:
+                maps.sizes[node] = values.CanvasSize(maps.geometry[src])
+            elif name in values.FACTORY_METHODS:
+                if any(n in maps.sizes for n in node.all_input_nodes):
+                    return False
+            elif name not in values.FACT_METHODS and name not in ("size", "numel"):
+                return False
+        else:
+            return False
+        self.env[node] = self.copy(node)
+        return True
+
+    def sized_features(self, node: fx.Node) -> None:
+        """A computation on features with a value read from a map's size: a sum over every
+        spatial axis divided by the map's own ``H * W`` (``* D``) becomes each item's mean; anything
+        else is refused."""
+        if len(node.args) == 2 and not node.kwargs and (
+                (node.op == "call_function" and node.target in (operator.truediv, torch.div, torch.true_divide))
+                or (node.op == "call_method" and node.target in ("div", "true_divide"))):
+            total, size = node.args
+            summed, canvas = self.maps.spatial_sums.get(total), self.maps.sizes.get(size)
+            if summed is not None and canvas is not None and canvas.geometry_id == summed[0] and \
+                    canvas.axes == tuple(range(2, 2 + self.n_spatial)):
+                geometry_id, keepdim = summed
+                self.env[node] = self.new.call_function(
+                    ops.per_item_mean, (self.env[total], self.padding_of(geometry_id), self.env[size], keepdim))
+                self.maps.from_input.add(node)
+                return
+        self.refuse(node, (
+            "it computes on features with a value read from the size of a feature map (x.shape, "
+            "x.size(), x.numel()), which on a padded batch is the canvas's size, not the item's; only "
+            "a sum over every spatial axis divided by that map's own H * W is rewritten (to each item's "
+            "mean). Compute the value from a fixed hyper-parameter, or use x.mean over the spatial axes"))
