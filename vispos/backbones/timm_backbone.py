@@ -16,9 +16,8 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
-from ._invariant import make_padding_invariant
 from ._pretrained import cached_timm_weights
-from ._trace import trace_dual
+from ._trace import make_invariant, trace_dual
 from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]
@@ -161,8 +160,8 @@ class TimmBackbone(BackboneAdapter):
             freeze_batch_norm(self.body, n_spatial=2)
         self._freeze()
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
-            self.body = trace_dual(self.body, n_spatial=2)
-            self._invariant = make_padding_invariant(self.body, n_spatial=2)
+            self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
+            self._invariant = make_invariant(self.body, n_spatial=2)
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""
