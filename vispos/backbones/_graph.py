@@ -1,7 +1,8 @@
 """torchvision feature extraction as padded levels: the machinery shared by the 2D / 3D adapters.
 
-:class:`GraphBackbone` wraps ``torchvision.models.feature_extraction.create_feature_extractor``
-and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and
+:class:`GraphBackbone` cuts a model at torchvision node names
+(:func:`vispos.backbones._trace.trace_features`, as torchvision's ``create_feature_extractor``
+does) and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and
 :class:`~vispos.backbones.VolumeBackbone` (volumes) share: the checkpoint report, frozen batch
 norm and stages, stem adaptation and the channels and strides measured by one probe forward.
 Those two classes only build the model.
