@@ -20,7 +20,7 @@ import copy
 from typing import Any, Callable
 
 import torch.fx as fx
-from torch import nn
+from torch import Tensor, nn
 from torchvision.models.feature_extraction import DualGraphModule
 
 __all__ = ["ModeGraphModule", "set_modes"]
@@ -57,10 +57,10 @@ def _copy_path(source: nn.Module, target: nn.Module, path: str) -> None:
             return
         target = child
     value = getattr(source, leaf)
-    if isinstance(value, nn.Module) or isinstance(value, nn.Parameter) or not hasattr(value, "dim"):
-        setattr(target, leaf, value)
-    else:
+    if isinstance(value, Tensor) and not isinstance(value, nn.Parameter):
         target.register_buffer(leaf, value)
+    else:
+        setattr(target, leaf, value)
 
 
 def _rebuild(graphs: tuple[fx.GraphModule, fx.GraphModule], modes: dict[str, bool], class_name: str) -> "ModeGraphModule":
