@@ -7,21 +7,10 @@ import pickle
 import pytest
 import torch
 from torch import nn
+from trained_norms import trained_like
 
 from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone, VolumeBackbone
-
-
-def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 1.5 + 0.5)
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
-    return model
 
 
 BUILDERS = {
@@ -34,7 +23,7 @@ CASES = [(name, pi) for name in BUILDERS for pi in (False, True)]
 
 def _build(name, pi):
     torch.manual_seed(0)
-    return _trained_like(BUILDERS[name](pi))
+    return trained_like(BUILDERS[name](pi))
 
 
 def _batch(name):

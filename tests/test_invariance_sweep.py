@@ -18,7 +18,7 @@ from collections import Counter
 
 import pytest
 import torch
-from torch import nn
+from trained_norms import trained_like
 
 #: the relative tolerance (of the level's standard deviation) for "exact" in float64
 TOL = 1e-9
@@ -64,22 +64,6 @@ def sweep_models() -> list[str]:
         if names:
             chosen.append(min(names, key=_rank))
     return chosen + [n for n in _EXTRA if n not in chosen and timm.is_model(n)]
-
-
-def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Running statistics and affine weights of every norm as a trained network has them."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(getattr(m, "running_mean", None), torch.Tensor) and isinstance(m.running_var, torch.Tensor):
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g, dtype=m.running_mean.dtype) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g, dtype=m.running_var.dtype) + 0.5)
-            is_norm = isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)) or "Norm" in type(m).__name__
-            for attr, low in (("weight", 0.5), ("bias", -0.5)):
-                p = getattr(m, attr, None)
-                if is_norm and isinstance(p, torch.Tensor) and p.dim() == 1:
-                    p.copy_(torch.rand(p.shape, generator=g, dtype=p.dtype) + low)
-    return model
 
 
 _REASONS = [
@@ -149,7 +133,7 @@ def check_model(name: str, sizes=_ODD) -> dict:
     except Exception as exc:  # noqa: BLE001 - the promise: a refusal is vispos' ValueError
         out.update(status="crash", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
         return out | {"seconds": time.perf_counter() - start}
-    bb = _trained_like(bb).double().eval()
+    bb = trained_like(bb).double().eval()
     try:
         alone, batch = _levels(bb, images)
     except Exception as exc:  # noqa: BLE001
@@ -186,8 +170,8 @@ def summarise(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-#: a fast subset of the sweep (one exact family, one refused, one hook-based)
-FAST = ("resnet18", "tf_efficientnet_b0", "legacy_xception", "regnetx_002")
+#: a fast subset of the sweep (exact families, one refused, one hook-based, one NF-Net)
+FAST = ("resnet18", "tf_efficientnet_b0", "legacy_xception", "regnetx_002", "test_nfnet")
 
 
 @pytest.mark.parametrize("name", FAST)

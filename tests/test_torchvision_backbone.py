@@ -4,8 +4,9 @@ import pytest
 import torch
 import torchvision
 from torchvision.ops import FrozenBatchNorm2d
+from trained_norms import trained_like
 
-from vispos import NestedTensor, interpolate_mask, nested_tensor_from_tensor_list
+from vispos import NestedTensor, Padding, interpolate_mask, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
 
 
@@ -171,18 +172,6 @@ def test_default_levels_of_a_model_without_feature_maps_refused():
         TorchvisionBackbone("vit_b_16")
 
 
-def _trained_like(model, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g, dtype=m.running_mean.dtype) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g, dtype=m.running_var.dtype) + 0.5)
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g, dtype=m.weight.dtype) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g, dtype=m.bias.dtype) - 0.5)
-    return model
-
-
 @pytest.mark.parametrize("name, kwargs", [
     ("mobilenet_v3_small", {}),
     ("efficientnet_b0", {"stochastic_depth_prob": 0.0}),  # random per item: equal only without it
@@ -193,7 +182,7 @@ def test_conv_norm_activation_and_squeeze_excitation_exact(name, kwargs):
     traced through: an item alone equals the item in a padded batch in float64, eval (beside a
     larger partner) and training (outputs, running statistics, parameter gradients)."""
     torch.manual_seed(0)
-    bb = _trained_like(TorchvisionBackbone(name, return_interm_layers=True, model_kwargs=kwargs,
+    bb = trained_like(TorchvisionBackbone(name, return_interm_layers=True, model_kwargs=kwargs,
                                            padding_invariant=True).double())
     g = torch.Generator().manual_seed(3)
     item = torch.randn(3, 69, 51, generator=g, dtype=torch.float64)
@@ -214,8 +203,6 @@ def test_conv_norm_activation_and_squeeze_excitation_exact(name, kwargs):
     alone = bb(NestedTensor(item[None], None))
     padded = torch.full((1, 3, 80, 64), -3.0, dtype=torch.float64)
     padded[0, :, :69, :51] = item
-    from vispos import Padding
-
     in_batch = twin(NestedTensor(padded, Padding.from_sizes([(69, 51)], (80, 64))))
     for a, p in zip(alone, in_batch):
         torch.testing.assert_close(crop(p.tensors, 0, a.tensors.shape[2:]), a.tensors[0], rtol=1e-9, atol=1e-9)

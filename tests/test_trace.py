@@ -5,6 +5,7 @@ models are traced to their hooked modules."""
 import pytest
 import torch
 from torch import nn
+from trained_norms import trained_like
 
 from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone, VolumeBackbone
@@ -78,10 +79,7 @@ def test_timm_hook_feature_models_exact(name, out_indices):
     modules' outputs, the levels timm's eager model returns, exact in a padded batch."""
     stock = TimmBackbone(name, out_indices=out_indices).double().eval()
     assert hooked_features(stock.body)
-    for m in stock.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0), m.bias.uniform_(-0.5, 0.5)
+    trained_like(stock)
     bb = TimmBackbone(name, out_indices=out_indices, padding_invariant=True).double().eval()
     # the graph keeps only what its levels need (timm's hook model keeps the rest of the last stage)
     assert not bb.load_state_dict(stock.state_dict(), strict=False).missing_keys

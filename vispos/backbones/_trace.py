@@ -12,9 +12,10 @@ models. The model is traced once in training and once in eval mode (code that br
 Leaves: torch.nn's own modules (FX's default), every module vispos has a rule for
 (:func:`vispos.backbones._invariant_rules.classify_module`), timm's "do not trace" modules and
 functions (``timm.models._features_fx``) and torchvision's ops modules (as torchvision's feature
-extraction keeps them) except the containers made of layers the rule book knows
-(``Conv2dNormActivation`` and its subclasses such as RegNet's ``SimpleStemIN``,
-``SqueezeExcitation``, ``StochasticDepth``, ``Permute``), which are traced through. Every node
+extraction keeps them), except modules made of layers the rule book knows, which are traced
+through: torchvision's ``Conv2dNormActivation`` and its subclasses (RegNet's ``SimpleStemIN``),
+``SqueezeExcitation``, ``StochasticDepth`` (in training, one Bernoulli factor per item) and
+``Permute``, and timm's ``NormFreeBlock`` (NF-Nets). Every node
 records the module it was traced in (``node.meta["vispos_path"]``); an error raised while tracing
 becomes a ``ValueError`` that names the module being traced.
 
@@ -49,13 +50,19 @@ __all__ = [
 HookFeature = tuple[nn.Module, str]
 
 
+#: timm "do not trace" modules that trace fine and whose insides the rule book knows (NF-Nets'
+#: block: weight-standardised convolutions, activations, a gain and a residual sum)
+_TIMM_OPENED = frozenset({"NormFreeBlock"})
+
+
 @functools.lru_cache(maxsize=1)
 def _timm_notrace() -> tuple[tuple[type, ...], tuple[Any, ...]]:
     try:
         from timm.models._features_fx import get_notrace_functions, get_notrace_modules
     except ImportError:  # pragma: no cover - timm is a dependency; older releases lack the helpers
         return (), ()
-    return tuple(get_notrace_modules()), tuple(get_notrace_functions())
+    modules = tuple(m for m in get_notrace_modules() if m.__name__ not in _TIMM_OPENED)
+    return modules, tuple(get_notrace_functions())
 
 
 @functools.lru_cache(maxsize=1)
