@@ -18,7 +18,8 @@ def trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
             if isinstance(getattr(m, "running_mean", None), torch.Tensor) and isinstance(m.running_var, torch.Tensor):
                 m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g, dtype=m.running_mean.dtype) - 0.5)
                 m.running_var.copy_(torch.rand(m.running_var.shape, generator=g, dtype=m.running_var.dtype) + 0.5)
-            is_norm = isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)) or "Norm" in type(m).__name__
+            norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+            is_norm = isinstance(m, norm_types) or "Norm" in type(m).__name__
             for attr, low in (("weight", 0.5), ("bias", -0.5)):
                 p = getattr(m, attr, None)
                 if is_norm and isinstance(p, torch.Tensor) and p.dim() == 1:

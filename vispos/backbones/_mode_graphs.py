@@ -63,7 +63,9 @@ def _copy_path(source: nn.Module, target: nn.Module, path: str) -> None:
         setattr(target, leaf, value)
 
 
-def _rebuild(graphs: tuple[fx.GraphModule, fx.GraphModule], modes: dict[str, bool], class_name: str) -> "ModeGraphModule":
+def _rebuild(
+    graphs: tuple[fx.GraphModule, fx.GraphModule], modes: dict[str, bool], class_name: str
+) -> "ModeGraphModule":
     """Unpickling: one :class:`ModeGraphModule` over the two re-traced graphs (which share their
     modules: they were pickled together), in the modes it was pickled in."""
     root = nn.Module()

@@ -3,10 +3,11 @@
 ``layer1..layer4``.
 
 Like timm's ``features_only`` (the last module before each reduction), but measured: one eager
-forward on zeros records the output of every module that is a child of the model or of one of its
-containers (``features.3``, ``trunk_output.block2``, ``Mixed_6e``), and each stride keeps the last
-of them. Classification heads (``classifier``, ``fc``, ``head``), channel-last outputs (Swin), token sequences (ViT) and global pools are not feature maps
-and are skipped. Channels and strides are then measured again on the extracted graph.
+forward on zeros records the output of every child of the model, a container among them replaced
+by its own children (``features.3``, ``trunk_output.block2``, ``Mixed_6e``), and each stride keeps
+the last of them. Classification heads (``classifier``, ``fc``, ``head``), channel-last outputs
+(Swin), token sequences (ViT) and global pools are not feature maps and are skipped. Channels and
+strides are then measured again on the extracted graph.
 
 References:
     timm ``models/_features.py`` (``FeatureInfo``: one level per reduction); torchvision
@@ -47,8 +48,11 @@ def _stride(out: object, probe: Sequence[int]) -> int | None:
     axis (None for anything else: a vector, a channel-last map, a global pool)."""
     if not isinstance(out, Tensor) or out.dim() != 2 + len(probe) or all(s == 1 for s in out.shape[2:]):
         return None
-    strides = {2 ** round(math.log2(p / s)) if s > 0 else 0 for p, s in zip(probe, out.shape[2:])}
-    return strides.pop() if len(strides) == 1 and min(strides | {1}) >= 1 else None
+    if any(s == 0 for s in out.shape[2:]):
+        return None
+    strides = {2 ** round(math.log2(p / s)) for p, s in zip(probe, out.shape[2:])}
+    stride = strides.pop() if len(strides) == 1 else 0
+    return int(stride) if stride >= 1 else None
 
 
 @torch.no_grad()

@@ -43,7 +43,8 @@ from ._invariant_rules import classify_module
 from ._mode_graphs import ModeGraphModule
 
 __all__ = [
-    "PathTracer", "UntraceableLayer", "count_outputs", "hooked_features", "make_invariant", "trace_dual", "trace_features",
+    "PathTracer", "UntraceableLayer", "count_outputs", "hooked_features", "make_invariant", "trace_dual",
+    "trace_features",
 ]
 
 #: a feature read by a forward hook: (module, "forward" for its output / "forward_pre" for its input)

@@ -61,8 +61,10 @@ class TimmBackbone(BackboneAdapter):
             cells is rewritten (convolutions and pools see zeros / ``-inf`` outside the item, batch
             norm in training, group norm and global pooling take statistics over valid cells), and
             each level's mask marks exactly the cells outside the item's own feature map
-            (convolution arithmetic, not nearest resizing). Layers that cannot be made exact are
-            refused here, by name. Default False: DETR's numbers (docs/padding-invariance.md).
+            (convolution arithmetic, not nearest resizing). Models whose features timm collects
+            with forward hooks (``feature_cls='hook'``: Xception, NASNet, PiT) are traced to the
+            hooked modules. Layers that cannot be made exact are refused here, by name. Default
+            False: DETR's numbers (docs/padding-invariance.md).
 
     Attributes:
         num_channels (list[int]): channels of each returned level.
@@ -86,8 +88,9 @@ class TimmBackbone(BackboneAdapter):
             checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
             than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
             ``pretrained=True`` for a model timm has no weights for; with ``padding_invariant=True``,
-            a layer that cannot be made exact (named) or a model torch.fx cannot trace, and at
-            ``forward`` an arbitrary (non-box) mask or an item too small for the model.
+            a layer that cannot be made exact or that torch.fx cannot trace (named), a traced
+            graph that returns fewer levels than ``out_indices`` asks, and at ``forward`` an
+            arbitrary (non-box) mask or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
             weights for ``model_name`` are not cached on this machine.
 
