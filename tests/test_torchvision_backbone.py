@@ -4,8 +4,9 @@ import pytest
 import torch
 import torchvision
 from torchvision.ops import FrozenBatchNorm2d
+from trained_norms import trained_like
 
-from vispos import NestedTensor, interpolate_mask, nested_tensor_from_tensor_list
+from vispos import NestedTensor, Padding, interpolate_mask, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
 
 
@@ -147,3 +148,76 @@ def test_forward_errors_and_repr():
         bb(NestedTensor(torch.randn(1, 1, 32, 32), None))
     assert "name_or_model='resnet18', return_nodes=['layer4'], in_chans=3, dilation=False, weights=None" in repr(bb)
     assert "num_channels=[512], strides=[32]" in repr(bb)
+
+
+@pytest.mark.parametrize("name, interm_nodes", [
+    ("efficientnet_b0", ["features.2", "features.3", "features.5", "features.8"]),
+    ("mobilenet_v3_small", ["features.1", "features.3", "features.8", "features.12"]),
+    ("mobilenet_v2", ["features.3", "features.6", "features.13", "features.18"]),
+    ("regnet_y_400mf", [f"trunk_output.block{i}" for i in range(1, 5)]),
+    ("convnext_tiny", ["features.1", "features.3", "features.5", "features.7"]),
+    ("densenet121", ["features.denseblock1", "features.denseblock2", "features.denseblock3", "features.norm5"]),
+])
+def test_default_levels_are_each_familys_stage_outputs(name, interm_nodes):
+    """Like timm's features_only: the last module of each stride, measured (strides 4..32), and
+    the reports match what the levels really are."""
+    bb = TorchvisionBackbone(name, return_interm_layers=True)
+    assert list(bb.return_nodes) == interm_nodes and bb.strides == [4, 8, 16, 32]
+    _check_reports_match_outputs(bb, nested_tensor_from_tensor_list([torch.randn(3, 64, 96), torch.randn(3, 96, 64)]))
+    assert list(TorchvisionBackbone(name).return_nodes) == interm_nodes[-1:]
+
+
+def test_default_levels_of_a_model_without_feature_maps_refused():
+    with pytest.raises(ValueError, match=r"cannot find the stage outputs of vit_b_16 .*Expected 224.* pass return_nodes"):
+        TorchvisionBackbone("vit_b_16")
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("mobilenet_v3_small", {}),
+    ("efficientnet_b0", {"stochastic_depth_prob": 0.0}),  # random per item: equal only without it
+    ("regnet_y_400mf", {}),
+])
+def test_conv_norm_activation_and_squeeze_excitation_exact(name, kwargs):
+    """torchvision's Conv2dNormActivation / SqueezeExcitation / SimpleStemIN / StochasticDepth are
+    traced through: an item alone equals the item in a padded batch in float64, eval (beside a
+    larger partner) and training (outputs, running statistics, parameter gradients)."""
+    torch.manual_seed(0)
+    bb = trained_like(TorchvisionBackbone(name, return_interm_layers=True, model_kwargs=kwargs,
+                                           padding_invariant=True).double())
+    g = torch.Generator().manual_seed(3)
+    item = torch.randn(3, 69, 51, generator=g, dtype=torch.float64)
+    other = torch.randn(3, 83, 75, generator=g, dtype=torch.float64)
+
+    def crop(t, i, shape):
+        return t[(i, slice(None), *(slice(0, s) for s in shape))]
+
+    bb.eval()
+    with torch.no_grad():
+        alone = bb(NestedTensor(item[None], None))
+        batch = bb(nested_tensor_from_tensor_list([other, item], pad_value=2.0))
+    assert len(alone) == 4
+    for a, p in zip(alone, batch):
+        torch.testing.assert_close(crop(p.tensors, 1, a.tensors.shape[2:]), a.tensors[0], rtol=1e-9, atol=1e-9)
+    bb.train()
+    twin = copy.deepcopy(bb)
+    alone = bb(NestedTensor(item[None], None))
+    padded = torch.full((1, 3, 80, 64), -3.0, dtype=torch.float64)
+    padded[0, :, :69, :51] = item
+    in_batch = twin(NestedTensor(padded, Padding.from_sizes([(69, 51)], (80, 64))))
+    for a, p in zip(alone, in_batch):
+        torch.testing.assert_close(crop(p.tensors, 0, a.tensors.shape[2:]), a.tensors[0], rtol=1e-9, atol=1e-9)
+    for key, value in bb.state_dict().items():
+        torch.testing.assert_close(twin.state_dict()[key], value, rtol=1e-9, atol=1e-9, msg=key)
+    sum(level.tensors.square().mean() for level in alone).backward()
+    sum(crop(p.tensors, 0, a.tensors.shape[2:]).square().mean() for a, p in zip(alone, in_batch)).backward()
+    for (n, p1), p2 in zip(bb.named_parameters(), twin.parameters()):
+        if p1.grad is not None:
+            scale = float(p1.grad.abs().max()) or 1.0
+            torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-7, atol=1e-12 + 1e-8 * scale, msg=n)
+
+
+def test_stochastic_depth_in_training_accepted():
+    """EfficientNet's default stochastic depth (one random factor per item) is traced through."""
+    bb = TorchvisionBackbone("efficientnet_b0", padding_invariant=True).train()
+    out = bb(nested_tensor_from_tensor_list([torch.randn(3, 40, 56), torch.randn(3, 64, 32)]))
+    assert out[0].tensors.shape[:2] == (2, 1280) and torch.isfinite(out[0].tensors).all()

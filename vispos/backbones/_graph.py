@@ -1,7 +1,8 @@
 """torchvision feature extraction as padded levels: the machinery shared by the 2D / 3D adapters.
 
-:class:`GraphBackbone` wraps ``torchvision.models.feature_extraction.create_feature_extractor``
-and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and
+:class:`GraphBackbone` cuts a model at torchvision node names
+(:func:`vispos.backbones._trace.trace_features`, as torchvision's ``create_feature_extractor``
+does) and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and
 :class:`~vispos.backbones.VolumeBackbone` (volumes) share: the checkpoint report, frozen batch
 norm and stages, stem adaptation and the channels and strides measured by one probe forward.
 Those two classes only build the model.
@@ -27,8 +28,8 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
-from ..invariance._rewrite import make_padding_invariant
 from ._stems import adapt_stem, first_conv
+from ._trace import UntraceableLayer, make_invariant, trace_features
 from .base import BackboneAdapter
 
 __all__ = ["GraphBackbone", "ReturnNodes", "check_return_nodes", "measure_levels"]
@@ -86,17 +87,14 @@ class GraphBackbone(BackboneAdapter):
         self.train_backbone = train_backbone
         self.frozen_stages = frozen_stages
         self.frozen_batch_norm = frozen_batch_norm
-        from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
-
         try:
-            self.body = create_feature_extractor(model, return_nodes=return_nodes)
-        except ValueError as exc:
-            _, eval_nodes = get_graph_node_names(model)
-            tops = [n for n in eval_nodes if "." not in n][:20]
+            self.body = trace_features(model, self.n_spatial, return_nodes=return_nodes)
+        except UntraceableLayer as exc:
             raise ValueError(
-                f"return_nodes {list(return_nodes)} are not all nodes of {type(model).__name__}: {exc}. "
-                f"Top-level nodes: {tops}; see torchvision.models.feature_extraction.get_graph_node_names"
-            ) from None
+                f"{type(model).__name__} cannot be cut at return_nodes {list(return_nodes)}: feature "
+                f"extraction traces it with torch.fx, and {exc}. Return a node before this layer, or "
+                "make the layer traceable"
+            ) from exc
         self.return_nodes = dict(return_nodes)
         stem_name, stem = first_conv(self.body)
         want = stem.in_channels if in_chans is None else check_int(in_chans, "in_chans", minimum=1)
@@ -126,7 +124,7 @@ class GraphBackbone(BackboneAdapter):
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
         if padding_invariant:  # rewrites both graphs of torchvision's DualGraphModule in place
-            self._invariant = make_padding_invariant(self.body, n_spatial=self.n_spatial)
+            self._invariant = make_invariant(self.body, n_spatial=self.n_spatial)
 
     def _own_repr(self) -> str:
         """Subclass hook: the constructor arguments only that subclass has."""

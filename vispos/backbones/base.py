@@ -76,7 +76,7 @@ class BackboneAdapter(nn.Module):
     channels, on the model's device), runs :meth:`_features` on its tensors and pairs every level
     with the batch's mask resized to it (:meth:`~vispos.NestedTensor.with_features`, DETR's
     nearest rule, which keeps the batch's rectangular sizes). With ``padding_invariant=True`` the
-    body is a rewritten graph (:mod:`vispos.backbones._invariant`) that fills each layer's padding
+    body is a rewritten graph (:mod:`vispos.invariance`) that fills each layer's padding
     and takes statistics over valid cells, and each level's padding comes from convolution
     arithmetic on every item's box. Subclasses set ``body``, ``in_chans``, ``num_channels``,
     ``strides`` and ``n_spatial`` and implement :meth:`_features`.

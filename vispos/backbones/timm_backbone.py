@@ -16,9 +16,8 @@ from .._checks import check_bool, check_int
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
-from ..invariance._rewrite import make_padding_invariant
 from ._pretrained import cached_timm_weights
-from ._trace import trace_dual
+from ._trace import make_invariant, trace_dual
 from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]
@@ -62,8 +61,10 @@ class TimmBackbone(BackboneAdapter):
             cells is rewritten (convolutions and pools see zeros / ``-inf`` outside the item, batch
             norm in training, group norm and global pooling take statistics over valid cells), and
             each level's mask marks exactly the cells outside the item's own feature map
-            (convolution arithmetic, not nearest resizing). Layers that cannot be made exact are
-            refused here, by name. Default False: DETR's numbers (docs/padding-invariance.md).
+            (convolution arithmetic, not nearest resizing). Models whose features timm collects
+            with forward hooks (``feature_cls='hook'``: Xception, NASNet, PiT) are traced to the
+            hooked modules. Layers that cannot be made exact are refused here, by name. Default
+            False: DETR's numbers (docs/padding-invariance.md).
 
     Attributes:
         num_channels (list[int]): channels of each returned level.
@@ -87,8 +88,9 @@ class TimmBackbone(BackboneAdapter):
             checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
             than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
             ``pretrained=True`` for a model timm has no weights for; with ``padding_invariant=True``,
-            a layer that cannot be made exact (named) or a model torch.fx cannot trace, and at
-            ``forward`` an arbitrary (non-box) mask or an item too small for the model.
+            a layer that cannot be made exact or that torch.fx cannot trace (named), a traced
+            graph that returns fewer levels than ``out_indices`` asks, and at ``forward`` an
+            arbitrary (non-box) mask or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
             weights for ``model_name`` are not cached on this machine.
 
@@ -161,8 +163,8 @@ class TimmBackbone(BackboneAdapter):
             freeze_batch_norm(self.body, n_spatial=2)
         self._freeze()
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
-            self.body = trace_dual(self.body, n_spatial=2)
-            self._invariant = make_padding_invariant(self.body, n_spatial=2)
+            self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
+            self._invariant = make_invariant(self.body, n_spatial=2)
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""

@@ -1,6 +1,6 @@
 """torchvision image models as sources of padded 2D feature levels.
 
-Built through ``torchvision.models.feature_extraction.create_feature_extractor`` by the shared
+Traced and cut at torchvision's node names (as ``create_feature_extractor`` does) by the shared
 :class:`~vispos.backbones._graph.GraphBackbone` (also behind
 :class:`~vispos.backbones.VolumeBackbone`); this module only builds the 2D model.
 
@@ -21,6 +21,8 @@ from .._checks import check_bool
 from ._freezing import check_freeze_args
 from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
 from ._pretrained import cached_torchvision_weights
+from ._stages import stage_nodes
+from ._stems import first_conv
 
 __all__ = ["TorchvisionBackbone"]
 
@@ -33,7 +35,9 @@ class TorchvisionBackbone(GraphBackbone):
     """A torchvision image model cut at ``return_nodes``, returning one :class:`NestedTensor`
     per node.
 
-    Built on ``torchvision.models.feature_extraction.create_feature_extractor``. Channels and
+    Cut by torchvision's node names (``get_graph_node_names``) and traced by vispos' tracer
+    (:mod:`vispos.backbones._trace`, as ``create_feature_extractor`` but with torchvision's
+    ``Conv2dNormActivation``, ``SqueezeExcitation`` and ``StochasticDepth`` opened). Channels and
     strides are **measured** by one forward pass on zeros ``(1, in_chans, 128, 128)`` at
     construction (in eval mode, so batch-norm statistics are untouched), never hard-coded.
 
@@ -42,9 +46,14 @@ class TorchvisionBackbone(GraphBackbone):
             (``torchvision.models.list_models()``), built with ``weights`` and ``model_kwargs``;
             or a model, which is deep-copied (the caller's model is never modified).
         return_nodes (list[str] | dict[str, str], optional): graph nodes to return, in order
-            (``get_graph_node_names``). Default: DETR's choice from ``return_interm_layers``.
-        return_interm_layers (bool): when ``return_nodes`` is None, return ``layer1..layer4``
-            (strides 4..32, DETR's segmentation setting) instead of ``layer4`` alone. Default False.
+            (``get_graph_node_names``; a module's name is its last node). Default: each family's
+            stage outputs, chosen by ``return_interm_layers``: ResNets' ``layer4`` (DETR), else the
+            last module of the largest stride, measured (see :mod:`vispos.backbones._stages`;
+            EfficientNet / MobileNet ``features.N``, RegNet ``trunk_output.block4``, DenseNet
+            ``features.norm5``, Inception ``Mixed_7c``).
+        return_interm_layers (bool): when ``return_nodes`` is None, return four levels at strides
+            4..32 (ResNets: ``layer1..layer4``, DETR's segmentation setting; other families: the last
+            module of each of the last four strides >= 4) instead of the last alone. Default False.
         dilation (bool): replace the last stage's stride by dilation (DETR's DC5: ``layer4`` at
             stride 16). Only with a model name from the ResNet family.
         weights (str, optional): torchvision weights name passed to ``get_model`` (``"DEFAULT"``,
@@ -87,7 +96,9 @@ class TorchvisionBackbone(GraphBackbone):
         TypeError: ``name_or_model`` is neither a str nor an nn.Module; malformed
             ``return_nodes``; non-bool flags; ``forward`` given anything but a NestedTensor.
         ValueError: an unknown model name; a node not in the model (the message lists the
-            top-level nodes); ``dilation`` with a model instance or a model that does not take
+            top-level nodes); a layer torch.fx cannot trace (named); with ``return_nodes=None``, a
+            model whose stage outputs cannot be measured (it rejects a 160x128 input, or returns no
+            channels-first map); ``dilation`` with a model instance or a model that does not take
             it; a bad ``frozen_stages``; wrong input shape, or an input on another device than
             the weights; a corrupt checkpoint or one missing weights; ``weights`` that are not the
             model's; with ``padding_invariant=True``, a layer that cannot be made exact (named),
@@ -154,8 +165,11 @@ class TorchvisionBackbone(GraphBackbone):
                 f"name_or_model must be a torchvision model name or an nn.Module, got "
                 f"{type(name_or_model).__name__}"
             )
-        if return_nodes is None:
+        if return_nodes is None and all(hasattr(model, node) for node in DETR_INTERM_NODES):
             return_nodes = DETR_INTERM_NODES if return_interm_layers else DETR_LAST_NODE
+        elif return_nodes is None:  # measured: the last module of each stride
+            return_nodes = stage_nodes(model, first_conv(model)[1].in_channels, return_interm_layers,
+                                       model_name=self.model_name)
         nodes = check_return_nodes(return_nodes)
         self.return_interm_layers = return_interm_layers
         self.dilation = dilation

@@ -76,8 +76,9 @@ class VolumeBackbone(GraphBackbone):
             ``frozen_stages``; non-bool flags; ``forward`` given anything but a NestedTensor.
         ValueError: an unknown name (the message lists :data:`VOLUME_MODELS`); a model without a
             ``Conv3d`` stem; ``weights`` with a built model; unknown nodes; a ``stem_stride`` of
-            another length than 3 or with a non-positive entry; ``in_chans`` <= 0; a bad
-            ``frozen_stages``; wrong input shape; a checkpoint missing weights; ``weights`` that are
+            another length than 3 or with a non-positive entry; a layer torch.fx cannot trace
+            (named: the model is cut at ``return_nodes`` in a traced graph); ``in_chans`` <= 0;
+            a bad ``frozen_stages``; wrong input shape; a checkpoint missing weights; ``weights`` that are
             not the model's; with ``padding_invariant=True``, a layer that cannot be made exact
             (named), and at ``forward`` an arbitrary (non-box) mask, an item whose offset is not a
             multiple of the strides (symmetric padding) or an item too small for the model.
