@@ -156,7 +156,7 @@ def frequency_divisors(
     dtype = check_choice(dtype, _COMPUTE_DTYPES, "dtype")
     ladder = check_choice(ladder, _LADDERS, "ladder")
     repeat = check_int(repeat, "repeat", minimum=1)
-    check_bool(inverse, "inverse")
+    inverse = check_bool(inverse, "inverse")
     if ladder in ("standard", "continued"):
         k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
         if repeat > 1:

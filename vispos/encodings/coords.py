@@ -86,7 +86,7 @@ def sine_embed_coords(
     num_pos_feats = check_num_feats(num_pos_feats)
     temperature = check_temperature(temperature)
     scale = float(check_number(scale, "scale", positive=True))
-    check_bool(swap_xy, "swap_xy")
+    swap_xy = check_bool(swap_xy, "swap_xy")
     compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
     # scale in float32 first, exactly as the peers do, then divide (sincos_embed's default).
     scaled = coords.to(compute) * scale
@@ -167,7 +167,7 @@ class CoordSineEmbedding(nn.Module):
         hidden_dim = check_int(hidden_dim, "hidden_dim", minimum=1)
         temperature = check_temperature(temperature)
         scale = float(check_number(scale, "scale", positive=True))
-        check_bool(swap_xy, "swap_xy")
+        swap_xy = check_bool(swap_xy, "swap_xy")
         self.num_coords = num_coords
         self.d_model = d_model
         self.num_pos_feats = num_pos_feats

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .. import _deprecation
 from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
+from ._call import read_masks
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 
@@ -84,7 +85,7 @@ class PositionEmbeddingLearned(nn.Module):
     ) -> None:
         super().__init__()
         num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
-        check_bool(interpolate, "interpolate")
+        interpolate = check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
             spatial_dims = check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
         if is_int(num_embeddings):  # one size for every axis
@@ -134,20 +135,35 @@ class PositionEmbeddingLearned(nn.Module):
         """Number of spatial axes (the same as ``spatial_dims``, the constructor's name)."""
         return self.spatial_dims
 
-    def forward(self, x: NestedTensor | NestedTensorLike | Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(
+        self,
+        x: NestedTensor | NestedTensorLike | Tensor,
+        mask: Tensor | None = None,
+        *,
+        pixel_mask: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
         """Embeds the cell indices of ``x``; see the class docstring for shapes.
 
         Args:
             x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S]): what to
                 embed (DETR's own ``NestedTensor`` is accepted as it is).
-            dtype (torch.dtype, optional): output dtype (floating); the tables' dtype when not
-                given.
+            mask (Tensor[B, *S] bool, optional): DETR's mask of a feature map ``x`` (True =
+                padding), as in ``pos(features, mask)``; checked, and (as in DETR) not used.
+            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask (nonzero =
+                valid) instead; not together with ``mask``.
+            dtype (torch.dtype, optional, keyword-only): output dtype (floating); the tables'
+                dtype when not given (as the second positional argument: deprecated, warns).
 
         Raises:
-            TypeError: ``x`` of another type; a non-floating or non-``torch.dtype`` ``dtype``.
-            ValueError: another number of spatial axes; ``x`` on another device than the tables;
-                an axis longer than its table without ``interpolate``.
+            TypeError: ``x`` of another type; a ``mask`` that is not a bool tensor; both masks,
+                or either with an ``x`` that carries its own; a non-floating or
+                non-``torch.dtype`` ``dtype``.
+            ValueError: another number of spatial axes; a mask not of shape ``(B, *S)``; ``x``
+                on another device than the tables; an axis longer than its table without
+                ``interpolate``.
         """
+        x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         check_float_dtype(dtype, optional=True)
         padding = parse_spatial_input(x, self.spatial_dims).padding
         spatial, batch, device = padding.spatial, padding.batch, padding.device
@@ -294,7 +310,7 @@ def resample_abs_pos_embed(
             f"num_prefix_tokens must be in [0, N={num_tokens}] for posemb of shape "
             f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
         )
-    check_bool(antialias, "antialias")
+    antialias = check_bool(antialias, "antialias")
     mode = interpolation
     if mode not in _MODES[rank]:
         hint = ""

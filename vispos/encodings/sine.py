@@ -16,6 +16,8 @@ References:
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
 from typing import Union
 
 import torch
@@ -25,7 +27,7 @@ from .. import _tracing
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
-from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
+from .._checks import as_sequence, check_bool, check_float_dtype, check_int, check_number, describe
 from .._positions import (
     PositionRule,
     cumulative_positions,
@@ -45,6 +47,7 @@ from .._sincos import (
 from .._sincos_lines import sincos_embed_indexed, sincos_embed_lines
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 from ..padding import Padding, is_rectangular, rectangular_sizes
+from ._call import read_masks, warn_suspect_input
 
 # ``cumulative_positions`` lives in :mod:`vispos._positions`, ``is_rectangular`` and
 # ``rectangular_sizes`` in :mod:`vispos.padding`; re-exported here, their earlier home.
@@ -64,11 +67,16 @@ def _check_spacing(
     type, shape and (when it is on the CPU: no synchronisation) that it is finite and > 0."""
     if spacing is None:
         return None, None
-    if not isinstance(spacing, Tensor) or not spacing.dtype.is_floating_point:
-        got = spacing.dtype if isinstance(spacing, Tensor) else type(spacing).__name__
-        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {got}")
+    if not isinstance(spacing, Tensor):
+        spacing = _spacing_tensor(spacing)
+    if not spacing.dtype.is_floating_point:
+        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {describe(spacing)}")
+    if tuple(spacing.shape) == (n,):  # one row for every item
+        spacing = spacing.expand(batch, n)
     if tuple(spacing.shape) != (batch, n):
-        raise ValueError(f"spacing must have shape (B, n_axes) = {(batch, n)}, got {tuple(spacing.shape)}")
+        raise ValueError(
+            f"spacing must have shape (B, n_axes) = {(batch, n)} or (n_axes,) = {(n,)}, got {tuple(spacing.shape)}"
+        )
     values = spacing.detach().to(torch.float32)
     key = None
     if _tracing.host_side(values.device) and not _tracing.tracing():
@@ -80,6 +88,22 @@ def _check_spacing(
             return (_tracing.host_tensor(rows, torch.float32, device) if _tracing.host_facts(device)
                     else values.to(device)), key
     return values.to(device), key
+
+
+def _spacing_tensor(spacing: object) -> Tensor:
+    """A list, tuple or array of ``n`` numbers (or of ``B`` rows of them) as a float32 tensor."""
+    values = None
+    np = sys.modules.get("numpy")
+    if as_sequence(spacing) is not None or (np is not None and isinstance(spacing, np.ndarray)):
+        try:
+            values = torch.as_tensor(spacing)
+        except (TypeError, ValueError, RuntimeError):
+            values = None
+    if values is None or values.dtype == torch.bool or values.is_complex():
+        raise TypeError(
+            f"spacing must be a floating tensor (B, n_axes) or a sequence of n_axes numbers (mm), got {describe(spacing)}"
+        )
+    return values.to(torch.float32)
 
 
 class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
@@ -126,7 +150,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         super().__init__()
         num_pos_feats = check_num_feats(num_pos_feats)
         temperature = check_temperature(temperature)
-        check_bool(normalize, "normalize")
+        normalize = check_bool(normalize, "normalize")
         if scale is not None and not normalize:
             raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
         if scale is None:
@@ -145,20 +169,17 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 raise ValueError(f"extent needs normalize=True (got extent={extent}, normalize=False)")
             extent = float(extent)
         cache_size = check_int(cache_size, "cache_size", minimum=0)
-        check_bool(zero_copy, "zero_copy")
+        zero_copy = check_bool(zero_copy, "zero_copy")
         self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
         self.zero_copy = zero_copy
-        self.num_pos_feats = num_pos_feats
-        self.temperature = temperature
+        self._num_pos_feats = num_pos_feats
+        self._temperature = temperature
         self.normalize = normalize
         self.scale = float(scale)
         self.offset = float(offset)
         self.eps = float(eps)
         self.extent = extent
-        self.register_buffer(
-            "dim_t", frequency_divisors(num_pos_feats, temperature, repeat=2), persistent=False
-        )
-        self._dim_t_params = (num_pos_feats, temperature)
+        self.register_buffer("dim_t", self._divisor_table(None), persistent=False)
 
     # ------------------------------------------------------------------------------------ api
     def out_channels(self, n_axes: int) -> int:  # pragma: no cover - abstract
@@ -168,9 +189,11 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     def forward(
         self,
         x: SineInput,
-        dtype: torch.dtype | None = None,
+        mask: Tensor | None = None,
         *,
-        spacing: Tensor | None = None,
+        pixel_mask: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        spacing: Tensor | Sequence[float] | None = None,
         out: Tensor | None = None,
     ) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
@@ -179,14 +202,22 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
             x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S] float):
                 what to embed (a bare floating tensor is a 2D or 3D feature map; see
                 :func:`~vispos.nested_tensor.parse_spatial_input`).
-            dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
-                Angles are computed in float32 and rounded once to ``dtype``.
-            spacing (Tensor[B, n], floating, optional, keyword-only): each item's cell size
-                along each spatial axis, in millimetres, in the tensor's spatial axis order
-                (the order of MONAI's arrays and affines; ``vispos.monai.meta_spacing`` reads it
-                from a ``MetaTensor`` batch): cells are placed at their physical coordinates,
-                ``(p + offset) * s``, see the class docstring. Ones give the cell numbers bit for
-                bit. Read on the host for the cache key when it is on the CPU.
+            mask (Tensor[B, *S] bool, optional): DETR's mask of a feature map ``x``, True =
+                padding: ``pos(features, mask)`` as DETR-family code writes it (the same as
+                ``pos(NestedTensor(features, mask))``). Only a bool tensor is taken here.
+            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask of a feature
+                map ``x``, nonzero = valid, of any dtype. Not together with ``mask``.
+            dtype (torch.dtype, optional, keyword-only): output dtype (floating); float32 when
+                not given. Angles are computed in float32 and rounded once to ``dtype``. (As
+                the second positional argument it still works, with a ``DeprecationWarning``.)
+            spacing (Tensor[B, n] | Tensor[n] | sequence of n floats, optional, keyword-only):
+                each item's cell size along each spatial axis, in millimetres, in the tensor's
+                spatial axis order (the order of MONAI's arrays and affines;
+                ``vispos.monai.meta_spacing`` reads it from a ``MetaTensor`` batch); one row of
+                ``n`` (a list, tuple, array or 1-d tensor) is every item's. Cells are placed at
+                their physical coordinates, ``(p + offset) * s``, see the class docstring. Ones
+                give the cell numbers bit for bit. Read on the host for the cache key when it
+                is on the CPU. With ``normalize=True`` it needs ``extent`` (else it would cancel).
             out (Tensor[B, out_channels(n), *S], optional, keyword-only): a preallocated
                 buffer of the output's shape, dtype (``dtype`` or float32) and device, written
                 in place and returned (the cache is bypassed). With a ``NestedTensor`` or a
@@ -199,13 +230,23 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
 
         Raises:
             TypeError: ``x`` of another type; an integer mask; a 3-dim floating tensor (a float
-                mask or a 1D feature map: ambiguous); a non-floating ``dtype``; ``out`` not a
-                tensor; ``spacing`` not a floating tensor.
-            ValueError: ``x`` of the wrong rank; ``out`` of another shape, dtype or device,
-                requiring grad, or an expanded (stride-0) view; ``spacing`` not of shape
-                ``(B, n)``, or (on the CPU) not finite and > 0.
+                mask or a 1D feature map: ambiguous); a ``mask`` that is not a bool tensor;
+                ``mask`` and ``pixel_mask`` together, or either with an ``x`` that carries its
+                own mask; a non-floating ``dtype``; ``out`` not a tensor; ``spacing`` not a
+                floating tensor or a sequence of numbers.
+            ValueError: ``x`` of the wrong rank; a mask not of shape ``(B, *S)``; ``out`` of
+                another shape, dtype or device, requiring grad, or an expanded (stride-0) view;
+                ``spacing`` not of shape ``(B, n)`` or ``(n,)``, or (on the CPU) not finite and
+                > 0; ``spacing`` with ``normalize=True`` and no ``extent`` (the per-line
+                normalisation would cancel it: the result would not depend on it).
+
+        Warns:
+            UserWarning: a bare ``(B, H, W, c)`` map with ``c`` in 1, 3, 4 (a channels-last
+                image?); an item with no valid cell (read on the host only).
         """
+        x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         padding, host = parse_spatial_input(x, self.n_spatial)
+        warn_suspect_input(x, padding, host)
         spatial, batch, device = padding.spatial, padding.batch, padding.device
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
         if self.n_spatial is not None and len(spatial) != self.n_spatial:
@@ -213,6 +254,13 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 f"{type(self).__name__} embeds {_KIND[self.n_spatial]} ({self.n_spatial} spatial axes): a "
                 f"NestedTensor (B, C, *S), a mask (B, *S) or a feature map (B, C, *S); got spatial "
                 f"shape {spatial}{float_mask_hint(x, self.n_spatial)}"
+            )
+        if spacing is not None and self.normalize and self.extent is None:
+            raise ValueError(
+                f"spacing has no effect with normalize=True and no extent: each line is divided by its "
+                f"own length in mm, so the millimetres cancel. Pass extent= (one length in mm for every "
+                f"axis, e.g. the largest field of view) to {type(self).__name__}(normalize=True, extent=...), "
+                "or drop spacing for DETR's per-line fractions"
             )
         channels = self.out_channels(len(spatial))
         if out is not None:
@@ -293,27 +341,51 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         (float32, broadcastable to ``shape``)."""
         raise NotImplementedError
 
+    @property
+    def num_pos_feats(self) -> int:
+        """int: channels per spatial axis; assigning checks it, rebuilds ``dim_t`` and empties
+        the cache."""
+        return self._num_pos_feats
+
+    @num_pos_feats.setter
+    def num_pos_feats(self, value: int) -> None:
+        self._num_pos_feats = check_num_feats(value)
+        self._refresh_derived()
+
+    @property
+    def temperature(self) -> float:
+        """float: ``T`` of the frequency ladder; assigning checks it, rebuilds ``dim_t`` and
+        empties the cache."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_temperature(value)
+        self._refresh_derived()
+
     def _params(self) -> tuple:
-        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps,
-                getattr(self, "extent", None))
+        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps, self.extent)
 
     def _rule(self) -> PositionRule:
-        return PositionRule(self.normalize, self.scale, self.offset, self.eps, getattr(self, "extent", None))
+        return PositionRule(self.normalize, self.scale, self.offset, self.eps, self.extent)
+
+    def _divisor_table(self, device: torch.device | None) -> Tensor:
+        """The one home of the divisors ``Tensor[num_pos_feats]``, float32 on ``device``: each
+        ``temperature^(2k / num_pos_feats)`` twice (sin, cos)."""
+        return frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
 
     def _refresh_derived(self) -> None:
         """Rebuilds ``dim_t`` (float32, on its device) and empties the cache; see DerivedBuffers."""
         self._cache.clear()
         if not self.dim_t.is_meta:
-            self.dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=self.dim_t.device, repeat=2)
-        self._dim_t_params = (self.num_pos_feats, self.temperature)
+            self.dim_t = self._divisor_table(self.dim_t.device)
 
     def _divisors(self, device: torch.device) -> Tensor:
+        """``dim_t`` when it is float32 on ``device``, else the table built there (a module cast
+        with ``.half()`` keeps float32 divisors: :class:`DerivedBuffers` rebuilds them)."""
         dim_t = self.dim_t
-        stale = getattr(self, "_dim_t_params", None) != (self.num_pos_feats, self.temperature)
-        if stale or dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
-            # another device, a cast module, or num_pos_feats / temperature changed after
-            # construction: never use a table that does not match the parameters
-            dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
+        if dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
+            dim_t = self._divisor_table(device)
         return dim_t
 
 

@@ -130,7 +130,7 @@ class _AnySize:
         if not _supports_attn_mask():  # pragma: no cover - depends on the installed MONAI
             raise ImportError(f"{name} needs MONAI >= 1.5 (attention masks in SABlock): pip install -U monai")
         pos_embed = check_choice(pos_embed, _POS_EMBED, "pos_embed")
-        check_bool(antialias, "antialias")
+        antialias = check_bool(antialias, "antialias")
         temperature = check_temperature(temperature)
         pe = vit.patch_embedding
         patch = _patch_size(vit)
