@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _deprecation
-from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
+from .._checks import as_sequence, check_bool, check_choice, check_float_dtype, check_int, check_sizes, describe, is_int
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 from ._call import read_masks
 
@@ -92,9 +92,9 @@ class PositionEmbeddingLearned(nn.Module):
             num_embeddings = check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n
-        elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
+        elif as_sequence(num_embeddings) is not None:
             sizes = tuple(
-                check_int(v, f"num_embeddings[{i}]", minimum=1) for i, v in enumerate(num_embeddings)
+                check_int(v, f"num_embeddings[{i}]", minimum=1) for i, v in enumerate(as_sequence(num_embeddings))
             )
             if not 1 <= len(sizes) <= 3:
                 raise ValueError(
@@ -109,7 +109,7 @@ class PositionEmbeddingLearned(nn.Module):
         else:
             raise TypeError(
                 "num_embeddings must be a positive int or a sequence of one positive int per axis, "
-                f"got {num_embeddings!r} ({type(num_embeddings).__name__})"
+                f"got {describe(num_embeddings)}"
             )
         self.num_pos_feats = num_pos_feats
         self.num_embeddings = sizes

@@ -152,7 +152,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         temperature = check_temperature(temperature)
         normalize = check_bool(normalize, "normalize")
         if scale is not None and not normalize:
-            raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
+            raise ValueError(f"normalize should be True if scale is passed (got scale={describe(scale)}, normalize=False)")
         if scale is None:
             scale = 2 * math.pi
         scale = check_number(scale, "scale", positive=True)
