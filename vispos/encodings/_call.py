@@ -1,4 +1,4 @@
-"""What a mask-aware encoder's call is given besides its input: a mask in DETR's or transformers' convention.
+"""What a mask-aware encoder's call is given besides its input: a mask (DETR's or transformers') and a spacing.
 
 DETR-family code calls a position embedding as ``pos(x, mask)`` with DETR's mask (``bool``,
 **True = padding**) as the second argument; transformers' code has a ``pixel_mask`` (1 = valid,
@@ -7,7 +7,7 @@ mask, True = padding), refusing any call where the two conventions could be conf
 second positional argument must be a bool tensor, ``pixel_mask`` is keyword-only, and the two
 never go together. :func:`warn_suspect_input` warns, once per call site, about inputs that are
 probably mistakes but cannot be refused (a channels-last image read as channels-first; an
-item with no valid cell).
+item with no valid cell). :func:`check_spacing` reads a ``spacing`` in millimetres.
 
 References:
     Carion et al., DETR, ECCV 2020 (``util/misc.py``, ``NestedTensor.decompose``: mask True =
@@ -16,6 +16,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -25,11 +26,11 @@ import torch
 from torch import Tensor
 
 from .. import _deprecation, _tracing
-from .._checks import describe
+from .._checks import as_sequence, describe
 from ..nested_tensor import NestedTensorLike
 from ..padding import Padding
 
-__all__ = ["read_masks", "warn_suspect_input"]
+__all__ = ["check_spacing", "read_masks", "spacing_tensor", "warn_suspect_input"]
 
 #: the frames a warning is not attributed to: vispos' own and ``nn.Module.__call__``'s
 _INSIDE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
@@ -142,3 +143,59 @@ def _caller_level() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_INSIDE):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def check_spacing(
+    spacing: object, batch: int, n: int, device: torch.device
+) -> tuple[Tensor | None, tuple | None]:
+    """``(spacing as float32 on device, its host values for a cache key or None)``; checks
+    type, shape and (when it is on the CPU: no synchronisation) that it is finite and > 0.
+
+    Args:
+        spacing (Tensor[B, n] | Tensor[n] | sequence, optional): mm per cell along each axis;
+            one row of ``n`` is every item's.
+        batch, n (int): ``B`` and the number of spatial axes. device: the output's.
+
+    Raises:
+        TypeError: not a floating tensor or a sequence of numbers.
+        ValueError: another shape; (on the CPU) not finite and > 0.
+    """
+    if spacing is None:
+        return None, None
+    if not isinstance(spacing, Tensor):
+        spacing = spacing_tensor(spacing)
+    if not spacing.dtype.is_floating_point:
+        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {describe(spacing)}")
+    if tuple(spacing.shape) == (n,):  # one row for every item
+        spacing = spacing.expand(batch, n)
+    if tuple(spacing.shape) != (batch, n):
+        raise ValueError(
+            f"spacing must have shape (B, n_axes) = {(batch, n)} or (n_axes,) = {(n,)}, got {tuple(spacing.shape)}"
+        )
+    values = spacing.detach().to(torch.float32)
+    key = None
+    if _tracing.host_side(values.device) and not _tracing.tracing():
+        rows = values.tolist()
+        if not all(math.isfinite(v) and v > 0 for row in rows for v in row):
+            raise ValueError(f"spacing must be finite and > 0 (mm per cell), got {rows}")
+        key = ("spacing", tuple(map(tuple, rows)))
+        if values.device != device:
+            return (_tracing.host_tensor(rows, torch.float32, device) if _tracing.host_facts(device)
+                    else values.to(device)), key
+    return values.to(device), key
+
+
+def spacing_tensor(spacing: object) -> Tensor:
+    """A list, tuple or array of ``n`` numbers (or of ``B`` rows of them) as a float32 tensor."""
+    values = None
+    np = sys.modules.get("numpy")
+    if as_sequence(spacing) is not None or (np is not None and isinstance(spacing, np.ndarray)):
+        try:
+            values = torch.as_tensor(spacing)
+        except (TypeError, ValueError, RuntimeError):
+            values = None
+    if values is None or values.dtype == torch.bool or values.is_complex():
+        raise TypeError(
+            f"spacing must be a floating tensor (B, n_axes) or a sequence of n_axes numbers (mm), got {describe(spacing)}"
+        )
+    return values.to(torch.float32)

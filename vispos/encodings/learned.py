@@ -10,6 +10,7 @@ References:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -254,6 +255,8 @@ def resample_abs_pos_embed(
     num_prefix_tokens: int = 1,
     interpolation: str = "bicubic",
     antialias: bool = True,
+    verbose: bool = False,
+    align_corners: bool | None = None,
 ) -> Tensor:
     """Resizes a ViT-style absolute position embedding to another 2D or 3D grid.
 
@@ -279,6 +282,9 @@ def resample_abs_pos_embed(
             ``DeprecationWarning``.
         antialias (bool): anti-aliasing when down-sampling with ``bilinear`` / ``bicubic`` (the
             modes torch supports it for); ignored otherwise. Default True (timm).
+        verbose (bool): log the resize (``logging``, level INFO), as timm does. Default False.
+        align_corners (bool, optional): ``F.interpolate``'s, for the linear and cubic modes
+            (None for the others). Default None (torch's False).
 
     Returns:
         Tensor[B, num_prefix_tokens + prod(new_size), C]: a new tensor in ``posemb``'s dtype and
@@ -311,6 +317,8 @@ def resample_abs_pos_embed(
             f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
         )
     antialias = check_bool(antialias, "antialias")
+    verbose = check_bool(verbose, "verbose")
+    align_corners = check_bool(align_corners, "align_corners", optional=True)
     mode = interpolation
     if mode not in _MODES[rank]:
         hint = ""
@@ -343,8 +351,12 @@ def resample_abs_pos_embed(
     prefix = posemb[:, :num_prefix_tokens]
     compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
     grid = posemb[:, num_prefix_tokens:].to(compute).reshape(batch, *old, channels).movedim(-1, 1)
+    linear = mode in ("bilinear", "bicubic", "trilinear")
     grid = F.interpolate(
-        grid, size=new, mode=mode, antialias=antialias and mode in ("bilinear", "bicubic")
+        grid, size=new, mode=mode, antialias=antialias and mode in ("bilinear", "bicubic"),
+        align_corners=align_corners if linear else None,
     )
+    if verbose:
+        logging.getLogger(__name__).info("Resized position embedding: %s to %s.", old, new)
     grid = grid.movedim(1, -1).reshape(batch, -1, channels).to(posemb.dtype)
     return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid

@@ -16,7 +16,6 @@ References:
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from typing import Union
 
@@ -27,7 +26,7 @@ from .. import _tracing
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
-from .._checks import as_sequence, check_bool, check_float_dtype, check_int, check_number, describe
+from .._checks import check_bool, check_float_dtype, check_int, check_number, describe
 from .._positions import (
     PositionRule,
     cumulative_positions,
@@ -47,6 +46,7 @@ from .._sincos import (
 from .._sincos_lines import sincos_embed_indexed, sincos_embed_lines
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 from ..padding import Padding, is_rectangular, rectangular_sizes
+from ._call import check_spacing as _check_spacing  # also random_fourier's
 from ._call import read_masks, warn_suspect_input
 
 # ``cumulative_positions`` lives in :mod:`vispos._positions`, ``is_rectangular`` and
@@ -58,52 +58,6 @@ _GATHER_MIN = 1 << 16  # elements of an axis block from which the masked path ma
 
 SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
-
-
-def _check_spacing(
-    spacing: object, batch: int, n: int, device: torch.device
-) -> tuple[Tensor | None, tuple | None]:
-    """``(spacing as float32 on device, its host values for a cache key or None)``; checks
-    type, shape and (when it is on the CPU: no synchronisation) that it is finite and > 0."""
-    if spacing is None:
-        return None, None
-    if not isinstance(spacing, Tensor):
-        spacing = _spacing_tensor(spacing)
-    if not spacing.dtype.is_floating_point:
-        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {describe(spacing)}")
-    if tuple(spacing.shape) == (n,):  # one row for every item
-        spacing = spacing.expand(batch, n)
-    if tuple(spacing.shape) != (batch, n):
-        raise ValueError(
-            f"spacing must have shape (B, n_axes) = {(batch, n)} or (n_axes,) = {(n,)}, got {tuple(spacing.shape)}"
-        )
-    values = spacing.detach().to(torch.float32)
-    key = None
-    if _tracing.host_side(values.device) and not _tracing.tracing():
-        rows = values.tolist()
-        if not all(math.isfinite(v) and v > 0 for row in rows for v in row):
-            raise ValueError(f"spacing must be finite and > 0 (mm per cell), got {rows}")
-        key = ("spacing", tuple(map(tuple, rows)))
-        if values.device != device:
-            return (_tracing.host_tensor(rows, torch.float32, device) if _tracing.host_facts(device)
-                    else values.to(device)), key
-    return values.to(device), key
-
-
-def _spacing_tensor(spacing: object) -> Tensor:
-    """A list, tuple or array of ``n`` numbers (or of ``B`` rows of them) as a float32 tensor."""
-    values = None
-    np = sys.modules.get("numpy")
-    if as_sequence(spacing) is not None or (np is not None and isinstance(spacing, np.ndarray)):
-        try:
-            values = torch.as_tensor(spacing)
-        except (TypeError, ValueError, RuntimeError):
-            values = None
-    if values is None or values.dtype == torch.bool or values.is_complex():
-        raise TypeError(
-            f"spacing must be a floating tensor (B, n_axes) or a sequence of n_axes numbers (mm), got {describe(spacing)}"
-        )
-    return values.to(torch.float32)
 
 
 class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
@@ -246,7 +200,6 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         """
         x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         padding, host = parse_spatial_input(x, self.n_spatial)
-        warn_suspect_input(x, padding, host)
         spatial, batch, device = padding.spatial, padding.batch, padding.device
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
         if self.n_spatial is not None and len(spatial) != self.n_spatial:
@@ -269,6 +222,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
             if out is not None:
                 return out
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
+        warn_suspect_input(x, padding, host)
         spacing, spacing_key = _check_spacing(spacing, batch, len(spatial), device)
         unpadded = padding.kind == "none" and spacing is None
         if unpadded:  # one table (1, C, *S) serves every item
