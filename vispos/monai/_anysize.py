@@ -26,7 +26,7 @@ from monai.networks.blocks.transformerblock import TransformerBlock
 from monai.networks.nets import ViT
 from torch import Tensor, nn
 
-from .._checks import as_int, check_bool, check_choice, is_int
+from .._checks import as_int, check_bool, check_choice, describe, is_int
 from .._sincos import check_temperature, sincos_embed
 from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
@@ -378,7 +378,7 @@ def _grid_of(img_size: Any, patch: tuple[int, ...]) -> tuple[int, ...] | None:
     sizes = (img_size,) * len(patch) if is_int(img_size) else tuple(img_size)
     sizes = tuple(as_int(s) for s in sizes)
     if len(sizes) != len(patch) or any(s is None or s <= 0 for s in sizes):
-        raise ValueError(f"img_size must be {len(patch)} positive ints, got {img_size!r}")
+        raise ValueError(f"img_size must be {len(patch)} positive ints, got {describe(img_size)}")
     return tuple(s // p for s, p in zip(sizes, patch))
 
 
