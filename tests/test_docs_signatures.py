@@ -48,7 +48,7 @@ STANDS_FOR = {
 #: deprecated keywords a page shows on purpose (the migration table): (callable, keyword)
 DEPRECATED_SHOWN = {
     ("SinusoidalPositionalEncoding", "d_model"), ("LearnableSinusoidalPositionalEncoding", "d_model"),
-    ("resample_abs_pos_embed", "mode"),
+    ("resample_abs_pos_embed", "mode"), ("sine_embed_coords", "coords"), ("sine_embed_coords", "swap_xy"),
 }
 #: in api-conventions.md the "Mirrors" column shows the *peer's* signature under the peer's name
 PEER_COLUMNS = {"api-conventions.md"}
@@ -139,6 +139,10 @@ def _check(name: str, args: str, obj) -> list[str]:
         call = ast.parse(f"f({', '.join(p for p in pieces if p != '...')})", mode="eval").body
     except SyntaxError:
         return [f"cannot be read as Python arguments: ({args})"]
+    while isinstance(call, ast.Call) and not (isinstance(call.func, ast.Name) and call.func.id == "f"):
+        call = call.func  # `Name(...)(...)`: the first call is Name's
+    while not isinstance(call, ast.Call):  # `Name(...).attr(...)` and the like
+        call = call.value
     params = _parameters(obj)
     names = [p.name for p in params]
     variadic = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in inspect.signature(obj).parameters.values())
