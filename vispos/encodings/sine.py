@@ -397,11 +397,11 @@ class PositionEmbeddingSine(SineEmbeddingBase):
     axis, per item) a cell's count ``p`` along axis ``i`` becomes the length ``(p + offset) *
     s[b, i]``: its physical coordinate from the near edge of the item's first valid cell (the
     cell's far edge; its centre with ``offset=-0.5``). Two cells 5 mm apart are then as far
-    apart along any axis, whatever the voxel size. With ``normalize`` the length is divided by
-    the line's own valid length ``p_last * s[b, i]`` (the spacing then cancels, up to ``eps``:
-    DETR's normalised positions are fractions of each line, with no unit) or, with ``extent``,
-    by one length ``E`` for all axes, ``(p + offset) * s / E * scale``, which keeps distances in
-    millimetres. A spacing of ones gives the voxel numbers bit for bit on every path.
+    apart along any axis, whatever the voxel size. With ``normalize`` a spacing needs
+    ``extent``: the length is divided by one length ``E`` for all axes, ``(p + offset) * s / E *
+    scale``, which keeps distances in millimetres. Without ``extent`` each line would be divided
+    by its own valid length ``p_last * s[b, i]`` and the spacing would cancel (DETR's normalised
+    positions are fractions of each line, with no unit): that call raises ``ValueError``. A spacing of ones gives the voxel numbers bit for bit on every path.
 
     Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
     A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
@@ -426,7 +426,12 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
             non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
             ``normalize``; an input of the wrong rank; an ``out`` buffer of another shape,
-            dtype or device, or an expanded (stride-0) one.
+            dtype or device, or an expanded (stride-0) one; ``spacing`` with ``normalize`` and
+            no ``extent``.
+
+    Warns:
+        UserWarning: a bare ``(B, H, W, c)`` map with ``c`` in 1, 3, 4 (a channels-last image?);
+            an item with no valid cell (see ``forward``).
 
     References:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020; Zhu et al.,
