@@ -15,7 +15,7 @@ A bool argument accepts a NumPy ``bool_`` and a 0-d bool tensor (never ``0`` / `
 sequence argument a list, a tuple, a ``torch.Size`` or a 1-d NumPy array.
 
 **Messages quote values, never tensors**: :func:`describe` gives a tensor's or an array's type,
-shape and dtype (its values could fill a screen) and at most 80 characters of any other repr.
+shape and dtype (its values could fill a screen), any other value by a bounded repr.
 Checks return the validated value **as a Python ``int`` / ``float``**, exactly (a float32 or
 float64 scalar is represented exactly by a Python float; a NumPy ``longdouble`` that is not is
 refused rather than rounded), so a caller writes ``self.n = check_int(n, "n", minimum=1)`` and
@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import reprlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -63,13 +64,16 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
-_REPR_MAX = 80  # characters of a value's repr that a message quotes at most
+_REPR = reprlib.Repr()  # a bounded repr: its cost does not grow with the value
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
 
 
 def describe(value: Any) -> str:
     """``value`` as an error message quotes it: a tensor or an array by its type, shape and dtype
     (never its values: a message stays one line whatever the size), anything else by its
-    ``repr`` (at most 80 characters) and type.
+    ``repr`` (containers and strings cut with ``...``: :mod:`reprlib`) and type.
 
     Examples: ``"Tensor of shape (2, 5, 5) and dtype torch.bool"``, ``"'7' (str)"``.
     """
@@ -77,10 +81,7 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor) or (np is not None and isinstance(value, np.ndarray)):
         kind = "Tensor" if isinstance(value, torch.Tensor) else "ndarray"
         return f"{kind} of shape {tuple(value.shape)} and dtype {value.dtype}"
-    text = repr(value)
-    if len(text) > _REPR_MAX:
-        text = text[: _REPR_MAX - 5] + " ...)"
-    return f"{text} ({_type_name(value)})"
+    return f"{_REPR.repr(value)} ({_type_name(value)})"
 
 
 def as_bool(value: Any) -> Any:
