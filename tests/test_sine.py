@@ -495,3 +495,23 @@ def test_host_rounded_denominator_equals_the_device_sum(eps):
     denominators = _float32_sum(sizes, eps)
     device = torch.tensor(sizes, dtype=torch.float32) + eps
     torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
+
+
+def test_divisor_table_follows_its_parameters():
+    """One home for the divisors: assigning num_pos_feats or temperature checks the value,
+    rebuilds dim_t and empties the cache (no staleness flag to consult at call time)."""
+    from vispos._sincos import frequency_divisors
+
+    pe = PositionEmbeddingSine(8)
+    mask = torch.zeros(1, 3, 4, dtype=torch.bool)
+    before = pe(mask)
+    pe.temperature = 20
+    assert torch.equal(pe.dim_t, frequency_divisors(8, 20, repeat=2))
+    assert torch.equal(pe(mask), PositionEmbeddingSine(8, temperature=20)(mask)) and not torch.equal(pe(mask), before)
+    pe.num_pos_feats = 4
+    assert torch.equal(pe.dim_t, frequency_divisors(4, 20, repeat=2)) and pe(mask).shape == (1, 8, 3, 4)
+    with pytest.raises(ValueError, match="num_pos_feats must be a positive even int"):
+        pe.num_pos_feats = 5
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        pe.temperature = 0
+    assert not hasattr(pe, "_dim_t_params")
