@@ -43,8 +43,8 @@ PEERS = {
     "dino_sine": (  # DINO models/dino/position_encoding.py, PositionEmbeddingSineHW
         ("num_pos_feats", "temperatureH", "temperatureW", "normalize", "scale"), False),
     "mae_sincos_2d": (("embed_dim", "grid_size", "cls_token"), True),  # MAE util/pos_embed.py
-    "sine_embed_coords": (  # detrex detrex/layers/position_embedding.py
-        ("pos_tensor", "num_pos_feats", "temperature", "exchange_xy"), False),
+    "sine_embed_coords": (  # detrex detrex/layers/position_embedding.py, get_sine_pos_embed
+        ("pos_tensor", "num_pos_feats", "temperature", "exchange_xy"), True),
     "SpeechainPositionalEncoding": (  # speechain module/transformer/pos_enc.py
         ("posenc_type", "d_model", "emb_scale", "emb_layernorm", "posenc_scale", "init_alpha",
          "max_len", "dropout"), True),
@@ -162,6 +162,54 @@ def test_drop_ins_keep_their_peers_names_and_order(name):
         common = min(len(ours), len(peer))
         assert ours[:common] == peer[:common], f"{name}{ours} vs its peer {peer}"
         assert "same order" in mirrors or "(" in mirrors, f"{name}: the table must show the peer's order"
+
+
+#: a peer's parameters a drop-in takes by keyword only, or not at all, each with its reason
+NOT_IN_ORDER = {
+    # vispos' extras are keyword-only at the end (the docs' decision for the presets)
+    ("timm_sincos_2d", "device"), ("timm_sincos_2d", "dtype"),
+    ("init_mixed_freqs", "device"), ("init_mixed_freqs", "dtype"),
+}
+NOT_TAKEN = {
+    # rotary-embedding-torch's language-model options (xpos, learned or custom frequencies,
+    # caching, layout); the table promises its names for dim and theta only
+    ("RotaryEmbedding", name) for name in (
+        "custom_freqs", "freqs_for", "max_freq", "num_freqs", "learned_freq", "use_xpos",
+        "xpos_scale_base", "interpolate_factor", "theta_rescale_factor", "seq_before_head_dim",
+        "cache_if_possible", "cache_max_seq_len")
+} | {
+    # DINO's PositionEmbeddingSineHW: dino_sine is a preset of its settings (one temperature)
+    ("dino_sine", name) for name in ("temperatureH", "temperatureW", "normalize", "scale")
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PEERS if n in _public_encoders()))
+def test_drop_ins_take_every_peer_keyword_and_position(name):
+    """A call written for the peer runs unchanged: each of the peer's parameters is a parameter
+    of ours by the same name (a keyword works), and where the table promises the peer's order,
+    at the same position (a positional call means the same), except the listed, reasoned gaps."""
+    spec, order = PEERS[name]
+    peer = _peer_params(spec)
+    if peer is None:
+        pytest.skip(f"{spec} is not installed")
+    params = inspect.signature(_public_encoders()[name]).parameters
+    missing = [p for p in peer if (name, p) not in NOT_TAKEN and (
+        p not in params or params[p].kind is inspect.Parameter.POSITIONAL_ONLY)]
+    assert missing == [], f"{name} does not take its peer's keyword(s) {missing}"
+    if order:
+        ours = _positional(_public_encoders()[name])
+        moved = [(i, p) for i, p in enumerate(peer)
+                 if (name, p) not in NOT_IN_ORDER | NOT_TAKEN and (ours[i] if i < len(ours) else None) != p]
+        assert moved == [], f"{name}'s positions differ from its peer's at {moved}: {ours} vs {peer}"
+
+
+def test_detrex_call_runs_unchanged():
+    """detrex's ``get_sine_pos_embed(pos_tensor, num_pos_feats=128, temperature=10000,
+    exchange_xy=True)``, by keyword and by position."""
+    boxes = torch.rand(2, 3, 4)
+    by_name = vispos.sine_embed_coords(pos_tensor=boxes, num_pos_feats=128, temperature=10000, exchange_xy=False)
+    assert torch.equal(vispos.sine_embed_coords(boxes, 128, 10000, False), by_name)
+    assert by_name.shape == (2, 3, 512)
 
 
 def test_presets_mirror_their_peers_order_as_documented():

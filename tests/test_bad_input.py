@@ -167,7 +167,7 @@ CASES = [
     ("learned/too large", lambda f: PositionEmbeddingLearned(8, num_embeddings=4)(torch.zeros(1, 3, 5, 5)), ValueError, r"5 cells along spatial axis 1 but the col_embed table has num_embeddings=4"),
     ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"spatial_dims=2\) got an input with 1 spatial axes"),
     ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8"),
-    ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"coords must be a floating tensor"),
+    ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"pos_tensor must be a floating tensor"),
     # ---- backbones, Joiner, encoder
     ("timm/unknown model", lambda f: TimmBackbone("resnet_nonexistent"), ValueError, r"model_name 'resnet_nonexistent' is not a timm model"),
     ("timm/out_indices int", lambda f: TimmBackbone("resnet18", out_indices=4), TypeError, r"out_indices must be a non-empty sequence of ints, got 4"),

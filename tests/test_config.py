@@ -192,7 +192,7 @@ def test_long_values_are_cut_in_messages(tmp_path):
     """Item 7: a message prints at most a few hundred characters of a value, however long."""
     path = tmp_path / "long.yaml"
     path.write_text("type: PositionEmbeddingSine\nnum_pos_feats: [" + ", ".join(["12345"] * 3000) + "]\n")
-    with pytest.raises(TypeError, match=r"long.yaml \(PositionEmbeddingSine\): num_pos_feats .*\.\.\. \(\d+ characters\)$") as info:
+    with pytest.raises(TypeError, match=r"long.yaml \(PositionEmbeddingSine\): num_pos_feats .*\.\.\.") as info:
         build_from_config(path)
     assert len(str(info.value)) - len(str(path)) < 600
     path.write_text("type: [" + ", ".join(["12345"] * 3000) + "]\n")

@@ -54,7 +54,7 @@ def test_dino_parity(n, device):
 def test_deformable_two_stage_parity(device):
     torch.manual_seed(0)
     proposals = torch.randn(2, 300, 4, device=device) * 3  # logits
-    out = sine_embed_coords(proposals.sigmoid(), swap_xy=False)
+    out = sine_embed_coords(proposals.sigmoid(), exchange_xy=False)
     assert_close(out, deformable_reference(proposals), rtol=0, atol=0 if device.type == "cpu" else 1e-6)
 
 
@@ -68,7 +68,7 @@ def test_any_rank_any_n_against_float64(shape, num_pos_feats, temperature):
     order = [1, 0, *range(2, n)] if n >= 2 else [0]
     assert_close(out, float64_reference(coords, num_pos_feats, temperature, math.pi, order).float())
     order = list(range(n))
-    out = sine_embed_coords(coords, num_pos_feats, temperature, scale=math.pi, swap_xy=False)
+    out = sine_embed_coords(coords, num_pos_feats, temperature, scale=math.pi, exchange_xy=False)
     assert_close(out, float64_reference(coords, num_pos_feats, temperature, math.pi, order).float())
 
 
@@ -113,16 +113,17 @@ def test_does_not_modify_coords():
 @pytest.mark.parametrize(
     "args, kwargs, exc, match",
     [
-        (([0.5, 0.5],), {}, TypeError, r"coords must be a floating Tensor \(\.\.\., n\), got list"),
-        ((torch.zeros(3, 2, dtype=torch.long),), {}, TypeError, r"coords must be a floating tensor .*got torch.int64"),
-        ((torch.tensor(0.5),), {}, ValueError, r"coords must have shape \(\.\.\., n\) with n >= 1 coordinates, got \(\)"),
-        ((torch.zeros(3, 0),), {}, ValueError, r"coords must have shape \(\.\.\., n\) with n >= 1 coordinates, got \(3, 0\)"),
+        (([0.5, 0.5],), {}, TypeError, r"pos_tensor must be a floating Tensor \(\.\.\., n\), got \[0.5, 0.5\] \(list\)"),
+        ((torch.zeros(3, 2, dtype=torch.long),), {}, TypeError, r"pos_tensor must be a floating tensor .*got torch.int64"),
+        ((torch.tensor(0.5),), {}, ValueError, r"pos_tensor must have shape \(\.\.\., n\) with n >= 1 coordinates, got \(\)"),
+        ((torch.zeros(3, 0),), {}, ValueError, r"pos_tensor must have shape \(\.\.\., n\) with n >= 1 coordinates, got \(3, 0\)"),
         ((torch.zeros(3, 2), 7), {}, ValueError, r"num_pos_feats must be a positive even int .*got 7"),
         ((torch.zeros(3, 2), 8.0), {}, TypeError, r"num_pos_feats must be a positive even int, got 8.0"),
         ((torch.zeros(3, 2), 8, 0), {}, ValueError, r"temperature must be a finite number > 0, got 0"),
-        ((torch.zeros(3, 2), 8, 20, -1.0), {}, ValueError, r"scale must be > 0, got -1.0"),
-        ((torch.zeros(3, 2), 8, 20, "2pi"), {}, TypeError, r"scale must be a finite number, got '2pi' \(str\)"),
-        ((torch.zeros(3, 2),), {"swap_xy": 1}, TypeError, r"swap_xy must be a bool, got 1"),
+        ((torch.zeros(3, 2), 8, 20), {"scale": -1.0}, ValueError, r"scale must be > 0, got -1.0"),
+        ((torch.zeros(3, 2), 8, 20), {"scale": "2pi"}, TypeError, r"scale must be a finite number, got '2pi' \(str\)"),
+        ((torch.zeros(3, 2), 8, 20, "2pi"), {}, TypeError, r"exchange_xy must be a bool, got '2pi' \(str\)"),
+        ((torch.zeros(3, 2),), {"exchange_xy": 1}, TypeError, r"exchange_xy must be a bool, got 1"),
     ],
 )
 def test_function_errors(args, kwargs, exc, match):
@@ -158,7 +159,7 @@ def test_module_options_and_repr():
         f"scale={2 * math.pi}, swap_xy=True"
     )
     pts = torch.rand(5, 2)
-    sine = sine_embed_coords(pts, 16, 20, 1.0, swap_xy=False)
+    sine = sine_embed_coords(pts, 16, 20, False, scale=1.0)
     expected = m.layers[2](torch.relu(m.layers[1](torch.relu(m.layers[0](sine)))))
     assert_close(m(pts), expected)
     for clone in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
@@ -199,3 +200,42 @@ def test_module_forward_errors():
         m(torch.rand(3, 2))
     with pytest.raises(TypeError, match=r"coords must be a floating tensor .*got torch.int64"):
         m(torch.zeros(3, 4, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------- detrex's drop-in
+def _detrex_get_sine_pos_embed(pos_tensor, num_pos_feats=128, temperature=10000, exchange_xy=True):
+    """detrex ``detrex/layers/position_embedding.py`` ``get_sine_pos_embed``, as published."""
+    scale = 2 * math.pi
+    dim_t = torch.arange(num_pos_feats, dtype=torch.float32, device=pos_tensor.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / num_pos_feats)
+
+    def sine_func(x):
+        sin_x = x * scale / dim_t
+        return torch.stack((sin_x[:, :, 0::2].sin(), sin_x[:, :, 1::2].cos()), dim=3).flatten(2)
+
+    pos_res = [sine_func(x) for x in pos_tensor.split([1] * pos_tensor.shape[-1], dim=-1)]
+    if exchange_xy:
+        pos_res[0], pos_res[1] = pos_res[1], pos_res[0]
+    return torch.cat(pos_res, dim=-1)
+
+
+@pytest.mark.parametrize("exchange_xy", [True, False])
+def test_detrex_call_as_written(exchange_xy):
+    """detrex's call, by keyword and by position, gives detrex's numbers."""
+    boxes = torch.rand(2, 5, 4)
+    want = _detrex_get_sine_pos_embed(boxes, 64, 20, exchange_xy)
+    got_kw = sine_embed_coords(pos_tensor=boxes, num_pos_feats=64, temperature=20, exchange_xy=exchange_xy)
+    got_pos = sine_embed_coords(boxes, 64, 20, exchange_xy)
+    assert_close(got_kw, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got_kw, got_pos)
+
+
+def test_old_names_and_positional_scale_warn():
+    boxes = torch.rand(3, 4)
+    want = sine_embed_coords(boxes, 16, 20, False, scale=1.0)
+    with pytest.warns(DeprecationWarning, match="use exchange_xy= instead"):
+        assert torch.equal(sine_embed_coords(boxes, 16, 20, scale=1.0, swap_xy=False), want)
+    with pytest.warns(DeprecationWarning, match="use pos_tensor= instead"):
+        assert torch.equal(sine_embed_coords(coords=boxes, num_pos_feats=16, temperature=20, exchange_xy=False, scale=1.0), want)
+    with pytest.warns(DeprecationWarning, match="fourth positional argument is exchange_xy"):
+        assert torch.equal(sine_embed_coords(boxes, 16, 20, 1.0), sine_embed_coords(boxes, 16, 20, scale=1.0))

@@ -419,7 +419,7 @@ def test_large_arbitrary_mask_gather_path_is_bit_exact(shape, feats, normalize, 
     mask = torch.rand(shape, generator=g) < 0.05
     mask[0, ..., -7:] = True  # some padding, and lines that are padding only
     pe = PositionEmbeddingSine(feats, 10000, normalize, offset=offset, cache_size=0)
-    torch.testing.assert_close(pe(mask, dtype), _formula_path(pe, mask, dtype), rtol=0, atol=0)
+    torch.testing.assert_close(pe(mask, dtype=dtype), _formula_path(pe, mask, dtype), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("lengths", [[64, 40, 64, 17, 40, 64], [5, 5, 5, 7], [7, 5, 5, 5], [9, 9], [3, 8, 6]])
@@ -428,7 +428,7 @@ def test_1d_items_sharing_a_length_share_a_row(normalize, lengths):
     nt = nested_tensor_from_tensor_list([torch.zeros(2, n) for n in lengths])
     pe = PositionEmbeddingSine(32, normalize=normalize, offset=-0.5, cache_size=0)
     torch.testing.assert_close(pe(nt), _formula_path(pe, nt.mask), rtol=0, atol=0)
-    torch.testing.assert_close(pe(nt, torch.float16), _formula_path(pe, nt.mask, torch.float16), rtol=0, atol=0)
+    torch.testing.assert_close(pe(nt, dtype=torch.float16), _formula_path(pe, nt.mask, torch.float16), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kind", ["nested", "mask", "arbitrary", "features"])
@@ -448,7 +448,7 @@ def test_out_buffer_is_written_and_returned(kind):
     out.add_(1)  # the buffer is the caller's: the cache never saw it
     torch.testing.assert_close(pe(x), expected, rtol=0, atol=0)
     half = torch.empty_like(expected, dtype=torch.float16)
-    torch.testing.assert_close(pe(x, torch.float16, out=half), expected.half(), rtol=0, atol=0)
+    torch.testing.assert_close(pe(x, dtype=torch.float16, out=half), expected.half(), rtol=0, atol=0)
 
 
 def test_out_buffer_errors():
@@ -461,7 +461,7 @@ def test_out_buffer_errors():
     with pytest.raises(ValueError, match="dtype torch.float32"):
         pe(mask, out=torch.empty(2, 32, 5, 6, dtype=torch.float64))
     with pytest.raises(ValueError, match="dtype torch.float16"):
-        pe(mask, torch.float16, out=torch.empty(2, 32, 5, 6))
+        pe(mask, dtype=torch.float16, out=torch.empty(2, 32, 5, 6))
     with pytest.raises(ValueError, match="must not require grad"):
         pe(mask, out=torch.empty(2, 32, 5, 6, requires_grad=True))
 
@@ -495,3 +495,23 @@ def test_host_rounded_denominator_equals_the_device_sum(eps):
     denominators = _float32_sum(sizes, eps)
     device = torch.tensor(sizes, dtype=torch.float32) + eps
     torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
+
+
+def test_divisor_table_follows_its_parameters():
+    """One home for the divisors: assigning num_pos_feats or temperature checks the value,
+    rebuilds dim_t and empties the cache (no staleness flag to consult at call time)."""
+    from vispos._sincos import frequency_divisors
+
+    pe = PositionEmbeddingSine(8)
+    mask = torch.zeros(1, 3, 4, dtype=torch.bool)
+    before = pe(mask)
+    pe.temperature = 20
+    assert torch.equal(pe.dim_t, frequency_divisors(8, 20, repeat=2))
+    assert torch.equal(pe(mask), PositionEmbeddingSine(8, temperature=20)(mask)) and not torch.equal(pe(mask), before)
+    pe.num_pos_feats = 4
+    assert torch.equal(pe.dim_t, frequency_divisors(4, 20, repeat=2)) and pe(mask).shape == (1, 8, 3, 4)
+    with pytest.raises(ValueError, match="num_pos_feats must be a positive even int"):
+        pe.num_pos_feats = 5
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        pe.temperature = 0
+    assert not hasattr(pe, "_dim_t_params")

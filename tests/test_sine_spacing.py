@@ -6,6 +6,7 @@ millimetres, in the tensor's spatial axis order; spacing 1 gives exactly the vox
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -75,7 +76,7 @@ def _mask_of(x):
 @pytest.mark.parametrize("normalize, offset", [(False, 0.0), (True, 0.0), (True, -0.5), (False, -0.5)])
 def test_unit_spacing_is_the_voxel_embedding_bit_for_bit(n, kind, normalize, offset):
     x = _inputs(n)[kind]
-    pos = PositionEmbeddingSine(8, normalize=normalize, offset=offset)
+    pos = PositionEmbeddingSine(8, normalize=normalize, offset=offset, extent=7.0 if normalize else None)
     batch = x.tensors.shape[0] if isinstance(x, NestedTensor) else x.shape[0]
     assert_close(pos(x, spacing=torch.ones(batch, n)), pos(x), rtol=0, atol=0)
     assert_close(pos(x, spacing=torch.ones(batch, n, dtype=torch.float64)), pos(x), rtol=0, atol=0)
@@ -83,14 +84,14 @@ def test_unit_spacing_is_the_voxel_embedding_bit_for_bit(n, kind, normalize, off
 
 def test_unit_spacing_depth_added_bit_for_bit():
     for x in _inputs(3).values():
-        pos = PositionEmbeddingSineDepthAdded(8, normalize=True, offset=-0.5)
+        pos = PositionEmbeddingSineDepthAdded(8, normalize=True, offset=-0.5, extent=9.0)
         assert_close(pos(x, spacing=torch.ones(3, 3)), pos(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["none", "origin", "boxes", "arbitrary"])
 @pytest.mark.parametrize(
-    "normalize, offset, extent", [(False, 0.0, None), (False, -0.5, None), (True, 0.0, None), (True, -0.5, None), (True, 0.0, 40.0)]
+    "normalize, offset, extent", [(False, 0.0, None), (False, -0.5, None), (True, -0.5, 25.0), (True, 0.0, 40.0)]
 )
 def test_float64_reference(n, kind, normalize, offset, extent):
     x = _inputs(n)[kind]
@@ -124,7 +125,7 @@ def test_every_path_gives_the_same_numbers():
     nested = _inputs(3)["origin"]
     spacing = _spacing(3, 3)
     for normalize in (False, True):
-        pos = PositionEmbeddingSine(8, normalize=normalize, cache_size=0)
+        pos = PositionEmbeddingSine(8, normalize=normalize, cache_size=0, extent=30.0 if normalize else None)
         assert_close(pos(nested, spacing=spacing), pos(nested.mask, spacing=spacing), rtol=0, atol=0)
         plain = NestedTensor(nested.tensors, nested.mask)  # no host sizes
         assert_close(pos(plain, spacing=spacing), pos(nested, spacing=spacing), rtol=0, atol=0)
@@ -178,10 +179,12 @@ def test_spacing_keeps_the_callers_tensor():
 @pytest.mark.parametrize(
     "spacing, error, match",
     [
-        ([[1.0, 1.0]], TypeError, r"spacing must be a floating tensor \(B, n_axes\) in mm, got list"),
-        (torch.ones(2, 2, dtype=torch.int64), TypeError, r"spacing must be a floating tensor .* got torch.int64"),
-        (torch.ones(2), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\), got \(2,\)"),
-        (torch.ones(2, 3), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\), got \(2, 3\)"),
+        ("1 mm", TypeError, r"spacing must be a floating tensor \(B, n_axes\) or a sequence of n_axes numbers"),
+        ([True, False], TypeError, r"spacing must be a floating tensor .* got \[True, False\] \(list\)"),
+        ([[1.0, 1.0]], ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) or \(n_axes,\) = \(2,\), got \(1, 2\)"),
+        (torch.ones(2, 2, dtype=torch.int64), TypeError, r"spacing must be a floating tensor .* dtype torch.int64"),
+        (torch.ones(3), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) or \(n_axes,\) = \(2,\), got \(3,\)"),
+        (torch.ones(2, 3), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) .*got \(2, 3\)"),
         (torch.tensor([[1.0, 0.0], [1.0, 1.0]]), ValueError, "spacing must be finite and > 0"),
         (torch.tensor([[1.0, float("nan")], [1.0, 1.0]]), ValueError, "spacing must be finite and > 0"),
     ],
@@ -198,3 +201,30 @@ def test_extent_errors():
         PositionEmbeddingSine(8, normalize=True, extent=0.0)
     with pytest.raises(TypeError, match="extent"):
         PositionEmbeddingSine(8, normalize=True, extent="10")
+
+
+@pytest.mark.parametrize(
+    "given",
+    [[0.8, 3.0], (0.8, 3.0), np.array([0.8, 3.0]), np.array([0.8, 3.0], dtype=np.float32), torch.tensor([0.8, 3.0]),
+     [[0.8, 3.0], [0.8, 3.0]], np.array([[0.8, 3.0], [0.8, 3.0]])],
+    ids=["list", "tuple", "array", "array32", "1-d tensor", "nested list", "2-d array"],
+)
+def test_spacing_as_a_sequence_is_every_items(given):
+    """A list, tuple or array of n numbers (or B rows) is accepted wherever a spacing tensor is."""
+    pos = PositionEmbeddingSine(8)
+    mask = torch.zeros(2, 3, 4, dtype=torch.bool)
+    assert_close(pos(mask, spacing=given), pos(mask, spacing=torch.tensor([[0.8, 3.0]] * 2)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("offset", [0.0, -0.5])
+def test_spacing_under_per_line_normalisation_is_refused_naming_extent(offset):
+    """normalize=True without extent divides each line by its own length in mm: the spacing would
+    cancel (the result equalled the call without it to 5e-7). It is refused, naming extent=."""
+    pos = PositionEmbeddingSine(8, normalize=True, offset=offset)
+    nested = _inputs(3)["boxes"]
+    with pytest.raises(ValueError, match=r"spacing has no effect with normalize=True and no extent.*extent="):
+        pos(nested, spacing=_spacing(3, 3))
+    with pytest.raises(ValueError, match="extent="):
+        PositionEmbeddingSineDepthAdded(8, normalize=True)(nested, spacing=_spacing(3, 3))
+    with_extent = PositionEmbeddingSine(8, normalize=True, offset=offset, extent=40.0)
+    assert not torch.allclose(with_extent(nested, spacing=_spacing(3, 3)), with_extent(nested), atol=1e-3)

@@ -489,3 +489,34 @@ def test_image_figure_width_does_not_grow_with_levels(tmp_path, n_levels):
         w, h = im.size
     assert w == 1008  # (2.6 * 4 + 0.8) in at 90 dpi, whatever n_levels
     assert 2 * n_levels * 150 < h < 2 * n_levels * 260
+
+
+def _similarity_figure(*extra):
+    from vispos.app import _plot_command
+    from vispos.app.cli import _parser
+
+    args = _parser().parse_args(["plot", "similarity", "--shape", "6", "8", "10", *extra])
+    fig = _plot_command._figure(args)
+    images = [image.get_array() for ax in fig.axes for image in ax.get_images()]
+    return fig, images
+
+
+def test_cli_similarity_in_millimetres_differs_from_voxel_positions():
+    """``--spacing`` places cells in millimetres: the maps differ from ``--voxel-positions``
+    (they were equal everywhere but the title), and the title says what each shows."""
+    import numpy as np
+
+    mm_fig, mm = _similarity_figure("--spacing", "3", "0.8", "0.8")
+    vox_fig, vox = _similarity_figure("--spacing", "3", "0.8", "0.8", "--voxel-positions")
+    assert len(mm) == len(vox) > 0
+    assert any(not np.allclose(a, b, atol=1e-3) for a, b in zip(mm, vox))
+    assert "positions in millimetres over 18 mm (normalize, extent)" in mm_fig._suptitle.get_text()
+    assert "positions in voxel indices" in vox_fig._suptitle.get_text()
+
+
+def test_cli_similarity_spacing_cancelled_by_normalisation_is_an_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["plot", "similarity", "--shape", "6", "8", "--spacing", "3", "0.8",
+            "--encoder", "PositionEmbeddingSine", "--kw", "normalize=true"]
+    assert main(argv) == 2
+    assert "extent=" in capsys.readouterr().err

@@ -40,7 +40,7 @@ def set_caching(enabled: bool) -> None:
         ``functools.lru_cache`` (the behaviour of ``maxsize=0``).
     """
     global _global_enabled
-    check_bool(enabled, "enabled")
+    enabled = check_bool(enabled, "enabled")
     _global_enabled = enabled
 
 
@@ -91,7 +91,7 @@ def caching(enabled: bool | None = None) -> Iterator[None]:
             "vispos.caching(True) to silence this warning"
         )
         enabled = True
-    check_bool(enabled, "enabled")
+    enabled = check_bool(enabled, "enabled")
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []

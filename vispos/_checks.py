@@ -11,6 +11,11 @@ accepted where an int or a number is asked for (``True`` is not a size).
 NumPy integer (``np.int64(4)``, a 0-d integer array) or a 0-d integer tensor, and a real-number
 argument also a NumPy floating scalar (``np.float32(0.5)``, a 0-d float array) or a 0-d
 floating tensor; never a bool of any library, and an integer argument never a float (``4.0``).
+A bool argument accepts a NumPy ``bool_`` and a 0-d bool tensor (never ``0`` / ``1``), and a
+sequence argument a list, a tuple, a ``torch.Size`` or a 1-d NumPy array.
+
+**Messages quote values, never tensors**: :func:`describe` gives a tensor's or an array's type,
+shape and dtype (its values could fill a screen), any other value by a bounded repr.
 Checks return the validated value **as a Python ``int`` / ``float``**, exactly (a float32 or
 float64 scalar is represented exactly by a Python float; a NumPy ``longdouble`` that is not is
 refused rather than rounded), so a caller writes ``self.n = check_int(n, "n", minimum=1)`` and
@@ -25,6 +30,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import reprlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +39,8 @@ import torch
 
 __all__ = [
     "MAX_SPATIAL",
+    "as_bool",
+    "as_sequence",
     "check_bool",
     "check_choice",
     "check_dropout",
@@ -42,6 +50,7 @@ __all__ = [
     "check_multiple",
     "check_number",
     "check_sizes",
+    "describe",
     "is_int",
     "as_int",
     "as_real",
@@ -53,6 +62,58 @@ MAX_SPATIAL = 3
 
 def _type_name(value: Any) -> str:
     return type(value).__name__
+
+
+_REPR = reprlib.Repr()  # a bounded repr: its cost does not grow with the value
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def describe(value: Any) -> str:
+    """``value`` as an error message quotes it: a tensor or an array by its type, shape and dtype
+    (never its values: a message stays one line whatever the size), anything else by its
+    ``repr`` (containers and strings cut with ``...``: :mod:`reprlib`) and type.
+
+    Examples: ``"Tensor of shape (2, 5, 5) and dtype torch.bool"``, ``"'7' (str)"``.
+    """
+    np = sys.modules.get("numpy")
+    if isinstance(value, torch.Tensor) or (np is not None and isinstance(value, np.ndarray)):
+        kind = "Tensor" if isinstance(value, torch.Tensor) else "ndarray"
+        return f"{kind} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return f"{_REPR.repr(value)} ({_type_name(value)})"
+
+
+def as_bool(value: Any) -> Any:
+    """``value`` as a Python ``bool`` when it is a boolean scalar, else None: ``bool``, a NumPy
+    ``bool_`` or 0-d bool array, a 0-d bool tensor (never ``0`` / ``1``)."""
+    if isinstance(value, bool):
+        return value
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, np.bool_):
+            return bool(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.bool:
+        try:
+            return bool(value.item())
+        except (RuntimeError, NotImplementedError):  # meta / fake tensors hold no value
+            return None
+    return None
+
+
+def as_sequence(value: Any) -> tuple | None:
+    """``value`` as a tuple when it is a sequence of scalars: a list, a tuple, a ``torch.Size``
+    or a 1-d NumPy array (its entries as NumPy scalars); else None (a str, a tensor, a scalar)."""
+    if isinstance(value, (str, bytes)):
+        return None
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        return tuple(value) if value.ndim == 1 else None
+    if isinstance(value, (Sequence, torch.Size)) and not isinstance(value, torch.Tensor):
+        return tuple(value)
+    return None
 
 
 def _scalar_tensor(value: Any) -> bool:
@@ -109,7 +170,7 @@ def as_real(value: Any, name: str = "value") -> Any:
             out = float(value)
             if value == value and np.longdouble(out) != np.longdouble(value):
                 raise ValueError(
-                    f"{name} = {value!r} ({_type_name(value)}) cannot be held by a Python float "
+                    f"{name} = {describe(value)} cannot be held by a Python float "
                     "without rounding; pass a float64 (or float32) value"
                 )
             return out
@@ -144,7 +205,7 @@ def check_int(
     want = {None: "an int", 0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
     converted = as_int(value)
     if converted is None:
-        raise TypeError(f"{name} must be {want}{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
+        raise TypeError(f"{name} must be {want}{' or None' if optional else ''}, got {describe(value)}")
     if minimum is not None and converted < minimum:
         raise ValueError(f"{name} must be {'a positive int' if minimum == 1 else f'>= {minimum}'}, got {converted}")
     return converted
@@ -159,7 +220,7 @@ def check_multiple(value: Any, multiple: int, name: str, why: str = "") -> int:
     """
     converted = as_int(value)
     if converted is None or isinstance(converted, torch.SymInt):
-        raise TypeError(f"{name} must be a positive int, got {value!r} ({_type_name(value)})")
+        raise TypeError(f"{name} must be a positive int, got {describe(value)}")
     value = converted
     if value <= 0 or value % multiple:
         reason = f" ({why})" if why else ""
@@ -168,16 +229,18 @@ def check_multiple(value: Any, multiple: int, name: str, why: str = "") -> int:
 
 
 def check_bool(value: Any, name: str, *, optional: bool = False) -> Any:
-    """A ``bool`` (``None`` passes when ``optional``).
+    """A boolean scalar (see :func:`as_bool`: Python, NumPy or 0-d tensor), returned as a Python
+    ``bool`` (``None`` passes when ``optional``).
 
     Raises:
         TypeError: anything else (``0``/``1`` included).
     """
     if value is None and optional:
         return None
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {value!r} ({_type_name(value)})")
-    return value
+    converted = as_bool(value)
+    if converted is None:
+        raise TypeError(f"{name} must be a bool{' or None' if optional else ''}, got {describe(value)}")
+    return converted
 
 
 def check_number(
@@ -193,7 +256,7 @@ def check_number(
     converted = as_real(value, name)
     if converted is None:
         want = "a finite number" if finite else "a real number"
-        raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
+        raise TypeError(f"{name} must be {want}, got {describe(value)}")
     value = converted
     if finite and not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value}")
@@ -215,7 +278,7 @@ def check_dropout(value: Any, name: str = "dropout") -> float:
     """
     converted = as_real(value, name)
     if converted is None:
-        raise TypeError(f"{name} must be a float in [0, 1), got {value!r} ({_type_name(value)})")
+        raise TypeError(f"{name} must be a float in [0, 1), got {describe(value)}")
     value = converted
     if not 0.0 <= value < 1.0:
         raise ValueError(f"{name} must be a float in [0, 1), got {value}")
@@ -256,9 +319,9 @@ def check_choice(value: Any, choices: Sequence[Any], name: str) -> Any:
     if kinds == (int,) and as_int(value) is not None:
         value = as_int(value)
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise TypeError(f"{name} must be one of {tuple(choices)}, got {value!r} ({_type_name(value)})")
+        raise TypeError(f"{name} must be one of {tuple(choices)}, got {describe(value)}")
     if value not in choices:
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {describe(value)}")
     return value
 
 
@@ -273,7 +336,7 @@ def check_float_dtype(dtype: Any, name: str = "dtype", *, optional: bool = False
         return None
     if not isinstance(dtype, torch.dtype):
         raise TypeError(
-            f"{name} must be a floating torch.dtype such as torch.float16, got {dtype!r} ({_type_name(dtype)})"
+            f"{name} must be a floating torch.dtype such as torch.float16, got {describe(dtype)}"
         )
     if not dtype.is_floating_point:
         raise TypeError(f"{name} must be a floating torch.dtype (sin/cos values), got {dtype}")
@@ -281,7 +344,8 @@ def check_float_dtype(dtype: Any, name: str = "dtype", *, optional: bool = False
 
 
 def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[int] = (1, 2, 3)) -> tuple[int, ...]:
-    """Grid sizes: a sequence of positive ints, or (when ``n`` is given) one int repeated ``n`` times.
+    """Grid sizes: a sequence of positive ints (a list, tuple, ``torch.Size`` or 1-d array, see
+    :func:`as_sequence`), or (when ``n`` is given) one int repeated ``n`` times.
 
     Integer scalars of any library are accepted (see :func:`as_int`); the result holds Python ints.
 
@@ -296,12 +360,13 @@ def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[
     """
     if n is not None and is_int(value):
         value = (as_int(value),) * n
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, torch.Size)):
+    entries = as_sequence(value)
+    if entries is None:
         want = f"an int or a sequence of {n} ints" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"
-        raise TypeError(f"{name} must be {want}, got {value!r} ({_type_name(value)})")
-    sizes = tuple(as_int(s) for s in value)
+        raise TypeError(f"{name} must be {want}, got {describe(value)}")
+    sizes = tuple(as_int(s) for s in entries)
     if any(s is None for s in sizes):
-        raise TypeError(f"{name} must hold ints, got {value!r}")
+        raise TypeError(f"{name} must hold ints, got {describe(value)}")
     if n is not None and len(sizes) != n:
         raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {sizes}")
     if n is None and len(sizes) not in ranks:
@@ -319,7 +384,7 @@ def check_index(index: Any, length: int, name: str = "index") -> int:
         TypeError: not an integer. IndexError: out of range (as for any Python sequence).
     """
     if isinstance(index, bool):
-        raise TypeError(f"{name} must be an int, got {index!r}")
+        raise TypeError(f"{name} must be an int, got {describe(index)}")
     try:
         i = operator.index(index)
     except TypeError:

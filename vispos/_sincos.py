@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from . import _tracing
-from ._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, is_int
+from ._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, describe, is_int
 
 __all__ = [
     "frequency_divisors",
@@ -79,7 +79,7 @@ def check_num_feats(num_feats: object, name: str = "num_pos_feats") -> int:
     try:
         return check_multiple(num_feats, 2, name)
     except TypeError:
-        raise TypeError(f"{name} must be a positive even int, got {num_feats!r} ({type(num_feats).__name__})") from None
+        raise TypeError(f"{name} must be a positive even int, got {describe(num_feats)}") from None
     except ValueError:
         raise ValueError(
             f"{name} must be a positive even int (each frequency has a sin and a cos channel), "
@@ -97,7 +97,7 @@ def check_temperature(temperature: object, name: str = "temperature") -> float:
     try:
         temperature = check_number(temperature, name, finite=False)
     except TypeError:
-        raise TypeError(f"{name} must be a positive number, got {temperature!r} ({type(temperature).__name__})") from None
+        raise TypeError(f"{name} must be a positive number, got {describe(temperature)}") from None
     if not math.isfinite(temperature) or temperature <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {temperature}")
     return temperature
@@ -156,7 +156,7 @@ def frequency_divisors(
     dtype = check_choice(dtype, _COMPUTE_DTYPES, "dtype")
     ladder = check_choice(ladder, _LADDERS, "ladder")
     repeat = check_int(repeat, "repeat", minimum=1)
-    check_bool(inverse, "inverse")
+    inverse = check_bool(inverse, "inverse")
     if ladder in ("standard", "continued"):
         k2 = torch.arange(0, num_feats, 2, device=device, dtype=dtype)
         if repeat > 1:

@@ -120,7 +120,7 @@ class NestedTensor:
                 "tensors must have shape (B, C, *S) with 1 to 3 spatial axes, "
                 f"got shape {tuple(tensors.shape)}"
             )
-        check_bool(rectangular, "rectangular")
+        rectangular = check_bool(rectangular, "rectangular")
         expected = (tensors.shape[0], *tensors.shape[2:])
         claims = image_sizes is not None or rectangular
         if isinstance(mask, Padding):

@@ -50,7 +50,7 @@ def set_layer_args(
         raise ValueError(f"nhead={nhead} must divide d_model={d_model}")
     dropout = check_dropout(dropout)
     activation = check_choice(activation, tuple(_ACTIVATIONS), "activation")
-    check_bool(normalize_before, "normalize_before")
+    normalize_before = check_bool(normalize_before, "normalize_before")
     layer.d_model, layer.nhead, layer.dim_feedforward = d_model, nhead, dim_feedforward
     layer.dropout_p, layer.activation_name, layer.normalize_before = float(dropout), activation, normalize_before
     layer.activation = _ACTIVATIONS[activation]

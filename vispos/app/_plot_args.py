@@ -72,7 +72,8 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="query cells for similarity, e.g. 8,12 20,40")
     p.add_argument("--spacing", nargs="+", type=float, metavar="MM",
                    help="cell size along each axis of --shape in mm, tensor axis order (similarity): "
-                   "the figure is drawn to scale and the cells are placed at their physical coordinates")
+                   "the figure is drawn to scale and the cells are placed at their physical coordinates "
+                   "(the default encoder normalises by the grid's longest side in mm: extent)")
     p.add_argument("--voxel-positions", action="store_true",
                    help="with --spacing: draw to scale but keep voxel-index positions (for comparison)")
     p.add_argument("--num-feats", type=int, default=128, help="channels per axis (wavelengths)")

@@ -76,6 +76,12 @@ def _encoder(args: argparse.Namespace) -> torch.nn.Module:
     else:
         default = KINDS[args.kind][1]
         cfg = dict(default) if args.encoder is None else {"type": args.encoder}
+        if args.encoder is None and args.kind == "similarity" and args.spacing and not args.voxel_positions:
+            # millimetres survive DETR's normalisation only under one length for every axis:
+            # the grid's longest side in mm (without it the spacing would cancel)
+            sides = [n * s for n, s in zip(grid_shape(args), args.spacing)]
+            if sides and all(0 < v < math.inf for v in sides) and cfg.get("normalize"):
+                cfg["extent"] = max(sides)
         for item in args.kw:
             key, sep, text = item.partition("=")
             if not sep or not key:
@@ -217,7 +223,10 @@ def _figure(args: argparse.Namespace):
     title = f"{name}: cosine similarity to query cells"
     if spacing is not None:
         mm = " x ".join(f"{v:g}" for v in spacing)
+        extent = encoder.extent if isinstance(encoder, PositionEmbeddingSine) else None
         where = "voxel indices" if args.voxel_positions else "millimetres"
+        if extent is not None and not args.voxel_positions:
+            where += f" over {extent:g} mm (normalize, extent)"
         title += f"\n{mm} mm cells drawn to scale, positions in {where}"
     return figures.plot_similarity(pos, _queries(args), title=title, spacing=spacing)
 

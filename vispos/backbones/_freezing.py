@@ -46,6 +46,6 @@ def freeze_through(module: nn.Module, boundary: str | None) -> list[str]:
 
 def check_freeze_args(train_backbone: Any, frozen_stages: Any, frozen_batch_norm: Any) -> int:
     """Validates the freezing keywords the adapters share; returns ``frozen_stages`` as an int."""
-    check_bool(train_backbone, "train_backbone")
-    check_bool(frozen_batch_norm, "frozen_batch_norm")
+    train_backbone = check_bool(train_backbone, "train_backbone")
+    frozen_batch_norm = check_bool(frozen_batch_norm, "frozen_batch_norm")
     return check_int(frozen_stages, "frozen_stages", minimum=-1)  # -1: train every stage

@@ -81,7 +81,7 @@ class GraphBackbone(BackboneAdapter):
         frozen_batch_norm: bool,
         padding_invariant: bool = False,
     ) -> None:
-        check_bool(padding_invariant, "padding_invariant")
+        padding_invariant = check_bool(padding_invariant, "padding_invariant")
         self.weights = weights
         self.checkpoint_path = checkpoint_path
         self.train_backbone = train_backbone

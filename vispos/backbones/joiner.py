@@ -160,10 +160,10 @@ class Joiner(nn.Module):
                 raise TypeError(f"{name} must be an nn.Module, got {type(mod).__name__}")
         hidden_dim = check_int(hidden_dim, "hidden_dim", minimum=1, optional=True)
         num_feature_levels = check_int(num_feature_levels, "num_feature_levels", minimum=1, optional=True)
-        check_bool(level_embed, "level_embed", optional=True)
-        check_bool(input_proj, "input_proj")
+        level_embed = check_bool(level_embed, "level_embed", optional=True)
+        input_proj = check_bool(input_proj, "input_proj")
         num_groups = check_int(num_groups, "num_groups", minimum=1)
-        check_bool(padding_invariant, "padding_invariant", optional=True)
+        padding_invariant = check_bool(padding_invariant, "padding_invariant", optional=True)
         self.backbone = backbone
         self.position_embedding = position_embedding
         described = isinstance(backbone, Backbone)

@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .._checks import check_bool, check_int
+from .._checks import as_sequence, check_bool, check_int, describe
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
@@ -117,14 +117,15 @@ class TimmBackbone(BackboneAdapter):
 
         if not isinstance(model_name, str):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
-        if isinstance(out_indices, str) or not isinstance(out_indices, Sequence):
-            raise TypeError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
-        indices = tuple(check_int(index, f"out_indices[{i}]") for i, index in enumerate(out_indices))
+        entries = as_sequence(out_indices)
+        if entries is None:
+            raise TypeError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
+        indices = tuple(check_int(index, f"out_indices[{i}]") for i, index in enumerate(entries))
         if len(indices) == 0:
-            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {out_indices!r}")
+            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
         out_indices = indices
-        check_bool(pretrained, "pretrained")
-        check_bool(padding_invariant, "padding_invariant")
+        pretrained = check_bool(pretrained, "pretrained")
+        padding_invariant = check_bool(padding_invariant, "padding_invariant")
         frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         in_chans = check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):

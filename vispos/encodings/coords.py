@@ -18,80 +18,96 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .. import _deprecation
+from .._checks import as_real, check_bool, check_int, check_number, describe
 from .._sincos import check_num_feats, check_temperature, sincos_embed
-from .._checks import check_bool, check_int, check_number
 
 __all__ = ["sine_embed_coords", "CoordSineEmbedding"]
 
 
-def _check_coords(coords: object, num_coords: int | None = None) -> Tensor:
+def _check_coords(coords: object, num_coords: int | None = None, name: str = "coords") -> Tensor:
     if not isinstance(coords, Tensor):
-        raise TypeError(f"coords must be a floating Tensor (..., n), got {type(coords).__name__}")
+        raise TypeError(f"{name} must be a floating Tensor (..., n), got {describe(coords)}")
     if not coords.is_floating_point():
         raise TypeError(
-            f"coords must be a floating tensor of normalised coordinates in [0, 1], got {coords.dtype}"
+            f"{name} must be a floating tensor of normalised coordinates in [0, 1], got {coords.dtype}"
         )
     if coords.dim() < 1 or coords.shape[-1] < 1:
-        raise ValueError(f"coords must have shape (..., n) with n >= 1 coordinates, got {tuple(coords.shape)}")
+        raise ValueError(f"{name} must have shape (..., n) with n >= 1 coordinates, got {tuple(coords.shape)}")
     if num_coords is not None and coords.shape[-1] != num_coords:
         raise ValueError(
-            f"coords must have shape (..., {num_coords}) (num_coords={num_coords}), got {tuple(coords.shape)}"
+            f"{name} must have shape (..., {num_coords}) (num_coords={num_coords}), got {tuple(coords.shape)}"
         )
     return coords
 
 
+@_deprecation.renamed_kwargs(coords="pos_tensor", swap_xy="exchange_xy")
 def sine_embed_coords(
-    coords: Tensor,
+    pos_tensor: Tensor,
     num_pos_feats: int = 128,
     temperature: float = 10000,
-    scale: float = 2 * math.pi,
+    exchange_xy: bool = True,
     *,
-    swap_xy: bool = True,
+    scale: float = 2 * math.pi,
 ) -> Tensor:
     """Sine embedding of points ``(x, y)``, boxes ``(cx, cy, w, h)`` or any ``n`` coordinates.
 
-    Coordinate ``c`` becomes ``p = c * scale`` and then ``sin(p / d_0), cos(p / d_0), sin(p / d_1),
-    ...`` with ``d_k = temperature^(2k / num_pos_feats)`` (DETR's interleaved layout). With
-    ``swap_xy`` the blocks of the first two coordinates are swapped, giving DAB-DETR / DINO's
-    ``(y, x, w, h)`` order of ``gen_sineembed_for_position`` (for ``n = 2`` and ``n = 4``);
-    ``swap_xy=False`` keeps the input order, as Deformable-DETR's two-stage
-    ``get_proposal_pos_embed`` does (pass ``proposals.sigmoid()``: that function takes logits).
+    detrex's ``get_sine_pos_embed(pos_tensor, num_pos_feats=128, temperature=10000,
+    exchange_xy=True)`` under the same names and argument order (a drop-in), with vispos'
+    ``scale`` keyword-only at the end. Coordinate ``c`` becomes ``p = c * scale`` and then
+    ``sin(p / d_0), cos(p / d_0), sin(p / d_1), ...`` with ``d_k = temperature^(2k /
+    num_pos_feats)`` (DETR's interleaved layout). With ``exchange_xy`` the blocks of the first
+    two coordinates are swapped, giving DAB-DETR / DINO's ``(y, x, w, h)`` order of
+    ``gen_sineembed_for_position`` (for ``n = 2`` and ``n = 4``); ``exchange_xy=False`` keeps the
+    input order, as Deformable-DETR's two-stage ``get_proposal_pos_embed`` does (pass
+    ``proposals.sigmoid()``: that function takes logits).
 
-    Differentiable with respect to ``coords`` (DAB-DETR learns its anchor boxes). Angles are
-    computed in float32 (float64 for float64 coords) and cast once to ``coords.dtype``.
+    Differentiable with respect to ``pos_tensor`` (DAB-DETR learns its anchor boxes). Angles are
+    computed in float32 (float64 for float64 input) and cast once to ``pos_tensor.dtype``.
 
     Args:
-        coords (Tensor[..., n], float): normalised coordinates, usually in ``[0, 1]`` (not
+        pos_tensor (Tensor[..., n], float): normalised coordinates, usually in ``[0, 1]`` (not
             checked: no host synchronisation).
         num_pos_feats (int): channels per coordinate (positive, even). Default 128 (DINO, with
             ``d_model = 256``).
         temperature (float): ``T`` of the frequency ladder. Default 10000.
-        scale (float): multiplier of the coordinates. Default ``2 * pi``.
-        swap_xy (bool): emit the first two coordinates as ``(y, x)``. Default True (DINO).
+        exchange_xy (bool): emit the first two coordinates as ``(y, x)``. Default True (DINO).
+        scale (float, keyword-only): multiplier of the coordinates. Default ``2 * pi``.
 
     Returns:
-        Tensor[..., n * num_pos_feats]: in ``coords.dtype`` on ``coords``' device.
+        Tensor[..., n * num_pos_feats]: in ``pos_tensor.dtype`` on its device.
 
     Raises:
-        TypeError: ``coords`` is not a floating tensor; a non-int ``num_pos_feats``; a non-number
-            ``temperature`` / ``scale``; a non-bool ``swap_xy``.
-        ValueError: ``coords`` has no coordinate axis; odd or non-positive ``num_pos_feats``;
-            non-positive ``temperature`` or ``scale``.
+        TypeError: ``pos_tensor`` is not a floating tensor; a non-int ``num_pos_feats``; a
+            non-number ``temperature`` / ``scale``; a non-bool ``exchange_xy``; an old and a new
+            keyword together (``coords=`` and ``swap_xy=`` are the deprecated names of
+            ``pos_tensor=`` and ``exchange_xy=``).
+        ValueError: ``pos_tensor`` has no coordinate axis; odd or non-positive
+            ``num_pos_feats``; non-positive ``temperature`` or ``scale``.
 
     References:
         Liu et al., DAB-DETR, ICLR 2022; Zhang et al., DINO, ICLR 2023
-        (``gen_sineembed_for_position``); Zhu et al., Deformable DETR, ICLR 2021.
+        (``gen_sineembed_for_position``); detrex ``detrex/layers/position_embedding.py``
+        (``get_sine_pos_embed``); Zhu et al., Deformable DETR, ICLR 2021.
     """
-    _check_coords(coords)
+    if isinstance(as_real(exchange_xy), float):  # the fourth positional argument was scale before
+        _deprecation.warn(
+            "sine_embed_coords(pos_tensor, num_pos_feats, temperature, scale) is deprecated and will "
+            "be removed: the fourth positional argument is exchange_xy (detrex's order); pass scale= "
+            "by keyword",
+            skip=(__file__,),
+        )
+        scale, exchange_xy = exchange_xy, True
+    coords = _check_coords(pos_tensor, name="pos_tensor")
     num_pos_feats = check_num_feats(num_pos_feats)
     temperature = check_temperature(temperature)
     scale = float(check_number(scale, "scale", positive=True))
-    check_bool(swap_xy, "swap_xy")
+    exchange_xy = check_bool(exchange_xy, "exchange_xy")
     compute = torch.float64 if coords.dtype == torch.float64 else torch.float32
     # scale in float32 first, exactly as the peers do, then divide (sincos_embed's default).
     scaled = coords.to(compute) * scale
     order = list(range(coords.shape[-1]))
-    if swap_xy and len(order) >= 2:
+    if exchange_xy and len(order) >= 2:
         order[0], order[1] = 1, 0
     positions = [scaled[..., i] for i in order]
     return sincos_embed(
@@ -167,7 +183,7 @@ class CoordSineEmbedding(nn.Module):
         hidden_dim = check_int(hidden_dim, "hidden_dim", minimum=1)
         temperature = check_temperature(temperature)
         scale = float(check_number(scale, "scale", positive=True))
-        check_bool(swap_xy, "swap_xy")
+        swap_xy = check_bool(swap_xy, "swap_xy")
         self.num_coords = num_coords
         self.d_model = d_model
         self.num_pos_feats = num_pos_feats
@@ -184,7 +200,7 @@ class CoordSineEmbedding(nn.Module):
         _check_coords(coords, self.num_coords)
         weight = self.layers[0].weight
         out = sine_embed_coords(
-            coords, self.num_pos_feats, self.temperature, self.scale, swap_xy=self.swap_xy
+            coords, self.num_pos_feats, self.temperature, self.swap_xy, scale=self.scale
         ).to(weight.dtype)
         for i, layer in enumerate(self.layers):
             out = layer(out)

@@ -134,7 +134,7 @@ class DinoV3RotaryEmbedding(VisionRope):
         normalize_coords = check_choice(normalize_coords, _NORMALIZE, "normalize_coords")
         grid_offset = check_number(grid_offset, "grid_offset")
         grid_indexing = check_choice(grid_indexing, _INDEXING, "grid_indexing")
-        check_bool(rotate_half, "rotate_half")
+        rotate_half = check_bool(rotate_half, "rotate_half")
         check_float_dtype(dtype, optional=True)
         self.dim = dim
         self.num_axes = num_axes

@@ -83,8 +83,8 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
     ) -> None:
         super().__init__()
         channels = check_int(channels, "channels", minimum=1)
-        check_bool(cache, "cache")
-        check_bool(zero_copy, "zero_copy")
+        cache = check_bool(cache, "cache")
+        zero_copy = check_bool(zero_copy, "zero_copy")
         self._dtype_override = check_float_dtype(dtype_override, "dtype_override", optional=True)
         budget = check_max_bytes(cache_bytes, "cache_bytes")
         self._tables = TensorCache(_CACHE_SIZE if cache else 0, budget)
@@ -158,7 +158,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     @cache.setter
     def cache(self, value: bool) -> None:
-        check_bool(value, "cache")
+        value = check_bool(value, "cache")
         self._tables.maxsize = _CACHE_SIZE if value else 0
 
     def _refresh_derived(self) -> None:

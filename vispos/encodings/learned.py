@@ -10,6 +10,7 @@ References:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _deprecation
-from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_sizes, is_int
+from .._checks import as_sequence, check_bool, check_choice, check_float_dtype, check_int, check_sizes, describe, is_int
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
+from ._call import read_masks
 
 __all__ = ["PositionEmbeddingLearned", "resample_abs_pos_embed"]
 
@@ -84,16 +86,16 @@ class PositionEmbeddingLearned(nn.Module):
     ) -> None:
         super().__init__()
         num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
-        check_bool(interpolate, "interpolate")
+        interpolate = check_bool(interpolate, "interpolate")
         if spatial_dims is not None:
             spatial_dims = check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
         if is_int(num_embeddings):  # one size for every axis
             num_embeddings = check_int(num_embeddings, "num_embeddings", minimum=1)
             n = 2 if spatial_dims is None else spatial_dims
             sizes = (num_embeddings,) * n
-        elif isinstance(num_embeddings, Sequence) and not isinstance(num_embeddings, str):
+        elif as_sequence(num_embeddings) is not None:
             sizes = tuple(
-                check_int(v, f"num_embeddings[{i}]", minimum=1) for i, v in enumerate(num_embeddings)
+                check_int(v, f"num_embeddings[{i}]", minimum=1) for i, v in enumerate(as_sequence(num_embeddings))
             )
             if not 1 <= len(sizes) <= 3:
                 raise ValueError(
@@ -108,7 +110,7 @@ class PositionEmbeddingLearned(nn.Module):
         else:
             raise TypeError(
                 "num_embeddings must be a positive int or a sequence of one positive int per axis, "
-                f"got {num_embeddings!r} ({type(num_embeddings).__name__})"
+                f"got {describe(num_embeddings)}"
             )
         self.num_pos_feats = num_pos_feats
         self.num_embeddings = sizes
@@ -134,20 +136,35 @@ class PositionEmbeddingLearned(nn.Module):
         """Number of spatial axes (the same as ``spatial_dims``, the constructor's name)."""
         return self.spatial_dims
 
-    def forward(self, x: NestedTensor | NestedTensorLike | Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(
+        self,
+        x: NestedTensor | NestedTensorLike | Tensor,
+        mask: Tensor | None = None,
+        *,
+        pixel_mask: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
         """Embeds the cell indices of ``x``; see the class docstring for shapes.
 
         Args:
             x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S]): what to
                 embed (DETR's own ``NestedTensor`` is accepted as it is).
-            dtype (torch.dtype, optional): output dtype (floating); the tables' dtype when not
-                given.
+            mask (Tensor[B, *S] bool, optional): DETR's mask of a feature map ``x`` (True =
+                padding), as in ``pos(features, mask)``; checked, and (as in DETR) not used.
+            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask (nonzero =
+                valid) instead; not together with ``mask``.
+            dtype (torch.dtype, optional, keyword-only): output dtype (floating); the tables'
+                dtype when not given (as the second positional argument: deprecated, warns).
 
         Raises:
-            TypeError: ``x`` of another type; a non-floating or non-``torch.dtype`` ``dtype``.
-            ValueError: another number of spatial axes; ``x`` on another device than the tables;
-                an axis longer than its table without ``interpolate``.
+            TypeError: ``x`` of another type; a ``mask`` that is not a bool tensor; both masks,
+                or either with an ``x`` that carries its own; a non-floating or
+                non-``torch.dtype`` ``dtype``.
+            ValueError: another number of spatial axes; a mask not of shape ``(B, *S)``; ``x``
+                on another device than the tables; an axis longer than its table without
+                ``interpolate``.
         """
+        x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         check_float_dtype(dtype, optional=True)
         padding = parse_spatial_input(x, self.spatial_dims).padding
         spatial, batch, device = padding.spatial, padding.batch, padding.device
@@ -238,6 +255,8 @@ def resample_abs_pos_embed(
     num_prefix_tokens: int = 1,
     interpolation: str = "bicubic",
     antialias: bool = True,
+    verbose: bool = False,
+    align_corners: bool | None = None,
 ) -> Tensor:
     """Resizes a ViT-style absolute position embedding to another 2D or 3D grid.
 
@@ -263,6 +282,9 @@ def resample_abs_pos_embed(
             ``DeprecationWarning``.
         antialias (bool): anti-aliasing when down-sampling with ``bilinear`` / ``bicubic`` (the
             modes torch supports it for); ignored otherwise. Default True (timm).
+        verbose (bool): log the resize (``logging``, level INFO), as timm does. Default False.
+        align_corners (bool, optional): ``F.interpolate``'s, for the linear and cubic modes
+            (None for the others). Default None (torch's False).
 
     Returns:
         Tensor[B, num_prefix_tokens + prod(new_size), C]: a new tensor in ``posemb``'s dtype and
@@ -294,7 +316,9 @@ def resample_abs_pos_embed(
             f"num_prefix_tokens must be in [0, N={num_tokens}] for posemb of shape "
             f"{tuple(posemb.shape)}, got {num_prefix_tokens}"
         )
-    check_bool(antialias, "antialias")
+    antialias = check_bool(antialias, "antialias")
+    verbose = check_bool(verbose, "verbose")
+    align_corners = check_bool(align_corners, "align_corners", optional=True)
     mode = interpolation
     if mode not in _MODES[rank]:
         hint = ""
@@ -327,8 +351,12 @@ def resample_abs_pos_embed(
     prefix = posemb[:, :num_prefix_tokens]
     compute = torch.float64 if posemb.dtype == torch.float64 else torch.float32
     grid = posemb[:, num_prefix_tokens:].to(compute).reshape(batch, *old, channels).movedim(-1, 1)
+    linear = mode in ("bilinear", "bicubic", "trilinear")
     grid = F.interpolate(
-        grid, size=new, mode=mode, antialias=antialias and mode in ("bilinear", "bicubic")
+        grid, size=new, mode=mode, antialias=antialias and mode in ("bilinear", "bicubic"),
+        align_corners=align_corners if linear else None,
     )
+    if verbose:
+        logging.getLogger(__name__).info("Resized position embedding: %s to %s.", old, new)
     grid = grid.movedim(1, -1).reshape(batch, -1, channels).to(posemb.dtype)
     return torch.cat([prefix, grid], dim=1) if num_prefix_tokens else grid

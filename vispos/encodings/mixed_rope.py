@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_choice, check_float_dtype, check_index, check_int, check_number, check_sizes
+from .._checks import check_bool, check_choice, check_float_dtype, check_index, check_int, check_number, check_sizes
 from .._sincos import sincos_inplace
 from . import _rope_grid as grid
 from ._vision_rope import VisionRope
@@ -32,6 +32,7 @@ def init_mixed_freqs(
     depth: int,
     num_heads: int,
     temperature: float = 10.0,
+    rotate: bool = True,
     *,
     num_axes: int = 2,
     device: Any = None,
@@ -52,6 +53,8 @@ def init_mixed_freqs(
         head_dim (int): channels per head, a positive multiple of ``2 * num_axes``.
         depth (int): blocks. num_heads (int): heads per block.
         temperature (float): the magnitude base. Default 10 (the paper's RoPE-Mixed).
+        rotate (bool): draw the random frames; False gives every block and head the axis-aligned
+            frame (timm's ``rotate=False``: zero angles; in 3D the identity). Default True.
         num_axes (int): 2 or 3.
         device, dtype: of the result (float32 by default).
 
@@ -71,16 +74,23 @@ def init_mixed_freqs(
     depth = check_int(depth, "depth", minimum=1)
     num_heads = check_int(num_heads, "num_heads", minimum=1)
     temperature = check_number(temperature, "temperature", positive=True)
+    rotate = check_bool(rotate, "rotate")
     check_float_dtype(dtype, optional=True)
     mag = 1.0 / (temperature ** (torch.arange(0, head_dim, 2 * num_axes, device=device, dtype=dtype) / head_dim))
     if num_axes == 2:
-        angles = torch.rand(depth, num_heads, 1, device=device, dtype=dtype) * 2 * torch.pi
+        if rotate:
+            angles = torch.rand(depth, num_heads, 1, device=device, dtype=dtype) * 2 * torch.pi
+        else:
+            angles = torch.zeros(depth, num_heads, 1, device=device, dtype=dtype)
         fx = torch.cat([mag * torch.cos(angles), mag * torch.cos(angles + torch.pi / 2)], dim=-1)
         fy = torch.cat([mag * torch.sin(angles), mag * torch.sin(angles + torch.pi / 2)], dim=-1)
         return torch.stack([fx, fy], dim=0)
-    gauss = torch.randn(depth, num_heads, 3, 3, device=device, dtype=torch.float32)
-    frame, r = torch.linalg.qr(gauss)
-    frame = frame * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar
+    if rotate:
+        gauss = torch.randn(depth, num_heads, 3, 3, device=device, dtype=torch.float32)
+        frame, r = torch.linalg.qr(gauss)
+        frame = frame * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # Haar
+    else:
+        frame = torch.eye(3, device=device).expand(depth, num_heads, 3, 3)
     frame = frame.to(mag.dtype)  # frame[d, h, axis, group]
     return (frame.permute(2, 0, 1, 3).unsqueeze(-1) * mag).flatten(-2)
 

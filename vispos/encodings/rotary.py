@@ -142,7 +142,7 @@ def apply_rot_embed_cat(x: Tensor, emb: Tensor, half: bool = False) -> Tensor:
         Su et al., RoFormer, 2021; timm ``layers/pos_embed_sincos.py`` (``apply_rot_embed_cat``).
     """
     _check_floating(x=x, emb=emb)
-    check_bool(half, "half")
+    half = check_bool(half, "half")
     c = x.shape[-1] if x.dim() else 0
     if x.dim() == 0 or c % 2 or emb.dim() == 0 or emb.shape[-1] != 2 * c:
         raise ValueError(

@@ -81,7 +81,7 @@ class _SequenceSinusoid(DerivedBuffers, nn.Module):
         ladder = check_choice(ladder, _LADDERS, "ladder")
         if ladder == "t2t" and dim < 4:
             raise ValueError(f"ladder='t2t' needs {self._width_name} >= 4 (two frequencies at least), got {dim}")
-        check_bool(batch_first, "batch_first")
+        batch_first = check_bool(batch_first, "batch_first")
         temperature = check_temperature(temperature)
         self.dim = dim
         self.max_len = max_len
@@ -355,9 +355,9 @@ class SinusoidalPositionalEncoding(_DeprecatedDModel, _SequenceSinusoid):
             dim, dropout=dropout, max_len=max_len, layout=layout, batch_first=batch_first,
             ladder=ladder, temperature=temperature,
         )
-        check_bool(emb_scale, "emb_scale")
-        check_bool(emb_layernorm, "emb_layernorm")
-        check_bool(learnable_scale, "learnable_scale")
+        emb_scale = check_bool(emb_scale, "emb_scale")
+        emb_layernorm = check_bool(emb_layernorm, "emb_layernorm")
+        learnable_scale = check_bool(learnable_scale, "learnable_scale")
         init_alpha = check_number(init_alpha, "init_alpha")
         if not learnable_scale and init_alpha != 1.0:
             raise ValueError(

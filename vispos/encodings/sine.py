@@ -16,6 +16,7 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Union
 
 import torch
@@ -25,7 +26,7 @@ from .. import _tracing
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
-from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int, check_number
+from .._checks import check_bool, check_float_dtype, check_int, check_number, describe
 from .._positions import (
     PositionRule,
     cumulative_positions,
@@ -45,6 +46,8 @@ from .._sincos import (
 from .._sincos_lines import sincos_embed_indexed, sincos_embed_lines
 from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, parse_spatial_input
 from ..padding import Padding, is_rectangular, rectangular_sizes
+from ._call import check_spacing as _check_spacing  # also random_fourier's
+from ._call import read_masks, warn_suspect_input
 
 # ``cumulative_positions`` lives in :mod:`vispos._positions`, ``is_rectangular`` and
 # ``rectangular_sizes`` in :mod:`vispos.padding`; re-exported here, their earlier home.
@@ -55,31 +58,6 @@ _GATHER_MIN = 1 << 16  # elements of an axis block from which the masked path ma
 
 SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
-
-
-def _check_spacing(
-    spacing: object, batch: int, n: int, device: torch.device
-) -> tuple[Tensor | None, tuple | None]:
-    """``(spacing as float32 on device, its host values for a cache key or None)``; checks
-    type, shape and (when it is on the CPU: no synchronisation) that it is finite and > 0."""
-    if spacing is None:
-        return None, None
-    if not isinstance(spacing, Tensor) or not spacing.dtype.is_floating_point:
-        got = spacing.dtype if isinstance(spacing, Tensor) else type(spacing).__name__
-        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {got}")
-    if tuple(spacing.shape) != (batch, n):
-        raise ValueError(f"spacing must have shape (B, n_axes) = {(batch, n)}, got {tuple(spacing.shape)}")
-    values = spacing.detach().to(torch.float32)
-    key = None
-    if _tracing.host_side(values.device) and not _tracing.tracing():
-        rows = values.tolist()
-        if not all(math.isfinite(v) and v > 0 for row in rows for v in row):
-            raise ValueError(f"spacing must be finite and > 0 (mm per cell), got {rows}")
-        key = ("spacing", tuple(map(tuple, rows)))
-        if values.device != device:
-            return (_tracing.host_tensor(rows, torch.float32, device) if _tracing.host_facts(device)
-                    else values.to(device)), key
-    return values.to(device), key
 
 
 class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
@@ -126,9 +104,9 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         super().__init__()
         num_pos_feats = check_num_feats(num_pos_feats)
         temperature = check_temperature(temperature)
-        check_bool(normalize, "normalize")
+        normalize = check_bool(normalize, "normalize")
         if scale is not None and not normalize:
-            raise ValueError(f"normalize should be True if scale is passed (got scale={scale}, normalize=False)")
+            raise ValueError(f"normalize should be True if scale is passed (got scale={describe(scale)}, normalize=False)")
         if scale is None:
             scale = 2 * math.pi
         scale = check_number(scale, "scale", positive=True)
@@ -145,20 +123,17 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 raise ValueError(f"extent needs normalize=True (got extent={extent}, normalize=False)")
             extent = float(extent)
         cache_size = check_int(cache_size, "cache_size", minimum=0)
-        check_bool(zero_copy, "zero_copy")
+        zero_copy = check_bool(zero_copy, "zero_copy")
         self._cache = TensorCache(cache_size, check_max_bytes(cache_bytes, "cache_bytes"))
         self.zero_copy = zero_copy
-        self.num_pos_feats = num_pos_feats
-        self.temperature = temperature
+        self._num_pos_feats = num_pos_feats
+        self._temperature = temperature
         self.normalize = normalize
         self.scale = float(scale)
         self.offset = float(offset)
         self.eps = float(eps)
         self.extent = extent
-        self.register_buffer(
-            "dim_t", frequency_divisors(num_pos_feats, temperature, repeat=2), persistent=False
-        )
-        self._dim_t_params = (num_pos_feats, temperature)
+        self.register_buffer("dim_t", self._divisor_table(None), persistent=False)
 
     # ------------------------------------------------------------------------------------ api
     def out_channels(self, n_axes: int) -> int:  # pragma: no cover - abstract
@@ -168,9 +143,11 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     def forward(
         self,
         x: SineInput,
-        dtype: torch.dtype | None = None,
+        mask: Tensor | None = None,
         *,
-        spacing: Tensor | None = None,
+        pixel_mask: Tensor | None = None,
+        dtype: torch.dtype | None = None,
+        spacing: Tensor | Sequence[float] | None = None,
         out: Tensor | None = None,
     ) -> Tensor:
         """Embeds the positions of ``x``'s cells; see the class docstring for shapes.
@@ -179,14 +156,22 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
             x (NestedTensor | NestedTensorLike | Tensor[B, *S] bool | Tensor[B, C, *S] float):
                 what to embed (a bare floating tensor is a 2D or 3D feature map; see
                 :func:`~vispos.nested_tensor.parse_spatial_input`).
-            dtype (torch.dtype, optional): output dtype (floating); float32 when not given.
-                Angles are computed in float32 and rounded once to ``dtype``.
-            spacing (Tensor[B, n], floating, optional, keyword-only): each item's cell size
-                along each spatial axis, in millimetres, in the tensor's spatial axis order
-                (the order of MONAI's arrays and affines; ``vispos.monai.meta_spacing`` reads it
-                from a ``MetaTensor`` batch): cells are placed at their physical coordinates,
-                ``(p + offset) * s``, see the class docstring. Ones give the cell numbers bit for
-                bit. Read on the host for the cache key when it is on the CPU.
+            mask (Tensor[B, *S] bool, optional): DETR's mask of a feature map ``x``, True =
+                padding: ``pos(features, mask)`` as DETR-family code writes it (the same as
+                ``pos(NestedTensor(features, mask))``). Only a bool tensor is taken here.
+            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask of a feature
+                map ``x``, nonzero = valid, of any dtype. Not together with ``mask``.
+            dtype (torch.dtype, optional, keyword-only): output dtype (floating); float32 when
+                not given. Angles are computed in float32 and rounded once to ``dtype``. (As
+                the second positional argument it still works, with a ``DeprecationWarning``.)
+            spacing (Tensor[B, n] | Tensor[n] | sequence of n floats, optional, keyword-only):
+                each item's cell size along each spatial axis, in millimetres, in the tensor's
+                spatial axis order (the order of MONAI's arrays and affines;
+                ``vispos.monai.meta_spacing`` reads it from a ``MetaTensor`` batch); one row of
+                ``n`` (a list, tuple, array or 1-d tensor) is every item's. Cells are placed at
+                their physical coordinates, ``(p + offset) * s``, see the class docstring. Ones
+                give the cell numbers bit for bit. Read on the host for the cache key when it
+                is on the CPU. With ``normalize=True`` it needs ``extent`` (else it would cancel).
             out (Tensor[B, out_channels(n), *S], optional, keyword-only): a preallocated
                 buffer of the output's shape, dtype (``dtype`` or float32) and device, written
                 in place and returned (the cache is bypassed). With a ``NestedTensor`` or a
@@ -199,12 +184,21 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
 
         Raises:
             TypeError: ``x`` of another type; an integer mask; a 3-dim floating tensor (a float
-                mask or a 1D feature map: ambiguous); a non-floating ``dtype``; ``out`` not a
-                tensor; ``spacing`` not a floating tensor.
-            ValueError: ``x`` of the wrong rank; ``out`` of another shape, dtype or device,
-                requiring grad, or an expanded (stride-0) view; ``spacing`` not of shape
-                ``(B, n)``, or (on the CPU) not finite and > 0.
+                mask or a 1D feature map: ambiguous); a ``mask`` that is not a bool tensor;
+                ``mask`` and ``pixel_mask`` together, or either with an ``x`` that carries its
+                own mask; a non-floating ``dtype``; ``out`` not a tensor; ``spacing`` not a
+                floating tensor or a sequence of numbers.
+            ValueError: ``x`` of the wrong rank; a mask not of shape ``(B, *S)``; ``out`` of
+                another shape, dtype or device, requiring grad, or an expanded (stride-0) view;
+                ``spacing`` not of shape ``(B, n)`` or ``(n,)``, or (on the CPU) not finite and
+                > 0; ``spacing`` with ``normalize=True`` and no ``extent`` (the per-line
+                normalisation would cancel it: the result would not depend on it).
+
+        Warns:
+            UserWarning: a bare ``(B, H, W, c)`` map with ``c`` in 1, 3, 4 (a channels-last
+                image?); an item with no valid cell (read on the host only).
         """
+        x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         padding, host = parse_spatial_input(x, self.n_spatial)
         spatial, batch, device = padding.spatial, padding.batch, padding.device
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
@@ -214,6 +208,13 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 f"NestedTensor (B, C, *S), a mask (B, *S) or a feature map (B, C, *S); got spatial "
                 f"shape {spatial}{float_mask_hint(x, self.n_spatial)}"
             )
+        if spacing is not None and self.normalize and self.extent is None:
+            raise ValueError(
+                f"spacing has no effect with normalize=True and no extent: each line is divided by its "
+                f"own length in mm, so the millimetres cancel. Pass extent= (one length in mm for every "
+                f"axis, e.g. the largest field of view) to {type(self).__name__}(normalize=True, extent=...), "
+                "or drop spacing for DETR's per-line fractions"
+            )
         channels = self.out_channels(len(spatial))
         if out is not None:
             check_out(out, (batch, channels, *spatial), out_dtype, device)
@@ -221,6 +222,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
             if out is not None:
                 return out
             return torch.zeros((batch, channels, *spatial), dtype=out_dtype, device=device)
+        warn_suspect_input(x, padding, host)
         spacing, spacing_key = _check_spacing(spacing, batch, len(spatial), device)
         unpadded = padding.kind == "none" and spacing is None
         if unpadded:  # one table (1, C, *S) serves every item
@@ -293,27 +295,51 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         (float32, broadcastable to ``shape``)."""
         raise NotImplementedError
 
+    @property
+    def num_pos_feats(self) -> int:
+        """int: channels per spatial axis; assigning checks it, rebuilds ``dim_t`` and empties
+        the cache."""
+        return self._num_pos_feats
+
+    @num_pos_feats.setter
+    def num_pos_feats(self, value: int) -> None:
+        self._num_pos_feats = check_num_feats(value)
+        self._refresh_derived()
+
+    @property
+    def temperature(self) -> float:
+        """float: ``T`` of the frequency ladder; assigning checks it, rebuilds ``dim_t`` and
+        empties the cache."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        self._temperature = check_temperature(value)
+        self._refresh_derived()
+
     def _params(self) -> tuple:
-        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps,
-                getattr(self, "extent", None))
+        return (self.num_pos_feats, self.temperature, self.normalize, self.scale, self.offset, self.eps, self.extent)
 
     def _rule(self) -> PositionRule:
-        return PositionRule(self.normalize, self.scale, self.offset, self.eps, getattr(self, "extent", None))
+        return PositionRule(self.normalize, self.scale, self.offset, self.eps, self.extent)
+
+    def _divisor_table(self, device: torch.device | None) -> Tensor:
+        """The one home of the divisors ``Tensor[num_pos_feats]``, float32 on ``device``: each
+        ``temperature^(2k / num_pos_feats)`` twice (sin, cos)."""
+        return frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
 
     def _refresh_derived(self) -> None:
         """Rebuilds ``dim_t`` (float32, on its device) and empties the cache; see DerivedBuffers."""
         self._cache.clear()
         if not self.dim_t.is_meta:
-            self.dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=self.dim_t.device, repeat=2)
-        self._dim_t_params = (self.num_pos_feats, self.temperature)
+            self.dim_t = self._divisor_table(self.dim_t.device)
 
     def _divisors(self, device: torch.device) -> Tensor:
+        """``dim_t`` when it is float32 on ``device``, else the table built there (a module cast
+        with ``.half()`` keeps float32 divisors: :class:`DerivedBuffers` rebuilds them)."""
         dim_t = self.dim_t
-        stale = getattr(self, "_dim_t_params", None) != (self.num_pos_feats, self.temperature)
-        if stale or dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
-            # another device, a cast module, or num_pos_feats / temperature changed after
-            # construction: never use a table that does not match the parameters
-            dim_t = frequency_divisors(self.num_pos_feats, self.temperature, device=device, repeat=2)
+        if dim_t.device != device or dim_t.dtype != torch.float32 or dim_t.is_meta:
+            dim_t = self._divisor_table(device)
         return dim_t
 
 
@@ -371,11 +397,11 @@ class PositionEmbeddingSine(SineEmbeddingBase):
     axis, per item) a cell's count ``p`` along axis ``i`` becomes the length ``(p + offset) *
     s[b, i]``: its physical coordinate from the near edge of the item's first valid cell (the
     cell's far edge; its centre with ``offset=-0.5``). Two cells 5 mm apart are then as far
-    apart along any axis, whatever the voxel size. With ``normalize`` the length is divided by
-    the line's own valid length ``p_last * s[b, i]`` (the spacing then cancels, up to ``eps``:
-    DETR's normalised positions are fractions of each line, with no unit) or, with ``extent``,
-    by one length ``E`` for all axes, ``(p + offset) * s / E * scale``, which keeps distances in
-    millimetres. A spacing of ones gives the voxel numbers bit for bit on every path.
+    apart along any axis, whatever the voxel size. With ``normalize`` a spacing needs
+    ``extent``: the length is divided by one length ``E`` for all axes, ``(p + offset) * s / E *
+    scale``, which keeps distances in millimetres. Without ``extent`` each line would be divided
+    by its own valid length ``p_last * s[b, i]`` and the spacing would cancel (DETR's normalised
+    positions are fractions of each line, with no unit): that call raises ``ValueError``. A spacing of ones gives the voxel numbers bit for bit on every path.
 
     Padding: cells in the padding get DETR's values (the count stops at the last valid cell).
     A line with no valid cell has count 0; with ``normalize`` and ``offset != 0`` that is
@@ -400,7 +426,12 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         ValueError: odd or non-positive ``num_pos_feats``; ``scale`` without ``normalize``;
             non-positive ``temperature`` or ``scale``; negative ``eps``, or ``eps == 0`` with
             ``normalize``; an input of the wrong rank; an ``out`` buffer of another shape,
-            dtype or device, or an expanded (stride-0) one.
+            dtype or device, or an expanded (stride-0) one; ``spacing`` with ``normalize`` and
+            no ``extent``.
+
+    Warns:
+        UserWarning: a bare ``(B, H, W, c)`` map with ``c`` in 1, 3, 4 (a channels-last image?);
+            an item with no valid cell (see ``forward``).
 
     References:
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020; Zhu et al.,

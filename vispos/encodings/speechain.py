@@ -109,9 +109,9 @@ class SpeechainPositionalEncoding(_SequenceSinusoid):
         dropout: float = 0.0,
     ) -> None:
         posenc_type = check_choice(posenc_type, _POSENC_TYPES, "posenc_type")
-        check_bool(emb_scale, "emb_scale")
-        check_bool(emb_layernorm, "emb_layernorm")
-        check_bool(posenc_scale, "posenc_scale")
+        emb_scale = check_bool(emb_scale, "emb_scale")
+        emb_layernorm = check_bool(emb_layernorm, "emb_layernorm")
+        posenc_scale = check_bool(posenc_scale, "posenc_scale")
         init_alpha = check_number(init_alpha, "init_alpha")
         mix = posenc_type == "mix"
         super().__init__(

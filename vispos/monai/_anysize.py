@@ -26,7 +26,7 @@ from monai.networks.blocks.transformerblock import TransformerBlock
 from monai.networks.nets import ViT
 from torch import Tensor, nn
 
-from .._checks import as_int, check_bool, check_choice, is_int
+from .._checks import as_int, check_bool, check_choice, describe, is_int
 from .._sincos import check_temperature, sincos_embed
 from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
@@ -130,7 +130,7 @@ class _AnySize:
         if not _supports_attn_mask():  # pragma: no cover - depends on the installed MONAI
             raise ImportError(f"{name} needs MONAI >= 1.5 (attention masks in SABlock): pip install -U monai")
         pos_embed = check_choice(pos_embed, _POS_EMBED, "pos_embed")
-        check_bool(antialias, "antialias")
+        antialias = check_bool(antialias, "antialias")
         temperature = check_temperature(temperature)
         pe = vit.patch_embedding
         patch = _patch_size(vit)
@@ -378,7 +378,7 @@ def _grid_of(img_size: Any, patch: tuple[int, ...]) -> tuple[int, ...] | None:
     sizes = (img_size,) * len(patch) if is_int(img_size) else tuple(img_size)
     sizes = tuple(as_int(s) for s in sizes)
     if len(sizes) != len(patch) or any(s is None or s <= 0 for s in sizes):
-        raise ValueError(f"img_size must be {len(patch)} positive ints, got {img_size!r}")
+        raise ValueError(f"img_size must be {len(patch)} positive ints, got {describe(img_size)}")
     return tuple(s // p for s, p in zip(sizes, patch))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._checks import MAX_SPATIAL, check_int, is_int
+from .._checks import MAX_SPATIAL, as_sequence, check_int, describe, is_int
 
 __all__ = ["Spans", "check_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
 
@@ -70,16 +70,14 @@ def check_spatial_size(size: Any, n: int, name: str = "size", *, minimum: int = 
         TypeError: not an int or a sequence of ints. ValueError: wrong length or an entry below
             ``minimum``.
     """
-    if is_int(size):
-        size = (size,) * n
-    if isinstance(size, torch.Size):
-        size = tuple(size)
-    if isinstance(size, (str, bytes)) or not isinstance(size, Sequence):
-        raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {size!r}")
+    given = size
+    size = (size,) * n if is_int(size) else as_sequence(size)
     try:
+        if size is None:
+            raise TypeError
         size = tuple(check_int(s, name) for s in size)
     except TypeError:
-        raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {size!r}") from None
+        raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {describe(given)}") from None
     if len(size) != n or any(s < minimum for s in size):
         what = "positive" if minimum == 1 else f">= {minimum}"
         raise ValueError(f"{name} must hold {n} {what} ints, got {size}")
@@ -99,12 +97,12 @@ def check_spans(values: Any, name: str, n: int) -> Spans:
         raise TypeError(f"{name} must be a sequence of per-item sizes (sequences of ints), got {type(values).__name__}")
     out = []
     for i, item in enumerate(values):
-        if isinstance(item, (str, bytes)) or not isinstance(item, (Sequence, torch.Size)):
-            raise TypeError(f"{name}[{i}] must be a sequence of {n} ints (one per spatial axis), got {item!r}")
+        if as_sequence(item) is None:
+            raise TypeError(f"{name}[{i}] must be a sequence of {n} ints (one per spatial axis), got {describe(item)}")
         try:
-            entries = tuple(int(check_int(v, f"{name}[{i}]")) for v in item)
+            entries = tuple(int(check_int(v, f"{name}[{i}]")) for v in as_sequence(item))
         except TypeError:
-            raise TypeError(f"{name}[{i}] must hold ints, got {tuple(item)!r}") from None
+            raise TypeError(f"{name}[{i}] must hold ints, got {describe(item)}") from None
         if len(entries) != n:
             raise ValueError(f"{name}[{i}] = {entries} must have {n} entries (one per spatial axis)")
         out.append(entries)

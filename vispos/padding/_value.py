@@ -12,9 +12,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from .. import _tracing
+from .. import _deprecation, _tracing
 from . import _mask_resize, _mask_views, _masks
-from .._checks import MAX_SPATIAL, check_bool, check_float_dtype, check_int
+from .._checks import MAX_SPATIAL, as_sequence, check_bool, check_float_dtype, check_int, describe
 from ._mask_checks import Spans, check_mask, check_spans, check_spatial_mask, check_spatial_size
 from ._mask_origin import is_rectangular, matches_rectangle, rectangular_sizes, rectangular_valid
 from ._mask_resize import interpolate_mask, resize_image_sizes
@@ -195,8 +195,9 @@ class Padding:
 
     @staticmethod
     def _check_spatial(spatial: Any) -> tuple[int, ...]:
-        if isinstance(spatial, (str, bytes)) or not isinstance(spatial, (Sequence, torch.Size)):
-            raise TypeError(f"spatial must be a sequence of 1 to {MAX_SPATIAL} ints, got {spatial!r}")
+        if as_sequence(spatial) is None:
+            raise TypeError(f"spatial must be a sequence of 1 to {MAX_SPATIAL} ints, got {describe(spatial)}")
+        spatial = as_sequence(spatial)
         if not 1 <= len(spatial) <= MAX_SPATIAL:
             raise ValueError(f"spatial must hold 1 to {MAX_SPATIAL} sizes, got {tuple(spatial)}")
         return check_spatial_size(spatial, len(spatial), "spatial", minimum=0)

@@ -301,7 +301,7 @@ def load_images(
     from tqdm.auto import tqdm
 
     check_paths(paths)
-    check_bool(progress, "progress", optional=True)
+    progress = check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 8
     return [

@@ -308,7 +308,7 @@ def load_volume(
     path = check_file(path, "volume file", "a NIfTI file")
     max_voxels = check_int(max_voxels, "max_voxels", minimum=1, optional=True)
     max_size = check_int(max_size, "max_size", minimum=1, optional=True)
-    check_bool(canonical, "canonical")
+    canonical = check_bool(canonical, "canonical")
     normalize = check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
     # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
     # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
@@ -357,7 +357,7 @@ def load_volumes(
     from tqdm.auto import tqdm
 
     check_paths(paths)
-    check_bool(progress, "progress", optional=True)
+    progress = check_bool(progress, "progress", optional=True)
     if progress is None:
         progress = len(paths) > 4
     return [

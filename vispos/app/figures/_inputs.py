@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..._checks import check_int, check_sizes, is_int
+from ..._checks import check_int, check_sizes, describe, is_int
 
 
 def check_shape(shape: object, name: str = "shape") -> tuple[int, ...]:
@@ -34,9 +34,9 @@ def check_channels(channels: object, total: int, name: str = "channels") -> list
     if is_int(channels):  # one channel
         channels = [channels]
     if not isinstance(channels, Sequence) or isinstance(channels, str):
-        raise TypeError(f"{name} must be a non-empty sequence of ints, got {channels!r}")
+        raise TypeError(f"{name} must be a non-empty sequence of ints, got {describe(channels)}")
     if len(channels) == 0:
-        raise ValueError(f"{name} must be a non-empty sequence of ints, got {channels!r}")
+        raise ValueError(f"{name} must be a non-empty sequence of ints, got {describe(channels)}")
     out = []
     for c in channels:
         c = check_int(c, f"{name} entry")

@@ -355,7 +355,7 @@ def plot_wavelengths(
         Vaswani et al., Attention Is All You Need, NeurIPS 2017 (sec. 3.5); tensor2tensor
         ``get_timing_signal_1d``; Zhang et al., DINO, ICLR 2023 (temperature 20).
     """
-    check_bool(frequency, "frequency")
+    frequency = check_bool(frequency, "frequency")
     temperatures = list(temperatures)
     ladders = list(ladders)
     if not temperatures or not ladders:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..._checks import check_int
+from ..._checks import check_int, describe
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
 from ._draw import (
@@ -144,9 +144,9 @@ def plot_similarity(
         try:
             cell = [float(v) for v in (spacing.tolist() if isinstance(spacing, Tensor) else spacing)]
         except (TypeError, ValueError):
-            raise TypeError(f"spacing must be a sequence of {len(spatial)} numbers (mm), got {spacing!r}") from None
+            raise TypeError(f"spacing must be a sequence of {len(spatial)} numbers (mm), got {describe(spacing)}") from None
         if len(cell) != len(spatial) or not all(np.isfinite(v) and v > 0 for v in cell):
-            raise ValueError(f"spacing must hold {len(spatial)} positive numbers (mm), got {spacing!r}")
+            raise ValueError(f"spacing must hold {len(spatial)} positive numbers (mm), got {describe(spacing)}")
     sims = [cosine_similarity_map(pos, q).numpy() for q in queries]
     m = None if lmask is None else lmask.numpy()
     vmin = similarity_floor(sims, [m] * len(sims))
