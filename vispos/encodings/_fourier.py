@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import _tracing
-from .._checks import as_real
+from .._checks import as_real, describe
 from .._sincos import sincos_inplace
 
 __all__ = ["check_scale", "check_finite_matrix", "fourier_features", "float32_angles"]
@@ -102,7 +102,7 @@ def _check_std(value: object, name: str) -> float:
     """One standard deviation: a finite number > 0 that float32 holds (as a Python float)."""
     converted = as_real(value, name)  # a NumPy longdouble that would round raises here, as it says
     if converted is None:
-        raise TypeError(f"{name} must be a finite number > 0, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{name} must be a finite number > 0, got {describe(value)}")
     if not (math.isfinite(converted) and converted > 0):
         if name != "scale" and math.isfinite(converted):
             raise ValueError(f"{name} must be > 0, got {converted}")
@@ -137,7 +137,7 @@ def check_scale(scale: object, num_axes: int, name: str = "scale") -> float | tu
     if isinstance(scale, Sequence) and not isinstance(scale, (str, bytes)):
         values = list(scale)
         if len(values) != num_axes:
-            raise ValueError(f"{name} must be a number or {num_axes} numbers (one per axis), got {values}")
+            raise ValueError(f"{name} must be a number or {num_axes} numbers (one per axis), got {describe(scale)}")
         return tuple(_check_std(v, name) for v in values)
     return _check_std(scale, name)
 

@@ -114,8 +114,8 @@ def timm_sincos_2d(
     sizes = check_sizes(feat_shape, "feat_shape", n=2)
     dim = check_multiple(dim, 4, "dim", "a sin and a cos per frequency, on 2 axes")
     temperature = check_temperature(temperature)
-    check_bool(reverse_coord, "reverse_coord")
-    check_bool(interleave_sin_cos, "interleave_sin_cos")
+    reverse_coord = check_bool(reverse_coord, "reverse_coord")
+    interleave_sin_cos = check_bool(interleave_sin_cos, "interleave_sin_cos")
     check_float_dtype(dtype)
     if reverse_coord:
         sizes = sizes[::-1]
@@ -166,7 +166,7 @@ def mae_sincos_2d(
     embed_dim = check_multiple(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
     sizes = check_sizes(grid_size, "grid_size", n=2)
     temperature = check_temperature(temperature)
-    check_bool(cls_token, "cls_token")
+    cls_token = check_bool(cls_token, "cls_token")
     check_float_dtype(dtype)
     table = _grid_sincos(sizes, (1, 0), embed_dim // 2, temperature, compute_dtype=torch.float64, device=device)
     if cls_token:

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .. import _tracing
 from .._checks import (
-    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes,
+    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes, describe,
 )
 from .._positions import item_boxes
 from ..nested_tensor import float_mask_hint, parse_spatial_input
@@ -150,16 +150,16 @@ class PositionEmbeddingRandom(nn.Module):
         scale = check_scale(scale, num_axes)
         check_choice(normalize, _NORMALIZE, "normalize")
         check_choice(coord_order, _ORDERS, "coord_order")
-        check_bool(align_corners, "align_corners")
+        align_corners = check_bool(align_corners, "align_corners")
         if check_bool(trainable, "trainable", optional=True) is None:
             trainable = self._trainable
         if isinstance(coord_range, (str, bytes)) or not isinstance(coord_range, Sequence) or len(coord_range) != 2:
             raise (TypeError if not isinstance(coord_range, Sequence) else ValueError)(
-                f"coord_range must be a pair (lo, hi), got {coord_range!r}"
+                f"coord_range must be a pair (lo, hi), got {describe(coord_range)}"
             )
         lo, hi = (float(check_number(v, "coord_range")) for v in coord_range)
         if not lo < hi:
-            raise ValueError(f"coord_range must have lo < hi, got {tuple(coord_range)}")
+            raise ValueError(f"coord_range must have lo < hi, got {(lo, hi)}")
         if extent is not None:
             extent = float(check_number(extent, "extent", positive=True))
         self.num_pos_feats, self.scale, self.num_axes = num_pos_feats, scale, num_axes

@@ -92,8 +92,8 @@ def rtdetr_sincos_2d(
     sizes = check_sizes((height, width), "(height, width)", n=2)
     check_multiple(embed_dim, 4, "embed_dim", "a sin and a cos per frequency, on 2 axes")
     check_temperature(temperature)
-    check_bool(cls_token, "cls_token")
-    check_bool(original, "original")
+    cls_token = check_bool(cls_token, "cls_token")
+    original = check_bool(original, "original")
     check_float_dtype(dtype)
     if padding is None:
         device = torch.device("cpu") if device is None else torch.device(device)
