@@ -318,7 +318,7 @@ class PositionEmbeddingRandom(nn.Module):
         work = torch.float64 if coords.dtype == torch.float64 else torch.float32  # SAM divides first
         divisor = torch.empty(len(sizes), dtype=work, device=coords.device)
         for axis, size in enumerate(sizes):  # scalar fills: no host copy, so no CUDA synchronisation
-            divisor[axis] = size
+            divisor[axis].fill_(size)
         return self._project(coords.to(work) / divisor, out_dtype)
 
     def extra_repr(self) -> str:
