@@ -404,3 +404,36 @@ def test_invariant_projections_equal_the_hand_written_ones(kind, n_spatial, trai
     sum((f.tensors * w).sum() for f, w in zip(want, weights)).backward()
     for (name, p), q in zip(joiner.input_proj.named_parameters(), reference.input_proj.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+def test_invariant_projections_follow_the_rule_book_through_copies_and_replaced_layers():
+    """The graphs are no submodules, survive deep copies and pickles, and a replaced layer is run by
+    its own rule (a batch norm in eval: its affine map) or refused by name (a layer norm)."""
+    import copy
+    import pickle
+
+    from vispos.invariance._pools import filled
+
+    levels = _padded_levels("box", 2)
+    joiner = Joiner(_FixedLevels(levels), PositionEmbeddingSine(12, normalize=True), hidden_dim=24,
+                    num_feature_levels=3, num_groups=4, padding_invariant=True).double().eval()
+    keys = list(joiner.state_dict())
+    x = NestedTensor(torch.zeros(3, 1, 13, 11, dtype=torch.float64), levels[0].padding)
+    with torch.no_grad():
+        ref, _ = joiner(x)
+        for clone in (copy.deepcopy(joiner), pickle.loads(pickle.dumps(joiner))):
+            for a, b in zip(clone(x)[0], ref):
+                assert torch.equal(a.tensors, b.tensors) and a.padding == b.padding
+    assert list(joiner.state_dict()) == keys and "padding_invariant=True" in repr(joiner)
+    bn = nn.BatchNorm2d(24).double().eval()
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    joiner.input_proj[2][1] = bn
+    with torch.no_grad():
+        got, _ = joiner(x)
+        conv = joiner.input_proj[2][0]
+        want = bn(conv(filled(levels[-1].tensors, levels[-1].padding, 0.0)))
+    assert torch.equal(got[2].tensors, want) and got[2].padding == ref[2].padding
+    joiner.input_proj[0][1] = nn.LayerNorm(24).double()
+    with pytest.raises(ValueError, match=r"input_proj\.0\.1 \(LayerNorm\).*layer norm over the trailing axes"):
+        joiner(x)
