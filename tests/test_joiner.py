@@ -291,3 +291,149 @@ def test_joiner_takes_detr_style_embedding_without_dtype(r18_last):
         features, pos = Joiner(r18_last, DetrStyle())(batch)
     assert pos[0].dtype == torch.float32
     torch.testing.assert_close(pos[0], inner(features[0]), rtol=0, atol=0)
+
+
+# ------------------------------------------ invariant projections: the rule book = the hand-written code
+class _FixedLevels(nn.Module):
+    """A backbone stub returning fixed float64 levels with given paddings (any input)."""
+
+    def __init__(self, levels):
+        super().__init__()
+        self.levels, self.n_spatial = levels, levels[0].tensors.dim() - 2
+        self.num_channels = [lv.tensors.shape[1] for lv in levels]
+        self.strides = [2 ** (k + 3) for k in range(len(levels))]
+        self.padding_invariant = True
+
+    def forward(self, x):
+        return [NestedTensor(lv.tensors.clone(), lv.padding) for lv in self.levels]
+
+
+def _window_padding(padding, conv):
+    """The padding of an extra level's convolution output on each item's box (None: no box)."""
+    from vispos.invariance._functions import window_of
+    from vispos.invariance._geometry import Geometry
+    from vispos.padding import Padding
+
+    if padding.kind == "arbitrary":
+        return None
+    n = padding.n_spatial
+    window = window_of(n, conv.kernel_size, conv.stride, conv.padding, conv.dilation)
+    if padding.kind == "none":
+        return Padding.none(padding.batch, tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial)))
+    geometry = Geometry(n)
+    geometry_id = geometry.child(0, window, "extra")
+    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[geometry_id]
+    return Padding.from_sizes(sizes, canvas, starts=starts)
+
+
+def _hand_written_projections(joiner, levels):
+    """The Joiner's invariant projections as they were written by hand before going through the
+    rule book: GroupNorm over valid cells, extra levels on filled input with box paddings, DETR's
+    nearest rule for an arbitrary mask."""
+    from vispos.invariance._norms import group_norm
+    from vispos.invariance._pools import filled
+
+    features, projs = [], list(joiner.input_proj)
+    for (conv, norm), level in zip(projs, levels):
+        y = conv(level.tensors)
+        features.append(NestedTensor(group_norm(y, level.padding, norm.num_groups, norm.weight, norm.bias,
+                                                norm.eps), level.padding))
+    source = levels[-1]
+    for conv, norm in projs[len(levels):]:
+        padding = _window_padding(source.padding, conv)
+        y = conv(filled(source.tensors, source.padding, 0.0))
+        if padding is None:
+            padding = source.with_features(y).padding
+        source = NestedTensor(group_norm(y, padding, norm.num_groups, norm.weight, norm.bias, norm.eps), padding)
+        features.append(source)
+    return features
+
+
+def _padded_levels(kind, n_spatial, seed=0):
+    from vispos.padding import Padding
+
+    g = torch.Generator().manual_seed(seed)
+    canvases = [(13, 11, 9)[:n_spatial], (7, 6, 5)[:n_spatial]]
+    levels = []
+    for k, canvas in enumerate(canvases):
+        t = torch.randn(3, 6 + 2 * k, *canvas, generator=g, dtype=torch.float64)
+        if kind == "none":
+            padding = Padding.none(3, canvas)
+        elif kind == "box":
+            sizes = [canvas, tuple(c - 3 - k for c in canvas), tuple(max(2, c // 2 - k) for c in canvas)]
+            padding = Padding.from_sizes(sizes, canvas)
+        elif kind == "offset":  # symmetric padding: boxes that start at multiples of 4
+            sizes = [canvas, tuple(c - 4 for c in canvas), tuple(c - 4 for c in canvas)]
+            starts = [(0,) * n_spatial, (4,) * n_spatial, (0,) + (4,) * (n_spatial - 1)]
+            padding = Padding.from_sizes(sizes, canvas, starts=starts)
+        else:
+            mask = torch.rand(3, *canvas, generator=g) > 0.6
+            padding = Padding.from_mask(mask, classify=False)
+        levels.append(NestedTensor(t, padding))
+    return levels
+
+
+@pytest.mark.parametrize("n_spatial", [2, 3])
+@pytest.mark.parametrize("kind", ["none", "box", "offset", "arbitrary"])
+@pytest.mark.parametrize("training", [False, True])
+def test_invariant_projections_equal_the_hand_written_ones(kind, n_spatial, training):
+    """float64, eval and train, extra levels included: outputs, paddings and parameter gradients
+    equal those of the hand-written projections exactly."""
+    import copy
+
+    torch.manual_seed(0)
+    levels = _padded_levels(kind, n_spatial)
+    joiner = Joiner(_FixedLevels(levels), PositionEmbeddingSine(24 // n_spatial, normalize=True), hidden_dim=24,
+                    num_feature_levels=4, num_groups=4, padding_invariant=True).double().train(training)
+    for proj in joiner.input_proj:  # a GroupNorm affine map that is not the identity
+        nn.init.normal_(proj[1].weight)
+        nn.init.normal_(proj[1].bias)
+    reference = copy.deepcopy(joiner)
+    x = NestedTensor(torch.zeros(3, 1, *levels[0].tensors.shape[2:], dtype=torch.float64), levels[0].padding)
+    got, pos = joiner(x)
+    want = _hand_written_projections(reference, reference.backbone(x))
+    assert len(got) == len(want) == 4
+    for a, b in zip(got, want):
+        assert torch.equal(a.tensors, b.tensors)
+        assert a.padding == b.padding and a.padding.kind == b.padding.kind
+    for p, f in zip(pos, got):
+        assert p.shape[2:] == f.tensors.shape[2:]
+    weights = [torch.randn(f.tensors.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(k))
+               for k, f in enumerate(got)]
+    sum((f.tensors * w).sum() for f, w in zip(got, weights)).backward()
+    sum((f.tensors * w).sum() for f, w in zip(want, weights)).backward()
+    for (name, p), q in zip(joiner.input_proj.named_parameters(), reference.input_proj.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_invariant_projections_follow_the_rule_book_through_copies_and_replaced_layers():
+    """The graphs are no submodules, survive deep copies and pickles, and a replaced layer is run by
+    its own rule (a batch norm in eval: its affine map) or refused by name (a layer norm)."""
+    import copy
+    import pickle
+
+    from vispos.invariance._pools import filled
+
+    levels = _padded_levels("box", 2)
+    joiner = Joiner(_FixedLevels(levels), PositionEmbeddingSine(12, normalize=True), hidden_dim=24,
+                    num_feature_levels=3, num_groups=4, padding_invariant=True).double().eval()
+    keys = list(joiner.state_dict())
+    x = NestedTensor(torch.zeros(3, 1, 13, 11, dtype=torch.float64), levels[0].padding)
+    with torch.no_grad():
+        ref, _ = joiner(x)
+        for clone in (copy.deepcopy(joiner), pickle.loads(pickle.dumps(joiner))):
+            for a, b in zip(clone(x)[0], ref):
+                assert torch.equal(a.tensors, b.tensors) and a.padding == b.padding
+    assert list(joiner.state_dict()) == keys and "padding_invariant=True" in repr(joiner)
+    bn = nn.BatchNorm2d(24).double().eval()
+    bn.running_mean.normal_()
+    bn.running_var.uniform_(0.5, 2.0)
+    joiner.input_proj[2][1] = bn
+    with torch.no_grad():
+        got, _ = joiner(x)
+        conv = joiner.input_proj[2][0]
+        want = bn(conv(filled(levels[-1].tensors, levels[-1].padding, 0.0)))
+    assert torch.equal(got[2].tensors, want) and got[2].padding == ref[2].padding
+    joiner.input_proj[0][1] = nn.LayerNorm(24).double()
+    with pytest.raises(ValueError, match=r"input_proj\.0\.1 \(LayerNorm\).*layer norm over the trailing axes"):
+        joiner(x)

@@ -21,13 +21,10 @@ from torch import Tensor, nn
 
 from .. import _deprecation
 from .._checks import check_bool, check_int
-from ..invariance._norms import group_norm
-from ..invariance._pools import filled
 from ..encodings.grid import _GridEncoding
 from ..levels import FlatLevels, flatten_levels, unflatten_levels
 from ..nested_tensor import NestedTensor
-from ..invariance._run import window_padding
-from ..invariance._functions import window_of
+from ._projections import InvariantProjection, invariant_projections
 from .base import Backbone, SpatialPositionEmbedding
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels"]
@@ -35,6 +32,8 @@ __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels"]
 __getattr__ = _deprecation.alias_getattr(__name__, {"valid_ratios": "vispos.padding:mask_valid_ratios"})
 
 _CONV = {2: nn.Conv2d, 3: nn.Conv3d}
+#: where a Joiner keeps its projections' rewritten graphs (a plain attribute, not a submodule)
+_GRAPHS = "_invariant_projection_graphs"
 
 
 def _grid_layout(module: nn.Module) -> tuple[int, bool] | None:
@@ -109,7 +108,9 @@ class Joiner(nn.Module):
         padding_invariant (bool, optional): GroupNorm of the projections takes each item's
             statistics over its valid cells, an extra level's 3x3 stride-2 convolution sees zeros
             outside the item and its padding comes from convolution arithmetic on each item's box,
-            so a padded item gets what it gets alone. Default None: the backbone's own
+            so a padded item gets what it gets alone: each projection is traced and rewritten by
+            the rule book of :mod:`vispos.invariance`, as the backbones are (an arbitrary mask keeps
+            DETR's nearest rule for the extra levels' masks). Default None: the backbone's own
             ``padding_invariant`` (False for a backbone without one). False: Deformable-DETR's
             numbers (GroupNorm over every cell, extra levels' masks resized from the input's).
 
@@ -239,6 +240,8 @@ class Joiner(nn.Module):
             for proj in self.input_proj:  # Deformable-DETR's initialisation
                 nn.init.xavier_uniform_(proj[0].weight, gain=1)
                 nn.init.constant_(proj[0].bias, 0)
+        if self.use_input_proj and padding_invariant:  # refused layers at construction, not first call
+            self._invariant_graphs()
         want_embed = hidden_dim is not None if level_embed is None else level_embed
         self.level_embed: nn.Parameter | None = None
         if want_embed:
@@ -328,30 +331,25 @@ class Joiner(nn.Module):
         return features, pos
 
     def _project_invariant(self, levels: list[NestedTensor]) -> list[NestedTensor]:
-        """The projections with statistics over valid cells and extra levels by convolution
-        arithmetic (``padding_invariant``)."""
-        features = []
-        projs = list(self.input_proj)
-        for proj, level in zip(projs, levels):
-            conv, norm = proj
-            y = conv(level.tensors)  # 1x1: each cell reads only itself
-            features.append(NestedTensor(self._norm(y, level.padding, norm), level.padding))
+        """The projections run by the rule book (``padding_invariant``): statistics over valid
+        cells, extra levels on zeros outside each item with paddings by convolution arithmetic
+        (see :mod:`vispos.backbones._projections`)."""
+        projections = self._invariant_graphs()
+        features = [project(level) for project, level in zip(projections, levels)]
         source = levels[-1]
-        for k, proj in enumerate(projs[len(levels):]):
-            conv, norm = proj
-            window = window_of(self.n_spatial, conv.kernel_size, conv.stride, conv.padding, conv.dilation)
-            padding = window_padding(source.padding, window, f"input_proj.{len(levels) + k}")
-            y = conv(filled(source.tensors, source.padding, 0.0))
-            if padding is None:  # an arbitrary mask has no box: DETR's nearest rule
-                padding = source.with_features(y).padding
-            source = NestedTensor(self._norm(y, padding, norm), padding)
+        for project in projections[len(levels):]:
+            source = project(source)
             features.append(source)
         return features
 
-    @staticmethod
-    def _norm(y: Tensor, padding, norm: nn.GroupNorm) -> Tensor:
-        """``norm`` with each item's statistics over its valid cells (its box, or any mask)."""
-        return group_norm(y, padding, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    def _invariant_graphs(self) -> list[InvariantProjection]:
+        """The rewritten graph of every projection, traced once and kept out of the submodules
+        (so out of ``state_dict``); traced again for a projection whose layers were replaced."""
+        cached = self.__dict__.get(_GRAPHS)
+        graphs = invariant_projections(self.input_proj, self.n_spatial, cached)
+        if cached is None or len(graphs) != len(cached) or any(a is not b for a, b in zip(graphs, cached)):
+            self.__dict__[_GRAPHS] = graphs
+        return graphs
 
     def flatten(self, features: Sequence[NestedTensor], pos: Sequence[Tensor]) -> FlatLevels:
         """Flattens ``forward``'s output into Deformable-DETR's encoder input, adding the level

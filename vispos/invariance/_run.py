@@ -4,7 +4,8 @@
 learnt of a graph (its :class:`~vispos.invariance._geometry.Geometry` and the geometry of each
 output) and, per batch, replays the convolution arithmetic on the items' boxes, hands the graph
 every feature map's :class:`~vispos.Padding` and pairs each output with its own.
-:func:`window_padding` does the same for the :class:`~vispos.backbones.Joiner`'s extra levels.
+The :class:`~vispos.backbones.Joiner`'s projections run through it too, with DETR's nearest rule
+for a mask that has no boxes.
 
 References:
     Dumoulin and Visin, A guide to convolution arithmetic for deep learning, 2016; Zhu et al.,
@@ -18,9 +19,9 @@ from torch.utils import _pytree as pytree
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
-from ._geometry import Geometry, Window
+from ._geometry import Geometry
 
-__all__ = ["InvariantRunner", "window_padding"]
+__all__ = ["InvariantRunner"]
 
 
 class InvariantRunner:
@@ -30,21 +31,39 @@ class InvariantRunner:
     def __init__(self, geometry: Geometry, outputs: dict[str, list[int]]) -> None:
         self.geometry, self.outputs = geometry, outputs
 
-    def paddings(self, padding: Padding) -> list[Padding | None]:
-        """The padding of every geometry id."""
+    def paddings(self, padding: Padding, nearest: bool = False) -> list[Padding]:
+        """The padding of every geometry id (id 0, the input's, is ``padding`` itself).
+
+        Args:
+            padding (Padding): the input's.
+            nearest (bool): an arbitrary mask, which has no boxes, gives every map the input's mask
+                resized to its canvas by DETR's nearest rule (:meth:`~vispos.Padding.resize`)
+                instead of an error. Default False.
+
+        Returns:
+            list[Padding]: one per geometry id; boxes by convolution arithmetic for a rectangular
+            padding, ``Padding.none`` of each canvas for a batch without padding.
+
+        Raises:
+            ValueError: an arbitrary mask without ``nearest``; as :meth:`Geometry.boxes` (an offset
+                that is not a multiple of the stride, an item too small for the window).
+        """
         kind = padding.kind
-        if kind == "arbitrary":
+        if kind == "arbitrary" and not nearest:
             raise ValueError(
                 "padding_invariant=True needs each item's box (a rectangular padding), got an arbitrary "
                 "mask; build the batch with vispos.nested_tensor_from_tensor_list / PaddedCollate, or "
                 "Padding.from_sizes, or Padding.from_mask(mask, classify=True) for a box mask"
             )
-        boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)
         device = padding.device
-        return [
-            Padding.from_sizes(sizes, canvas, starts=starts, device=device)
-            for starts, sizes, canvas in boxes
-        ]
+        if kind == "rectangular":
+            boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)[1:]
+            return [padding] + [Padding.from_sizes(sizes, canvas, starts=starts, device=device)
+                                for starts, sizes, canvas in boxes]
+        canvases = [canvas for _, _, canvas in self.geometry.boxes((), (), padding.spatial)[1:]]
+        if kind == "none":
+            return [padding] + [Padding.none(padding.batch, canvas, device) for canvas in canvases]
+        return [padding] + [padding.resize(canvas) for canvas in canvases]
 
     def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
         padding = x.padding
@@ -60,22 +79,3 @@ class InvariantRunner:
             assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
             levels.append(NestedTensor(t, level))
         return levels
-
-
-def window_padding(padding: Padding, window: Window, layer: str) -> Padding | None:
-    """The padding of a sliding window's output by convolution arithmetic on each item's box
-    (None for an arbitrary mask, which has no box: the caller falls back to DETR's nearest rule).
-
-    Raises:
-        ValueError: as :meth:`Geometry.boxes` (an offset that is not a multiple of the stride, an
-            item too small for the window).
-    """
-    if padding.kind == "arbitrary":
-        return None
-    geometry = Geometry(padding.n_spatial)
-    geometry_id = geometry.child(0, window, layer)
-    if padding.kind == "none":
-        canvas = tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial))
-        return Padding.none(padding.batch, canvas, padding.device)
-    starts, sizes, canvas = geometry.boxes(padding.starts, padding.sizes, padding.spatial)[geometry_id]
-    return Padding.from_sizes(sizes, canvas, starts=starts, device=padding.device)

@@ -1,0 +1,93 @@
+"""The :class:`~vispos.backbones.Joiner`'s input projections with ``padding_invariant=True``, run by
+the rule book of :mod:`vispos.invariance`, as every backbone is.
+
+Each projection ``input_proj[k]`` (Deformable-DETR: a 1x1 convolution + GroupNorm per backbone
+level; a 3x3 stride-2 convolution + GroupNorm per extra level) is traced with vispos' tracer and
+rewritten by :func:`~vispos.invariance._rewrite.make_padding_invariant`: the convolution reads
+zeros outside each item, GroupNorm takes each item's statistics over its valid cells, and the
+output's padding comes from convolution arithmetic on each item's box. A mask without boxes (an
+arbitrary one) keeps DETR's nearest rule for the output's padding, and the norms' mask fallback.
+
+:class:`InvariantProjection` holds the rewritten graph of one projection. The graph calls the
+Joiner's own layers (the same module objects, never copies), and the Joiner keeps it out of its
+submodules, so ``state_dict`` keys and ``repr`` stay the Joiner's; a projection whose layers were
+replaced since is traced again.
+
+References:
+    Zhu et al., Deformable DETR, ICLR 2021 (``models/deformable_detr.py``: ``input_proj``);
+    torch.fx (``GraphModule``).
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from ..nested_tensor import NestedTensor
+from ._trace import PathTracer, make_invariant
+
+__all__ = ["InvariantProjection", "invariant_projections"]
+
+
+class _Projection(nn.Module):
+    """``input_proj[index]`` as a module of its own, so that its traced layers keep the Joiner's
+    names (``input_proj.3.0``) in the rule book's messages."""
+
+    def __init__(self, input_proj: nn.ModuleList, index: int) -> None:
+        super().__init__()
+        self.input_proj, self.index = input_proj, index
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.input_proj[self.index](x)
+
+
+class InvariantProjection:
+    """One projection of a Joiner, traced and rewritten by the rule book.
+
+    Args:
+        input_proj (nn.ModuleList): the Joiner's projections.
+        index (int): which one.
+        n_spatial (int): spatial axes of the levels (2 or 3).
+
+    Raises:
+        ValueError: a layer of the projection that cannot be made exact, or that torch.fx cannot
+            trace (named).
+    """
+
+    def __init__(self, input_proj: nn.ModuleList, index: int, n_spatial: int) -> None:
+        self.layers = tuple(input_proj[index].modules())
+        root = _Projection(input_proj, index)
+        graph = PathTracer(n_spatial).trace(root)
+        self.graph = fx.GraphModule(root, graph, type(input_proj[index]).__name__)
+        self.runner = make_invariant(self.graph, n_spatial)
+
+    def fits(self, projection: nn.Module) -> bool:
+        """Whether ``projection`` still holds the layers this graph calls."""
+        layers = tuple(projection.modules())
+        return len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers))
+
+    def __call__(self, level: NestedTensor) -> NestedTensor:
+        """The projection of ``level`` and its padding (boxes by convolution arithmetic; DETR's
+        nearest rule for an arbitrary mask)."""
+        paddings = self.runner.paddings(level.padding, nearest=True)
+        (out,) = pytree.tree_leaves(self.graph(level.tensors, tuple(paddings)))
+        return NestedTensor(out, paddings[self.runner.outputs["any"][0]])
+
+
+def invariant_projections(
+    input_proj: nn.ModuleList, n_spatial: int, cached: list[InvariantProjection] | None
+) -> list[InvariantProjection]:
+    """The rewritten graph of every projection: ``cached`` where its layers are still those of
+    ``input_proj``, else traced and rewritten again.
+
+    Raises:
+        ValueError: as :class:`InvariantProjection`.
+    """
+    cached = list(cached or [])
+    found = []
+    for index, projection in enumerate(input_proj):
+        old = cached[index] if index < len(cached) else None
+        found.append(old if old is not None and old.fits(projection) else
+                     InvariantProjection(input_proj, index, n_spatial))
+    return found
