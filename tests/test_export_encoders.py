@@ -3,7 +3,8 @@
 dims (in each ``normalize`` mode), equal to eager at sizes other than the example's.
 
 Compiles use the ``eager`` backend (the graph capture is what can break; no C++ build). The
-random Fourier features and the RT-DETR table run by default, the rest under ``slow``.
+random Fourier features and the RT-DETR table run by default, the rest under ``exhaustive``
+(``pytest -m exhaustive``).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ _FAST = {"PositionEmbeddingRandom_canvas", "PositionEmbeddingRandom_item", "rtde
 
 
 def _params(names):
-    return [pytest.param(n, marks=() if n in _FAST else pytest.mark.slow) for n in names]
+    return [pytest.param(n, marks=() if n in _FAST else (pytest.mark.slow, pytest.mark.exhaustive)) for n in names]
 
 
 def _assert_equal(a, b):

@@ -12,7 +12,8 @@ covers; a test checks that together they cover :data:`vispos.__all__`'s encoders
 is run four ways against its float32 eager reference: eager, and ``torch.compile(fullgraph=True)``
 (``aot_eager``: the traced forward and backward graphs, no C++ build), each without and with
 grad, without autocast and under bfloat16 and float16 autocast. The full compiled product is
-``slow``; the fast subset compiles the cases that hold a matrix product.
+``slow`` and ``exhaustive`` (not in the default run: ``pytest -m exhaustive``); the fast subset
+compiles the cases that hold a matrix product.
 """
 
 from __future__ import annotations
@@ -302,6 +303,7 @@ def test_compiled_autocast_grad_equals_float32(case):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("autocast", [None, *HALF], ids=["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("grad", [False, True], ids=["nograd", "grad"])
 @pytest.mark.parametrize("case", list(CASES))
