@@ -108,6 +108,10 @@ class CellWise(InvarianceRule):
 
     Raises:
         TypeError: ``alias`` is not a bool.
+
+    References:
+        torch.ao.quantization's ``BackendPatternConfig`` (rules registered per pattern, the
+        rewriter asks the table); torchvision ``models/feature_extraction.py`` (leaf modules).
     """
 
     alias: bool = False
@@ -134,6 +138,10 @@ class PaddingAware(InvarianceRule):
 
     Raises:
         TypeError: ``fn`` is not callable.
+
+    References:
+        torch.ao.quantization's ``BackendPatternConfig`` (rules registered per pattern, the
+        rewriter asks the table); torchvision ``models/feature_extraction.py`` (leaf modules).
     """
 
     fn: Callable[[nn.Module, Tensor, Padding | None], Tensor]
@@ -156,6 +164,10 @@ class Refuse(InvarianceRule):
 
     Raises:
         TypeError: ``why`` is not a string.
+
+    References:
+        torch.ao.quantization's ``BackendPatternConfig`` (rules registered per pattern, the
+        rewriter asks the table); torchvision ``models/feature_extraction.py`` (leaf modules).
     """
 
     why: str
@@ -190,6 +202,10 @@ def register_invariance_rule(module_type: type | str, rule: InvarianceRule) -> N
     Raises:
         TypeError: ``module_type`` is not an ``nn.Module`` subclass or a dotted name, or ``rule``
             is not an :class:`InvarianceRule`.
+
+    References:
+        torch.ao.quantization's ``BackendPatternConfig`` (rules registered per pattern, the
+        rewriter asks the table); torchvision ``models/feature_extraction.py`` (leaf modules).
 
     Example:
         >>> import vispos
