@@ -165,7 +165,7 @@ CASES = [
     ("grid/int input", lambda f: PositionalEncoding2D(4)(torch.zeros(1, 4, 4, 4, dtype=torch.int64)), TypeError, r"dtype torch.int64.*must be floating.*dtype_override"),
     ("grid/permute rank", lambda f: PositionalEncodingPermute3D(4)(torch.zeros(1, 4, 4, 4)), ValueError, r"expects a 5-D tensor \(B, C, X, Y, Z\)"),
     ("learned/too large", lambda f: PositionEmbeddingLearned(8, num_embeddings=4)(torch.zeros(1, 3, 5, 5)), ValueError, r"5 cells along spatial axis 1 but the col_embed table has num_embeddings=4"),
-    ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"spatial_dims=2\) got an input with 1 spatial axes"),
+    ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"num_axes=2\) got an input with 1 spatial axes"),
     ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8"),
     ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"pos_tensor must be a floating tensor"),
     # ---- backbones, Joiner, encoder

@@ -9,7 +9,10 @@ vispos or to the import machinery), so Python's default filters show it in scrip
   new home is named by a string and imported on first access, so an alias never makes its
   module import a room above it;
 * :func:`renamed_kwargs`: a constructor or function decorator accepting an old keyword;
-* :func:`warn_module`: a whole module kept at an old import path.
+* :func:`warn_module`: a whole module kept at an old import path;
+* :func:`renamed_attribute`: a property serving an attribute's old name (read and set);
+  :func:`rename_class_attributes`, called from a base class' ``__init_subclass__``, moves an
+  old name a subclass sets (``n_spatial = 3``) to the new one.
 
 Every alias is recorded in :data:`ALIASES` (filled when its module is imported), which the
 tests read to check that each one warns and resolves to its new home.
@@ -29,7 +32,10 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["ALIASES", "alias_getattr", "renamed_kwargs", "warn", "warn_module"]
+__all__ = [
+    "ALIASES", "alias_getattr", "rename_class_attributes", "renamed_attribute", "renamed_kwargs", "warn",
+    "warn_module",
+]
 
 #: ``(module, old name) -> "new.module:attr"`` for every deprecated attribute alias registered
 #: so far (a module's aliases are registered when it is imported)
@@ -123,3 +129,36 @@ def warn_module(old: str, new: str) -> None:
     run_as_main = caller.f_globals.get("__name__") == "__main__"  # script (python -m old)
     skip = () if run_as_main else (caller.f_code.co_filename,)
     warn(f"{old} is deprecated and will be removed; import from {new} instead", skip=skip)
+
+
+def renamed_attribute(old: str, new: str) -> property:
+    """A property for a class body, ``old = renamed_attribute("old", "new")``: reading or setting
+    ``obj.old`` reads or sets ``obj.new``, with a ``DeprecationWarning`` naming the new name."""
+
+    def message(self: Any) -> str:
+        return f"{type(self).__name__}.{old} is deprecated and will be removed; use .{new} instead"
+
+    def fget(self: Any) -> Any:
+        warn(message(self))
+        return getattr(self, new)
+
+    def fset(self: Any, value: Any) -> None:
+        warn(message(self))
+        setattr(self, new, value)
+
+    return property(fget, fset, doc=f"Deprecated: :attr:`{new}`.")
+
+
+def rename_class_attributes(cls: type, renames: Mapping[str, str]) -> None:
+    """Called from a base class' ``__init_subclass__``: a subclass body that sets an old name
+    (``renames`` maps old -> new) sets the new one instead, with a ``DeprecationWarning``
+    attributed to the class statement. Setting both is a ``TypeError``."""
+    skip = (sys._getframe(1).f_code.co_filename,)  # the base class' __init_subclass__
+    for old, new in renames.items():
+        value = cls.__dict__.get(old)
+        if old in cls.__dict__ and not isinstance(value, property):
+            if new in cls.__dict__:
+                raise TypeError(f"{cls.__qualname__} sets both {old} (deprecated) and {new}; set {new} only")
+            warn(f"{cls.__qualname__}.{old} = ... is deprecated and will be removed; set {new} instead", skip=skip)
+            delattr(cls, old)
+            setattr(cls, new, value)
