@@ -11,8 +11,8 @@ vispos or to the import machinery), so Python's default filters show it in scrip
 * :func:`renamed_kwargs`: a constructor or function decorator accepting an old keyword;
 * :func:`warn_module`: a whole module kept at an old import path;
 * :func:`renamed_attribute`: a property serving an attribute's old name (read and set);
-  :func:`rename_class_attributes`, called from a base class' ``__init_subclass__``, moves an
-  old name a subclass sets (``n_spatial = 3``) to the new one.
+  :class:`RenamedAttributes`, a base class that also moves an old name a subclass body sets
+  (``n_spatial = 3``) to the new one.
 
 Every alias is recorded in :data:`ALIASES` (filled when its module is imported), which the
 tests read to check that each one warns and resolves to its new home.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
-    "ALIASES", "alias_getattr", "rename_class_attributes", "renamed_attribute", "renamed_kwargs", "warn",
+    "ALIASES", "RenamedAttributes", "alias_getattr", "renamed_attribute", "renamed_kwargs", "warn",
     "warn_module",
 ]
 
@@ -146,19 +146,27 @@ def renamed_attribute(old: str, new: str) -> property:
         warn(message(self))
         setattr(self, new, value)
 
+    fget.__deprecated_alias__ = fset.__deprecated_alias__ = new  # read by the vocabulary test
     return property(fget, fset, doc=f"Deprecated: :attr:`{new}`.")
 
 
-def rename_class_attributes(cls: type, renames: Mapping[str, str]) -> None:
-    """Called from a base class' ``__init_subclass__``: a subclass body that sets an old name
-    (``renames`` maps old -> new) sets the new one instead, with a ``DeprecationWarning``
-    attributed to the class statement. Setting both is a ``TypeError``."""
-    skip = (sys._getframe(1).f_code.co_filename,)  # the base class' __init_subclass__
-    for old, new in renames.items():
-        value = cls.__dict__.get(old)
-        if old in cls.__dict__ and not isinstance(value, property):
-            if new in cls.__dict__:
-                raise TypeError(f"{cls.__qualname__} sets both {old} (deprecated) and {new}; set {new} only")
-            warn(f"{cls.__qualname__}.{old} = ... is deprecated and will be removed; set {new} instead", skip=skip)
-            delattr(cls, old)
-            setattr(cls, new, value)
+class RenamedAttributes:
+    """A base class whose ``_renamed`` (old name -> new name, in the class body) gives every old
+    name a :func:`renamed_attribute`; a subclass body that still sets an old name (``n_spatial =
+    3``) sets the new one instead, with a ``DeprecationWarning`` attributed to the class
+    statement. Setting both is a ``TypeError``."""
+
+    _renamed: Mapping[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in cls.__dict__.get("_renamed", {}).items():
+            setattr(cls, old, renamed_attribute(old, new))
+        for old, new in cls._renamed.items():
+            value = cls.__dict__.get(old)
+            if old in cls.__dict__ and not isinstance(value, property):
+                if new in cls.__dict__:
+                    raise TypeError(f"{cls.__qualname__} sets both {old} (deprecated) and {new}; set {new} only")
+                warn(f"{cls.__qualname__}.{old} = ... is deprecated and will be removed; set {new} instead")
+                delattr(cls, old)
+                setattr(cls, new, value)

@@ -83,7 +83,7 @@ class SpatialPositionEmbedding(Protocol):
         ...
 
 
-class BackboneAdapter(nn.Module):
+class BackboneAdapter(_deprecation.RenamedAttributes, nn.Module):
     """Base class of vispos' backbone adapters (timm, torchvision, volumes): their one ``forward``.
 
     Not the contract the Joiner checks (that is the :class:`Backbone` protocol, which any module
@@ -116,7 +116,7 @@ class BackboneAdapter(nn.Module):
     """
 
     num_axes: int = 2
-    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
+    _renamed = {"n_spatial": "num_axes"}
     in_chans: int
     body: nn.Module
     #: set by ``padding_invariant=True``: runs the rewritten graph and gives each level its padding
@@ -127,10 +127,6 @@ class BackboneAdapter(nn.Module):
         """bool: every level of an item in a padded batch equals, on the item's cells, what the
         backbone gives the item alone (``padding_invariant=True`` at construction)."""
         return self._invariant is not None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _deprecation.rename_class_attributes(cls, {"n_spatial": "num_axes"})
 
     def _features(self, tensors: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """The feature maps of ``tensors``, one per level, each ``Tensor[B, C_l, *S_l]``."""

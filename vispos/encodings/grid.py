@@ -36,7 +36,6 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -64,20 +63,16 @@ _TEMPERATURE = 10000.0
 _CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
 
 
-class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
+class _GridEncoding(CacheOwner, DerivedBuffers, _deprecation.RenamedAttributes, nn.Module):
     """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
 
     Subclasses set only ``num_axes`` (1, 2 or 3) and ``_channels_first``.
     """
 
     num_axes: int = 0
-    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
+    _renamed = {"n_spatial": "num_axes"}
     _channels_first: bool = False
     _cache_attr = "_tables"
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _deprecation.rename_class_attributes(cls, {"n_spatial": "num_axes"})
 
     def __init__(
         self,

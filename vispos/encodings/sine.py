@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Union
 
 import torch
 from torch import Tensor, nn
@@ -60,7 +60,7 @@ SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
 
 
-class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
+class SineEmbeddingBase(CacheOwner, DerivedBuffers, _deprecation.RenamedAttributes, nn.Module):
     """What every DETR-style sine embedding shares: the constructor's validation, the reading
     of the input into a :class:`~vispos.Padding`, the output dtype and ``out`` checks, empty
     inputs and the cache (one point, in :meth:`forward`). A subclass says how positions become
@@ -86,11 +86,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
     """
 
     num_axes: int | None = None
-    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _deprecation.rename_class_attributes(cls, {"n_spatial": "num_axes"})
+    _renamed = {"n_spatial": "num_axes"}
 
     def __init__(
         self,
