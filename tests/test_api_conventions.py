@@ -351,7 +351,7 @@ def _drop_in_words() -> dict[str, set[str]]:
     """name -> the peer's words it keeps, from the docs' drop-in table."""
     out = {}
     for cells in _table("Drop-ins and the peers' words they keep"):
-        assert len(cells) == 3, cells
+        assert len(cells) == 4, cells
         name = re.fullmatch(r"`(\w+)`", cells[0])
         assert name and name.group(1) not in out, cells[0]
         out[name.group(1)] = set(re.findall(r"`(\w+)`", cells[1]))
