@@ -1,9 +1,9 @@
-"""Deprecated names: old module attributes, keyword arguments and modules that warn and still work.
+"""Deprecated names: old attributes, keyword arguments and modules that warn and still work.
 
 A renamed public name keeps its old spelling for one release. Every use of the old spelling
 raises a ``DeprecationWarning`` that names the new one, attributed to the caller's line (not to
 vispos or to the import machinery), so Python's default filters show it in scripts and
-``__main__`` and pytest shows it in tests. Three forms:
+``__main__`` and pytest shows it in tests. The forms:
 
 * :func:`alias_getattr`: a module's ``__getattr__`` (PEP 562) serving old attribute names; the
   new home is named by a string and imported on first access, so an alias never makes its
