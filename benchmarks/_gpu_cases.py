@@ -115,8 +115,8 @@ FAMILIES: dict[str, Setup] = {
     "preset monai_sincos 3D": _table(lambda d: vispos.monai_sincos((6, 8, 10), 96, 3, device=d)),
     "PositionEmbeddingRandom / SAM (64x64 grid)": _call(
         lambda: vispos.PositionEmbeddingRandom(64), lambda: (), lambda m: m((64, 64))),
-    "PositionEmbeddingRandom (arbitrary mask, normalize='item')": _call(
-        lambda: vispos.PositionEmbeddingRandom(64, normalize="item"), _arbitrary_c5),
+    "PositionEmbeddingRandom (arbitrary mask, frame='item')": _call(
+        lambda: vispos.PositionEmbeddingRandom(64, frame="item"), _arbitrary_c5),
     "SamPositionalEmbedding (points in pixels)": _call(
         lambda: vispos.SamPositionalEmbedding(64), lambda: (torch.rand(2, 5, 2) * 1024,),
         lambda m, pts: m(pts, (1024, 1024))),
@@ -133,7 +133,7 @@ FAMILIES: dict[str, Setup] = {
     "RotaryEmbedding (1D)": _call(lambda: vispos.RotaryEmbedding(32), lambda: (torch.randn(2, 4, 40, 32),)),
     "AxialRotaryEmbedding (2D)": _call(
         lambda: vispos.AxialRotaryEmbedding(32), lambda: (torch.randn(2, 48, 32),),
-        lambda m, x: m(x, grid_shape=(6, 8))),
+        lambda m, x: m(x, spatial=(6, 8))),
     "DinoV3RotaryEmbedding (padded batch)": _call(
         lambda: vispos.DinoV3RotaryEmbedding(64, normalize_coords="max"), _rope_mask,
         lambda m, mask: m.get_embed(mask=mask)),

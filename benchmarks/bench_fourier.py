@@ -13,8 +13,8 @@ of every size):
   (its grid through ``SamPositionalEmbedding``) and vispos' ``PositionEmbeddingRandom((64, 64))``;
 * a padded batch of 8 on the 64 x 64 canvas (SAM's resize-longest-side sizes): SAM's canvas
   repeated over the batch (what transformers' ``SamModel`` does) against vispos'
-  ``normalize="canvas"``; SAM run per item at the item's size and pasted into a zero canvas
-  against vispos' ``normalize="item"``;
+  ``frame="canvas"``; SAM run per item at the item's size and pasted into a zero canvas
+  against vispos' ``frame="item"``;
 * a 3D grid, 32^3 tokens, 768 channels: MONAI's ``build_fourier_position_embedding`` (it draws
   its matrix: 384 x 3 normal numbers) against ``vispos.monai_fourier`` (the same) and the module
   with MONAI's arguments (matrix drawn once);
@@ -63,7 +63,7 @@ def _sam_workloads(device: torch.device, side: int = 64) -> list[Workload]:
     torch.manual_seed(0)
     sam = SamRandom(128).to(device)
     ours = vispos.PositionEmbeddingRandom.from_module(sam).to(device)
-    item = vispos.PositionEmbeddingRandom.from_module(sam, normalize="item").to(device)
+    item = vispos.PositionEmbeddingRandom.from_module(sam, frame="item").to(device)
     hf = HFSam(SamVisionConfig(num_pos_feats=128)).to(device)
     hf.positional_embedding.data.copy_(sam.positional_encoding_gaussian_matrix)
 
@@ -96,9 +96,9 @@ def _sam_workloads(device: torch.device, side: int = 64) -> list[Workload]:
     wl.impls["segment_anything canvas, repeated (as SamModel)"] = (
         lambda: sam((side, side)).unsqueeze(0).repeat(batch, 1, 1, 1)
     )
-    wl.impls["vispos normalize='canvas'"] = lambda: ours(nested)
+    wl.impls["vispos frame='canvas'"] = lambda: ours(nested)
     wl.impls["segment_anything per item, pasted"] = sam_per_item
-    wl.impls["vispos normalize='item'"] = lambda: item(nested)
+    wl.impls["vispos frame='item'"] = lambda: item(nested)
     wls.append(wl)
     return wls
 

@@ -273,3 +273,160 @@ def test_collate_fn_is_padded_collate_with_defaults():
     assert torch.equal(nt.tensors, ref.tensors) and torch.equal(nt.mask, ref.mask) and targets == ref_targets
     rounded, _ = PaddedCollate(size_divisibility=4, pad_value=0.5)(batch)
     assert rounded.tensors.shape[-2:] == (8, 8) and rounded.tensors[0, 0, -1, -1] == 0.5
+
+
+# ------------------------------------------------------------------ one word per concept
+#: the public modules whose names the vocabulary covers
+VOCABULARY_MODULES = (
+    "vispos", "vispos.encodings", "vispos.backbones", "vispos.padding", "vispos.nested_tensor",
+    "vispos.invariance", "vispos.monai", "vispos.levels", "vispos.batching", "vispos.transformer",
+)
+#: vispos' words (docs/api-conventions.md, "One word per concept") and the synonyms that only a
+#: listed drop-in may use
+VOCABULARY = {"num_axes", "spatial", "sizes", "size", "normalize", "frame"}
+SYNONYMS = {
+    # the number of spatial axes
+    "spatial_dims", "n_spatial", "n_axes", "num_spatial_dims", "spatial_ndim", "ndim_spatial", "n_dims",
+    "num_dims",
+    # a spatial shape, or each item's sizes
+    "image_size", "image_sizes", "img_size", "grid_size", "grid_shape", "feat_shape", "feat_size",
+    "padded_size", "spatial_shape", "spatial_size", "spatial_shapes", "spatial_shapes_list",
+    "input_shape", "input_size", "height", "width",
+    # the random Fourier features' frame
+    "normalize_coords",
+}
+
+
+def _public_objects():
+    """``qualname -> object`` for every public name of :data:`VOCABULARY_MODULES`."""
+    out = {}
+    for module_name in VOCABULARY_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or callable(obj):
+                out.setdefault(name, obj)
+    return out
+
+
+def _deprecated_alias(value) -> str | None:
+    """The new name a :func:`vispos._deprecation.renamed_attribute` property serves, else None."""
+    return getattr(getattr(value, "fget", None), "__deprecated_alias__", None)
+
+
+def _words(obj) -> set[str]:
+    """Every parameter, attribute and method-parameter name ``obj`` shows (its signature; for a
+    class, its and its vispos bases' attributes, annotations and public methods' parameters; an
+    encoder's instance attributes too when it builds without arguments), without deprecated
+    aliases."""
+
+    def params(f) -> set[str]:
+        try:
+            return set(inspect.signature(f).parameters) - {"self", "cls"}
+        except (TypeError, ValueError):
+            return set()
+
+    if not inspect.isclass(obj):
+        return params(obj)
+    words = set()
+    for klass in obj.__mro__:
+        if not klass.__module__.startswith("vispos"):
+            continue
+        words |= set(getattr(klass, "__annotations__", {}))
+        for attr, value in vars(klass).items():
+            if attr.startswith("_") and attr not in ("__init__", "__call__") or _deprecated_alias(value):
+                continue
+            words.add(attr) if not attr.startswith("_") else None
+            if callable(value) or isinstance(value, (classmethod, staticmethod)):
+                words |= params(getattr(value, "__func__", value))
+    if obj.__module__.startswith("vispos.encodings"):
+        try:
+            words |= {a for a in vars(obj()) if not a.startswith("_")}
+        except TypeError:  # a required argument: its signature is enough
+            pass
+    return words
+
+
+def _drop_in_words() -> dict[str, set[str]]:
+    """name -> the peer's words it keeps, from the docs' drop-in table."""
+    out = {}
+    for cells in _table("Drop-ins and the peers' words they keep"):
+        assert len(cells) == 4, cells
+        name = re.fullmatch(r"`(\w+)`", cells[0])
+        assert name and name.group(1) not in out, cells[0]
+        out[name.group(1)] = set(re.findall(r"`(\w+)`", cells[1]))
+    return out
+
+
+def _strays(objects: dict[str, object], allowed: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(name, word)`` for every synonym a public object uses that its drop-in row does not list."""
+    return sorted((name, w) for name, obj in objects.items() for w in _words(obj) & SYNONYMS
+                  if w not in allowed.get(name, set()))
+
+
+def test_the_vocabulary_table_names_each_word_once():
+    rows = _table("One word per concept: axes, shapes, `normalize`")
+    words = [re.fullmatch(r"`(\w+)`.*", cells[1]).group(1) for cells in rows]
+    assert sorted(words) == sorted(VOCABULARY), words
+    for cells in rows:  # the "Not" column lists synonyms the test knows
+        assert set(re.findall(r"`(\w+)`", cells[3])) <= SYNONYMS | {"normalize"}, cells[3]
+
+
+def test_public_names_use_one_word_per_concept():
+    """No public class, function, parameter or attribute uses a synonym of vispos' words, except
+    the drop-ins in the docs' table, each for the words listed there (its peer's)."""
+    assert _strays(_public_objects(), _drop_in_words()) == []
+
+
+def test_drop_in_rows_are_not_stale():
+    """Each row's words are words its object really uses (so the list cannot grow by habit)."""
+    objects = _public_objects()
+    for name, words in _drop_in_words().items():
+        assert name in objects, f"{name} is not a public name"
+        assert words <= _words(objects[name]), f"{name} does not use {sorted(words - _words(objects[name]))}"
+
+
+def _non_bool_normalize(objects: dict[str, object]) -> list[str]:
+    """The names whose ``normalize`` parameter is not a bool (annotation and default)."""
+    out = []
+    for name, obj in objects.items():
+        try:
+            param = inspect.signature(obj).parameters.get("normalize")
+        except (TypeError, ValueError):
+            continue
+        if param is not None and not ("bool" in str(param.annotation) and isinstance(param.default, bool)):
+            out.append(name)
+    return out
+
+
+def test_normalize_is_a_bool_wherever_it_is_taken():
+    """``normalize`` means one thing: DETR's bool (divide by the valid extent)."""
+    objects = _public_objects()
+    assert _non_bool_normalize(objects) == []
+    assert {"PositionEmbeddingSine", "cumulative_positions"} <= {
+        n for n, o in objects.items() if "normalize" in _words(o)}
+
+
+def test_vocabulary_test_fails_on_a_stray_synonym():
+    """A new public class or function that says ``spatial_dims`` (or keeps an ``n_spatial``
+    attribute, or a ``grid_shape`` method argument) is caught; its drop-in row would allow it."""
+
+    class Stray(torch.nn.Module):
+        """An imaginary public encoder."""
+
+        n_spatial = 2
+
+        def __init__(self, spatial_dims: int = 2) -> None:
+            super().__init__()
+
+        def forward(self, x, grid_shape=None):  # pragma: no cover - only its signature is read
+            return x
+
+    def stray(mask, normalize: str = "item"):  # pragma: no cover - only its signature is read
+        """An imaginary public function."""
+
+    Stray.__module__ = stray.__module__ = "vispos.encodings.stray"
+    found = _strays({"Stray": Stray, "stray": stray}, {})
+    assert found == [("Stray", "grid_shape"), ("Stray", "n_spatial"), ("Stray", "spatial_dims")]
+    assert _strays({"Stray": Stray}, {"Stray": {"grid_shape", "n_spatial", "spatial_dims"}}) == []
+    assert _non_bool_normalize({"Stray": Stray, "stray": stray}) == ["stray"]

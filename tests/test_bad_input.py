@@ -165,7 +165,7 @@ CASES = [
     ("grid/int input", lambda f: PositionalEncoding2D(4)(torch.zeros(1, 4, 4, 4, dtype=torch.int64)), TypeError, r"dtype torch.int64.*must be floating.*dtype_override"),
     ("grid/permute rank", lambda f: PositionalEncodingPermute3D(4)(torch.zeros(1, 4, 4, 4)), ValueError, r"expects a 5-D tensor \(B, C, X, Y, Z\)"),
     ("learned/too large", lambda f: PositionEmbeddingLearned(8, num_embeddings=4)(torch.zeros(1, 3, 5, 5)), ValueError, r"5 cells along spatial axis 1 but the col_embed table has num_embeddings=4"),
-    ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"spatial_dims=2\) got an input with 1 spatial axes"),
+    ("learned/axes", lambda f: PositionEmbeddingLearned(8)(torch.zeros(2, 5, 5)), ValueError, r"num_axes=2\) got an input with 1 spatial axes"),
     ("sequence/wrong width", lambda f: SinusoidalPositionalEncoding(8)(torch.zeros(2, 5, 6)), ValueError, r"x must have shape \(B, L, D\) with D = dim = 8"),
     ("coords/int", lambda f: vispos.sine_embed_coords(torch.zeros(2, 3, 2, dtype=torch.int64)), TypeError, r"pos_tensor must be a floating tensor"),
     # ---- backbones, Joiner, encoder
@@ -232,7 +232,7 @@ CASES = [
     ("depth/2D input", lambda f: PositionEmbeddingSineDepthAdded(4)(MASK), ValueError, r"embeds volumes \(3 spatial axes\).*got spatial shape \(4, 4\)"),
     ("joiner/hidden_dim float", lambda f: Joiner(f["backbone"], PE, hidden_dim=16.0), TypeError, r"hidden_dim must be a positive int or None, got 16\.0 \(float\)"),
     ("joiner/num_groups zero", lambda f: Joiner(f["backbone"], PE, hidden_dim=16, num_groups=0), ValueError, r"num_groups must be a positive int, got 0"),
-    ("joiner/hidden_dim undescribed backbone", lambda f: Joiner(torch.nn.Identity(), PE, hidden_dim=16), TypeError, r"hidden_dim needs a backbone that reports num_channels, strides and n_spatial.*Identity"),
+    ("joiner/hidden_dim undescribed backbone", lambda f: Joiner(torch.nn.Identity(), PE, hidden_dim=16), TypeError, r"hidden_dim needs a backbone that reports num_channels, strides and num_axes.*Identity"),
     ("sine/eps nan", lambda f: PositionEmbeddingSine(4, eps=float("nan")), ValueError, r"eps must be a finite number, got nan"),
     ("sine/offset str", lambda f: PositionEmbeddingSine(4, offset="a"), TypeError, r"offset must be a finite number, got 'a' \(str\)"),
     ("grid/dtype_override int", lambda f: PositionalEncoding2D(4, dtype_override=torch.int32), TypeError, r"dtype_override must be a floating torch.dtype \(sin/cos values\), got torch.int32"),

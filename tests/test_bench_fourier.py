@@ -22,8 +22,8 @@ def test_rows_agree():
         assert_close(rows["transformers SamModel grid"][0], sam, rtol=0, atol=0)
 
         canvas = padded.impls["segment_anything canvas, repeated (as SamModel)"]()
-        assert_close(padded.impls["vispos normalize='canvas'"](), canvas, rtol=0, atol=0)
-        pasted, item = padded.impls["segment_anything per item, pasted"](), padded.impls["vispos normalize='item'"]()
+        assert_close(padded.impls["vispos frame='canvas'"](), canvas, rtol=0, atol=0)
+        pasted, item = padded.impls["segment_anything per item, pasted"](), padded.impls["vispos frame='item'"]()
         for b, (h, w) in enumerate(bench.sam_items(16)):
             assert_close(item[b, :, :h, :w], pasted[b, :, :h, :w], rtol=0, atol=0)
 

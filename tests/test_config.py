@@ -41,7 +41,7 @@ def test_every_config_builds_and_reports_what_it_outputs(path):
     for key in ("hidden_dim", "num_feature_levels"):
         if key in raw:
             assert getattr(obj, key) == raw[key]
-    if obj.n_spatial == 3:
+    if obj.num_axes == 3:
         items = [torch.randn(1, 40, 36, 28), torch.randn(1, 28, 44, 36)]
     else:
         items = [torch.randn(3, 96, 128), torch.randn(3, 128, 80)]
@@ -50,13 +50,13 @@ def test_every_config_builds_and_reports_what_it_outputs(path):
         features, pos = obj(batch)
     assert len(features) == len(pos) == len(obj.num_channels) == len(obj.strides)
     for f, p, c, s in zip(features, pos, obj.num_channels, obj.strides):
-        per_axis = s if isinstance(s, tuple) else (s,) * obj.n_spatial
+        per_axis = s if isinstance(s, tuple) else (s,) * obj.num_axes
         assert f.tensors.shape[1] == c
         assert tuple(f.tensors.shape[2:]) == tuple(-(-n // st) for n, st in zip(batch.tensors.shape[2:], per_axis))
-        assert p.shape == (2, obj.n_spatial * obj.position_embedding.num_pos_feats, *f.tensors.shape[2:])
+        assert p.shape == (2, obj.num_axes * obj.position_embedding.num_pos_feats, *f.tensors.shape[2:])
     if obj.hidden_dim is not None:
         flat = obj.flatten(features, pos)
-        assert flat.src.shape[-1] == obj.hidden_dim and flat.valid_ratios.shape == (2, len(features), obj.n_spatial)
+        assert flat.src.shape[-1] == obj.hidden_dim and flat.valid_ratios.shape == (2, len(features), obj.num_axes)
 
 
 def test_detr_dc5_and_volume_configs():

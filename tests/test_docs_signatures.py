@@ -49,6 +49,10 @@ STANDS_FOR = {
 DEPRECATED_SHOWN = {
     ("SinusoidalPositionalEncoding", "d_model"), ("LearnableSinusoidalPositionalEncoding", "d_model"),
     ("resample_abs_pos_embed", "mode"), ("sine_embed_coords", "coords"), ("sine_embed_coords", "swap_xy"),
+    ("PositionEmbeddingLearned", "spatial_dims"), ("freeze_batch_norm", "n_spatial"),
+    ("parse_spatial_input", "n_spatial"), ("backbone_border_effect", "padded_size"),
+    ("resize_image_sizes", "image_sizes"), ("PositionEmbeddingRandom", "normalize"),
+    ("SamPositionalEmbedding", "normalize"),
 }
 #: in api-conventions.md the "Mirrors" column shows the *peer's* signature under the peer's name
 PEER_COLUMNS = {"api-conventions.md"}

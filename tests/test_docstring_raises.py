@@ -179,8 +179,8 @@ TABLE: dict[str, list[Case]] = {
     "PositionEmbeddingLearned": [
         ("num_pos_feats str", lambda: vispos.PositionEmbeddingLearned("8")),
         ("num_embeddings zero", lambda: vispos.PositionEmbeddingLearned(8, 0)),
-        ("spatial_dims str", lambda: vispos.PositionEmbeddingLearned(8, spatial_dims="2")),
-        ("spatial_dims 4", lambda: vispos.PositionEmbeddingLearned(8, spatial_dims=4)),
+        ("num_axes str", lambda: vispos.PositionEmbeddingLearned(8, num_axes="2")),
+        ("num_axes 4", lambda: vispos.PositionEmbeddingLearned(8, num_axes=4)),
         ("interpolate int", lambda: vispos.PositionEmbeddingLearned(8, interpolate=1)),
         ("input list", lambda: vispos.PositionEmbeddingLearned(8, 10)([[True]])),
         ("too long", lambda: vispos.PositionEmbeddingLearned(8, 4)(_mask(1, 5, 5))),
@@ -246,8 +246,8 @@ TABLE: dict[str, list[Case]] = {
     "AxialRotaryEmbedding": [
         ("num_axes str", lambda: vispos.AxialRotaryEmbedding(16, num_axes="2")),
         ("num_axes 4", lambda: vispos.AxialRotaryEmbedding(16, num_axes=4)),
-        ("grid_shape floats", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2.0, 3))),
-        ("grid_shape product", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2, 4))),
+        ("spatial floats", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(2.0, 3))),
+        ("spatial product", lambda: vispos.AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(2, 4))),
     ],
     "DinoV3RotaryEmbedding": [
         ("dim odd multiple", lambda: vispos.DinoV3RotaryEmbedding(30)),

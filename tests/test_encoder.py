@@ -168,7 +168,7 @@ def test_backbone_border_effect_3d_measured():
         print(f"3D border effect stride {stride}: max abs {s['max_abs']:.3g} ({s['rel_max']:.2f} x std), "
               f"mean abs {s['mean_abs']:.3g}, cells changed {s['frac_cells']:.0%}")
         assert s["max_abs"] > 0
-    with pytest.raises(ValueError, match="padded_size must have 3 entries"):
+    with pytest.raises(ValueError, match="spatial must have 3 entries"):
         backbone_border_effect(bb, vol, (8, 8, 8))
 
 

@@ -1,6 +1,6 @@
 """Every public encoder that takes a padded batch compiles with ``fullgraph=True`` on masks and
 ``NestedTensor``s (vispos' and DETR's), and the ones docs/deployment.md lists export with dynamic batch and spatial
-dims (in each ``normalize`` mode), equal to eager at sizes other than the example's.
+dims (in each ``frame`` of the random Fourier features), equal to eager at sizes other than the example's.
 
 Compiles use the ``eager`` backend (the graph capture is what can break; no C++ build). The
 random Fourier features and the RT-DETR table run by default, the rest under ``exhaustive``
@@ -86,7 +86,7 @@ ENCODERS = {
     "PositionEmbeddingSineDepthAdded": (3, _module(lambda: vispos.PositionEmbeddingSineDepthAdded(8, normalize=True))),
     "dino_sine": (2, _module(lambda: vispos.dino_sine(8))),
     "PositionEmbeddingRandom_canvas": (2, _module(lambda: vispos.PositionEmbeddingRandom(8))),
-    "PositionEmbeddingRandom_item": (2, _module(lambda: vispos.PositionEmbeddingRandom(8, normalize="item"))),
+    "PositionEmbeddingRandom_item": (2, _module(lambda: vispos.PositionEmbeddingRandom(8, frame="item"))),
     "PositionEmbeddingRandom_3d": (3, _module(lambda: vispos.PositionEmbeddingRandom(8, num_axes=3, coord_order="ij"))),
     "rtdetr_sincos_2d": (2, lambda: (_rtdetr, None)),
     "DinoV3RotaryEmbedding": (2, lambda: _rope(vispos.DinoV3RotaryEmbedding)),

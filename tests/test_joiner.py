@@ -299,7 +299,7 @@ class _FixedLevels(nn.Module):
 
     def __init__(self, levels):
         super().__init__()
-        self.levels, self.n_spatial = levels, levels[0].tensors.dim() - 2
+        self.levels, self.num_axes = levels, levels[0].tensors.dim() - 2
         self.num_channels = [lv.tensors.shape[1] for lv in levels]
         self.strides = [2 ** (k + 3) for k in range(len(levels))]
         self.padding_invariant = True
@@ -316,7 +316,7 @@ def _window_padding(padding, conv):
 
     if padding.kind == "arbitrary":
         return None
-    n = padding.n_spatial
+    n = padding.num_axes
     window = window_of(n, conv.kernel_size, conv.stride, conv.padding, conv.dilation)
     if padding.kind == "none":
         return Padding.none(padding.batch, tuple(window.out_size(c, a) for a, c in enumerate(padding.spatial)))

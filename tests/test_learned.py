@@ -77,7 +77,7 @@ def test_loads_inside_a_detr_backbone_joiner_prefix():
 
 @pytest.mark.parametrize("spatial", [(5,), (3, 4), (2, 3, 4), (1, 6, 1)])
 def test_n_d_against_slow_reference(spatial):
-    m = PositionEmbeddingLearned(5, num_embeddings=(9,) * len(spatial), spatial_dims=len(spatial))
+    m = PositionEmbeddingLearned(5, num_embeddings=(9,) * len(spatial), num_axes=len(spatial))
     x = torch.zeros(2, 7, *spatial)
     tables = [getattr(m, name).weight.detach() for name in ("depth_embed", "row_embed", "col_embed")[3 - len(spatial):]]
     assert_close(m(x), slow_reference(tables, spatial, 2), rtol=0, atol=0)
@@ -85,10 +85,10 @@ def test_n_d_against_slow_reference(spatial):
 
 def test_table_names_and_sizes_per_axis():
     m = PositionEmbeddingLearned(4, num_embeddings=(3, 5, 7))
-    assert m.spatial_dims == 3
+    assert m.num_axes == 3
     assert {k: tuple(v.shape) for k, v in m.state_dict().items()} == {
         "depth_embed.weight": (3, 4), "row_embed.weight": (5, 4), "col_embed.weight": (7, 4)}
-    assert set(PositionEmbeddingLearned(4, 6, spatial_dims=1).state_dict()) == {"col_embed.weight"}
+    assert set(PositionEmbeddingLearned(4, 6, num_axes=1).state_dict()) == {"col_embed.weight"}
 
 
 def test_uniform_init_as_detr():
@@ -147,7 +147,7 @@ def test_interpolate_resizes_only_tables_that_are_too_short():
 
 
 def test_interpolate_half_table_in_float32_and_grad():
-    m = PositionEmbeddingLearned(2, 3, interpolate=True, spatial_dims=1).to(torch.bfloat16)
+    m = PositionEmbeddingLearned(2, 3, interpolate=True, num_axes=1).to(torch.bfloat16)
     out = m(torch.zeros(1, 1, 7, dtype=torch.bfloat16))
     ref = F.interpolate(m.col_embed.weight.float().t()[None], size=7, mode="linear")[0].to(torch.bfloat16)
     assert out.dtype == torch.bfloat16
@@ -167,9 +167,9 @@ def test_interpolate_half_table_in_float32_and_grad():
         (dict(num_embeddings=()), ValueError, r"one int per spatial axis \(1 to 3\), got \(\)"),
         (dict(num_embeddings=(5,) * 4), ValueError, r"one int per spatial axis \(1 to 3\)"),
         (dict(num_embeddings="50"), TypeError, "num_embeddings must be a positive int or a sequence"),
-        (dict(num_embeddings=(5, 5), spatial_dims=3), ValueError, r"num_embeddings has 2 entries \(5, 5\) but spatial_dims=3"),
-        (dict(spatial_dims=4), ValueError, r"spatial_dims must be one of \(1, 2, 3\), got 4"),
-        (dict(spatial_dims="2"), TypeError, r"spatial_dims must be one of \(1, 2, 3\), got '2'"),
+        (dict(num_embeddings=(5, 5), num_axes=3), ValueError, r"num_embeddings has 2 entries \(5, 5\) but num_axes=3"),
+        (dict(num_axes=4), ValueError, r"num_axes must be one of \(1, 2, 3\), got 4"),
+        (dict(num_axes="2"), TypeError, r"num_axes must be one of \(1, 2, 3\), got '2'"),
         (dict(interpolate=1), TypeError, "interpolate must be a bool, got 1"),
     ],
 )
@@ -180,7 +180,7 @@ def test_constructor_errors(kwargs, exc, match):
 
 def test_forward_errors():
     m = PositionEmbeddingLearned(4)
-    with pytest.raises(ValueError, match=r"spatial_dims=2\) got an input with 3 spatial axes \(2, 3, 4\)"):
+    with pytest.raises(ValueError, match=r"num_axes=2\) got an input with 3 spatial axes \(2, 3, 4\)"):
         m(torch.zeros(1, 1, 2, 3, 4))
     with pytest.raises(TypeError, match="must have dtype torch.bool"):
         m(torch.zeros(1, 3, 4, dtype=torch.int64))
@@ -194,7 +194,7 @@ def test_extra_repr_and_copies():
     m = PositionEmbeddingLearned(8, num_embeddings=(5, 6), interpolate=True)
     assert repr(m) == (
         "PositionEmbeddingLearned(\n"
-        "  num_pos_feats=8, num_embeddings=(5, 6), interpolate=True, spatial_dims=2\n"
+        "  num_pos_feats=8, num_embeddings=(5, 6), interpolate=True, num_axes=2\n"
         "  (row_embed): Embedding(5, 8)\n"
         "  (col_embed): Embedding(6, 8)\n"
         ")"

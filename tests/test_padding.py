@@ -102,7 +102,7 @@ def test_parse_spatial_input_record():
     assert feat.padding.kind == "none" and feat.padding.spatial == (3, 5)
     with pytest.raises(TypeError, match=r"a float mask \(B, H, W\) and a 1D feature map \(B, C, L\) look alike"):
         parse_spatial_input(torch.zeros(2, 4, 5))
-    assert parse_spatial_input(torch.zeros(2, 4, 5), n_spatial=1).padding.spatial == (5,)
+    assert parse_spatial_input(torch.zeros(2, 4, 5), num_axes=1).padding.spatial == (5,)
 
 
 def test_check_mask_hint_names_the_peer_convention():
@@ -414,18 +414,18 @@ def test_every_encoder_agrees_with_the_mask_alone(padding, variant, device_branc
         items = [torch.zeros(1, *s) for s in padding.sizes]
         nt = nested_tensor_from_tensor_list(items)
         assert_close(pe(nt), _sine_from_mask(pe, nt.mask), rtol=0, atol=0)
-    if padding.n_spatial == 3:
+    if padding.num_axes == 3:
         depth = PositionEmbeddingSineDepthAdded(4, cache_size=0, **{k: v for k, v in kwargs.items() if k != "temperature"})
         want = _depth_added_from_mask(depth, mask)
         for name, x in _inputs(padding).items():
             assert_close(depth(x), want, rtol=0, atol=0, msg=name)
     # learned: DETR's table rows by cell index, the mask ignored, whatever form it came in
-    learned = PositionEmbeddingLearned(4, num_embeddings=8, spatial_dims=padding.n_spatial)
+    learned = PositionEmbeddingLearned(4, num_embeddings=8, num_axes=padding.num_axes)
     rows = learned(torch.zeros(padding.batch, 1, *padding.spatial))
     for name, x in _inputs(padding).items():
         assert_close(learned(x), rows, rtol=0, atol=0, msg=name)
     # Deformable-DETR's encoder input: the level's key padding mask and valid ratios
-    if padding.n_spatial >= 2:
+    if padding.num_axes >= 2:
         flat = flatten_levels([NestedTensor(torch.zeros_like(expected), padding)], [expected])
         assert torch.equal(flat.key_padding_mask, mask.flatten(1))
         assert_close(flat.valid_ratios[:, 0], mask_valid_ratios(mask), rtol=0, atol=0)

@@ -275,7 +275,7 @@ def test_squeeze_excitation_and_average_pool_shortcuts_are_exact(name):
 
 def test_frozen_batch_norm_after_construction_and_deepcopy_pickle():
     bb = TimmBackbone("resnet18", out_indices=(3, 4), padding_invariant=True)
-    freeze_batch_norm(bb, n_spatial=2)  # what the demos' --norm frozen does after building
+    freeze_batch_norm(bb, num_axes=2)  # what the demos' --norm frozen does after building
     bb.train()
     batch = nested_tensor_from_tensor_list([torch.randn(3, 70, 50), torch.randn(3, 40, 90)])
     with torch.no_grad():

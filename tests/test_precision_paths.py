@@ -156,7 +156,7 @@ def _rotary(grad):
 
 def _axial(grad):
     rope = vispos.AxialRotaryEmbedding(8, 2)
-    return (lambda x: rope(x, grid_shape=(4, 5))), (torch.randn(2, 20, 8, requires_grad=grad),)
+    return (lambda x: rope(x, spatial=(4, 5))), (torch.randn(2, 20, 8, requires_grad=grad),)
 
 
 def _apply_rotary(grad):

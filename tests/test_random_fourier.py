@@ -264,7 +264,7 @@ def test_item_normalisation_gives_each_item_what_it_gets_alone(n, kind, form):
     x = {"padding": padding, "mask": mask, "nested": NestedTensor(torch.zeros(mask.shape[0], 2, *spatial), mask)}[form]
     if form == "padding" and not isinstance(padding, Padding):
         x = Padding.from_mask(padding)
-    m = PositionEmbeddingRandom(8, num_axes=n, normalize="item")
+    m = PositionEmbeddingRandom(8, num_axes=n, frame="item")
     out = m(x)
     starts, sizes = _boxes(padding)
     assert out.shape == (mask.shape[0], 16, *spatial)
@@ -289,12 +289,12 @@ def test_canvas_normalisation_is_sams_grid_for_every_item(n):
     assert_close(m(features), m(spatial).expand(3, -1, *spatial), **EXACT)
 
 
-@pytest.mark.parametrize("normalize", ["item", "canvas"])
-def test_device_path_equals_host_path(monkeypatch, normalize):
+@pytest.mark.parametrize("frame", ["item", "canvas"])
+def test_device_path_equals_host_path(monkeypatch, frame):
     """Without host facts (tracing, CUDA graphs) or off the host (an accelerator's mask), the
     boxes are found on the mask's device: the same numbers."""
     spatial, paddings = _paddings(2)
-    m = PositionEmbeddingRandom(8, normalize=normalize)
+    m = PositionEmbeddingRandom(8, frame=frame)
     expected = {k: m(p) for k, p in paddings.items()}
     monkeypatch.setattr(vispos._tracing, "host_side", lambda device: False)
     for k, p in paddings.items():
@@ -309,23 +309,23 @@ def test_spacing_with_an_extent_places_cells_in_millimetres():
     spatial = (6, 12, 12)
     padding = Padding.from_sizes([(6, 12, 12), (4, 10, 7)], spatial, starts="symmetric")
     spacing = torch.tensor([[3.0, 0.7, 0.7], [2.5, 1.0, 0.9]])
-    m = PositionEmbeddingRandom(8, num_axes=3, normalize="item", coord_order="ij", extent=40.0)
+    m = PositionEmbeddingRandom(8, num_axes=3, frame="item", coord_order="ij", extent=40.0)
     expected = _reference(m.positional_encoding_gaussian_matrix, spatial, list(padding.starts), list(padding.sizes),
                           coord_order="ij", extent=40.0, spacing=spacing.tolist())
     assert_close(m(padding, spacing=spacing), expected, **_angle_tol(m.positional_encoding_gaussian_matrix))
     # one physical point, one embedding, whatever the voxel size: 3 mm in depth is cell 1 at
     # 3 mm spacing and cell 3 at 1 mm (corner-aligned positions are i * s)
-    corner = PositionEmbeddingRandom(8, num_axes=3, normalize="item", align_corners=True, extent=40.0)
+    corner = PositionEmbeddingRandom(8, num_axes=3, frame="item", align_corners=True, extent=40.0)
     coarse = corner(Padding.none(1, (2, 3, 3)), spacing=torch.tensor([[3.0, 1.0, 2.0]]))
     fine = corner(Padding.none(1, (4, 3, 5)), spacing=torch.tensor([[1.0, 1.0, 1.0]]))
     assert_close(coarse[0, :, 1, 2, 1], fine[0, :, 3, 2, 2], **EXACT)
 
 
 @pytest.mark.parametrize("extent", [None, 30.0])
-@pytest.mark.parametrize("normalize", ["item", "canvas"])
-def test_unit_spacing_is_the_cell_embedding_bit_for_bit(extent, normalize):
+@pytest.mark.parametrize("frame", ["item", "canvas"])
+def test_unit_spacing_is_the_cell_embedding_bit_for_bit(extent, frame):
     spatial, paddings = _paddings(3)
-    m = PositionEmbeddingRandom(8, num_axes=3, normalize=normalize, extent=extent)
+    m = PositionEmbeddingRandom(8, num_axes=3, frame=frame, extent=extent)
     for padding in paddings.values():
         batch = padding.batch if isinstance(padding, Padding) else padding.shape[0]
         assert_close(m(padding, spacing=torch.ones(batch, 3)), m(padding), **EXACT)
@@ -333,7 +333,7 @@ def test_unit_spacing_is_the_cell_embedding_bit_for_bit(extent, normalize):
 
 def test_spacing_without_an_extent_cancels():
     spatial, paddings = _paddings(2)
-    m = PositionEmbeddingRandom(8, normalize="item")
+    m = PositionEmbeddingRandom(8, frame="item")
     spacing = torch.rand(4, 2) + 0.5
     assert_close(m(paddings["symmetric"], spacing=spacing), m(paddings["symmetric"]), **EXACT)
 
@@ -350,8 +350,8 @@ def test_canvas_with_spacing_and_extent_is_per_item():
 def test_an_item_without_valid_cells_is_finite():
     mask = torch.ones(2, 4, 5, dtype=torch.bool)
     mask[0, :2, :3] = False
-    for normalize in ("item", "canvas"):
-        out = PositionEmbeddingRandom(4, normalize=normalize)(mask)
+    for frame in ("item", "canvas"):
+        out = PositionEmbeddingRandom(4, frame=frame)(mask)
         assert torch.isfinite(out).all()
 
 
@@ -405,7 +405,7 @@ def test_joiner_contract():
 def test_compiles_without_graph_breaks():
     torch._dynamo.reset()
     try:
-        m = PositionEmbeddingRandom(8, normalize="item")
+        m = PositionEmbeddingRandom(8, frame="item")
         compiled = torch.compile(m, fullgraph=True, backend="eager")
         mask = torch.zeros(3, 6, 7, dtype=torch.bool)
         mask[1, 4:] = True
@@ -433,19 +433,19 @@ def test_similarity_figure(tmp_path):
 
 # ----------------------------------------------------------------------------- state, repr
 def test_repr_state_dict_and_pickle():
-    m = PositionEmbeddingRandom(8, (1.0, 2.0), normalize="item", coord_order="ij", align_corners=True,
+    m = PositionEmbeddingRandom(8, (1.0, 2.0), frame="item", coord_order="ij", align_corners=True,
                                 coord_range=(0.0, 1.0), extent=12.0)
     assert repr(m) == (
-        "PositionEmbeddingRandom(num_pos_feats=8, scale=(1.0, 2.0), num_axes=2, normalize='item', "
+        "PositionEmbeddingRandom(num_pos_feats=8, scale=(1.0, 2.0), num_axes=2, frame='item', "
         "coord_order='ij', align_corners=True, coord_range=(0.0, 1.0), extent=12.0)"
     )
     assert repr(PositionEmbeddingRandom()) == (
-        "PositionEmbeddingRandom(num_pos_feats=64, scale=1.0, num_axes=2, normalize='canvas', "
+        "PositionEmbeddingRandom(num_pos_feats=64, scale=1.0, num_axes=2, frame='canvas', "
         "coord_order='xy', align_corners=False, coord_range=(-1.0, 1.0))"
     )
     clone = pickle.loads(pickle.dumps(m))
     assert_close(clone((5, 6)), m((5, 6)), **EXACT)
-    other = PositionEmbeddingRandom(8, normalize="item", coord_order="ij", align_corners=True,
+    other = PositionEmbeddingRandom(8, frame="item", coord_order="ij", align_corners=True,
                                     coord_range=(0.0, 1.0), extent=12.0)
     other.load_state_dict(m.state_dict())
     assert_close(other((5, 6)), m((5, 6)), **EXACT)
@@ -466,8 +466,8 @@ def test_repr_state_dict_and_pickle():
         (lambda: PositionEmbeddingRandom(8, 0.0), ValueError, r"scale must be a finite number > 0, got 0.0 \(SAM"),
         (lambda: PositionEmbeddingRandom(8, "1"), TypeError, "scale must be a finite number"),
         (lambda: PositionEmbeddingRandom(8, (1.0, 2.0, 3.0)), ValueError, "scale must be a number or 2 numbers"),
-        (lambda: PositionEmbeddingRandom(8, normalize=True), TypeError, "normalize must be one of"),
-        (lambda: PositionEmbeddingRandom(8, normalize="batch"), ValueError, r"normalize must be one of \('canvas', 'item'\)"),
+        (lambda: PositionEmbeddingRandom(8, frame=True), TypeError, "frame must be one of"),
+        (lambda: PositionEmbeddingRandom(8, frame="batch"), ValueError, r"frame must be one of \('canvas', 'item'\)"),
         (lambda: PositionEmbeddingRandom(8, coord_order="yx"), ValueError, r"coord_order must be one of \('xy', 'ij'\)"),
         (lambda: PositionEmbeddingRandom(8, align_corners=1), TypeError, "align_corners must be a bool"),
         (lambda: PositionEmbeddingRandom(8, coord_range=(1.0, 0.0)), ValueError, r"coord_range must have lo < hi"),
@@ -545,7 +545,7 @@ def test_exact_longdouble_and_large_finite_scales_are_taken():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu_to_float32_rounding():
     spatial, paddings = _paddings(3)
-    m = PositionEmbeddingRandom(16, num_axes=3, normalize="item")
+    m = PositionEmbeddingRandom(16, num_axes=3, frame="item")
     gpu = copy.deepcopy(m).cuda()
     tol = _angle_tol(m.positional_encoding_gaussian_matrix)
     for padding in paddings.values():

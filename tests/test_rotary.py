@@ -98,12 +98,12 @@ def test_axial_dot_product_depends_on_offsets_only(device):
 
 
 # ----------------------------------------------------------------------------- layouts
-def test_axial_grid_shape_and_positions_agree(device):
+def test_axial_spatial_and_positions_agree(device):
     torch.manual_seed(0)
     rope = AxialRotaryEmbedding(32)
     x = torch.randn(2, 4, 6, 7, 40, device=device)  # (B, heads, H, W, C)
     grid = rope(x)
-    flat = rope(x.flatten(2, 3), grid_shape=(6, 7))
+    flat = rope(x.flatten(2, 3), spatial=(6, 7))
     assert_close(flat, grid.flatten(2, 3), **EXACT)
     coords = torch.stack(torch.meshgrid(torch.arange(6), torch.arange(7), indexing="ij"), -1).flatten(0, 1)
     per_token = rope(x.flatten(2, 3), positions=coords.to(device))
@@ -205,16 +205,16 @@ def test_constructor_errors(ctor, exc, match):
          r"positions must be a Tensor .*got list"),
         (lambda: AxialRotaryEmbedding(8)(torch.zeros(5, 8)), ValueError, r"x must have shape \(\.\.\., \*S, C\) with 2 grid axes, got \(5, 8\)"),
         (lambda: AxialRotaryEmbedding(8)(torch.zeros(2, 3, 4)), ValueError, r"x has 4 channels but dim=8 are rotated"),
-        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2, 3), positions=torch.zeros(6, 2)), ValueError,
-         r"pass grid_shape or positions, not both"),
-        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2, 4)), ValueError,
-         r"grid_shape \(2, 4\) has 8 cells but x has N=6 tokens"),
-        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(6,)), ValueError,
-         r"grid_shape must hold 2 ints, got \(6,\)"),
-        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(2.0, 3)), TypeError,
-         r"grid_shape must hold ints, got \(2.0, 3\)"),
-        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), grid_shape=(-2, -3)), ValueError,
-         r"grid_shape must hold positive ints, got \(-2, -3\)"),
+        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(2, 3), positions=torch.zeros(6, 2)), ValueError,
+         r"pass spatial or positions, not both"),
+        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(2, 4)), ValueError,
+         r"spatial \(2, 4\) has 8 cells but x has N=6 tokens"),
+        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(6,)), ValueError,
+         r"spatial must hold 2 ints, got \(6,\)"),
+        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(2.0, 3)), TypeError,
+         r"spatial must hold ints, got \(2.0, 3\)"),
+        (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), spatial=(-2, -3)), ValueError,
+         r"spatial must hold positive ints, got \(-2, -3\)"),
         (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), positions=torch.zeros(6, 3)), ValueError,
          r"positions must have shape \(\.\.\., num_axes=2\), got \(6, 3\)"),
         (lambda: AxialRotaryEmbedding(8)(torch.zeros(6, 8), positions=torch.zeros(5, 2)), ValueError,

@@ -63,7 +63,7 @@ DERIVED = ("dim_t", "inv_freq", "pe")
 
 def _call(module, x):
     if isinstance(module, vispos.AxialRotaryEmbedding):
-        return module(x, grid_shape=(3, 4))
+        return module(x, spatial=(3, 4))
     return module(x)
 
 

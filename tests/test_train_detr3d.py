@@ -108,7 +108,7 @@ def test_backbone_is_a_monai_resnet_at_stride_8():
     args = _args()
     bb = T.build_backbone(args)
     assert isinstance(bb, vispos.backbones.VolumeBackbone) and bb.model_name == ResNet.__name__
-    assert bb.num_channels == [args.widths[-1]] and bb.strides == [8] and bb.n_spatial == 3
+    assert bb.num_channels == [args.widths[-1]] and bb.strides == [8] and bb.num_axes == 3
     nested = vispos.nested_tensor_from_tensor_list([torch.randn(1, 17, 24, 20), torch.randn(1, 24, 12, 16)])
     (level,) = bb(nested)
     assert level.tensors.shape == (2, args.widths[-1], 3, 3, 3)

@@ -58,7 +58,7 @@ def test_frozen_batch_norm_3d_matches_eval_batch_norm():
     bn.running_var.uniform_(0.5, 2)
     bn.weight.data.uniform_(0.5, 1.5)
     bn.bias.data.uniform_(-1, 1)
-    frozen = freeze_batch_norm(bn, n_spatial=3)
+    frozen = freeze_batch_norm(bn, num_axes=3)
     assert isinstance(frozen, FrozenBatchNorm3d) and repr(frozen) == "FrozenBatchNorm3d(6, eps=1e-05)"
     x = torch.randn(2, 6, 3, 4, 5)
     torch.testing.assert_close(frozen(x), bn(x), rtol=1e-5, atol=1e-6)

@@ -1,15 +1,18 @@
-"""Deprecated names: old module attributes, keyword arguments and modules that warn and still work.
+"""Deprecated names: old attributes, keyword arguments and modules that warn and still work.
 
 A renamed public name keeps its old spelling for one release. Every use of the old spelling
 raises a ``DeprecationWarning`` that names the new one, attributed to the caller's line (not to
 vispos or to the import machinery), so Python's default filters show it in scripts and
-``__main__`` and pytest shows it in tests. Three forms:
+``__main__`` and pytest shows it in tests. The forms:
 
 * :func:`alias_getattr`: a module's ``__getattr__`` (PEP 562) serving old attribute names; the
   new home is named by a string and imported on first access, so an alias never makes its
   module import a room above it;
 * :func:`renamed_kwargs`: a constructor or function decorator accepting an old keyword;
-* :func:`warn_module`: a whole module kept at an old import path.
+* :func:`warn_module`: a whole module kept at an old import path;
+* :func:`renamed_attribute`: a property serving an attribute's old name (read and set);
+  :class:`RenamedAttributes`, a base class that also moves an old name a subclass body sets
+  (``n_spatial = 3``) to the new one.
 
 Every alias is recorded in :data:`ALIASES` (filled when its module is imported), which the
 tests read to check that each one warns and resolves to its new home.
@@ -29,7 +32,10 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["ALIASES", "alias_getattr", "renamed_kwargs", "warn", "warn_module"]
+__all__ = [
+    "ALIASES", "RenamedAttributes", "alias_getattr", "renamed_attribute", "renamed_kwargs", "warn",
+    "warn_module",
+]
 
 #: ``(module, old name) -> "new.module:attr"`` for every deprecated attribute alias registered
 #: so far (a module's aliases are registered when it is imported)
@@ -123,3 +129,44 @@ def warn_module(old: str, new: str) -> None:
     run_as_main = caller.f_globals.get("__name__") == "__main__"  # script (python -m old)
     skip = () if run_as_main else (caller.f_code.co_filename,)
     warn(f"{old} is deprecated and will be removed; import from {new} instead", skip=skip)
+
+
+def renamed_attribute(old: str, new: str) -> property:
+    """A property for a class body, ``old = renamed_attribute("old", "new")``: reading or setting
+    ``obj.old`` reads or sets ``obj.new``, with a ``DeprecationWarning`` naming the new name."""
+
+    def message(self: Any) -> str:
+        return f"{type(self).__name__}.{old} is deprecated and will be removed; use .{new} instead"
+
+    def fget(self: Any) -> Any:
+        warn(message(self))
+        return getattr(self, new)
+
+    def fset(self: Any, value: Any) -> None:
+        warn(message(self))
+        setattr(self, new, value)
+
+    fget.__deprecated_alias__ = fset.__deprecated_alias__ = new  # read by the vocabulary test
+    return property(fget, fset, doc=f"Deprecated: :attr:`{new}`.")
+
+
+class RenamedAttributes:
+    """A base class whose ``_renamed`` (old name -> new name, in the class body) gives every old
+    name a :func:`renamed_attribute`; a subclass body that still sets an old name (``n_spatial =
+    3``) sets the new one instead, with a ``DeprecationWarning`` attributed to the class
+    statement. Setting both is a ``TypeError``."""
+
+    _renamed: Mapping[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for old, new in cls.__dict__.get("_renamed", {}).items():
+            setattr(cls, old, renamed_attribute(old, new))
+        for old, new in cls._renamed.items():
+            value = cls.__dict__.get(old)
+            if old in cls.__dict__ and not isinstance(value, property):
+                if new in cls.__dict__:
+                    raise TypeError(f"{cls.__qualname__} sets both {old} (deprecated) and {new}; set {new} only")
+                warn(f"{cls.__qualname__}.{old} = ... is deprecated and will be removed; set {new} instead")
+                delattr(cls, old)
+                setattr(cls, new, value)

@@ -17,7 +17,7 @@ for bit. Three shapes of the same numbers, bit for bit:
   few distinct values, those values and an index (:func:`distinct_positions`).
 
 Encoders that place an item from its own box rather than by counting (SAM's random Fourier
-features with ``normalize="item"``, the mask-aware RT-DETR table) take each item's box
+features with ``frame="item"``, the mask-aware RT-DETR table) take each item's box
 instead: :func:`item_boxes` (the box of a rectangular padding, the bounding box of the valid
 cells of any other mask) and the offsets ``i - start`` of every index from it.
 

@@ -181,7 +181,7 @@ class NestedTensor:
 
     @property
     def image_sizes(self) -> list[tuple[int, ...]]:
-        """Each item's valid size (:attr:`Padding.sizes`), a list of ``B`` tuples of ``n_spatial``
+        """Each item's valid size (:attr:`Padding.sizes`), a list of ``B`` tuples of ``num_axes``
         ints; read from the mask (one host synchronisation) for arbitrary padding."""
         return list(self._padding.sizes)
 
@@ -190,9 +190,11 @@ class NestedTensor:
         return self._tensors, self.mask
 
     @property
-    def n_spatial(self) -> int:
+    def num_axes(self) -> int:
         """Number of spatial axes (1 to 3)."""
         return self._tensors.dim() - 2
+
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
     def __len__(self) -> int:
         return self._tensors.shape[0]
@@ -270,7 +272,7 @@ class NestedTensor:
         ):
             shape = tuple(tensors.shape) if isinstance(tensors, Tensor) else type(tensors).__name__
             raise ValueError(
-                f"tensors must have shape (B={len(self)}, C, *S) with {self.n_spatial} spatial axes, got {shape}"
+                f"tensors must have shape (B={len(self)}, C, *S) with {self.num_axes} spatial axes, got {shape}"
             )
         if self._padding.kind == "none":  # sizes come from the features (symbolic when traced)
             return NestedTensor(tensors, None)
@@ -344,7 +346,8 @@ class SpatialInput(NamedTuple):
     host: bool
 
 
-def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
+@_deprecation.renamed_kwargs(n_spatial="num_axes")
+def parse_spatial_input(x: Any, num_axes: int | None = None) -> SpatialInput:
     """Reads what a spatial encoder was given: a batch, a padding mask or a feature map.
 
     Args:
@@ -352,7 +355,7 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
             float): a padded batch (vispos' :class:`NestedTensor`, or any object with DETR's
             ``.tensors`` / ``.mask`` / ``.decompose()``); its :class:`~vispos.Padding` itself; a
             mask (True = padding); or features meaning "no padding". ``S`` has 1 to 3 axes.
-        n_spatial (int, optional): the encoder's number of spatial axes, when it has one.
+        num_axes (int, optional): the encoder's number of spatial axes, when it has one.
             Without it a 3-dim floating tensor is refused: a 1D feature map ``(B, C, L)`` cannot
             be told from a float mask ``(B, H, W)`` (with it, the encoder checks the rank and
             :func:`float_mask_hint` says what a wrong one may be).
@@ -363,7 +366,7 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
 
     Raises:
         TypeError: ``x`` is of another type; an integer mask (with a hint on how to convert); a
-            3-dim floating tensor without ``n_spatial`` (ambiguous, with a hint).
+            3-dim floating tensor without ``num_axes`` (ambiguous, with a hint).
         ValueError: a mask or feature map of the wrong rank; a batch whose mask does not match
             its tensors.
 
@@ -406,7 +409,7 @@ def parse_spatial_input(x: Any, n_spatial: int | None = None) -> SpatialInput:
         return SpatialInput(Padding.from_mask(x, classify=host and _tracing.host_side(x.device)), host)
     if not (x.is_floating_point() or x.is_complex()):
         check_mask(x)  # an integer mask: raises the conversion hint
-    if x.dim() == 3 and n_spatial is None:
+    if x.dim() == 3 and num_axes is None:
         raise TypeError(
             f"x is a floating tensor of shape {tuple(x.shape)}: a float mask (B, H, W) and a 1D "
             "feature map (B, C, L) look alike. A mask must have dtype torch.bool with True "
@@ -427,12 +430,12 @@ def _unpadded(tensors: Tensor) -> Padding:
     return Padding._make("none", tensors.shape[0], tuple(tensors.shape[2:]), tensors.device)
 
 
-def float_mask_hint(x: Any, n_spatial: int) -> str:
+def float_mask_hint(x: Any, num_axes: int) -> str:
     """A hint for an encoder's rank error: empty, or, for a bare floating tensor with the rank of
-    a mask ``(B, *S)`` of ``n_spatial`` axes, how to pass a mask."""
-    if isinstance(x, Tensor) and x.is_floating_point() and x.dim() == n_spatial + 1:
+    a mask ``(B, *S)`` of ``num_axes`` axes, how to pass a mask."""
+    if isinstance(x, Tensor) and x.is_floating_point() and x.dim() == num_axes + 1:
         return (
-            f"; x has the rank of a mask (B, *S) with {n_spatial} spatial axes: a mask must have "
+            f"; x has the rank of a mask (B, *S) with {num_axes} spatial axes: a mask must have "
             "dtype torch.bool with True marking padding (pass `mask.bool()`)"
         )
     return ""

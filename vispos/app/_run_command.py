@@ -199,9 +199,9 @@ def _build(args: argparse.Namespace) -> tuple[dict[str, Any], Any, torch.device]
     if not isinstance(model, Joiner):
         raise CLIError(f"--config must build a Joiner (backbone + position embedding), got {type(model).__name__}")
     want = 3 if volume else 2
-    if model.n_spatial != want:
+    if model.num_axes != want:
         kind = "volumes" if volume else "images"
-        raise CLIError(f"--config builds a {model.n_spatial}D backbone but the inputs are {kind} ({want}D)")
+        raise CLIError(f"--config builds a {model.num_axes}D backbone but the inputs are {kind} ({want}D)")
     return cfg, model, device
 
 

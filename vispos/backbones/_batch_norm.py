@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from .. import _deprecation
 from .._checks import check_int, check_number
 from ..invariance import CellWise, register_invariance_rule
 
@@ -84,7 +85,8 @@ def _frozen_copy(bn: nn.Module, n_spatial: int) -> nn.Module | None:
     return frozen.to(device=ref.device, dtype=ref.dtype)
 
 
-def freeze_batch_norm(module: nn.Module, n_spatial: int = 2) -> nn.Module:
+@_deprecation.renamed_kwargs(n_spatial="num_axes")
+def freeze_batch_norm(module: nn.Module, num_axes: int = 2) -> nn.Module:
     """Replaces every ``BatchNorm2d`` / ``BatchNorm3d`` in ``module`` by a frozen twin, in place.
 
     ``nn.BatchNorm2d`` and ``nn.SyncBatchNorm`` become torchvision's ``FrozenBatchNorm2d``,
@@ -94,7 +96,7 @@ def freeze_batch_norm(module: nn.Module, n_spatial: int = 2) -> nn.Module:
 
     Args:
         module (nn.Module): modified in place; the adapters call this on their own private copy.
-        n_spatial (int): 2 or 3, the rank a ``SyncBatchNorm`` (which does not know it) works on.
+        num_axes (int): 2 or 3, the rank a ``SyncBatchNorm`` (which does not know it) works on.
 
     Returns:
         nn.Module: ``module`` itself, or its replacement when ``module`` is a batch norm.
@@ -102,13 +104,13 @@ def freeze_batch_norm(module: nn.Module, n_spatial: int = 2) -> nn.Module:
     References:
         DETR ``models/backbone.py`` (``FrozenBatchNorm2d``); torchvision ``ops.FrozenBatchNorm2d``.
     """
-    top = _frozen_copy(module, n_spatial)
+    top = _frozen_copy(module, num_axes)
     if top is not None:
         return top
     for name, child in list(module.named_children()):
-        frozen = _frozen_copy(child, n_spatial)
+        frozen = _frozen_copy(child, num_axes)
         if frozen is not None:
             setattr(module, name, frozen)
         else:
-            freeze_batch_norm(child, n_spatial)
+            freeze_batch_norm(child, num_axes)
     return module

@@ -65,7 +65,7 @@ class GraphBackbone(BackboneAdapter):
     Subclasses build ``model`` (a private copy the base may modify) and call ``_setup``.
     """
 
-    n_spatial: int = 2
+    num_axes: int = 2
     _probe: tuple[int, ...] = (128, 128)
 
     def _setup(
@@ -88,7 +88,7 @@ class GraphBackbone(BackboneAdapter):
         self.frozen_stages = frozen_stages
         self.frozen_batch_norm = frozen_batch_norm
         try:
-            self.body = trace_features(model, self.n_spatial, return_nodes=return_nodes)
+            self.body = trace_features(model, self.num_axes, return_nodes=return_nodes)
         except UntraceableLayer as exc:
             raise ValueError(
                 f"{type(model).__name__} cannot be cut at return_nodes {list(return_nodes)}: feature "
@@ -113,7 +113,7 @@ class GraphBackbone(BackboneAdapter):
         adapt_stem(self.body, want)
         self.in_chans = want
         if frozen_batch_norm:
-            freeze_batch_norm(self.body, n_spatial=self.n_spatial)
+            freeze_batch_norm(self.body, num_axes=self.num_axes)
         if not train_backbone:
             freeze_through(self.body, None)
         elif frozen_stages >= 0:
@@ -124,7 +124,7 @@ class GraphBackbone(BackboneAdapter):
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
         if padding_invariant:  # rewrites both graphs of torchvision's DualGraphModule in place
-            self._invariant = make_invariant(self.body, n_spatial=self.n_spatial)
+            self._invariant = make_invariant(self.body, n_spatial=self.num_axes)
 
     def _own_repr(self) -> str:
         """Subclass hook: the constructor arguments only that subclass has."""

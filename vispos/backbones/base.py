@@ -3,15 +3,15 @@
 Small typed interfaces (``typing.Protocol``), as timm's ``feature_info`` describes a
 ``features_only`` model: the Joiner and the CLI read them, never ``getattr`` with a default.
 
-* :class:`Backbone`: ``num_channels`` (per level), ``strides`` (per level) and ``n_spatial``
+* :class:`Backbone`: ``num_channels`` (per level), ``strides`` (per level) and ``num_axes``
   (2 for images, 3 for volumes); called with a :class:`~vispos.NestedTensor`, it returns one
   NestedTensor per level. Any module with these works in the Joiner (a protocol: nothing to
   subclass); vispos' timm, torchvision and volume adapters satisfy it.
 * :class:`BackboneAdapter`: the ``nn.Module`` base class of those adapters (their one
   ``forward``: input checks and each level paired with its resized mask). Subclass it only to
   write a new adapter. Its old name ``BackboneBase`` is a deprecated alias.
-* :class:`SpatialPositionEmbedding`: ``out_channels(n_axes)``, the channels of its output for an
-  input with ``n_axes`` spatial axes. :class:`~vispos.PositionEmbeddingSine`,
+* :class:`SpatialPositionEmbedding`: ``out_channels(num_axes)``, the channels of its output for
+  an input with ``num_axes`` spatial axes. :class:`~vispos.PositionEmbeddingSine`,
   :class:`~vispos.PositionEmbeddingSineDepthAdded` and
   :class:`~vispos.PositionEmbeddingLearned` satisfy it.
 
@@ -22,6 +22,7 @@ References:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
@@ -36,6 +37,8 @@ __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_
 
 __getattr__ = _deprecation.alias_getattr(__name__, {"BackboneBase": "vispos.backbones.base:BackboneAdapter"})
 
+_VISPOS = str(Path(__file__).resolve().parents[1])  # vispos' own files: not the caller of a deprecated name
+
 
 @runtime_checkable
 class Backbone(Protocol):
@@ -46,43 +49,58 @@ class Backbone(Protocol):
     Attributes:
         num_channels (sequence of int): channels of each returned level.
         strides (sequence): each level's stride (an int, or a tuple per axis).
-        n_spatial (int): number of spatial axes of its input and levels (2 or 3).
+        num_axes (int): number of spatial axes of its input and levels (2 or 3).
     """
 
     num_channels: Sequence[int]
     strides: Sequence[Any]
-    n_spatial: int
+    num_axes: int
 
     def __call__(self, x: Any) -> Any: ...
+
+
+def backbone_axes(backbone: object) -> int | None:
+    """``backbone.num_axes`` when ``backbone`` is a :class:`Backbone`, else None. One that reports
+    the protocol's former ``n_spatial`` (with ``num_channels`` and ``strides``) is read too, with
+    a ``DeprecationWarning`` attributed to the caller's line outside vispos."""
+    if isinstance(backbone, Backbone):
+        return int(backbone.num_axes)
+    if all(hasattr(backbone, name) for name in ("num_channels", "strides", "n_spatial")):
+        _deprecation.warn(
+            f"{type(backbone).__name__}.n_spatial (the Backbone protocol) is deprecated and will be removed; "
+            "name it num_axes instead", skip=(_VISPOS,),
+        )
+        return int(backbone.n_spatial)
+    return None
 
 
 @runtime_checkable
 class SpatialPositionEmbedding(Protocol):
     """A position embedding the Joiner can pair with a backbone."""
 
-    def out_channels(self, n_axes: int) -> int:
-        """Channels of the embedding of an input with ``n_axes`` spatial axes."""
+    def out_channels(self, num_axes: int) -> int:
+        """Channels of the embedding of an input with ``num_axes`` spatial axes."""
         ...
 
 
-class BackboneAdapter(nn.Module):
+class BackboneAdapter(_deprecation.RenamedAttributes, nn.Module):
     """Base class of vispos' backbone adapters (timm, torchvision, volumes): their one ``forward``.
 
     Not the contract the Joiner checks (that is the :class:`Backbone` protocol, which any module
     can satisfy without subclassing); subclass this to adapt another feature extractor with
     vispos' input checks. Formerly ``BackboneBase`` (a deprecated alias for one release).
 
-    Checks the input (a :class:`~vispos.NestedTensor` of ``n_spatial`` axes and ``in_chans``
+    Checks the input (a :class:`~vispos.NestedTensor` of ``num_axes`` axes and ``in_chans``
     channels, on the model's device), runs :meth:`_features` on its tensors and pairs every level
     with the batch's mask resized to it (:meth:`~vispos.NestedTensor.with_features`, DETR's
     nearest rule, which keeps the batch's rectangular sizes). With ``padding_invariant=True`` the
     body is a rewritten graph (:mod:`vispos.invariance`) that fills each layer's padding
     and takes statistics over valid cells, and each level's padding comes from convolution
     arithmetic on every item's box. Subclasses set ``body``, ``in_chans``, ``num_channels``,
-    ``strides`` and ``n_spatial`` and implement :meth:`_features`.
+    ``strides`` and ``num_axes`` and implement :meth:`_features`.
 
     Shape:
-        - input: NestedTensor ``(B, in_chans, *S)``, ``len(S) == n_spatial``.
+        - input: NestedTensor ``(B, in_chans, *S)``, ``len(S) == num_axes``.
         - output: list of NestedTensor ``(B, num_channels[l], *S_l)``.
 
     Raises:
@@ -97,7 +115,8 @@ class BackboneAdapter(nn.Module):
         Carion et al., DETR ``models/backbone.py`` (``BackboneBase.forward``).
     """
 
-    n_spatial: int = 2
+    num_axes: int = 2
+    _renamed = {"n_spatial": "num_axes"}
     in_chans: int
     body: nn.Module
     #: set by ``padding_invariant=True``: runs the rewritten graph and gives each level its padding
@@ -114,11 +133,11 @@ class BackboneAdapter(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: NestedTensor) -> list[NestedTensor]:
-        axes = ", ".join("DHW"[-self.n_spatial:])
+        axes = ", ".join("DHW"[-self.num_axes:])
         if not isinstance(x, NestedTensor):
             raise TypeError(f"x must be a NestedTensor (B, C, {axes}), got {type(x).__name__}")
         tensors = x.tensors
-        if tensors.dim() != 2 + self.n_spatial or tensors.shape[1] != self.in_chans:
+        if tensors.dim() != 2 + self.num_axes or tensors.shape[1] != self.in_chans:
             raise ValueError(
                 f"x.tensors must have shape (B, {self.in_chans}, {axes}), got {tuple(tensors.shape)}"
             )
@@ -173,21 +192,22 @@ def _check_dtype(tensors: Tensor, module: nn.Module) -> None:
     )
 
 
+@_deprecation.renamed_kwargs(padded_size="spatial")
 @torch.no_grad()
 def backbone_border_effect(
-    backbone: nn.Module, item: Tensor, padded_size: Sequence[int], pad_value: float = 0.0
+    backbone: nn.Module, item: Tensor, spatial: Sequence[int], pad_value: float = 0.0
 ) -> list[dict[str, float]]:
     """How much a backbone's features on an item's valid cells change when the item is padded.
 
     Runs the backbone (in its current mode; call ``eval()`` first for batch norm) on the item
-    alone and on the item padded to ``padded_size`` (placed at the origin, ``pad_value`` around
+    alone and on the item padded to ``spatial`` (placed at the origin, ``pad_value`` around
     it, as :func:`~vispos.nested_tensor_from_tensor_list` does), and compares each level on the
     cells the alone run produced.
 
     Args:
         backbone (nn.Module): maps a NestedTensor to NestedTensor levels.
         item (Tensor[C, *S]): one image or volume.
-        padded_size (sequence of int): the padded spatial size, ``>= S`` on every axis.
+        spatial (sequence of int): the padded batch's spatial size, ``>= S`` on every axis.
         pad_value (float): the padding value.
 
     Returns:
@@ -197,16 +217,16 @@ def backbone_border_effect(
         ``1e-3 * scale``).
 
     Raises:
-        ValueError: ``padded_size`` has the wrong length or is smaller than the item.
+        ValueError: ``spatial`` has the wrong length or is smaller than the item.
 
     References:
         Carion et al., DETR, ECCV 2020 (padded batches through a convolutional backbone).
     """
-    spatial = tuple(item.shape[1:])
-    padded = tuple(int(s) for s in padded_size)
-    if len(padded) != len(spatial) or any(p < s for p, s in zip(padded, spatial)):
-        raise ValueError(f"padded_size must have {len(spatial)} entries >= {spatial}, got {tuple(padded_size)}")
-    alone = NestedTensor(item[None], torch.zeros((1, *spatial), dtype=torch.bool, device=item.device))
+    own = tuple(item.shape[1:])
+    padded = tuple(int(s) for s in spatial)
+    if len(padded) != len(own) or any(p < s for p, s in zip(padded, own)):
+        raise ValueError(f"spatial must have {len(own)} entries >= {own}, got {tuple(spatial)}")
+    alone = NestedTensor(item[None], torch.zeros((1, *own), dtype=torch.bool, device=item.device))
     filler = item.new_full((item.shape[0], *padded), pad_value)
     batch = nested_tensor_from_tensor_list([item, filler], pad_value=pad_value)
     out = []

@@ -25,7 +25,7 @@ from ..encodings.grid import _GridEncoding
 from ..levels import FlatLevels, flatten_levels, unflatten_levels
 from ..nested_tensor import NestedTensor
 from ._projections import InvariantProjection, invariant_projections
-from .base import Backbone, SpatialPositionEmbedding
+from .base import SpatialPositionEmbedding, backbone_axes
 
 __all__ = ["Joiner", "FlatLevels", "flatten_levels", "unflatten_levels"]
 
@@ -37,11 +37,11 @@ _GRAPHS = "_invariant_projection_graphs"
 
 
 def _grid_layout(module: nn.Module) -> tuple[int, bool] | None:
-    """``(n_spatial, channels_first)`` of a ``positional-encodings``-style grid encoding (vispos'
+    """``(num_axes, channels_first)`` of a ``positional-encodings``-style grid encoding (vispos'
     own, or the ``positional_encodings`` package's when it is imported), else None. Such a module
     maps a tensor (not a NestedTensor) to an encoding of its shape and takes no ``dtype``."""
     if isinstance(module, _GridEncoding):
-        return module.n_spatial, module._channels_first
+        return module.num_axes, module._channels_first
     peer = sys.modules.get("positional_encodings.torch_encodings")
     for n in (1, 2, 3):
         for permute in (False, True):
@@ -77,18 +77,18 @@ class Joiner(nn.Module):
     extra levels are made by 3x3 stride-2 convolution + GroupNorm (the first from the backbone's
     last raw level, the next from the previous extra level), their masks resized from the input
     mask, exactly as Deformable-DETR. Convolutions are 2D or 3D after the backbone's
-    ``n_spatial``.
+    ``num_axes``.
 
     Args:
         backbone (nn.Module): maps a :class:`NestedTensor` to a list of NestedTensor levels. A
             :class:`~vispos.backbones.base.Backbone` (``num_channels``, ``strides``,
-            ``n_spatial``: :class:`~vispos.backbones.TimmBackbone`,
+            ``num_axes``: :class:`~vispos.backbones.TimmBackbone`,
             :class:`~vispos.backbones.TorchvisionBackbone`, :class:`~vispos.backbones.VolumeBackbone`)
             is needed for ``hidden_dim``; any other module is taken as a 2D backbone (DETR).
         position_embedding (nn.Module): maps a NestedTensor level to ``Tensor[B, C_pos, *S_l]``
             (e.g. :class:`~vispos.PositionEmbeddingSine`); called with ``dtype=`` the level's dtype
             when its ``forward`` takes that keyword (DETR's own embeddings do not: their output
-            is cast to the level's dtype). When it reports ``out_channels(n_axes)``
+            is cast to the level's dtype). When it reports ``out_channels(num_axes)``
             (:class:`~vispos.backbones.base.SpatialPositionEmbedding`), ``hidden_dim`` is checked
             against it. A channels-first grid encoding
             (:class:`~vispos.PositionalEncodingPermute2D` / ``3D``, or the
@@ -96,7 +96,7 @@ class Joiner(nn.Module):
             positions from the top-left corner, so the valid cells of a padded item get the
             positions they have alone); its ``org_channels`` must equal every level's channels.
         hidden_dim (int, optional): project every level to this many channels. Default None (no
-            projection, DETR). Must equal the embedding's ``out_channels(n_spatial)``.
+            projection, DETR). Must equal the embedding's ``out_channels(num_axes)``.
         num_feature_levels (int, optional): total levels with ``hidden_dim``; the ones beyond the
             backbone's are extra stride-2 levels. Default: the backbone's count.
         level_embed (bool, optional): keep a learned ``(num_feature_levels, hidden_dim)`` table
@@ -167,14 +167,15 @@ class Joiner(nn.Module):
         padding_invariant = check_bool(padding_invariant, "padding_invariant", optional=True)
         self.backbone = backbone
         self.position_embedding = position_embedding
-        described = isinstance(backbone, Backbone)
+        axes = backbone_axes(backbone)
+        described = axes is not None
         if hidden_dim is not None and not described:
             raise TypeError(
-                f"hidden_dim needs a backbone that reports num_channels, strides and n_spatial "
+                f"hidden_dim needs a backbone that reports num_channels, strides and num_axes "
                 f"(vispos.backbones.Backbone); {type(backbone).__name__} does not"
             )
         # an undescribed backbone (DETR's own, say) is taken as 2D with unknown levels
-        self.n_spatial = int(backbone.n_spatial) if described else 2
+        self.num_axes = axes if described else 2
         back_channels = list(backbone.num_channels) if described else []
         n_back = len(back_channels)
         if hidden_dim is None:
@@ -201,11 +202,11 @@ class Joiner(nn.Module):
             if input_proj and hidden_dim % num_groups:
                 raise ValueError(f"hidden_dim={hidden_dim} must be divisible by num_groups={num_groups}")
             if isinstance(position_embedding, SpatialPositionEmbedding):
-                channels = position_embedding.out_channels(self.n_spatial)
+                channels = position_embedding.out_channels(self.num_axes)
                 if channels != hidden_dim:
                     raise ValueError(
                         f"hidden_dim={hidden_dim} must equal the position embedding's channels "
-                        f"({type(position_embedding).__name__}.out_channels({self.n_spatial}) = {channels})"
+                        f"({type(position_embedding).__name__}.out_channels({self.num_axes}) = {channels})"
                     )
         self._grid = _grid_layout(position_embedding)
         if self._grid is not None:
@@ -222,9 +223,9 @@ class Joiner(nn.Module):
         self.use_input_proj = bool(hidden_dim is not None and input_proj)
         self.input_proj: nn.ModuleList | None = None
         if self.use_input_proj:
-            conv = _CONV.get(self.n_spatial)
+            conv = _CONV.get(self.num_axes)
             if conv is None:
-                raise ValueError(f"input projections need 2D or 3D levels, backbone has n_spatial={self.n_spatial}")
+                raise ValueError(f"input projections need 2D or 3D levels, backbone has num_axes={self.num_axes}")
             projs = [
                 nn.Sequential(conv(c, hidden_dim, kernel_size=1), nn.GroupNorm(num_groups, hidden_dim))
                 for c in back_channels
@@ -257,10 +258,10 @@ class Joiner(nn.Module):
                 f"Joiner's levels are channels-first (B, C, *S): use PositionalEncodingPermute{n}D"
                 f"({enc.org_channels}) instead"
             )
-        if n != self.n_spatial:
+        if n != self.num_axes:
             raise ValueError(
                 f"position_embedding={name}(...) encodes {n} spatial axes, but the backbone's "
-                f"levels have {self.n_spatial}; use PositionalEncodingPermute{self.n_spatial}D"
+                f"levels have {self.num_axes}; use PositionalEncodingPermute{self.num_axes}D"
             )
         level_channels = [hidden_dim] if hidden_dim is not None else back_channels
         wrong = sorted({c for c in level_channels if c != enc.org_channels})
@@ -286,6 +287,8 @@ class Joiner(nn.Module):
         if self._pass_dtype:
             return self.position_embedding(level, dtype=dtype)
         return self.position_embedding(level).to(dtype)
+
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
     @property
     def num_channels(self) -> list[int]:
@@ -346,7 +349,7 @@ class Joiner(nn.Module):
         """The rewritten graph of every projection, traced once and kept out of the submodules
         (so out of ``state_dict``); traced again for a projection whose layers were replaced."""
         cached = self.__dict__.get(_GRAPHS)
-        graphs = invariant_projections(self.input_proj, self.n_spatial, cached)
+        graphs = invariant_projections(self.input_proj, self.num_axes, cached)
         if cached is None or len(graphs) != len(cached) or any(a is not b for a, b in zip(graphs, cached)):
             self.__dict__[_GRAPHS] = graphs
         return graphs

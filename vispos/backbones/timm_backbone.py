@@ -81,7 +81,7 @@ class TimmBackbone(BackboneAdapter):
     Attributes:
         num_channels (list[int]): channels of each returned level.
         strides (list[int]): reduction factor of each returned level.
-        n_spatial (int): 2.
+        num_axes (int): 2.
         load_report (dict | None): ``{"source", "prefix_stripped", "loaded", "missing",
             "unexpected"}`` of the last checkpoint load (see :func:`format_load_report`).
 
@@ -111,7 +111,7 @@ class TimmBackbone(BackboneAdapter):
         timm ``features_only`` / ``FeatureInfo``; DETR ``models/backbone.py``.
     """
 
-    n_spatial = 2
+    num_axes = 2
 
     def __init__(
         self,
@@ -184,7 +184,7 @@ class TimmBackbone(BackboneAdapter):
         if checkpoint_path is not None:
             self.load_report = self.load_checkpoint(checkpoint_path)
         if frozen_batch_norm:
-            freeze_batch_norm(self.body, n_spatial=2)
+            freeze_batch_norm(self.body, num_axes=2)
         self._freeze()
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
             model = _token_model(self.body)

@@ -84,7 +84,7 @@ class TorchvisionBackbone(GraphBackbone):
     Attributes:
         num_channels (list[int]), strides (list[int | tuple[int, int]]): measured per level.
         level_strides (list[tuple[int, int]]): measured per level and axis (H, W).
-        return_nodes (dict[str, str]), in_chans (int), n_spatial (int): 2.
+        return_nodes (dict[str, str]), in_chans (int), num_axes (int): 2.
         load_report (dict | None): as :class:`~vispos.backbones.TimmBackbone`'s.
 
     Shape:
@@ -111,7 +111,7 @@ class TorchvisionBackbone(GraphBackbone):
         Transformers, ECCV 2020 (``models/backbone.py``).
     """
 
-    n_spatial = 2
+    num_axes = 2
     _probe = (128, 128)
 
     def __init__(

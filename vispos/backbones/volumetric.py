@@ -62,7 +62,7 @@ class VolumeBackbone(GraphBackbone):
         num_channels (list[int]): channels of each level.
         level_strides (list[tuple[int, int, int]]): each level's stride per axis ``(D, H, W)``.
         strides (list[int | tuple]): an int when the three axes agree.
-        n_spatial (int): 3.
+        num_axes (int): 3.
         load_report (dict | None): what a checkpoint loaded and ignored.
 
     Shape:
@@ -89,7 +89,7 @@ class VolumeBackbone(GraphBackbone):
         Tran et al., CVPR 2018; torchvision ``models/video/resnet.py``.
     """
 
-    n_spatial = 3
+    num_axes = 3
     _probe = (32, 32, 32)
 
     def __init__(

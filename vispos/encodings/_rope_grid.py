@@ -149,7 +149,7 @@ def read_padding(padding: Any, num_axes: int, name: str = "mask") -> ItemBoxes:
         raise TypeError(
             f"{name} must be a bool Tensor (B, *S), a Padding or a NestedTensor, got {type(padding).__name__}"
         )
-    if padding.n_spatial != num_axes:
+    if padding.num_axes != num_axes:
         raise ValueError(
             f"{name} must have num_axes={num_axes} spatial axes, got a padding of grid {padding.spatial}"
         )

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from .. import _deprecation
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
@@ -62,13 +63,14 @@ _TEMPERATURE = 10000.0
 _CACHE_SIZE = 8  # tables kept per module (LRU); variable-size inputs evict the oldest
 
 
-class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
+class _GridEncoding(CacheOwner, DerivedBuffers, _deprecation.RenamedAttributes, nn.Module):
     """Shared base of the ``positional-encodings``-compatible classes; see the module docstring.
 
-    Subclasses set only ``n_spatial`` (1, 2 or 3) and ``_channels_first``.
+    Subclasses set only ``num_axes`` (1, 2 or 3) and ``_channels_first``.
     """
 
-    n_spatial: int = 0
+    num_axes: int = 0
+    _renamed = {"n_spatial": "num_axes"}
     _channels_first: bool = False
     _cache_attr = "_tables"
 
@@ -118,7 +120,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
         self._org_channels = channels
         # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
         # the concatenation is truncated back to ``channels``.
-        per_axis = -(-channels // (2 * self.n_spatial)) * 2
+        per_axis = -(-channels // (2 * self.num_axes)) * 2
         self.channels_per_axis = per_axis
         self.channels = per_axis  # the package's name for the per-axis count
         old = self.inv_freq
@@ -179,7 +181,7 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
 
     # -------------------------------------------------------------------------------- helpers
     def _layout(self) -> str:
-        s = ("L",) if self.n_spatial == 1 else ("X", "Y", "Z")[: self.n_spatial]
+        s = ("L",) if self.num_axes == 1 else ("X", "Y", "Z")[: self.num_axes]
         dims = ", ".join(s)
         return f"(B, C, {dims})" if self._channels_first else f"(B, {dims}, C)"
 
@@ -192,9 +194,9 @@ class _GridEncoding(CacheOwner, DerivedBuffers, nn.Module):
             raise TypeError(
                 f"{name} expects a torch.Tensor {self._layout()}, got {type(tensor).__name__}"
             )
-        if tensor.dim() != self.n_spatial + 2:
+        if tensor.dim() != self.num_axes + 2:
             raise ValueError(
-                f"{name} expects a {self.n_spatial + 2}-D tensor {self._layout()}, got shape "
+                f"{name} expects a {self.num_axes + 2}-D tensor {self._layout()}, got shape "
                 f"{tuple(tensor.shape)}"
             )
         ch_dim = 1 if self._channels_first else -1
@@ -307,34 +309,34 @@ def _doc(name: str, n: int, channels_first: bool) -> str:
 
 class PositionalEncoding1D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding1D", 1, False)
-    n_spatial = 1
+    num_axes = 1
 
 
 class PositionalEncoding2D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding2D", 2, False)
-    n_spatial = 2
+    num_axes = 2
 
 
 class PositionalEncoding3D(_GridEncoding):
     __doc__ = _doc("PositionalEncoding3D", 3, False)
-    n_spatial = 3
+    num_axes = 3
 
 
 class PositionalEncodingPermute1D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute1D", 1, True)
-    n_spatial = 1
+    num_axes = 1
     _channels_first = True
 
 
 class PositionalEncodingPermute2D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute2D", 2, True)
-    n_spatial = 2
+    num_axes = 2
     _channels_first = True
 
 
 class PositionalEncodingPermute3D(_GridEncoding):
     __doc__ = _doc("PositionalEncodingPermute3D", 3, True)
-    n_spatial = 3
+    num_axes = 3
     _channels_first = True
 
 
@@ -428,7 +430,7 @@ class FixEncoding(nn.Module):
 
     @shape.setter
     def shape(self, shape: Sequence[int]) -> None:
-        n = self.pos_encoder.n_spatial
+        n = self.pos_encoder.num_axes
         self._shape = check_sizes(shape, "shape", ranks=(n,))  # the spatial shape only
         self.dim = n
 

@@ -55,21 +55,21 @@ class PositionEmbeddingLearned(nn.Module):
         num_embeddings (int or sequence of int): rows per table, one int for every axis or one
             per axis in tensor axis order (``D, H, W``). Default 50 (DETR).
         interpolate (bool): resize tables that are too short instead of raising. Default False.
-        spatial_dims (int, optional): number of spatial axes, 1 to 3. Default: the length of
+        num_axes (int, optional): number of spatial axes, 1 to 3. Default: the length of
             ``num_embeddings`` when it is a sequence, else 2.
 
     Shape:
         - input: a :class:`NestedTensor` ``(B, C, *S)``; a bool mask ``Tensor[B, *S]``; or a
-          feature map ``Tensor[B, C, *S]``, with ``len(S) == spatial_dims``. Only its shape and
+          feature map ``Tensor[B, C, *S]``, with ``len(S) == num_axes``. Only its shape and
           device are read.
-        - output: ``Tensor[B, spatial_dims * num_pos_feats, *S]``, channels-first, in the
+        - output: ``Tensor[B, num_axes * num_pos_feats, *S]``, channels-first, in the
           tables' dtype unless ``forward(..., dtype=...)`` says otherwise; a broadcast view over
           the batch (DETR copies it ``B`` times): ``.clone()`` it before writing in place.
 
     Raises:
-        TypeError: a non-int ``num_pos_feats`` / ``num_embeddings`` / ``spatial_dims``; a non-bool
+        TypeError: a non-int ``num_pos_feats`` / ``num_embeddings`` / ``num_axes``; a non-bool
             ``interpolate``; an input of another type, or a non-bool integer mask.
-        ValueError: non-positive sizes; ``spatial_dims`` outside 1..3 or disagreeing with
+        ValueError: non-positive sizes; ``num_axes`` outside 1..3 or disagreeing with
             ``num_embeddings``; an input with another number of spatial axes, on another device
             than the tables, or (without ``interpolate``) longer than a table along some axis.
 
@@ -77,21 +77,22 @@ class PositionEmbeddingLearned(nn.Module):
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
     """
 
+    @_deprecation.renamed_kwargs(spatial_dims="num_axes")
     def __init__(
         self,
         num_pos_feats: int = 256,
         num_embeddings: int | Sequence[int] = 50,
         interpolate: bool = False,
-        spatial_dims: int | None = None,
+        num_axes: int | None = None,
     ) -> None:
         super().__init__()
         num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
         interpolate = check_bool(interpolate, "interpolate")
-        if spatial_dims is not None:
-            spatial_dims = check_choice(spatial_dims, (1, 2, 3), "spatial_dims")
+        if num_axes is not None:
+            num_axes = check_choice(num_axes, (1, 2, 3), "num_axes")
         if is_int(num_embeddings):  # one size for every axis
             num_embeddings = check_int(num_embeddings, "num_embeddings", minimum=1)
-            n = 2 if spatial_dims is None else spatial_dims
+            n = 2 if num_axes is None else num_axes
             sizes = (num_embeddings,) * n
         elif as_sequence(num_embeddings) is not None:
             sizes = tuple(
@@ -102,10 +103,10 @@ class PositionEmbeddingLearned(nn.Module):
                     "num_embeddings must hold one int per spatial axis (1 to 3), "
                     f"got {tuple(sizes)}"
                 )
-            if spatial_dims is not None and spatial_dims != len(sizes):
+            if num_axes is not None and num_axes != len(sizes):
                 raise ValueError(
                     f"num_embeddings has {len(sizes)} entries {sizes} but "
-                    f"spatial_dims={spatial_dims}"
+                    f"num_axes={num_axes}"
                 )
         else:
             raise TypeError(
@@ -115,8 +116,8 @@ class PositionEmbeddingLearned(nn.Module):
         self.num_pos_feats = num_pos_feats
         self.num_embeddings = sizes
         self.interpolate = interpolate
-        self.spatial_dims = len(sizes)
-        self._names = _TABLE_NAMES[3 - self.spatial_dims:]
+        self.num_axes = len(sizes)
+        self._names = _TABLE_NAMES[3 - self.num_axes:]
         for name, rows in zip(self._names, sizes):
             self.add_module(name, nn.Embedding(rows, num_pos_feats))
         self.reset_parameters()
@@ -127,14 +128,13 @@ class PositionEmbeddingLearned(nn.Module):
             nn.init.uniform_(table.weight)
 
     # ------------------------------------------------------------------------------------ api
-    def out_channels(self, n_axes: int | None = None) -> int:
-        """``n_spatial * num_pos_feats``: one block per axis (the module's own axis count)."""
-        return self.spatial_dims * self.num_pos_feats
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int | None = None) -> int:
+        """``num_axes * num_pos_feats``: one block per axis (the module's own axis count)."""
+        return self.num_axes * self.num_pos_feats
 
-    @property
-    def n_spatial(self) -> int:
-        """Number of spatial axes (the same as ``spatial_dims``, the constructor's name)."""
-        return self.spatial_dims
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
+    spatial_dims = _deprecation.renamed_attribute("spatial_dims", "num_axes")
 
     def forward(
         self,
@@ -166,13 +166,13 @@ class PositionEmbeddingLearned(nn.Module):
         """
         x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
         check_float_dtype(dtype, optional=True)
-        padding = parse_spatial_input(x, self.spatial_dims).padding
+        padding = parse_spatial_input(x, self.num_axes).padding
         spatial, batch, device = padding.spatial, padding.batch, padding.device
-        n = self.spatial_dims
+        n = self.num_axes
         if len(spatial) != n:
             raise ValueError(
-                f"{type(self).__name__}(spatial_dims={n}) got an input with {len(spatial)} spatial "
-                f"axes {spatial}; build it with spatial_dims={len(spatial)} (or num_embeddings "
+                f"{type(self).__name__}(num_axes={n}) got an input with {len(spatial)} spatial "
+                f"axes {spatial}; build it with num_axes={len(spatial)} (or num_embeddings "
                 f"with one entry per axis){float_mask_hint(x, n)}"
             )
         tables = self._tables()
@@ -195,7 +195,7 @@ class PositionEmbeddingLearned(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_pos_feats={self.num_pos_feats}, num_embeddings={self.num_embeddings}, "
-            f"interpolate={self.interpolate}, spatial_dims={self.spatial_dims}"
+            f"interpolate={self.interpolate}, num_axes={self.num_axes}"
         )
 
     # -------------------------------------------------------------------------------- helpers

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .. import _deprecation
 from .._checks import as_int, as_real, check_bool, check_choice, check_float_dtype, check_multiple, check_sizes
 from .._sincos import check_temperature, sincos_embed
 from ._fourier import check_finite_matrix, check_scale, fourier_features
@@ -372,9 +373,10 @@ class PositionEmbeddingSineDepthAdded(SineEmbeddingBase):
         ``SinePositionalEncoding3D``; Carion et al., DETR, ECCV 2020.
     """
 
-    n_spatial = 3
+    num_axes = 3
 
-    def out_channels(self, n_axes: int = 3) -> int:
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int = 3) -> int:
         """``2 * num_pos_feats``: the ``y, x`` blocks, with the depth term added to them."""
         return 2 * self.num_pos_feats
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from .. import _tracing
+from .. import _deprecation, _tracing
 from .._checks import (
     MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes, describe,
 )
@@ -38,7 +38,7 @@ from .sine import _check_spacing
 
 __all__ = ["PositionEmbeddingRandom", "SamPositionalEmbedding", "fourier_features"]
 
-_NORMALIZE = ("canvas", "item")
+_FRAMES = ("canvas", "item")
 _ORDERS = ("xy", "ij")
 
 
@@ -60,7 +60,7 @@ class PositionEmbeddingRandom(nn.Module):
             None means 1.0 (SAM). A sequence scales each axis' row (MONAI's anisotropic
             ``scales``). Must be > 0.
         num_axes (int, keyword-only): spatial axes, 1 to 3. Default 2.
-        normalize (str, keyword-only): where a padded batch's positions are measured from.
+        frame (str, keyword-only): where a padded batch's positions are measured from.
             ``"canvas"`` (default): the whole padded grid, as SAM (its pretrained weights expect
             a fixed 1024-pixel canvas; the mask is not read). ``"item"``: each item's own box
             (the bounding box of its valid cells for a mask with holes), from its own first
@@ -104,18 +104,18 @@ class PositionEmbeddingRandom(nn.Module):
     cell numbers bit for bit in either case, as for :class:`~vispos.PositionEmbeddingSine`.
 
     Padding: padded cells get the embedding of their position continued past the item's box
-    (``c < 0`` before it, ``c > 1`` after it), with ``normalize="canvas"`` SAM's own values.
+    (``c < 0`` before it, ``c > 1`` after it), with ``frame="canvas"`` SAM's own values.
     They are finite and meant to be masked. An item without a valid cell is placed as one of
     length 1.
 
     Raises:
         TypeError: a non-int ``num_pos_feats`` / ``num_axes``; non-number ``scale`` / ``extent``
-            / ``coord_range`` entries; ``normalize`` / ``coord_order`` not a str; a non-bool
+            / ``coord_range`` entries; ``frame`` / ``coord_order`` not a str; a non-bool
             ``align_corners`` / ``trainable``; an input of another type; a non-bool mask; a
             non-floating ``dtype`` (integer, bool or a string) or ``spacing``.
         ValueError: non-positive ``num_pos_feats`` / ``scale`` / ``extent``; a ``scale`` beyond
             float32 (or one whose draw overflows it), or a NumPy ``longdouble`` a Python float
-            cannot hold; ``num_axes`` not 1 to 3; unknown ``normalize`` / ``coord_order``;
+            cannot hold; ``num_axes`` not 1 to 3; unknown ``frame`` / ``coord_order``;
             ``coord_range`` not two finite numbers ``lo < hi``; ``size`` of another length; an
             input with another number of spatial axes; ``spacing`` not ``(B, n)`` or not > 0.
 
@@ -128,13 +128,14 @@ class PositionEmbeddingRandom(nn.Module):
     _matrix_name = "positional_encoding_gaussian_matrix"
     _trainable = False  # SAM and SAM 2 buffer their matrix
 
+    @_deprecation.renamed_kwargs(normalize="frame")
     def __init__(
         self,
         num_pos_feats: int = 64,
         scale: float | Sequence[float] | None = None,
         *,
         num_axes: int = 2,
-        normalize: str = "canvas",
+        frame: str = "canvas",
         coord_order: str = "xy",
         align_corners: bool = False,
         coord_range: tuple[float, float] = (-1.0, 1.0),
@@ -148,7 +149,7 @@ class PositionEmbeddingRandom(nn.Module):
         if num_axes > MAX_SPATIAL:
             raise ValueError(f"num_axes must be 1 to {MAX_SPATIAL}, got {num_axes}")
         scale = check_scale(scale, num_axes)
-        check_choice(normalize, _NORMALIZE, "normalize")
+        check_choice(frame, _FRAMES, "frame")
         check_choice(coord_order, _ORDERS, "coord_order")
         align_corners = check_bool(align_corners, "align_corners")
         if check_bool(trainable, "trainable", optional=True) is None:
@@ -163,7 +164,7 @@ class PositionEmbeddingRandom(nn.Module):
         if extent is not None:
             extent = float(check_number(extent, "extent", positive=True))
         self.num_pos_feats, self.scale, self.num_axes = num_pos_feats, scale, num_axes
-        self.normalize, self.coord_order, self.align_corners = normalize, coord_order, align_corners
+        self.frame, self.coord_order, self.align_corners = frame, coord_order, align_corners
         self.coord_range, self.extent = (lo, hi), extent
         gaussian = torch.randn((num_axes, num_pos_feats), generator=generator)
         if isinstance(scale, tuple):
@@ -223,10 +224,13 @@ class PositionEmbeddingRandom(nn.Module):
         else:
             self.register_buffer(name, value)
 
-    def out_channels(self, n_axes: int | None = None) -> int:
-        """``2 * num_pos_feats`` (the Joiner's contract); ``n_axes`` must be ``num_axes``."""
-        if n_axes is not None and n_axes != self.num_axes:
-            raise ValueError(f"this embedding has num_axes={self.num_axes}, asked for {n_axes} axes")
+    normalize = _deprecation.renamed_attribute("normalize", "frame")
+
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int | None = None) -> int:
+        """``2 * num_pos_feats`` (the Joiner's contract); ``num_axes`` must be the module's."""
+        if num_axes is not None and num_axes != self.num_axes:
+            raise ValueError(f"this embedding has num_axes={self.num_axes}, asked for {num_axes} axes")
         return 2 * self.num_pos_feats
 
     def forward(
@@ -273,7 +277,7 @@ class PositionEmbeddingRandom(nn.Module):
         if batch == 0 or 0 in spatial:
             return torch.zeros((batch, self.out_channels(), *spatial), dtype=out_dtype, device=device)
         spacing, _ = _check_spacing(spacing, batch, len(spatial), device)
-        boxes = item_boxes(padding, host) if self.normalize == "item" else None
+        boxes = item_boxes(padding, host) if self.frame == "item" else None
         if self.extent is None:
             spacing = None  # fractions of each axis' own extent: the spacing cancels
         return self._embed(spatial, batch, boxes, spacing, device).to(out_dtype)
@@ -324,7 +328,7 @@ class PositionEmbeddingRandom(nn.Module):
     def extra_repr(self) -> str:
         text = (
             f"num_pos_feats={self.num_pos_feats}, scale={self.scale}, num_axes={self.num_axes}, "
-            f"normalize={self.normalize!r}, coord_order={self.coord_order!r}, "
+            f"frame={self.frame!r}, coord_order={self.coord_order!r}, "
             f"align_corners={self.align_corners}, coord_range={self.coord_range}"
         )
         text += f", extent={self.extent}" if self.extent is not None else ""

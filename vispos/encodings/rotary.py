@@ -292,8 +292,8 @@ class AxialRotaryEmbedding(nn.Module):
     ``RotaryEmbedding(dim // num_axes).get_axial_freqs(*S)`` applied with ``apply_rotary_emb``
     (``freqs_for="lang"``), in float32.
 
-    The grid is read from ``x`` (``(..., *S, C)``), or from ``grid_shape`` for flattened tokens
-    ``(..., N, C)`` with ``N = prod(grid_shape)`` in row-major order, or given per token by
+    The grid is read from ``x`` (``(..., *S, C)``), or from ``spatial`` for flattened tokens
+    ``(..., N, C)`` with ``N = prod(spatial)`` in row-major order, or given per token by
     ``positions`` (``(..., num_axes)``, any real coordinates: kept tokens of a masked
     autoencoder, resized grids, fractional positions).
 
@@ -304,17 +304,17 @@ class AxialRotaryEmbedding(nn.Module):
 
     Shape:
         - x: ``Tensor[..., *S, C]`` (``len(S) = num_axes``), or ``Tensor[..., N, C]`` with
-          ``grid_shape`` or ``positions``; ``C >= dim``; any float dtype.
-        - grid_shape (optional): a sequence of ``num_axes`` ints with product ``N``.
+          ``spatial`` or ``positions``; ``C >= dim``; any float dtype.
+        - spatial (optional): ``S``, a sequence of ``num_axes`` ints with product ``N``.
         - positions (optional): ``Tensor[..., num_axes]``, its leading dims broadcastable to
           ``x.shape[:-1]``.
         - output: like ``x`` (math in float32, cast back).
 
     Raises:
         TypeError: non-int ``dim`` / ``num_axes``; a non-number ``theta``; at ``forward``, a
-            non-float ``x``, non-real ``positions``, a ``grid_shape`` that is not a sequence of ints.
+            non-float ``x``, non-real ``positions``, a ``spatial`` that is not a sequence of ints.
         ValueError: ``num_axes`` not 2 or 3; ``dim`` not a positive multiple of ``2 * num_axes``;
-            non-positive ``theta``; at ``forward``, both ``grid_shape`` and ``positions``; a grid
+            non-positive ``theta``; at ``forward``, both ``spatial`` and ``positions``; a grid
             whose product is not ``N``; too few channels or axes; positions that do not broadcast.
 
     References:
@@ -322,10 +322,7 @@ class AxialRotaryEmbedding(nn.Module):
         Su et al., RoFormer, 2021; ``rotary-embedding-torch`` ``get_axial_freqs``.
     """
 
-    @property
-    def n_spatial(self) -> int:
-        """Number of spatial axes (the constructor's ``num_axes``)."""
-        return self.num_axes
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
     def __init__(self, dim: int, num_axes: int = 2, theta: float = 10000.0) -> None:
         super().__init__()
@@ -360,26 +357,27 @@ class AxialRotaryEmbedding(nn.Module):
         table = table.unflatten(-1, (self.num_axes, 2, self.axis_dim // 2))
         return table[..., 0, :].flatten(-2), table[..., 1, :].flatten(-2)
 
+    @_deprecation.renamed_kwargs(grid_shape="spatial")
     def forward(
         self,
         x: Tensor,
-        grid_shape: tuple[int, ...] | list[int] | None = None,
+        spatial: tuple[int, ...] | list[int] | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
         """Rotates ``x``; see the class docstring for shapes.
 
         Args:
             x (Tensor[..., *S, C] or Tensor[..., N, C]): queries or keys.
-            grid_shape (sequence of int, optional): ``S`` for flattened tokens.
+            spatial (sequence of int, optional): ``S`` for flattened tokens.
             positions (Tensor[..., num_axes], optional): per-token coordinates.
 
         Returns:
             Tensor: like ``x``.
         """
         n = self.num_axes
-        if grid_shape is not None and positions is not None:
-            raise ValueError("pass grid_shape or positions, not both")
-        if positions is not None or grid_shape is not None:
+        if spatial is not None and positions is not None:
+            raise ValueError("pass spatial or positions, not both")
+        if positions is not None or spatial is not None:
             _check_x(x, 2, "(..., N, C)")
         else:
             _check_x(x, n + 1, f"(..., *S, C) with {n} grid axes")
@@ -394,25 +392,23 @@ class AxialRotaryEmbedding(nn.Module):
             _check_positions(positions[..., 0], lead, x.device, "(positions[..., i] against x.shape[:-1])")
             sin, cos = self.sincos([positions[..., i] for i in range(n)])
             return _rotate(x, sin, cos)
-        if grid_shape is not None:
-            spatial = self._check_grid(grid_shape, x)
-        else:
-            spatial = tuple(x.shape[-1 - n:-1])
+        flat = spatial is not None
+        spatial = self._check_grid(spatial, x) if flat else tuple(x.shape[-1 - n:-1])
         grid = []
         for i, size in enumerate(spatial):
             view = [1] * n
             view[i] = size
             grid.append(torch.arange(size, device=x.device, dtype=torch.float32).view(view))
         sin, cos = self.sincos(grid, spatial)
-        if grid_shape is not None:
+        if flat:
             sin, cos = sin.flatten(0, n - 1), cos.flatten(0, n - 1)
         return _rotate(x, sin, cos)
 
-    def _check_grid(self, grid_shape: object, x: Tensor) -> tuple[int, ...]:
-        spatial = check_sizes(grid_shape, "grid_shape", ranks=(self.num_axes,))
+    def _check_grid(self, spatial: object, x: Tensor) -> tuple[int, ...]:
+        spatial = check_sizes(spatial, "spatial", ranks=(self.num_axes,))
         if math.prod(spatial) != x.shape[-2]:
             raise ValueError(
-                f"grid_shape {spatial} has {math.prod(spatial)} cells but x has N={x.shape[-2]} tokens "
+                f"spatial {spatial} has {math.prod(spatial)} cells but x has N={x.shape[-2]} tokens "
                 f"(shape {tuple(x.shape)})"
             )
         return spatial

@@ -22,7 +22,7 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .. import _tracing
+from .. import _deprecation, _tracing
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
@@ -60,13 +60,13 @@ SineInput = Union[NestedTensor, NestedTensorLike, Tensor]
 check_output_dtype = check_float_dtype  # old name, kept for callers
 
 
-class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
+class SineEmbeddingBase(CacheOwner, DerivedBuffers, _deprecation.RenamedAttributes, nn.Module):
     """What every DETR-style sine embedding shares: the constructor's validation, the reading
     of the input into a :class:`~vispos.Padding`, the output dtype and ``out`` checks, empty
     inputs and the cache (one point, in :meth:`forward`). A subclass says how positions become
     channels (:meth:`_embed`; or the whole step from a padding, :meth:`_embed_padding`,
     branching on ``padding.kind``), how many it gives (:meth:`out_channels`) and, optionally,
-    how many axes it takes (``n_spatial``, None = 1 to 3).
+    how many axes it takes (``num_axes``, None = 1 to 3).
 
     Args:
         num_pos_feats, temperature, normalize, scale, offset, eps, cache_size, cache_bytes,
@@ -85,7 +85,8 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         Carion et al., End-to-End Object Detection with Transformers, ECCV 2020.
     """
 
-    n_spatial: int | None = None
+    num_axes: int | None = None
+    _renamed = {"n_spatial": "num_axes"}
 
     def __init__(
         self,
@@ -136,8 +137,8 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
         self.register_buffer("dim_t", self._divisor_table(None), persistent=False)
 
     # ------------------------------------------------------------------------------------ api
-    def out_channels(self, n_axes: int) -> int:  # pragma: no cover - abstract
-        """Channels of the output for an input with ``n_axes`` spatial axes."""
+    def out_channels(self, num_axes: int) -> int:  # pragma: no cover - abstract
+        """Channels of the output for an input with ``num_axes`` spatial axes."""
         raise NotImplementedError
 
     def forward(
@@ -199,14 +200,14 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, nn.Module):
                 image?); an item with no valid cell (read on the host only).
         """
         x, dtype = read_masks(type(self).__name__, x, mask, pixel_mask, dtype)
-        padding, host = parse_spatial_input(x, self.n_spatial)
+        padding, host = parse_spatial_input(x, self.num_axes)
         spatial, batch, device = padding.spatial, padding.batch, padding.device
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
-        if self.n_spatial is not None and len(spatial) != self.n_spatial:
+        if self.num_axes is not None and len(spatial) != self.num_axes:
             raise ValueError(
-                f"{type(self).__name__} embeds {_KIND[self.n_spatial]} ({self.n_spatial} spatial axes): a "
+                f"{type(self).__name__} embeds {_KIND[self.num_axes]} ({self.num_axes} spatial axes): a "
                 f"NestedTensor (B, C, *S), a mask (B, *S) or a feature map (B, C, *S); got spatial "
-                f"shape {spatial}{float_mask_hint(x, self.n_spatial)}"
+                f"shape {spatial}{float_mask_hint(x, self.num_axes)}"
             )
         if spacing is not None and self.normalize and self.extent is None:
             raise ValueError(
@@ -438,9 +439,10 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         Deformable DETR, ICLR 2021; Zhang et al., DINO, ICLR 2023 (temperature 20).
     """
 
-    def out_channels(self, n_axes: int) -> int:
-        """``n_axes * num_pos_feats``: one block per spatial axis."""
-        return n_axes * self.num_pos_feats
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int) -> int:
+        """``num_axes * num_pos_feats``: one block per spatial axis."""
+        return num_axes * self.num_pos_feats
 
     def _embed_padding(
         self,

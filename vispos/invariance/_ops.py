@@ -144,5 +144,5 @@ def per_item_mean(total: Tensor, padding: Padding | None, canvas_count: Any, kee
     by the canvas's ``H * W``, ``canvas_count``, which is what runs without padding)."""
     if padding is None:
         return total / canvas_count
-    dims = tuple(range(2, 2 + padding.n_spatial))
+    dims = tuple(range(2, 2 + padding.num_axes))
     return total / _pools.cell_count(total, padding, dims, keepdim)

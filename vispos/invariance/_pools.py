@@ -53,7 +53,7 @@ def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
     """
     if x.numel() < _STRIPS_FROM or padding.kind == "arbitrary":
         return x.masked_fill_(padding.mask.unsqueeze(1), value)
-    n = padding.n_spatial
+    n = padding.num_axes
     canvas = padding.spatial
     for b, (start, stop) in enumerate(zip(padding.starts, padding.stops)):
         if any(e == s for s, e in zip(start, stop)):
@@ -161,7 +161,7 @@ def _edge_divisor(x: Tensor, out: Tensor, padding: Padding, kernel, stride, pad)
     alone gets it: torch shortens a window that runs past ``size + padding`` to the cells before
     that edge, ``min(k, size + 2 p - o s)`` per axis (``aten/src/ATen/native/cpu/AvgPoolKernel.cpp``),
     and the edge is the item's, not the canvas's. One line of divisors per axis, their product."""
-    n = padding.n_spatial
+    n = padding.num_axes
     total = None
     for axis in range(n):
         k, s, p = kernel[axis], stride[axis], pad[axis]

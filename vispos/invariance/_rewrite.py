@@ -156,7 +156,7 @@ class _Rewriter(RewriterBase):
     def global_pool(self, node: fx.Node, mode: str) -> None:
         """A global pool of each item's own cells: a per-item vector ``[B, C, 1, ...]``."""
         x = node.args[0]
-        dims = tuple(range(2, 2 + self.n_spatial))
+        dims = tuple(range(2, 2 + self.num_axes))
         self.env[node] = self.new.call_function(ops.global_pool, (
             self.env[x], self.padding_of(self.maps.geometry[x]), mode, dims, True))
 
@@ -184,7 +184,7 @@ class _Rewriter(RewriterBase):
             self.refuse(node, f"it permutes a feature map with dims {tuple(dims)!r} (only the batch axis first)")
         self.maps.geometry[node] = self.maps.geometry[x]
         self.env[node] = self.copy(node)
-        if layout != tuple(range(2 + self.n_spatial)):
+        if layout != tuple(range(2 + self.num_axes)):
             self.maps.layout[node] = layout
         if x in self.maps.caller_owned:
             self.maps.caller_owned.add(node)
@@ -287,7 +287,7 @@ class _Rewriter(RewriterBase):
             self.maps.caller_owned.add(node)
 
     def functional(self, node: fx.Node, kind: str, bound: dict[str, Any], spatial: list[fx.Node]) -> None:
-        rank = 2 + self.n_spatial
+        rank = 2 + self.num_axes
         x = bound.get("input")
         if kind == "cat":
             if not isinstance(bound["dim"], int) or bound["dim"] % rank != 1:
@@ -310,16 +310,16 @@ class _Rewriter(RewriterBase):
         mapped = self.mapped
         if kind == "conv":
             kernel = self.kernel_of(bound["weight"], node)
-            self.window(node, functions.window_of(self.n_spatial, kernel, bound["stride"], bound["padding"],
+            self.window(node, functions.window_of(self.num_axes, kernel, bound["stride"], bound["padding"],
                                                   bound["dilation"]),
                         "zero")
         elif kind == "max_pool":
             if bound["return_indices"]:
                 self.refuse(node, "return_indices=True (indices into the padded canvas)")
-            self.window(node, functions.window_of(self.n_spatial, bound["kernel_size"], bound["stride"],
+            self.window(node, functions.window_of(self.num_axes, bound["kernel_size"], bound["stride"],
                                                   bound["padding"], bound["dilation"], bound["ceil_mode"]), "max")
         elif kind == "avg_pool":
-            window = functions.window_of(self.n_spatial, bound["kernel_size"], bound["stride"], bound["padding"], 1,
+            window = functions.window_of(self.num_axes, bound["kernel_size"], bound["stride"], bound["padding"], 1,
                                          bound["ceil_mode"])
             self.avg_pool(node, window, bound["count_include_pad"], bound["divisor_override"])
         elif kind in ("adaptive_mean", "adaptive_max"):

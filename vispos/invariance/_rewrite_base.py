@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
+from .. import _deprecation
 from . import _functions as functions
 from . import _ops as ops
 from . import _values as values
@@ -73,8 +74,10 @@ class _Zeros:
 class RewriterBase:
     """State and helpers of one pass over one graph (see the module docstring)."""
 
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
+
     def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int) -> None:
-        self.gm, self.old, self.geometry, self.n_spatial = gm, graph, geometry, n_spatial
+        self.gm, self.old, self.geometry, self.num_axes = gm, graph, geometry, n_spatial
         self.new = fx.Graph(tracer_cls=graph._tracer_cls)
         self.env: dict[fx.Node, fx.Node] = {}
         self.maps = _Maps()
@@ -128,7 +131,7 @@ class RewriterBase:
         return fx.node.map_arg(value, lambda n: self.env[n])
 
     def layout_of(self, node: fx.Node) -> tuple[int, ...]:
-        return self.maps.layout.get(node, tuple(range(2 + self.n_spatial)))
+        return self.maps.layout.get(node, tuple(range(2 + self.num_axes)))
 
     def attribute(self, target: str) -> Any:
         value = self.gm
@@ -143,7 +146,7 @@ class RewriterBase:
         while isinstance(seen, fx.Node):
             if seen.op == "get_attr":
                 value = self.attribute(seen.target)
-                if isinstance(value, Tensor) and value.dim() == 2 + self.n_spatial:
+                if isinstance(value, Tensor) and value.dim() == 2 + self.num_axes:
                     return tuple(int(k) for k in value.shape[2:])
                 break
             seen = seen.args[0] if seen.args else None
@@ -286,7 +289,7 @@ class RewriterBase:
             total, size = node.args
             summed, canvas = self.maps.spatial_sums.get(total), self.maps.sizes.get(size)
             if summed is not None and canvas is not None and canvas.geometry_id == summed[0] and \
-                    canvas.axes == tuple(range(2, 2 + self.n_spatial)):
+                    canvas.axes == tuple(range(2, 2 + self.num_axes)):
                 geometry_id, keepdim = summed
                 self.env[node] = self.new.call_function(
                     ops.per_item_mean, (self.env[total], self.padding_of(geometry_id), self.env[size], keepdim))

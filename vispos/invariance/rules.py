@@ -43,6 +43,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import torch.fx as fx
 from torch import Tensor, nn
 
+from .. import _deprecation
 from ..padding import Padding
 from ._functions import window_of
 from ._geometry import Window
@@ -55,9 +56,10 @@ __all__ = [
 
 @runtime_checkable
 class RewriteStep(Protocol):
-    """What a rule may do to its node (the rewriter implements it)."""
+    """What a rule may do to its node (the rewriter implements it); ``num_axes`` is the number of
+    spatial axes of the graph's feature maps (2 or 3)."""
 
-    n_spatial: int
+    num_axes: int
 
     def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
         """Run the node as it is: each output cell reads the same cell of the input."""
@@ -240,7 +242,8 @@ def rule_for(module: nn.Module) -> InvarianceRule | None:
     return None
 
 
-def classify_module(m: nn.Module, n_spatial: int = 2) -> tuple[str, Any]:
+@_deprecation.renamed_kwargs(n_spatial="num_axes")
+def classify_module(m: nn.Module, num_axes: int = 2) -> tuple[str, Any]:
     """``(kind, rule)`` of a module, what the tracer reads to keep a module whole: ``"refuse"`` when
     no rule applies (the tracer opens the module and the rewrite judges what it calls), else the
     rule's kind (``"refused"`` for a :class:`Refuse` rule: kept whole, so its refusal names it)."""
@@ -261,7 +264,7 @@ class ConvRule(InvarianceRule):
     def rewrite(self, step, node, module):
         if module.padding_mode != "zeros":
             step.refuse(node, f"padding_mode={module.padding_mode!r} (only zero padding is what an item alone sees)")
-        step.window(node, window_of(step.n_spatial, module.kernel_size, module.stride, module.padding,
+        step.window(node, window_of(step.num_axes, module.kernel_size, module.stride, module.padding,
                                     module.dilation), "zero")
 
 
@@ -274,7 +277,7 @@ class MaxPoolRule(InvarianceRule):
     def rewrite(self, step, node, module):
         if module.return_indices:
             step.refuse(node, "return_indices=True (indices into the padded canvas differ from the item's)")
-        step.window(node, window_of(step.n_spatial, module.kernel_size, module.stride, module.padding,
+        step.window(node, window_of(step.num_axes, module.kernel_size, module.stride, module.padding,
                                     module.dilation, module.ceil_mode), "max")
 
 
@@ -285,7 +288,7 @@ class AvgPoolRule(InvarianceRule):
     kind = "avg_pool"
 
     def rewrite(self, step, node, module):
-        window = window_of(step.n_spatial, module.kernel_size, module.stride, module.padding, 1, module.ceil_mode)
+        window = window_of(step.num_axes, module.kernel_size, module.stride, module.padding, 1, module.ceil_mode)
         step.avg_pool(node, window, module.count_include_pad, getattr(module, "divisor_override", None))
 
 

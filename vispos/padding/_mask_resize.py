@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _deprecation
 from ._mask_checks import Spans, check_spatial_mask, check_spatial_size
 
 __all__ = ["interpolate_mask", "interpolate", "resize_boxes", "resize_image_sizes"]
@@ -95,8 +96,9 @@ def resize_boxes(
     return tuple(out_starts), tuple(out_stops)
 
 
+@_deprecation.renamed_kwargs(image_sizes="sizes")
 def resize_image_sizes(
-    image_sizes: Sequence[Sequence[int]], old: Sequence[int], new: Sequence[int]
+    sizes: Sequence[Sequence[int]], old: Sequence[int], new: Sequence[int]
 ) -> list[tuple[int, ...]]:
     """Valid sizes after a nearest resize of an origin-anchored padding mask from ``old`` to ``new``.
 
@@ -104,7 +106,8 @@ def resize_image_sizes(
     :meth:`vispos.Padding.resize`); no device tensor is read.
 
     Args:
-        image_sizes (sequence of tuples): each item's valid size in the old grid.
+        sizes (sequence of tuples): each item's valid size in the old grid (a
+            :class:`~vispos.NestedTensor`'s ``image_sizes``).
         old, new (sequence of int): the old and new spatial sizes.
 
     Returns:
@@ -120,6 +123,6 @@ def resize_image_sizes(
     if len(old) != len(new):
         raise ValueError(f"old {tuple(old)} and new {tuple(new)} must have the same number of axes")
     zeros = tuple(0 for _ in old)
-    starts = tuple(zeros for _ in image_sizes)
-    _, stops = resize_boxes(starts, tuple(tuple(s) for s in image_sizes), tuple(old), tuple(new))
+    starts = tuple(zeros for _ in sizes)
+    _, stops = resize_boxes(starts, tuple(tuple(s) for s in sizes), tuple(old), tuple(new))
     return list(stops)

@@ -221,9 +221,11 @@ class Padding:
         return self._spatial if self._mask is None else tuple(self._mask.shape[1:])
 
     @property
-    def n_spatial(self) -> int:
-        """int: number of spatial axes (1 to 3)."""
+    def num_axes(self) -> int:
+        """int: number of spatial axes (1 to 3), ``len(spatial)``."""
         return len(self._spatial)
+
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
     @property
     def device(self) -> torch.device:

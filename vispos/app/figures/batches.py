@@ -46,7 +46,7 @@ def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None
     if not isinstance(batch, NestedTensor):
         raise TypeError(f"batch must be a NestedTensor, got {type(batch).__name__}")
     t = batch.tensors
-    if batch.n_spatial != 2 or t.shape[0] == 0 or t.shape[1] not in (1, 3):
+    if batch.num_axes != 2 or t.shape[0] == 0 or t.shape[1] not in (1, 3):
         raise ValueError(f"batch must be a non-empty 2D NestedTensor with 1 or 3 channels, got {tuple(t.shape)}")
     b = t.shape[0]
     if names is not None and len(names) != b:

@@ -37,7 +37,7 @@ from ._inputs import check_channels, check_pos, check_shape
 
 __all__ = ["encode_grid", "channel_wavelengths", "plot_channels", "plot_sincos_curves", "plot_wavelengths"]
 
-#: the ``positional-encodings``-compatible classes (each has ``n_spatial``, ``channels_first``,
+#: the ``positional-encodings``-compatible classes (each has ``num_axes``, ``channels_first``,
 #: ``org_channels`` and ``channels_per_axis``)
 _GRID_CLASSES = (
     PositionalEncoding1D,
@@ -104,9 +104,9 @@ def encode_grid(
         if mask is not None:
             raise TypeError(f"{type(encoder).__name__} takes no mask; pass mask=None")
         if isinstance(encoder, _GRID_CLASSES):
-            if len(shape) != encoder.n_spatial:
+            if len(shape) != encoder.num_axes:
                 raise ValueError(
-                    f"{type(encoder).__name__} encodes {encoder.n_spatial} spatial axes, got shape {shape}"
+                    f"{type(encoder).__name__} encodes {encoder.num_axes} spatial axes, got shape {shape}"
                 )
             if encoder.channels_first:
                 return encoder(torch.zeros(1, encoder.org_channels, *shape))[0].float().contiguous()

@@ -194,8 +194,8 @@ def _check_levels(batch: NestedTensor, levels: Sequence[NestedTensor], pos: Sequ
         raise TypeError(f"batch must be a NestedTensor, got {type(batch).__name__}")
     if len(levels) != len(pos):
         raise ValueError(f"levels ({len(levels)}) and pos ({len(pos)}) must have the same length")
-    if batch.n_spatial != n:
-        raise ValueError(f"{what} draws {n}D batches, got {batch.n_spatial} spatial axes")
+    if batch.num_axes != n:
+        raise ValueError(f"{what} draws {n}D batches, got {batch.num_axes} spatial axes")
 
 
 def plot_level_similarity(

@@ -178,7 +178,7 @@ class DetrModel(nn.Module):
         check_int(num_queries, "num_queries", minimum=1)
         self.joiner = Joiner(backbone, position_embedding, hidden_dim=hidden_dim, level_embed=False,
                              num_groups=num_groups)
-        self.n_axes = self.joiner.n_spatial
+        self.n_axes = self.joiner.num_axes
         self.encoder = DetrEncoder(hidden_dim, nhead, enc_layers, dim_feedforward, dropout=dropout,
                                    normalize_before=normalize_before)
         self.decoder = DetrDecoder(hidden_dim, nhead, dec_layers, dim_feedforward, dropout=dropout,

@@ -47,7 +47,7 @@ class DetrTask:
         build_datasets (callable): ``(args) -> (train_set, held_out_set)`` of lengths
             ``args.train_images`` and ``args.eval_images``.
         build_backbone (callable): ``(args) -> Backbone`` (reports ``num_channels``, ``strides``,
-            ``n_spatial``).
+            ``num_axes``).
         metric (callable): ``(predictions, ground_truth) -> {name: float}`` over the held-out set
             (:data:`Records`).
         metric_names (tuple of str): the keys ``metric`` returns, in table order.
