@@ -11,6 +11,7 @@ References:
 """
 
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
+from . import _swin  # noqa: F401,E402  (registers the Swin refusals)
 
 __all__ = ["CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "register_invariance_rule",
            "rule_for"]

@@ -220,6 +220,8 @@ class _Rewriter(RewriterBase):
                 self.env[node] = self.new.call_function(ops.global_pool_permuted, (
                     self.env[x], self.padding_of(self.maps.geometry[x]), kind, layout, arguments["keepdim"]))
                 return
+        if getattr(rule, "kind", None) == "refuse":  # a refusal says its own reason
+            return rule.rewrite(self, node, module)
         what = "over an axis that is not the channels" if kind == "channels" else "on a feature map"
         self.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
 
