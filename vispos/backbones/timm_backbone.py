@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._checks import as_sequence, check_bool, check_int, describe
+from ..invariance._tokens import TokenModelRule, TokenRunner
+from ..invariance.rules import rule_for
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
@@ -32,9 +34,11 @@ class TimmBackbone(BackboneAdapter):
 
     Args:
         model_name (str): a timm model name (``timm.list_models()``), e.g. ``"resnet50"``.
-        out_indices (sequence of int): feature levels to return, timm's indices (for ResNets
-            ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32). Default ``(4,)``: the
-            last level, as DETR uses.
+        out_indices (sequence of int, optional): feature levels to return, timm's indices (for
+            ResNets ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32; for a ViT / EVA /
+            DINOv3 / SAM ViT, the blocks; for Swin, the stages); negative indices count from the
+            last. Default None: the model's last level, as DETR uses (``4`` for ResNets, the last
+            block of a ViT, the last stage of Swin).
         pretrained (bool): load timm's pretrained weights from where timm caches them on this
             machine (the Hugging Face hub cache, or the torch hub cache for weights timm fetches
             by URL). Default False. Nothing is downloaded: weights that are not cached raise
@@ -63,8 +67,16 @@ class TimmBackbone(BackboneAdapter):
             each level's mask marks exactly the cells outside the item's own feature map
             (convolution arithmetic, not nearest resizing). Models whose features timm collects
             with forward hooks (``feature_cls='hook'``: Xception, NASNet, PiT) are traced to the
-            hooked modules. Layers that cannot be made exact are refused here, by name. Default
-            False: DETR's numbers (docs/padding-invariance.md).
+            hooked modules. A vision transformer with a token-model rule (timm's
+            ``VisionTransformer`` and ``Eva``: ViT, DeiT 3, EVA-02, DINOv3, RoPE ViTs) runs as a whole
+            instead: each item gets its own resampled position table and RoPE coordinates, and
+            attention masks the keys outside the item. Layers and models that cannot be made exact
+            are refused here, by name. Default False: DETR's numbers (docs/padding-invariance.md).
+        model_kwargs (dict, optional): more keyword arguments for ``timm.create_model`` (e.g.
+            ``{"drop_path_rate": 0.1}``, or a small ``depth`` / ``embed_dim``). Vision
+            transformers are built with ``dynamic_img_size=True`` (any input size, the learned
+            table resampled to it) and ``dynamic_img_pad=True`` (an edge that is not a multiple of
+            the patch padded with zeros; timm alone refuses such a size) unless this says otherwise. Not modified. Default None.
 
     Attributes:
         num_channels (list[int]): channels of each returned level.
@@ -79,7 +91,8 @@ class TimmBackbone(BackboneAdapter):
           masks ``(B, H_l, W_l)`` bool, True = padding.
 
     Raises:
-        TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints; a
+        TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints;
+            ``model_kwargs`` is not a dict with str keys; a
             non-int ``in_chans`` / ``frozen_stages``; a non-bool ``pretrained`` /
             ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
             NestedTensor.
@@ -103,7 +116,7 @@ class TimmBackbone(BackboneAdapter):
     def __init__(
         self,
         model_name: str,
-        out_indices: Sequence[int] = (4,),
+        out_indices: Sequence[int] | None = None,
         pretrained: bool = False,
         checkpoint_path: str | None = None,
         in_chans: int = 3,
@@ -111,19 +124,27 @@ class TimmBackbone(BackboneAdapter):
         frozen_stages: int = -1,
         frozen_batch_norm: bool = False,
         padding_invariant: bool = False,
+        model_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         import timm
 
         if not isinstance(model_name, str):
             raise TypeError(f"model_name must be a str, got {type(model_name).__name__}")
-        entries = as_sequence(out_indices)
-        if entries is None:
-            raise TypeError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
-        indices = tuple(check_int(index, f"out_indices[{i}]") for i, index in enumerate(entries))
-        if len(indices) == 0:
-            raise ValueError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
+        if out_indices is None:
+            indices: tuple[int, ...] = (-1,)
+        else:
+            entries = as_sequence(out_indices)
+            if entries is None:
+                raise TypeError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
+            indices = tuple(check_int(index, f"out_indices[{i}]") for i, index in enumerate(entries))
+            if len(indices) == 0:
+                raise ValueError(f"out_indices must be a non-empty sequence of ints, got {describe(out_indices)}")
         out_indices = indices
+        if model_kwargs is None:
+            model_kwargs = {}
+        elif not (isinstance(model_kwargs, dict) and all(isinstance(k, str) for k in model_kwargs)):
+            raise TypeError(f"model_kwargs must be a dict with str keys, got {describe(model_kwargs)}")
         pretrained = check_bool(pretrained, "pretrained")
         padding_invariant = check_bool(padding_invariant, "padding_invariant")
         frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
@@ -131,7 +152,7 @@ class TimmBackbone(BackboneAdapter):
         if not timm.is_model(model_name):
             close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
             raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {**_family_kwargs(model_name), **model_kwargs}
         if pretrained:  # from the local cache only: timm alone would retry the network for ~50 s
             extra["pretrained_cfg_overlay"] = {"file": cached_timm_weights(model_name), "source": "timm"}
         try:
@@ -148,7 +169,9 @@ class TimmBackbone(BackboneAdapter):
                 f"out_indices {tuple(out_indices)} are not available for {model_name!r}: {exc}"
             ) from exc
         self.model_name = model_name
-        self.out_indices = tuple(out_indices)
+        self.model_kwargs = dict(model_kwargs)
+        count = len(self.body.feature_info.info)
+        self.out_indices = tuple(int(i) if i >= 0 else count + int(i) for i in self.body.feature_info.out_indices)
         self.pretrained = pretrained
         self.checkpoint_path = checkpoint_path
         self.in_chans = in_chans
@@ -164,8 +187,15 @@ class TimmBackbone(BackboneAdapter):
             freeze_batch_norm(self.body, n_spatial=2)
         self._freeze()
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
-            self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
-            self._invariant = make_invariant(self.body, n_spatial=2)
+            model = _token_model(self.body)
+            rule = None if model is None else rule_for(model)
+            if isinstance(rule, TokenModelRule):
+                if rule.check is not None:
+                    rule.check(model)
+                self._invariant = TokenRunner(rule, self.out_indices, _token_model)
+            else:
+                self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
+                self._invariant = make_invariant(self.body, n_spatial=2)
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""
@@ -218,3 +248,31 @@ class TimmBackbone(BackboneAdapter):
             f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
             f"padding_invariant={self.padding_invariant}"
         )
+
+
+#: options every model of a timm module gets by default: vision transformers take any input size
+#: (``dynamic_img_size``, the table resampled to it; ``dynamic_img_pad``, an edge that is not a
+#: multiple of the patch padded with zeros, where timm would refuse the size); Swin returns its stages channels-first through ``forward_intermediates``
+_FAMILY_KWARGS: dict[str, dict[str, Any]] = {
+    "timm.models.vision_transformer": {"dynamic_img_size": True, "dynamic_img_pad": True},
+    "timm.models.deit": {"dynamic_img_size": True, "dynamic_img_pad": True},
+    "timm.models.eva": {"dynamic_img_size": True, "dynamic_img_pad": True},
+    "timm.models.swin_transformer": {"dynamic_img_size": True, "feature_cls": "getter"},
+    "timm.models.swin_transformer_v2": {"dynamic_img_size": True, "feature_cls": "getter"},
+}
+
+
+def _family_kwargs(model_name: str) -> dict[str, Any]:
+    """The default ``timm.create_model`` options of ``model_name``'s family (see ``_FAMILY_KWARGS``)."""
+    from timm.models import model_entrypoint, split_model_name_tag
+
+    module = model_entrypoint(split_model_name_tag(model_name)[0]).__module__
+    return dict(_FAMILY_KWARGS.get(module, {}))
+
+
+def _token_model(body: Any) -> Any:
+    """The timm model inside a ``features_only`` wrapper that calls its ``forward_intermediates``
+    (timm's ``FeatureGetterNet``), or None for the other wrappers."""
+    from timm.models._features import FeatureGetterNet
+
+    return body.model if isinstance(body, FeatureGetterNet) else None

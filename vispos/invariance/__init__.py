@@ -10,8 +10,10 @@ References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches).
 """
 
+from . import _vit  # noqa: F401  (registers the token-model rules of timm's ViT and Eva)
+from ._tokens import TokenModelRule
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
 from . import _swin  # noqa: F401,E402  (registers the Swin refusals)
 
-__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "register_invariance_rule",
-           "rule_for"]
+__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "TokenModelRule",
+           "register_invariance_rule", "rule_for"]

@@ -1,0 +1,189 @@
+"""The global-attention vision transformers of timm on padded batches: ``VisionTransformer``
+(learned absolute table, class and register tokens) and ``Eva`` (EVA-02, DINOv3, timm's RoPE
+ViTs: a learned table, RoPE, or both).
+
+Each function mirrors the model's own ``forward_intermediates`` (patch embedding, ``_pos_embed``,
+``norm_pre``, the blocks) with three changes: the input's padding is filled with zeros (what
+``dynamic_img_pad`` pads an item with alone), every item gets its own positions
+(:func:`~vispos.invariance._tokens.item_pos_embeds`,
+:func:`~vispos.invariance._tokens.item_rope_embeds`) and every block gets a boolean attention
+mask that keeps each query off the padding keys. A token of an item then reads only the item's
+tokens and the prefix tokens, with the item's own positions: what the model gives it alone.
+
+References:
+    timm ``models/vision_transformer.py`` and ``models/eva.py`` (``_pos_embed``,
+    ``forward_intermediates``); Dosovitskiy et al., ICLR 2021; Fang et al., EVA-02, 2023; Simeoni
+    et al., DINOv3, 2025.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..nested_tensor import NestedTensor
+from ..padding import Padding
+from ._tokens import (
+    TokenModelRule, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas, token_level,
+)
+from .rules import register_invariance_rule
+
+__all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva"]
+
+
+def _refuse(model: nn.Module, why: str) -> ValueError:
+    return ValueError(f"padding_invariant=True cannot run {type(model).__name__} exactly on a padded batch: {why}")
+
+
+def _check_common(model: nn.Module) -> None:
+    if not getattr(model, "dynamic_img_size", False):
+        raise _refuse(model, "dynamic_img_size=False (alone, the model takes only its img_size, so no padded "
+                             "batch can equal it; build it with dynamic_img_size=True, as TimmBackbone does)")
+    drop = getattr(model, "patch_drop", None)
+    if drop is not None and not isinstance(drop, nn.Identity):
+        raise _refuse(model, "patch_drop_rate > 0 (patch dropout keeps a random number of tokens of the "
+                             "whole canvas, not of the item)")
+    for i, blk in enumerate(model.blocks):
+        if "attn_mask" not in inspect.signature(blk.forward).parameters:
+            raise _refuse(model, f"blocks.{i} ({type(blk).__name__}) takes no attention mask")
+
+
+def check_vit(model: nn.Module) -> None:
+    """Raises ``ValueError`` for a ``VisionTransformer`` configuration :func:`vit_levels` cannot
+    make exact: ``dynamic_img_size=False``, patch dropout, a block without an attention mask."""
+    _check_common(model)
+
+
+def check_eva(model: nn.Module) -> None:
+    """Raises ``ValueError`` for an ``Eva`` configuration :func:`eva_levels` cannot make exact (as
+    :func:`check_vit`)."""
+    _check_common(model)
+
+
+def _embed(model: nn.Module, x: Tensor, padding: Padding) -> tuple[Tensor, list[tuple[int, int]], Padding]:
+    """Patch tokens ``(B, gh, gw, C)`` of the zero-filled canvas, each item's grid and the token
+    padding."""
+    grids = item_grids(model.patch_embed, padding)
+    canvas = tuple(int(g) for g in model.patch_embed.dynamic_feat_size(tuple(x.shape[2:])))
+    if padding.kind == "none":
+        token_padding = Padding.none(x.shape[0], canvas, x.device)
+    else:
+        x = x.masked_fill(padding.mask[:, None], 0)
+        token_padding = Padding.from_sizes(grids, canvas, device=x.device)
+    tokens = model.patch_embed(x)
+    return tokens, grids, token_padding
+
+
+def _prefix(model: nn.Module, batch: int) -> list[Tensor]:
+    to_cat = []
+    if model.cls_token is not None:
+        to_cat.append(model.cls_token.expand(batch, -1, -1))
+    if model.reg_token is not None:
+        to_cat.append(model.reg_token.expand(batch, -1, -1))
+    return to_cat
+
+
+def _add_pos(model: nn.Module, tokens: Tensor, grids, canvas) -> Tensor:
+    """``_pos_embed`` of timm's ViT / Eva with each item's table: ``Tensor[B, P + gh * gw, C]``
+    (before ``pos_drop``)."""
+    batch, dim = tokens.shape[0], tokens.shape[-1]
+    x = tokens.reshape(batch, -1, dim)
+    to_cat = _prefix(model, batch)
+    if model.pos_embed is None:
+        return torch.cat(to_cat + [x], dim=1)
+    tables = item_pos_embeds(model, grids)
+    skip = 0 if model.no_embed_class else model.num_prefix_tokens
+    pos = on_canvas([t[0, skip:] for t in tables], grids, canvas)
+    if model.no_embed_class:
+        x = x + pos
+        return torch.cat(to_cat + [x], dim=1) if to_cat else x
+    if to_cat:
+        x = torch.cat(to_cat + [x], dim=1)
+    if skip:
+        pos = torch.cat([tables[0][:, :skip].expand(batch, -1, -1), pos], dim=1)
+    return x + pos
+
+
+def _run_block(model: nn.Module, blk: nn.Module, x: Tensor, **kwargs) -> Tensor:
+    if model.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
+        return checkpoint(blk, x, use_reentrant=False, **kwargs)
+    return blk(x, **kwargs)
+
+
+def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
+    """timm ``VisionTransformer.forward_intermediates(x, indices, output_fmt="NCHW",
+    intermediates_only=True)`` on a padded batch, each item as alone (see the module docstring).
+
+    Args:
+        model (nn.Module): a timm ``VisionTransformer`` built with ``dynamic_img_size=True``.
+        x (Tensor[B, C, H, W]): the padded batch, items at the origin.
+        padding (Padding): ``x``'s padding (``"none"`` or ``"rectangular"``).
+        indices (tuple of int): block indices to return.
+
+    Returns:
+        list of NestedTensor ``(B, embed_dim, gh, gw)``: each item's tokens on its own grid
+        (``PatchEmbed.dynamic_feat_size`` of its size), zeros on the padding.
+
+    Raises:
+        ValueError: an item smaller than one patch.
+    """
+    tokens, grids, token_padding = _embed(model, x, padding)
+    x = _add_pos(model, tokens, grids, token_padding.spatial)
+    if model.pos_embed is not None:
+        x = model.pos_drop(x)
+    x = model.norm_pre(x)
+    npt = model.num_prefix_tokens
+    mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
+    wanted = set(indices)
+    out = {}
+    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
+        x = _run_block(model, blk, x, attn_mask=mask)
+        if i in wanted:
+            out[i] = token_level(x, npt, token_padding)
+    return [out[i] for i in indices]
+
+
+def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
+    """timm ``Eva.forward_intermediates(x, indices, output_fmt="NCHW", intermediates_only=True)``
+    on a padded batch, each item as alone: its own learned table and its own RoPE table
+    (coordinates normalised by its own grid; in training, the coordinate augmentation drawn once
+    per item in batch order, see :func:`~vispos.invariance._tokens.item_rope_embeds`).
+
+    Args:
+        model (nn.Module): a timm ``Eva`` built with ``dynamic_img_size=True``.
+        x (Tensor[B, C, H, W]): the padded batch, items at the origin.
+        padding (Padding): ``x``'s padding (``"none"`` or ``"rectangular"``).
+        indices (tuple of int): block indices to return.
+
+    Returns:
+        list of NestedTensor ``(B, embed_dim, gh, gw)``, zeros on the padding.
+
+    Raises:
+        ValueError: an item smaller than one patch.
+    """
+    tokens, grids, token_padding = _embed(model, x, padding)
+    canvas = token_padding.spatial
+    x = model.pos_drop(_add_pos(model, tokens, grids, canvas))
+    rope = None
+    mixed = getattr(model, "rope_mixed", False)
+    if model.rope is not None:
+        rope = on_canvas(item_rope_embeds(model.rope, grids), grids, canvas)
+        # (B, N, D) -> (B, 1, N, D) broadcast over heads; mixed (B, depth, heads, N, D) -> (depth, B, heads, N, D)
+        rope = rope.transpose(0, 1) if mixed else rope[:, None]
+    x = model.norm_pre(x)
+    npt = model.num_prefix_tokens
+    mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
+    wanted = set(indices)
+    out = {}
+    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
+        x = _run_block(model, blk, x, rope=rope[i] if mixed and rope is not None else rope, attn_mask=mask)
+        if i in wanted:
+            out[i] = token_level(x, npt, token_padding)
+    return [out[i] for i in indices]
+
+
+register_invariance_rule("timm.models.vision_transformer.VisionTransformer", TokenModelRule(vit_levels, check_vit))
+register_invariance_rule("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva))
