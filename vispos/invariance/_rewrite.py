@@ -41,8 +41,9 @@ from torch.utils import _pytree as pytree
 
 from . import _functions as functions
 from . import _ops as ops
+from . import _upsampling as upsampling
 from . import _values as values
-from ._geometry import Geometry, Window
+from ._geometry import Geometry, TransposedWindow, Window
 from ._rewrite_base import RewriterBase, Split
 from ._run import InvariantRunner
 from .rules import rule_for
@@ -129,7 +130,7 @@ class _Rewriter(RewriterBase):
         if alias and any(n in self.maps.caller_owned for n in spatial):
             self.maps.caller_owned.add(node)
 
-    def window(self, node: fx.Node, window: Window, fill: str) -> None:
+    def window(self, node: fx.Node, window: Window | TransposedWindow, fill: str) -> None:
         """A convolution (``fill="zero"``) or max pool (``"max"``) on its first argument (or the
         keyword ``input``): that map's padding filled first, a new geometry for the output."""
         x = node.args[0] if node.args else node.kwargs["input"]
@@ -315,6 +316,13 @@ class _Rewriter(RewriterBase):
             self.window(node, functions.window_of(self.n_spatial, kernel, bound["stride"], bound["padding"],
                                                   bound["dilation"]),
                         "zero")
+        elif kind == "conv_transpose":
+            kernel = self.kernel_of(bound["weight"], node)
+            self.window(node, upsampling.transposed_window(self.n_spatial, kernel, bound["stride"], bound["padding"],
+                                                           bound["output_padding"], bound["dilation"]), "zero")
+        elif kind == "interpolate":
+            upsampling.interpolate(self, node, bound["size"], bound["scale_factor"], bound["mode"],
+                                   bound["align_corners"])
         elif kind == "max_pool":
             if bound["return_indices"]:
                 self.refuse(node, "return_indices=True (indices into the padded canvas)")

@@ -25,7 +25,7 @@ from torch import Tensor
 from . import _functions as functions
 from . import _ops as ops
 from . import _values as values
-from ._geometry import Geometry, Window
+from ._geometry import Geometry, TransposedWindow, Window
 
 __all__ = ["RewriterBase", "Split"]
 
@@ -151,12 +151,16 @@ class RewriterBase:
         raise AssertionError  # unreachable
 
     # -------------------------------------------------------------------------------- fills
-    def fill_for_window(self, node: fx.Node, x: fx.Node, window: Window, fill: str) -> tuple[int, fx.Node]:
+    def fill_for_window(self, node: fx.Node, x: fx.Node, window: Window | TransposedWindow,
+                        fill: str) -> tuple[int, fx.Node]:
         """Zeros (``fill="zero"``) or ``-inf`` (``"max"``) in ``x``'s padding before a window that
-        reads neighbours. Returns the output's geometry id and the node the window must read."""
+        reads neighbours, or each item's edge values (``"edge"``, before a linear up-sampling).
+        Returns the output's geometry id and the node the window must read."""
         geometry_in = self.maps.geometry[x]
         out = self.geometry.child(geometry_in, window, self.where(node))
         zeros = self.zeros
+        if fill == "edge":  # a copy for the linear up-sampling alone, as for a max pool
+            return out, self.new.call_function(ops.fill_edges, (self.env[x], self.padding_of(geometry_in)))
         if not window.reads_neighbours:
             return out, self.env[x]
         if x in zeros.zeroed and (fill == "zero" or x in zeros.nonneg):
@@ -208,7 +212,8 @@ class RewriterBase:
             from .rules import rule_for
 
             rule = rule_for(self.gm.get_submodule(node.target))
-            return rule is not None and (rule.kind == "conv" or (rule.kind == "norm" and not rule.activation))
+            return rule is not None and (rule.kind in ("conv", "conv_transpose") or (
+                rule.kind == "norm" and not rule.activation))
         if node.op == "call_function":
             return node.target in functions.FRESH_FUNCTIONS
         return False
