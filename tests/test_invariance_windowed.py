@@ -10,8 +10,14 @@ timm = pytest.importorskip("timm")
 
 from vispos.invariance import _windowed as windowed  # noqa: E402
 
+from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list  # noqa: E402
+from vispos.backbones import TimmBackbone  # noqa: E402
+
 SAM_TINY = dict(img_size=64, patch_size=8, embed_dim=32, depth=4, num_heads=2, global_attn_indexes=(1, 3),
                 window_size=3, neck_chans=16)
+# item sizes, multiples of the patch (8; timm's SAM ViT takes no other size alone): 5 x 7, 8 x 8 and
+# 3 x 4 tokens, none a whole number of windows of 3
+SIZES = ((40, 56), (64, 64), (24, 32))
 
 
 def _randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
@@ -24,142 +30,133 @@ def _randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def _sam(**kwargs):
+def _backbone(out_indices=(1, 3), **kwargs):
     torch.manual_seed(0)
-    cfg = dict(SAM_TINY, **kwargs)
-    model = timm.create_model("samvit_base_patch16", features_only=True, out_indices=(1, 3), **cfg)
-    return _randomise(model.double())
+    bb = TimmBackbone("samvit_base_patch16", out_indices=out_indices, padding_invariant=True,
+                      model_kwargs=dict(SAM_TINY, **kwargs))
+    return _randomise(bb.double())
 
 
-def _batch(items, pad_value=3.0):
-    """Items (C, h, w) at the origin of one canvas; padding filled with ``pad_value``."""
-    height = max(t.shape[1] for t in items)
-    width = max(t.shape[2] for t in items)
-    canvas = torch.full((len(items), items[0].shape[0], height, width), pad_value, dtype=items[0].dtype)
-    for b, t in enumerate(items):
-        canvas[b, :, :t.shape[1], :t.shape[2]] = t
-    return canvas, [tuple(t.shape[1:]) for t in items]
-
-
-def _items(seed=1, sizes=((40, 56), (64, 61), (27, 33))):
+def _images(seed=1, sizes=SIZES):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in sizes]
 
 
-def _run(model, x, sizes):
-    return windowed.sam_forward_intermediates(model.model, x, sizes, model.out_indices)
+def _alone(bb, image):
+    return bb(NestedTensor(image[None], None))
+
+
+def _stock(bb, image):
+    """timm's own ``forward_intermediates`` alone (the token model's body is not rewritten)."""
+    return bb.body(image[None])
 
 
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_sam_item_in_batch_equals_item_alone_eval(position):
-    model = _sam().eval()
-    items = _items()
-    item = items.pop(0)
-    items.insert(position, item)  # 5 x 7 tokens: windows of 3 straddle its edge on both axes
-    x, sizes = _batch(items)
+    bb = _backbone().eval()
+    images = _images()
+    order = [images[(k - position) % 3] for k in range(3)]  # item 0 of `images` at `position`
     with torch.no_grad():
-        batch, tokens = _run(model, x, sizes)
-        alone, alone_tokens = _run(model, item[None], None)
-    assert tokens[position] == alone_tokens[0] == (5, 7)
-    for level, ref in zip(batch, alone):
-        torch.testing.assert_close(level[position, :, :5, :7], ref[0], rtol=1e-10, atol=1e-10)
+        levels = bb(nested_tensor_from_tensor_list(order, pad_value=3.0))
+        alone = _alone(bb, images[0])
+    assert len(levels) == 2 and bb.num_channels == [32, 32] and bb.strides == [8, 8]
+    for level, ref in zip(levels, alone):
+        assert ref.tensors.shape[2:] == (5, 7)
+        assert level.padding.sizes[position] == (5, 7) and level.padding.kind == "rectangular"
+        torch.testing.assert_close(level.tensors[position, :, :5, :7], ref.tensors[0], rtol=1e-10, atol=1e-10)
+        assert not level.tensors[position][:, level.padding.mask[position]].any()  # zeros on padding
 
 
 def test_sam_item_in_batch_equals_item_alone_training_outputs_and_gradients():
-    model = _sam().train()
-    items = _items()
-    x, sizes = _batch(items)
+    bb = _backbone().train()
+    images = _images()
+    batch = nested_tensor_from_tensor_list(images, pad_value=3.0)
     g = torch.Generator().manual_seed(2)
-    weights = [torch.randn(2, 32, 8, 8, generator=g, dtype=torch.float64)]
-    for index in range(len(items)):
-        model.zero_grad()
-        batch, tokens = _run(model, x, sizes)
-        h, w = tokens[index]
-        loss = sum((level[index, :, :h, :w] * weights[0][0, :, :h, :w]).sum() for level in batch)
-        loss.backward()
-        grads_batch = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad()
-        alone, _ = _run(model, items[index][None], None)
-        for level, ref in zip(batch, alone):
-            torch.testing.assert_close(level[index, :, :h, :w], ref[0], rtol=1e-10, atol=1e-10)
-        loss = sum((level[0] * weights[0][0, :, :h, :w]).sum() for level in alone)
-        loss.backward()
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(grads_batch[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
+    weights = torch.randn(32, 8, 8, generator=g, dtype=torch.float64)
+    for index, image in enumerate(images):
+        h, w = image.shape[1] // 8, image.shape[2] // 8
+        bb.zero_grad()
+        levels = bb(batch)
+        sum((level.tensors[index, :, :h, :w] * weights[:, :h, :w]).sum() for level in levels).backward()
+        grads = {n: p.grad.clone() for n, p in bb.named_parameters()}
+        bb.zero_grad()
+        alone = _alone(bb, image)
+        for level, ref in zip(levels, alone):
+            torch.testing.assert_close(level.tensors[index, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+        sum((level.tensors[0] * weights[:, :h, :w]).sum() for level in alone).backward()
+        assert any(g.abs().sum() > 0 for g in grads.values())
+        for n, p in bb.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
 
 
 def test_sam_whole_windows_equal_the_stock_model():
-    """On a grid that is a whole number of windows nothing is masked alone: the stock model."""
-    model = _sam().eval()
-    item = _items(sizes=((48, 72),))[0][None]  # 6 x 9 tokens, windows of 3
+    """On a grid that is a whole number of windows nothing is masked alone: timm's own model."""
+    bb = _backbone().eval()
+    image = _images(sizes=((48, 72),))[0]  # 6 x 9 tokens, windows of 3
     with torch.no_grad():
-        ours, _ = _run(model, item, None)
-        stock = model(item)
-    for a, b in zip(ours, stock):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        for ours, stock in zip(_alone(bb, image), _stock(bb, image)):
+            torch.testing.assert_close(ours.tensors, stock, rtol=1e-10, atol=1e-10)
 
 
 def test_sam_global_blocks_equal_the_stock_model_at_any_size():
-    """Global blocks (relative tables resampled to the item's grid) are the stock model's."""
-    model = _sam(global_attn_indexes=(0, 1, 2, 3)).eval()
-    item = _items(sizes=((40, 56),))[0][None]
+    """Global blocks (relative tables resampled to the item's grid) are timm's at any size."""
+    bb = _backbone(global_attn_indexes=(0, 1, 2, 3)).eval()
+    image = _images(sizes=((40, 56),))[0]
     with torch.no_grad():
-        ours, _ = _run(model, item, None)
-        stock = model(item)
-    for a, b in zip(ours, stock):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        for ours, stock in zip(_alone(bb, image), _stock(bb, image)):
+            torch.testing.assert_close(ours.tensors, stock, rtol=1e-10, atol=1e-10)
 
 
 def test_sam_edge_windows_differ_from_the_stock_model_alone():
-    """The documented difference: stock attends to the zero tokens that pad windows."""
-    model = _sam().eval()
-    item = _items(sizes=((40, 56),))[0][None]
+    """The documented difference: timm alone attends to the zero tokens that pad edge windows."""
+    bb = _backbone().eval()
+    image = _images(sizes=((40, 56),))[0]
     with torch.no_grad():
-        ours, _ = _run(model, item, None)
-        stock = model(item)
-    assert (ours[0] - stock[0]).abs().max() > 1e-3
+        ours, stock = _alone(bb, image)[0].tensors, _stock(bb, image)[0]
+    assert (ours - stock).abs().max() > 1e-3
 
 
 def test_sam_neck_is_exact():
+    """timm's ``norm=True`` (the neck: 1x1 conv, channel norm, 3x3 conv, channel norm)."""
     torch.manual_seed(0)
     model = _randomise(timm.create_model("samvit_base_patch16", **SAM_TINY).double()).eval()
-    items = _items()
-    x, sizes = _batch(items)
-    whole = _items(sizes=((48, 72),))[0][None]
+    images = _images()
+    batch = nested_tensor_from_tensor_list(images, pad_value=3.0)
+    whole = _images(sizes=((48, 72),))[0][None]
+    none = Padding.none(1, (48, 72))
     with torch.no_grad():
         stock = model.forward_intermediates(whole, indices=[3], norm=True, intermediates_only=True)
-        ours, _ = windowed.sam_forward_intermediates(model, whole, None, [3], norm=True)
+        ours, _ = windowed.sam_forward_intermediates(model, whole, none, [3], norm=True)
         torch.testing.assert_close(ours[0], stock[0], rtol=1e-10, atol=1e-10)
-        batch, tokens = windowed.sam_forward_intermediates(model, x, sizes, [3], norm=True)
-        for index, item in enumerate(items):
-            alone, _ = windowed.sam_forward_intermediates(model, item[None], None, [3], norm=True)
-            h, w = tokens[index]
-            assert batch[0].shape[1] == 16
-            torch.testing.assert_close(batch[0][index, :, :h, :w], alone[0][0], rtol=1e-10, atol=1e-10)
+        maps, padding = windowed.sam_forward_intermediates(model, batch.tensors, batch.padding, [3], norm=True)
+        assert maps[0].shape[1] == 16
+        for index, image in enumerate(images):
+            alone, _ = windowed.sam_forward_intermediates(model, image[None], Padding.none(1, image.shape[1:]),
+                                                          [3], norm=True)
+            h, w = padding.sizes[index]
+            torch.testing.assert_close(maps[0][index, :, :h, :w], alone[0][0], rtol=1e-10, atol=1e-10)
 
 
 def test_sam_padding_values_do_not_matter():
-    model = _sam().eval()
-    items = _items()
+    bb = _backbone().eval()
+    images = _images()
     with torch.no_grad():
-        a, tokens = _run(model, *_batch(items, pad_value=0.0))
-        b, _ = _run(model, *_batch(items, pad_value=float("nan")))
+        a = bb(nested_tensor_from_tensor_list(images, pad_value=0.0))
+        b = bb(nested_tensor_from_tensor_list(images, pad_value=float("nan")))
     for la, lb in zip(a, b):
-        for index, (h, w) in enumerate(tokens):
-            torch.testing.assert_close(la[index, :, :h, :w], lb[index, :, :h, :w], rtol=0, atol=0)
+        torch.testing.assert_close(la.tensors, lb.tensors, rtol=0, atol=0)
 
 
 def test_sam_refuses_rope_and_token_dropout_by_name():
-    model = timm.create_model("samvit_base_patch16", use_rope=True, use_rel_pos=False, **SAM_TINY)
-    with pytest.raises(ValueError, match=r"VisionTransformerSAM\.rope_global"):
-        windowed.check_sam(model)
-    model = timm.create_model("samvit_base_patch16", patch_drop_rate=0.5, **SAM_TINY)
-    with pytest.raises(ValueError, match=r"VisionTransformerSAM\.patch_drop"):
-        windowed.check_sam(model)
+    with pytest.raises(ValueError, match=r"cannot run VisionTransformerSAM\.rope_global / rope_window .*use_rope"):
+        TimmBackbone("samvit_base_patch16", padding_invariant=True,
+                     model_kwargs=dict(SAM_TINY, use_rope=True, use_rel_pos=False))
+    with pytest.raises(ValueError, match=r"cannot run VisionTransformerSAM\.patch_drop .*patch dropout"):
+        TimmBackbone("samvit_base_patch16", padding_invariant=True,
+                     model_kwargs=dict(SAM_TINY, patch_drop_rate=0.5))
 
 
-def test_sam_item_smaller_than_a_patch_is_refused():
-    model = _sam().eval()
-    x, sizes = _batch(_items(sizes=((40, 56), (5, 30))))
-    with pytest.raises(ValueError, match=r"item 1 of size \(5, 30\) is smaller than one patch"):
-        _run(model, x, sizes)
+def test_sam_item_not_a_whole_number_of_patches_is_refused():
+    bb = _backbone().eval()
+    with pytest.raises(ValueError, match=r"item 1 of size \(30, 30\) is not a multiple of the patch \(8, 8\)"):
+        bb(nested_tensor_from_tensor_list(_images(sizes=((40, 56), (30, 30)))))

@@ -34,8 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..nested_tensor import NestedTensor
+from ..padding import Padding
+from ._tokens import TokenModelRule, item_grids, on_canvas
+from .rules import register_invariance_rule
+
 __all__ = ["window_key_valid", "masked_window_attention", "item_rel_pos_bias", "sam_forward_intermediates",
-           "sam_token_sizes", "check_sam"]
+           "sam_levels", "check_sam"]
 
 
 def _sam():
@@ -44,20 +49,17 @@ def _sam():
     return sam
 
 
-def window_key_valid(sizes: Sequence[Sequence[int]], canvas: Sequence[int], window: int, device) -> Tensor:
+def window_key_valid(valid: Tensor, window: int) -> Tensor:
     """Which token of each window lies inside its item, windows in timm's ``window_partition``
-    order (the canvas padded to whole windows at the bottom / right).
+    order (the canvas padded to whole windows at the bottom / right, those tokens outside).
 
     Args:
-        sizes (sequence of (h, w)): each item's token grid, at the canvas origin.
-        canvas (h, w): the canvas' token grid.
+        valid (Tensor[B, H, W], bool): True inside each item (a box at the canvas origin).
         window (int): the window's side, in tokens.
-        device: where the mask is built.
 
     Returns:
         Tensor[B * nW, window * window], bool: True = a key inside its item.
     """
-    valid = _item_cells(sizes, canvas, device)
     windows, _ = _sam().window_partition(valid[..., None].to(torch.uint8), window)
     return windows.reshape(windows.shape[0], -1).bool()
 
@@ -90,12 +92,15 @@ def item_rel_pos_bias(q: Tensor, rel_pos_h: Tensor, rel_pos_w: Tensor, sizes: Se
     """
     get_rel_pos = _sam().get_rel_pos
     height, width = canvas
-    tables_h, tables_w = [], []
-    for h, w in sizes:
-        rh = get_rel_pos(h, h, rel_pos_h)
-        rw = get_rel_pos(w, w, rel_pos_w)
-        tables_h.append(F.pad(rh, (0, 0, 0, height - h, 0, height - h)))
-        tables_w.append(F.pad(rw, (0, 0, 0, width - w, 0, width - w)))
+    done_h: dict[int, Tensor] = {}
+    done_w: dict[int, Tensor] = {}
+    for h, w in sizes:  # once per distinct size, zeros outside the item's own rows / columns
+        if h not in done_h:
+            done_h[h] = F.pad(get_rel_pos(h, h, rel_pos_h), (0, 0, 0, height - h, 0, height - h))
+        if w not in done_w:
+            done_w[w] = F.pad(get_rel_pos(w, w, rel_pos_w), (0, 0, 0, width - w, 0, width - w))
+    tables_h = [done_h[h] for h, _ in sizes]
+    tables_w = [done_w[w] for _, w in sizes]
     rh = torch.stack(tables_h).repeat_interleave(heads, dim=0).to(q.dtype)
     rw = torch.stack(tables_w).repeat_interleave(heads, dim=0).to(q.dtype)
     r_q = q.reshape(q.shape[0], height, width, q.shape[-1])
@@ -142,8 +147,9 @@ def masked_window_attention(attn: nn.Module, x: Tensor, key_valid: Tensor, rel_b
     return out.view(n_w, height, width, -1)
 
 
-def _block(blk: nn.Module, x: Tensor, sizes: Sequence[Sequence[int]]) -> Tensor:
-    """One timm SAM ``Block`` (windowed or global) on a padded batch ``[B, H, W, C]``."""
+def _block(blk: nn.Module, x: Tensor, valid: Tensor, sizes: Sequence[Sequence[int]]) -> Tensor:
+    """One timm SAM ``Block`` (windowed or global) on a padded batch ``[B, H, W, C]``; ``valid``
+    ``[B, H, W]`` marks each item's tokens, ``sizes`` its grid."""
     sam = _sam()
     batch, height, width, _ = x.shape
     shortcut = x
@@ -152,46 +158,19 @@ def _block(blk: nn.Module, x: Tensor, sizes: Sequence[Sequence[int]]) -> Tensor:
     if blk.window_size > 0:
         ws = blk.window_size
         windows, pad_hw = sam.window_partition(x, ws)
-        valid = window_key_valid(sizes, (height, width), ws, x.device)
-        x = blk.drop_path1(blk.ls1(masked_window_attention(attn, windows, valid)))
+        keys = window_key_valid(valid, ws)
+        x = blk.drop_path1(blk.ls1(masked_window_attention(attn, windows, keys)))
         x = sam.window_unpartition(x, ws, (height, width), pad_hw)
     else:
-        valid = _item_cells(sizes, (height, width), x.device).reshape(batch, -1)
 
         def rel_bias(q):
             return item_rel_pos_bias(q, attn.rel_pos_h, attn.rel_pos_w, sizes, (height, width), attn.num_heads)
 
-        x = blk.drop_path1(blk.ls1(masked_window_attention(attn, x, valid, rel_bias)))
+        x = blk.drop_path1(blk.ls1(masked_window_attention(attn, x, valid.reshape(batch, -1), rel_bias)))
     x = shortcut + x
     x = x.reshape(batch, height * width, -1)
     x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
     return x.reshape(batch, height, width, -1)
-
-
-def _item_cells(sizes: Sequence[Sequence[int]], canvas: Sequence[int], device) -> Tensor:
-    """``[B, H, W]`` bool: True inside each item (a box at the origin)."""
-    height, width = canvas
-    rows = torch.arange(height, device=device)
-    cols = torch.arange(width, device=device)
-    hs = torch.tensor([s[0] for s in sizes], device=device)
-    ws = torch.tensor([s[1] for s in sizes], device=device)
-    return (rows[None, :, None] < hs[:, None, None]) & (cols[None, None, :] < ws[:, None, None])
-
-
-def _zero_outside(x: Tensor, sizes: Sequence[Sequence[int]]) -> Tensor:
-    """``x`` ``[B, C, H, W]`` with zeros outside each item (whatever the padding held, NaN too)."""
-    inside = _item_cells(sizes, tuple(x.shape[2:]), x.device)[:, None]
-    return torch.where(inside, x, x.new_zeros(()))
-
-
-def sam_token_sizes(model: nn.Module, sizes: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """Each item's token grid from its size in pixels: the patch embedding's convolution
-    arithmetic (``floor(h / p)``; ``ceil`` with timm's ``dynamic_img_pad``)."""
-    embed = model.patch_embed
-    ph, pw = embed.patch_size
-    if embed.dynamic_img_pad:
-        return [(-(-h // ph), -(-w // pw)) for h, w in sizes]
-    return [(h // ph, w // pw) for h, w in sizes]
 
 
 def check_sam(model: nn.Module) -> None:
@@ -201,87 +180,121 @@ def check_sam(model: nn.Module) -> None:
     sam = _sam()
     from timm.layers import LayerNorm2d, PatchEmbed
 
-    name = type(model).__name__
+    def refuse(part: str, why: str) -> ValueError:
+        return ValueError(f"padding_invariant=True cannot run {type(model).__name__}.{part} exactly on a padded "
+                          f"batch: {why}")
+
     if model.rope_global is not None or model.rope_window is not None:
-        raise ValueError(f"padding_invariant=True: {name}.rope_global / rope_window (use_rope=True) are "
-                         "RotaryEmbeddingCat tables built for the model's fixed grid, not the item's; refused")
+        raise refuse("rope_global / rope_window", "use_rope=True builds RotaryEmbeddingCat tables for the "
+                                                  "model's fixed grid, not for each item's")
     if not isinstance(model.patch_drop, nn.Identity):
-        raise ValueError(f"padding_invariant=True: {name}.patch_drop ({type(model.patch_drop).__name__}) drops "
-                         "tokens of the whole canvas; refused")
+        raise refuse("patch_drop", "patch_drop_rate > 0 (patch dropout keeps a random number of tokens of the "
+                                   "whole canvas, not of the item)")
     if type(model.patch_embed).forward is not PatchEmbed.forward or model.patch_embed.output_fmt.value != "NHWC":
-        raise ValueError(f"padding_invariant=True: {name}.patch_embed ({type(model.patch_embed).__name__}) is not "
-                         "timm's channels-last PatchEmbed; refused")
+        raise refuse("patch_embed", f"{type(model.patch_embed).__name__} is not timm's channels-last PatchEmbed")
     for i, blk in enumerate(model.blocks):
         if type(blk).forward is not sam.Block.forward or type(blk.attn).forward is not sam.Attention.forward:
-            raise ValueError(f"padding_invariant=True: {name}.blocks.{i} ({type(blk).__name__}) has its own forward, "
-                             "which vispos cannot run per item; refused")
+            raise refuse(f"blocks.{i}", f"{type(blk).__name__} has a forward of its own, which vispos cannot run "
+                                        "per item")
     for i, layer in enumerate(model.neck if isinstance(model.neck, nn.Sequential) else [model.neck]):
         conv = type(layer) is nn.Conv2d and layer.padding_mode == "zeros" and layer.stride == (1, 1) and \
             layer.dilation == (1, 1) and all(2 * p == k - 1 for p, k in zip(layer.padding, layer.kernel_size))
         if not (conv or type(layer) in (LayerNorm2d, nn.Identity)):
-            raise ValueError(f"padding_invariant=True: {name}.neck.{i} ({type(layer).__name__}) is not a 'same' "
-                             "convolution or a channel layer norm; refused")
+            raise refuse(f"neck.{i}", f"{type(layer).__name__} is neither a 'same' convolution nor a layer norm "
+                                      "over channels")
 
 
-def sam_forward_intermediates(model: nn.Module, x: Tensor, sizes: Sequence[Sequence[int]] | None,
-                              indices: Sequence[int], norm: bool = False) -> tuple[list[Tensor], list[tuple[int, int]]]:
+def sam_forward_intermediates(model: nn.Module, x: Tensor, padding: Padding, indices: Sequence[int],
+                              norm: bool = False) -> tuple[list[Tensor], Padding]:
     """timm's ``VisionTransformerSAM.forward_intermediates`` on a padded batch, each item exact.
 
     Args:
         model (nn.Module): a ``VisionTransformerSAM`` (checked by :func:`check_sam`).
         x (Tensor[B, C, H, W]): the padded images, each item at the origin.
-        sizes (sequence of (h, w), or None): each item's size in pixels; None: every item fills the
-            canvas (the item alone).
+        padding (Padding): ``x``'s, ``"none"`` (every item fills the canvas: the item alone) or
+            ``"rectangular"`` at the origin.
         indices (sequence of int): the blocks whose outputs are returned.
         norm (bool): apply the model's neck to each returned map (timm's ``norm=True``).
 
     Returns:
-        (list of Tensor[B, C', h, w], list of (h, w)): the maps (channels first, what timm returns;
-        values outside an item are not the item's) and each item's token grid.
+        (list of Tensor[B, C', gh, gw], Padding): the maps (channels first, what timm returns; values
+        outside an item are not the item's) and the token padding ``(B, gh, gw)``.
 
     Raises:
-        ValueError: an item smaller than one patch.
+        ValueError: as :func:`~vispos.invariance._tokens.item_grids` (an item smaller than one
+            patch, or not a multiple of it without ``dynamic_img_pad``).
 
     References:
         timm ``models/vision_transformer_sam.py``; Li et al., ViTDet, ECCV 2022.
     """
     from timm.layers import resample_abs_pos_embed_nhwc
 
-    batch, _, height, width = x.shape
-    sizes = [(height, width)] * batch if sizes is None else [tuple(s) for s in sizes]
     embed = model.patch_embed
-    x = _zero_outside(x, sizes)  # the item's last partial patch sees zeros, as alone
-    if embed.dynamic_img_pad:
+    grids = item_grids(embed, padding)
+    if padding.kind != "none":  # every value of the padding, NaN too, becomes a zero
+        x = x.masked_fill(padding.mask[:, None], 0)
+    if embed.dynamic_img_pad:  # the item's last partial patch sees zeros, as alone
         ph, pw = embed.patch_size
-        x = F.pad(x, (0, (pw - width % pw) % pw, 0, (ph - height % ph) % ph))
+        x = F.pad(x, (0, (pw - x.shape[3] % pw) % pw, 0, (ph - x.shape[2] % ph) % ph))
     x = embed.norm(embed.proj(x).permute(0, 2, 3, 1))
     canvas = tuple(x.shape[1:3])
-    tokens = sam_token_sizes(model, sizes)
-    for b, (h, w) in enumerate(tokens):
-        if h < 1 or w < 1:
-            raise ValueError(f"padding_invariant=True: item {b} of size {sizes[b]} is smaller than one patch "
-                             f"{tuple(embed.patch_size)} of {type(model).__name__}")
+    token_padding = Padding.none(x.shape[0], canvas, x.device) if padding.kind == "none" else \
+        Padding.from_sizes(grids, canvas, device=x.device)
     if model.pos_embed is not None:
-        tables = [F.pad(resample_abs_pos_embed_nhwc(model.pos_embed, [h, w]),
-                        (0, 0, 0, canvas[1] - w, 0, canvas[0] - h)) for h, w in tokens]
-        x = x + torch.cat(tables).to(x.dtype)
+        done: dict[tuple[int, int], Tensor] = {}
+        for grid in grids:
+            if grid not in done:
+                done[grid] = resample_abs_pos_embed_nhwc(model.pos_embed, list(grid))
+        tables = [done[grid].flatten(1, 2) for grid in grids]
+        x = x + on_canvas(tables, grids, canvas).reshape(x.shape[0], *canvas, -1).to(x.dtype)
     x = model.norm_pre(model.patch_drop(model.pos_drop(x)))
+    valid = ~token_padding.mask
     take = set(indices)
     out = []
     for i, blk in enumerate(model.blocks[:max(take) + 1]):
-        x = _block(blk, x, tokens)
+        x = _block(blk, x, valid, grids)
         if i in take:
             level = x.permute(0, 3, 1, 2)
-            out.append(_neck(model.neck, level, tokens) if norm else level)
-    return out, tokens
+            out.append(_neck(model.neck, level, valid) if norm else level)
+    return out, token_padding
 
 
-def _neck(neck: nn.Module, x: Tensor, tokens: Sequence[Sequence[int]]) -> Tensor:
+def sam_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
+    """The :class:`~vispos.invariance._tokens.TokenModelRule` levels of a ``VisionTransformerSAM``
+    inside timm's ``features_only`` wrapper (whose neck is kept exactly when the wrapper applies
+    it, ``norm=True``).
+
+    Args:
+        model (nn.Module): the ``VisionTransformerSAM``.
+        x (Tensor[B, C, H, W]): the padded images, each item at the origin.
+        padding (Padding): ``x``'s (``"none"`` or ``"rectangular"``).
+        indices (tuple of int): the blocks to return.
+
+    Returns:
+        list of NestedTensor ``(B, C', gh, gw)``: zeros on each level's padding (True = padding).
+
+    Raises:
+        ValueError: as :func:`sam_forward_intermediates`.
+    """
+    maps, token_padding = sam_forward_intermediates(model, x, padding, indices,
+                                                    norm=not isinstance(model.neck, nn.Identity))
+    levels = []
+    for level in maps:
+        if token_padding.kind != "none":
+            level = level.masked_fill(token_padding.mask[:, None], 0)
+        levels.append(NestedTensor(level.contiguous(), token_padding))
+    return levels
+
+
+def _neck(neck: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
     """SAM's neck (1x1 conv, channel layer norm, 3x3 conv, channel layer norm): a convolution
     wider than one cell sees zeros outside each item."""
     layers = neck if isinstance(neck, nn.Sequential) else [neck]
     for layer in layers:
         if isinstance(layer, nn.Conv2d) and layer.kernel_size != (1, 1):
-            x = _zero_outside(x, tokens)
+            x = x.masked_fill(~valid[:, None], 0)
         x = layer(x)
     return x
+
+
+register_invariance_rule("timm.models.vision_transformer_sam.VisionTransformerSAM", TokenModelRule(sam_levels, check_sam))
