@@ -160,3 +160,148 @@ def test_sam_item_not_a_whole_number_of_patches_is_refused():
     bb = _backbone().eval()
     with pytest.raises(ValueError, match=r"item 1 of size \(30, 30\) is not a multiple of the patch \(8, 8\)"):
         bb(nested_tensor_from_tensor_list(_images(sizes=((40, 56), (30, 30)))))
+
+
+# ----------------------------------------------------------------------------------------- Swin
+SWIN = "shifted|windows are laid out on the canvas"
+
+
+def test_swin_timm_is_refused_by_name():
+    with pytest.raises(ValueError, match=rf"cannot run model\.layers\.0\.blocks\.0 \(SwinTransformerBlock\).*({SWIN})"):
+        TimmBackbone("swin_tiny_patch4_window7_224", padding_invariant=True,
+                     model_kwargs=dict(depths=(2, 2), num_heads=(2, 2), embed_dim=16))
+    TimmBackbone("swin_tiny_patch4_window7_224", model_kwargs=dict(depths=(2, 2), num_heads=(2, 2), embed_dim=16))
+
+
+def test_swin_torchvision_is_refused_by_name():
+    from torchvision.models.swin_transformer import SwinTransformer
+
+    from vispos.backbones import TorchvisionBackbone
+
+    model = SwinTransformer([4, 4], 16, [2, 2], [2, 2], [7, 7])
+    with pytest.raises(ValueError, match=rf"cannot run features\.1\.0\.attn \(ShiftedWindowAttention\).*({SWIN})"
+                                         r".*one window covers alone is shifted"):
+        TorchvisionBackbone(model, return_nodes={"features.3": "0"}, padding_invariant=True)
+    TorchvisionBackbone(model, return_nodes={"features.3": "0"})
+
+
+def test_swin_unetr_encoder_is_refused_by_name():
+    monai_nets = pytest.importorskip("monai.networks.nets")
+    from vispos.backbones import VolumeBackbone
+
+    net = monai_nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, spatial_dims=3, depths=(1, 1, 1, 1))
+    with pytest.raises(ValueError, match=rf"cannot run SwinTransformer exactly.*({SWIN}).*get_window_size"):
+        VolumeBackbone(net.swinViT, return_nodes=["layers2"], padding_invariant=True)
+    with pytest.raises(ValueError, match=rf"cannot run swinViT \(SwinTransformer\) exactly.*({SWIN})"):
+        VolumeBackbone(net, return_nodes=["swinViT"], padding_invariant=True)
+
+
+# ---------------------------------------------------------------------------- feature pyramid
+def _pyramid(**kwargs):
+    from vispos.backbones import SimpleFeaturePyramid
+
+    torch.manual_seed(0)
+    return _randomise(SimpleFeaturePyramid(16, 8, **kwargs).double())
+
+
+def _maps(sizes=((5, 7), (9, 6), (4, 3)), channels=16, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(channels, h, w, generator=g, dtype=torch.float64) for h, w in sizes]
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_pyramid_item_in_batch_equals_item_alone(position):
+    pyramid = _pyramid(top_block=True).eval()
+    maps = _maps()
+    order = [maps[(k - position) % 3] for k in range(3)]
+    with torch.no_grad():
+        levels = pyramid(nested_tensor_from_tensor_list(order, pad_value=3.0))
+        alone = pyramid(NestedTensor(maps[0][None], None))
+    assert pyramid.strides == [4, 8, 16, 32, 64] and pyramid.num_channels == [8] * 5
+    # 5 x 7 at stride 16: x4 and x2 up, itself, floor(/2) down, then the 1x1 stride-2 top block
+    expected = [(20, 28), (10, 14), (5, 7), (2, 3), (1, 2)]
+    assert [tuple(r.tensors.shape[2:]) for r in alone] == expected
+    for level, ref, size in zip(levels, alone, expected):
+        assert level.padding.sizes[position] == size and level.padding.starts[position] == (0, 0)
+        h, w = size
+        torch.testing.assert_close(level.tensors[position, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+
+
+def test_pyramid_training_outputs_and_gradients():
+    pyramid = _pyramid().train()
+    maps = _maps()
+    batch = nested_tensor_from_tensor_list(maps, pad_value=-2.0)
+    for index, item in enumerate(maps):
+        pyramid.zero_grad()
+        levels = pyramid(batch)
+        sizes = [level.padding.sizes[index] for level in levels]
+        sum(level.tensors[index, :, :h, :w].sin().sum() for level, (h, w) in zip(levels, sizes)).backward()
+        grads = {n: p.grad.clone() for n, p in pyramid.named_parameters()}
+        pyramid.zero_grad()
+        alone = pyramid(NestedTensor(item[None], None))
+        for level, ref, (h, w) in zip(levels, alone, sizes):
+            torch.testing.assert_close(level.tensors[index, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+        sum(level.tensors[0].sin().sum() for level in alone).backward()
+        for n, p in pyramid.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
+
+
+def test_pyramid_alone_is_the_stock_pyramid_and_stock_leaks():
+    """Alone, the rule book changes nothing; in a padded batch the stock pyramid reads the padding."""
+    pyramid = _pyramid().eval()
+    stock = _pyramid(padding_invariant=False).eval()
+    maps = _maps()
+    with torch.no_grad():
+        for ours, theirs in zip(pyramid(NestedTensor(maps[0][None], None)), stock(NestedTensor(maps[0][None], None))):
+            torch.testing.assert_close(ours.tensors, theirs.tensors, rtol=0, atol=0)
+        batch = stock(nested_tensor_from_tensor_list(maps, pad_value=3.0))
+        alone = stock(NestedTensor(maps[0][None], None))
+    h, w = alone[0].tensors.shape[2:]
+    assert (batch[0].tensors[0, :, :h, :w] - alone[0].tensors[0]).abs().max() > 1e-3
+
+
+def test_pyramid_layers_and_channel_norm():
+    from vispos.backbones import ChannelLayerNorm
+
+    pyramid = _pyramid()
+    up4 = pyramid.stages[0]
+    assert [type(m).__name__ for m in up4[:4]] == ["ConvTranspose2d", "ChannelLayerNorm", "GELU", "ConvTranspose2d"]
+    assert (up4[0].out_channels, up4[3].out_channels) == (8, 4)
+    assert type(pyramid.stages[3][0]).__name__ == "MaxPool2d" and pyramid.stages[3][0].kernel_size == 2
+    norm = _randomise(ChannelLayerNorm(6).double())
+    x = torch.randn(2, 6, 3, 4, dtype=torch.float64)
+    u = x.mean(1, keepdim=True)  # detectron2's LayerNorm, written out
+    s = (x - u).pow(2).mean(1, keepdim=True)
+    ref = norm.weight[:, None, None] * (x - u) / torch.sqrt(s + 1e-6) + norm.bias[:, None, None]
+    torch.testing.assert_close(norm(x), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_pyramid_bad_arguments():
+    from vispos.backbones import SimpleFeaturePyramid
+
+    with pytest.raises(ValueError, match=r"scale_factors must be non-empty, each one of .* got \(3\.0,\)"):
+        SimpleFeaturePyramid(16, 8, scale_factors=(3.0,))
+    with pytest.raises(ValueError, match="in_channels must be divisible by 4"):
+        SimpleFeaturePyramid(18, 8)
+    with pytest.raises(TypeError, match="scale_factors must be a sequence of numbers"):
+        SimpleFeaturePyramid(16, 8, scale_factors="4")
+    with pytest.raises(ValueError, match=r"x.tensors must be \(B, 16, H, W\), got \(1, 8, 5, 5\)"):
+        SimpleFeaturePyramid(16, 8)(NestedTensor(torch.zeros(1, 8, 5, 5), None))
+    with pytest.raises(TypeError, match="x must be a NestedTensor"):
+        SimpleFeaturePyramid(16, 8)(torch.zeros(1, 16, 5, 5))
+
+
+def test_sam_backbone_with_pyramid_is_exact():
+    """A ViTDet-style detector backbone: SAM ViT levels, then the pyramid on the last one."""
+    bb = _backbone(out_indices=(3,)).eval()
+    pyramid = _randomise(__import__("vispos.backbones", fromlist=["SimpleFeaturePyramid"]).SimpleFeaturePyramid(
+        32, 8, in_stride=8).double()).eval()
+    images = _images()
+    with torch.no_grad():
+        levels = pyramid(bb(nested_tensor_from_tensor_list(images, pad_value=3.0)))
+        for index, image in enumerate(images):
+            alone = pyramid(_alone(bb, image))
+            for level, ref in zip(levels, alone):
+                h, w = ref.tensors.shape[2:]
+                assert level.padding.sizes[index] == (h, w)
+                torch.testing.assert_close(level.tensors[index, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)

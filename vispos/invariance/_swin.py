@@ -29,14 +29,17 @@ from .rules import Refuse, register_invariance_rule
 
 __all__ = ["SWIN_REFUSALS", "refuse_swin"]
 
-_CANVAS = ("shifted-window attention laid out on the canvas, not the item: it pads the canvas to whole windows "
-           "and rolls it cyclically, so the windows at an item's bottom / right edge hold the canvas' padding "
-           "tokens instead of the item's own wrapped tokens and zeros, and the shift mask is the canvas'")
+_CANVAS = ("its windows are laid out on the canvas, not on the item: the windows at an item's bottom / right edge "
+           "hold the canvas' padding tokens, unmasked, where alone they hold zeros (the item padded to whole "
+           "windows) and, in shifted blocks, the item's own first rows and columns rolled cyclically within its "
+           "own grid; the shift mask is the canvas'")
 
+#: the Swin layers refused, by dotted class name, each with what differs from the item alone
 SWIN_REFUSALS = {
     "timm.models.swin_transformer.SwinTransformerBlock": (
-        f"{_CANVAS}; window and shift sizes and the shift mask are fixed from the construction resolution "
-        "(rebuilt from the canvas only with strict_img_size=False), and the map is rolled before it is padded"),
+        f"{_CANVAS}; the window and shift sizes are cut to the construction resolution, the shift mask is a "
+        "buffer for that resolution (built from the canvas with dynamic_img_size / strict_img_size=False), and "
+        "the map is rolled before it is padded"),
     "torchvision.models.swin_transformer.ShiftedWindowAttention": (
         f"{_CANVAS}; the shift is dropped on an axis where one window covers the padded canvas, so an item that "
         "one window covers alone is shifted in a larger batch"),
