@@ -8,10 +8,10 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from vispos.invariance import _windowed as windowed  # noqa: E402
 
 from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list  # noqa: E402
 from vispos.backbones import TimmBackbone  # noqa: E402
+from vispos.invariance import _windowed as windowed  # noqa: E402  (after: the rule is registered on import of vispos)
 
 SAM_TINY = dict(img_size=64, patch_size=8, embed_dim=32, depth=4, num_heads=2, global_attn_indexes=(1, 3),
                 window_size=3, neck_chans=16)
@@ -305,3 +305,15 @@ def test_sam_backbone_with_pyramid_is_exact():
                 h, w = ref.tensors.shape[2:]
                 assert level.padding.sizes[index] == (h, w)
                 torch.testing.assert_close(level.tensors[index, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+
+
+def test_sam_rule_is_registered_by_importing_vispos():
+    """No test import may be what registers the rule: a fresh interpreter finds it."""
+    import subprocess
+    import sys
+
+    code = ("import timm, vispos\nfrom vispos.invariance import rule_for\n"
+            "m = timm.create_model('samvit_base_patch16', img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=1)\n"
+            "print(type(rule_for(m)).__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "TokenModelRule"
