@@ -166,11 +166,63 @@ def test_sam_item_not_a_whole_number_of_patches_is_refused():
 SWIN = "shifted|windows are laid out on the canvas"
 
 
-def test_swin_timm_is_refused_by_name():
-    with pytest.raises(ValueError, match=rf"cannot run model\.layers\.0\.blocks\.0 \(SwinTransformerBlock\).*({SWIN})"):
-        TimmBackbone("swin_tiny_patch4_window7_224", padding_invariant=True,
-                     model_kwargs=dict(depths=(2, 2), num_heads=(2, 2), embed_dim=16))
-    TimmBackbone("swin_tiny_patch4_window7_224", model_kwargs=dict(depths=(2, 2), num_heads=(2, 2), embed_dim=16))
+SWIN_TINY = dict(depths=(2, 2, 2), num_heads=(2, 2, 2), embed_dim=16, window_size=3)
+# 11 x 15, 16 x 13 and 5 x 7 tokens of 4 pixels: odd grids at every stage, none a whole number of windows
+SWIN_SIZES = ((44, 60), (64, 52), (20, 28))
+
+
+def _swin(**kwargs):
+    torch.manual_seed(0)
+    bb = TimmBackbone("swin_tiny_patch4_window7_224", out_indices=(0, 1, 2), padding_invariant=True,
+                      model_kwargs=dict(SWIN_TINY, **kwargs))
+    return _randomise(bb.double())
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+def test_swin_timm_item_in_batch_equals_timm_alone(position):
+    bb = _swin().eval()
+    images = _images(sizes=SWIN_SIZES)
+    order = [images[(k - position) % 3] for k in range(3)]
+    with torch.no_grad():
+        levels = bb(nested_tensor_from_tensor_list(order, pad_value=3.0))
+        alone = _alone(bb, images[0])
+        stock = _stock(bb, images[0])
+    assert bb.strides == [4, 8, 16] and bb.num_channels == [16, 32, 64]
+    for level, ref, theirs, size in zip(levels, alone, stock, [(11, 15), (6, 8), (3, 4)]):
+        torch.testing.assert_close(ref.tensors, theirs, rtol=1e-10, atol=1e-10)  # alone: timm's own model
+        h, w = size
+        assert level.padding.sizes[position] == size == tuple(theirs.shape[2:])
+        torch.testing.assert_close(level.tensors[position, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+        assert not level.tensors[position][:, level.padding.mask[position]].any()
+
+
+def test_swin_timm_training_outputs_and_gradients():
+    bb = _swin(drop_path_rate=0.0).train()  # timm's default 0.1 draws per item: no two runs agree
+    images = _images(sizes=SWIN_SIZES)
+    batch = nested_tensor_from_tensor_list(images, pad_value=-1.0)
+    for index, image in enumerate(images):
+        bb.zero_grad()
+        levels = bb(batch)
+        sizes = [level.padding.sizes[index] for level in levels]
+        sum(level.tensors[index, :, :h, :w].sin().sum() for level, (h, w) in zip(levels, sizes)).backward()
+        grads = {n: p.grad.clone() for n, p in bb.named_parameters()}
+        bb.zero_grad()
+        alone = _alone(bb, image)
+        for level, ref, (h, w) in zip(levels, alone, sizes):
+            torch.testing.assert_close(level.tensors[index, :, :h, :w], ref.tensors[0], rtol=1e-10, atol=1e-10)
+        sum(level.tensors[0].sin().sum() for level in alone).backward()
+        for n, p in bb.named_parameters():
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-9, atol=1e-9, msg=n)
+
+
+def test_swin_timm_fixed_size_and_graph_backbones_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"SwinTransformer\.layers\.0\.blocks\.0 exactly .*strict_img_size=True"):
+        _swin(dynamic_img_size=False, strict_img_size=True, img_size=64)
+    from vispos.backbones import TorchvisionBackbone
+
+    model = timm.create_model("swin_tiny_patch4_window7_224", **SWIN_TINY)
+    with pytest.raises(ValueError, match=rf"cannot run layers\.0\.blocks\.0 \(SwinTransformerBlock\).*({SWIN})"):
+        TorchvisionBackbone(model, return_nodes={"layers.1": "0"}, padding_invariant=True)
 
 
 def test_swin_torchvision_is_refused_by_name():
