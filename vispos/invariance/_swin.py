@@ -1,4 +1,6 @@
-"""Swin Transformers on padded batches: refused by name, each with what differs from the item alone.
+"""Swin layers on padded batches where vispos does not make them exact: refused by name, each with
+what differs from the item alone. (timm's whole ``SwinTransformer`` is exact, as a token model:
+:mod:`vispos.invariance._swin_timm`; its block is refused here when a graph backbone traces it.)
 
 Swin's shifted windows are laid out on the canvas, not on the item. Alone, an item's feature map
 is padded to whole windows with zeros, rolled cyclically within its own padded grid (its first
@@ -7,9 +9,9 @@ that grid. In a padded batch the whole canvas is padded and rolled, so the windo
 bottom and right edge hold the canvas' padding tokens instead of the item's own wrapped tokens and
 zeros, and the shift mask is the canvas'. The three implementations add their own differences:
 
-* timm ``SwinTransformerBlock``: the window and shift sizes are fixed from the construction
-  resolution, the shift mask is a buffer for that resolution (rebuilt from the canvas only with
-  ``strict_img_size=False``), and the map is rolled before it is padded;
+* timm ``SwinTransformerBlock`` (traced inside a graph backbone): the window and shift sizes are
+  fixed from the construction resolution, the shift mask is a buffer for that resolution (built
+  from the canvas with ``strict_img_size=False``), and the map is rolled before it is padded;
 * torchvision ``ShiftedWindowAttention`` (``swin_t``): the shift is dropped on an axis where one
   window covers the padded canvas, so an item that one window covers alone is shifted in a larger
   batch;
