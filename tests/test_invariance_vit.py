@@ -268,3 +268,27 @@ def test_gradient_checkpointing_and_frozen_stages():
     bb.body.model.set_grad_checkpointing(True)
     checked = bb(nested_tensor_from_tensor_list(images))[0].tensors
     torch.testing.assert_close(checked, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", ["vit", "dinov3"])
+def test_training_draws_never_carry_a_partner(family):
+    """With every dropout and stochastic depth on, an item's tokens depend on the draws, never on
+    its partners: the same draws (same seed, same canvas) with another partner give the same
+    tokens (exactness for a given draw, as docs/padding-invariance.md says)."""
+    drops = {"pos_drop_rate": 0.2, "proj_drop_rate": 0.2, "attn_drop_rate": 0.2, "drop_path_rate": 0.3}
+    bb = _backbone(family, **drops).train()
+    item, partner = _images(5, sizes=[(37, 53), (61, 64)])
+    other = torch.randn_like(partner) * 3
+    runs = []
+    for p in (partner, other):
+        torch.manual_seed(11)
+        with torch.no_grad():
+            runs.append(bb(nested_tensor_from_tensor_list([item, p])))
+    for a, b in zip(*runs):
+        h, w = a.padding.sizes[0]
+        torch.testing.assert_close(a.tensors[0, :, :h, :w], b.tensors[0, :, :h, :w], rtol=0, atol=0)
+        assert (a.tensors[1] - b.tensors[1]).abs().max() > 1e-3  # the partners' own tokens differ
+    torch.manual_seed(12)
+    with torch.no_grad():
+        again = bb(nested_tensor_from_tensor_list([item, partner]))[-1].tensors[0, :, :h, :w]
+    assert (again - runs[0][-1].tensors[0, :, :h, :w]).abs().max() > 1e-6  # the draws are live
