@@ -316,6 +316,9 @@ def test_pyramid_layers_and_channel_norm():
     from vispos.backbones import ChannelLayerNorm
 
     pyramid = _pyramid()
+    assert all(key.startswith("stages.") for key in pyramid.state_dict())  # the traced graph is not a submodule
+    assert pyramid.extra_repr() == ("in_channels=16, out_channels=8, scale_factors=(4.0, 2.0, 1.0, 0.5), "
+                                    "top_block=False, in_stride=16, padding_invariant=True")
     up4 = pyramid.stages[0]
     assert [type(m).__name__ for m in up4[:4]] == ["ConvTranspose2d", "ChannelLayerNorm", "GELU", "ConvTranspose2d"]
     assert (up4[0].out_channels, up4[3].out_channels) == (8, 4)
@@ -369,3 +372,28 @@ def test_sam_rule_is_registered_by_importing_vispos():
             "print(type(rule_for(m)).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "TokenModelRule"
+
+
+@pytest.mark.parametrize("build", ["sam", "swin", "pyramid"])
+def test_copies_pickles_modes_and_the_callers_input(build):
+    import copy
+    import pickle
+
+    if build == "pyramid":
+        module, items = _pyramid().eval(), _maps()
+    else:
+        module = (_backbone() if build == "sam" else _swin()).eval()
+        items = _images(sizes=SIZES if build == "sam" else SWIN_SIZES)
+    batch = nested_tensor_from_tensor_list(items, pad_value=3.0)
+    before = batch.tensors.clone()
+    with torch.no_grad():
+        ref = module(batch)
+        assert torch.equal(batch.tensors, before)  # nothing the caller passed is modified
+        for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+            assert not clone.training and clone.padding_invariant
+            for a, b in zip(clone(batch), ref):
+                torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+                assert a.padding == b.padding
+    trained = copy.deepcopy(module).train()
+    assert trained.training and not module.training
+    assert set(trained.state_dict()) == set(module.state_dict())
