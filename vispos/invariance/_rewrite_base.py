@@ -73,8 +73,10 @@ class _Zeros:
 class RewriterBase:
     """State and helpers of one pass over one graph (see the module docstring)."""
 
-    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int) -> None:
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int,
+                 inputs: Any = None) -> None:
         self.gm, self.old, self.geometry, self.n_spatial = gm, graph, geometry, n_spatial
+        self.inputs = ((),) if inputs is None else tuple(inputs)  # per placeholder: windows from input 0
         self.new = fx.Graph(tracer_cls=graph._tracer_cls)
         self.env: dict[fx.Node, fx.Node] = {}
         self.maps = _Maps()
