@@ -397,3 +397,23 @@ def test_copies_pickles_modes_and_the_callers_input(build):
     trained = copy.deepcopy(module).train()
     assert trained.training and not module.training
     assert set(trained.state_dict()) == set(module.state_dict())
+
+
+def test_a_subclass_with_its_own_intermediates_is_refused():
+    from timm.models.swin_transformer import SwinTransformer
+    from timm.models.vision_transformer_sam import VisionTransformerSAM
+
+    from vispos.invariance import _swin_timm
+
+    class MySwin(SwinTransformer):
+        def forward_intermediates(self, x, **kwargs):
+            return super().forward_intermediates(x, **kwargs)
+
+    class MySam(VisionTransformerSAM):
+        def forward_intermediates(self, x, **kwargs):
+            return super().forward_intermediates(x, **kwargs)
+
+    with pytest.raises(ValueError, match=r"cannot run MySwin\.forward_intermediates exactly"):
+        _swin_timm.check_swin(MySwin(embed_dim=16, depths=(1,), num_heads=(1,), dynamic_img_size=True))
+    with pytest.raises(ValueError, match=r"cannot run MySam\.forward_intermediates exactly"):
+        windowed.check_sam(MySam(**SAM_TINY))

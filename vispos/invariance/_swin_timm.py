@@ -150,9 +150,13 @@ def check_swin(model: nn.Module) -> None:
         return ValueError(f"padding_invariant=True cannot run {type(model).__name__}.{part} exactly on a padded "
                           f"batch: {why}")
 
+    if type(model).forward_intermediates is not swin.SwinTransformer.forward_intermediates:
+        raise refuse("forward_intermediates", f"{type(model).__name__} has its own, which vispos cannot run per item")
     if type(model.patch_embed).forward is not PatchEmbed.forward or model.patch_embed.output_fmt.value != "NHWC":
         raise refuse("patch_embed", f"{type(model.patch_embed).__name__} is not timm's channels-last PatchEmbed")
     for i, stage in enumerate(model.layers):
+        if type(stage).forward is not swin.SwinTransformerStage.forward:
+            raise refuse(f"layers.{i}", f"{type(stage).__name__} has a forward of its own")
         if not isinstance(stage.downsample, nn.Identity) and type(stage.downsample).forward is not \
                 swin.PatchMerging.forward:
             raise refuse(f"layers.{i}.downsample", f"{type(stage.downsample).__name__} has a forward of its own")

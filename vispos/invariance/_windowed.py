@@ -184,6 +184,8 @@ def check_sam(model: nn.Module) -> None:
         return ValueError(f"padding_invariant=True cannot run {type(model).__name__}.{part} exactly on a padded "
                           f"batch: {why}")
 
+    if type(model).forward_intermediates is not sam.VisionTransformerSAM.forward_intermediates:
+        raise refuse("forward_intermediates", f"{type(model).__name__} has its own, which vispos cannot run per item")
     if model.rope_global is not None or model.rope_window is not None:
         raise refuse("rope_global / rope_window", "use_rope=True builds RotaryEmbeddingCat tables for the "
                                                   "model's fixed grid, not for each item's")
