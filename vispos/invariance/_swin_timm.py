@@ -100,32 +100,41 @@ def item_shift_mask(grids: Sequence[tuple[int, int]], canvas: tuple[int, int], w
     return torch.zeros(diff.shape, dtype=dtype).masked_fill(diff != 0, -100.0)
 
 
-def _attn(blk: nn.Module, x: Tensor, grids: Sequence[tuple[int, int]]) -> Tensor:
+def _layout(x: Tensor, grids: Sequence[tuple[int, int]], window: tuple[int, int], shift: tuple[int, int],
+            cache: dict) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The gather indices and shift mask of one window / shift configuration on ``x``'s device,
+    built once per stage (``cache``)."""
+    key = (tuple(x.shape[1:3]), window, shift)
+    if key not in cache:
+        canvas = tuple(x.shape[1:3])
+        forward, back = shifted_window_index(grids, canvas, window, shift)
+        mask = item_shift_mask(grids, canvas, window, shift, x.dtype).to(x.device) if any(shift) else None
+        cache[key] = (forward.to(x.device), back.to(x.device), mask)
+    return cache[key]
+
+
+def _attn(blk: nn.Module, x: Tensor, grids: Sequence[tuple[int, int]], cache: dict) -> Tensor:
     """``SwinTransformerBlock._attn`` of every item at once on ``x`` ``[B, H, W, C]``: what lies
     outside an item is never read."""
     from timm.models.swin_transformer import window_partition, window_reverse
 
     batch, height, width, channels = x.shape
     window, shift = tuple(blk.window_size), tuple(blk.shift_size)
-    has_shift = any(shift)
-    forward, back = shifted_window_index(grids, (height, width), window, shift if has_shift else (0, 0))
+    forward, back, mask = _layout(x, grids, window, shift, cache)
     hp, wp = _ceil_to(height, window[0]), _ceil_to(width, window[1])
     flat = torch.cat([x.reshape(batch, height * width, channels), x.new_zeros(batch, 1, channels)], dim=1)
-    index = forward.to(x.device)[..., None].expand(-1, -1, channels)
-    shifted = flat.gather(1, index).view(batch, hp, wp, channels)
+    shifted = flat.gather(1, forward[..., None].expand(-1, -1, channels)).view(batch, hp, wp, channels)
     windows = window_partition(shifted, window).view(-1, window[0] * window[1], channels)
-    mask = item_shift_mask(grids, (height, width), window, shift, x.dtype).to(x.device) if has_shift else None
     out = blk.attn(windows, mask=mask).view(-1, window[0], window[1], channels)
     out = window_reverse(out, window, hp, wp).reshape(batch, hp * wp, channels)
-    index = back.to(x.device)[..., None].expand(-1, -1, channels)
-    return out.gather(1, index).view(batch, height, width, channels)
+    return out.gather(1, back[..., None].expand(-1, -1, channels)).view(batch, height, width, channels)
 
 
-def _block(blk: nn.Module, x: Tensor, grids: Sequence[tuple[int, int]]) -> Tensor:
+def _block(blk: nn.Module, x: Tensor, grids: Sequence[tuple[int, int]], cache: dict) -> Tensor:
     """One ``SwinTransformerBlock``; the gather of :func:`_attn` reads only each item's own tokens
     (zeros where alone the window is padded)."""
     batch, height, width, channels = x.shape
-    x = x + blk.drop_path1(_attn(blk, blk.norm1(x), grids))
+    x = x + blk.drop_path1(_attn(blk, blk.norm1(x), grids, cache))
     x = x.reshape(batch, -1, channels)
     x = x + blk.drop_path2(blk.mlp(blk.norm2(x)))
     return x.reshape(batch, height, width, channels)
@@ -207,8 +216,9 @@ def swin_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[in
             x = stage.downsample(x)
             grids = [(-(-h // 2), -(-w // 2)) for h, w in grids]
         token_padding = _token_padding(padding, grids, x)
+        cache: dict = {}
         for blk in stage.blocks:
-            x = _block(blk, x, grids)
+            x = _block(blk, x, grids, cache)
         if i in take:
             level = (model.norm(x) if i == last else x).permute(0, 3, 1, 2)
             if token_padding.kind != "none":
