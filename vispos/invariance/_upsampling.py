@@ -19,6 +19,9 @@
     position to 0) where in a batch they would read the canvas's next cells. The input's padding
     is filled with each item's edge values (the cell's value at the nearest box cell, axis by
     axis), which is what the clamp reads alone. Needs each item's box (a rectangular padding).
+  - ``"bicubic"`` with ``antialias=True`` is refused: its taps are renormalised over the cells
+    inside the input, fewer at the item's edge alone than in a batch (bilinear's are exact: they
+    average copies of the edge value).
   - ``align_corners=True`` (``nn.UpsamplingBilinear2d``) is refused: its source positions
     ``j * (n - 1) / (n * scale - 1)`` depend on the size ``n``, so the canvas's differ from the
     item's.
@@ -59,7 +62,7 @@ def transposed_window(n: int, kernel: Any, stride: Any, padding: Any, output_pad
 
 
 def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: str,
-                align_corners: Any) -> None:
+                align_corners: Any, antialias: bool = False) -> None:
     """Rewrites an up-sampling node (``nn.Upsample`` or ``F.interpolate``) through ``step`` (the
     rule book's :class:`~vispos.invariance.rules.RewriteStep`) by the module docstring's rules, or
     refuses it."""
@@ -80,6 +83,9 @@ def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: st
     if align_corners:
         step.refuse(node, f"mode={mode!r} with align_corners=True: its source positions j * (n - 1) / "
                           "(n * scale - 1) depend on the size n, the canvas's in a batch, the item's alone")
+    if antialias and mode == "bicubic":
+        step.refuse(node, "mode='bicubic' with antialias=True: its taps are renormalised over the cells inside "
+                          "the input, so at the item's edge alone over fewer taps than in a batch")
     step.window(node, window, "edge")
 
 
