@@ -1,4 +1,4 @@
-"""What the rule book does with layers that make a feature map larger: transposed convolutions and integer up-sampling.
+"""The rule book on layers that make a feature map larger: transposed convolutions, up-sampling.
 
 * ``nn.ConvTranspose1d/2d/3d`` (any kernel, stride, padding, output padding, dilation, groups) and
   ``F.conv_transpose1d/2d/3d``: zeros in the input's padding, what an item alone has around it.
@@ -41,6 +41,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from ..padding import Padding
+from ._functions import _tuple
 from ._geometry import TransposedWindow
 
 __all__ = ["transposed_window", "interpolate", "fill_edges"]
@@ -49,13 +50,8 @@ _NEAREST = ("nearest", "nearest-exact", "area")
 _LINEAR = ("linear", "bilinear", "bicubic", "trilinear")
 
 
-def _tuple(value: Any, n: int) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value) if len(value) != 1 else (int(value[0]),) * n
-    return (int(value),) * n
-
-
-def transposed_window(n: int, kernel: Any, stride: Any, padding: Any, output_padding: Any, dilation: Any) -> TransposedWindow:
+def transposed_window(n: int, kernel: Any, stride: Any, padding: Any, output_padding: Any,
+                      dilation: Any) -> TransposedWindow:
     """A :class:`TransposedWindow` from ``nn.ConvTranspose``'s arguments (ints or per-axis tuples)."""
     return TransposedWindow(_tuple(kernel, n), _tuple(stride, n), _tuple(padding, n), _tuple(output_padding, n),
                             _tuple(dilation, n))
@@ -71,7 +67,7 @@ def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: st
         step.refuse(node, f"it resizes to a fixed size={size!r}, the canvas's output rather than the item's "
                           "(use an integer scale_factor)")
     scales = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
-    if len(scales) != n or any(isinstance(s, fx.Node) or not float(s).is_integer() or float(s) < 1 for s in scales):
+    if len(scales) != n or any(not isinstance(s, (int, float)) or not float(s).is_integer() or s < 1 for s in scales):
         step.refuse(node, f"scale_factor={scale_factor!r} (only integer factors >= 1 map each item's cells to "
                           "whole output cells)")
     scales = tuple(int(s) for s in scales)

@@ -75,7 +75,8 @@ def _structure_of(layers: tuple[nn.Module, ...], names: tuple[str, ...]) -> tupl
     """Each layer's name, class (by its qualified name: ``torch.export`` runs a copy whose classes
     are stand-ins of the same name) and settings (``extra_repr``: kernel, stride, padding, mode,
     ..., what the rules read)."""
-    return tuple((name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr()) for name, m in zip(names, layers))
+    return tuple((name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr())
+                 for name, m in zip(names, layers))
 
 
 class InvariantDecoder:
