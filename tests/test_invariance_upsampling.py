@@ -187,8 +187,8 @@ UPSAMPLING = [
 def test_integer_upsampling_item_alone(n, mode, scale, functional, train):
     """nearest / area read one cell of the item per output cell; the linear modes read the item's
     edge values (what torch's clamp reads alone) where a batch would read the next cell."""
-    if functional:
-        up = _Lambda(lambda x: F.interpolate(x, scale_factor=scale, mode=mode))
+    if functional:  # bilinear with antialias: torch's renormalised taps average copies of the edge value
+        up = _Lambda(lambda x: F.interpolate(x, scale_factor=scale, mode=mode, antialias=mode == "bilinear"))
     else:
         up = nn.Upsample(scale_factor=scale, mode=mode)
     body = nn.Sequential(CONVS[n](3, 4, 3, padding=1), nn.GroupNorm(2, 4), up, nn.ReLU(), CONVS[n](4, 3, 3, padding=1))
@@ -216,6 +216,7 @@ def test_linear_upsampling_pickles_and_copies():
     (_Lambda(lambda x: F.interpolate(x, scale_factor=2.5, mode="bilinear")), "scale_factor=2.5"),
     (_Lambda(lambda x: F.interpolate(x, size=(9, 9))), "fixed size"),
     (_Lambda(lambda x: F.interpolate(x, size=x.shape[-2:], mode="bilinear")), "size"),
+    (_Lambda(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True)), "antialias=True"),
 ])
 def test_inexact_upsampling_is_refused_by_name(layer, match):
     body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), layer, nn.Conv2d(4, 2, 3, padding=1))

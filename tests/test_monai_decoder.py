@@ -103,13 +103,20 @@ def test_copies_and_pickles_run_their_own_layers():
             twin.decoder2.transp_conv.conv.weight.mul_(2.0)
         assert (twin(x) - want).abs().max() > 1e-3
         assert_close(net(x), want, rtol=0, atol=0)
-    new = nn.Conv3d(2, 2, 1).to(F64)  # replaced after construction: traced again, the new layer runs
+    new = nn.Conv3d(2, 2, 1).to(F64)  # replaced after construction: the new layer runs
     net.out.conv.conv = new
     seen = []
     new.register_forward_hook(lambda m, args, out: seen.append(out))
     replaced = net(x)
     assert len(seen) == 1 and (replaced - want).abs().max() > 1e-3
     assert_close(replaced, seen[0], rtol=0, atol=0)
+    # a layer replaced by one of other settings is traced again: a 3x3x3 output convolution reads
+    # zeros around each item
+    net.out.conv.conv = nn.Conv3d(2, 2, 3, padding=1).to(F64)
+    out = net(x)
+    for b, item in enumerate(items):
+        assert_close(out[(b, slice(None), *_region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
+                     rtol=1e-10, atol=1e-10)
 
 
 class _ChannelCentre(nn.Module):
@@ -162,3 +169,28 @@ def test_the_open_rule_book_serves_the_decoder(registry):
 def test_what_cannot_be_exact_is_refused_by_name(path, layer, match):
     with pytest.raises(ValueError, match=match):
         AnySizeUNETR.from_monai(_with(UNETR(**KW), path, layer))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_mask_without_boxes_gives_the_same_logits(monkeypatch, train):
+    """The decoder's padding as a plain mask (what runs on an accelerator, or under torch.export:
+    no host read, every map's mask DETR's nearest resize of the token mask) gives the logits of
+    the box path."""
+    import vispos.monai.networks as networks
+
+    net = _net().train(train)
+    items, images, padding = _batch(*LAYOUTS["end"])
+    x = NestedTensor(images, padding)
+    boxes = net(x)
+    made = []
+
+    def as_mask(*args):
+        found = networks_decoder_padding(*args)
+        made.append(found.kind)
+        return Padding.from_mask(found.mask, classify=False)
+
+    networks_decoder_padding = networks.decoder_padding
+    monkeypatch.setattr(networks, "decoder_padding", as_mask)
+    masked = net(x)
+    assert made == ["rectangular"]
+    assert_close(masked, boxes, rtol=1e-10, atol=1e-10)

@@ -326,7 +326,7 @@ class _Rewriter(RewriterBase):
                                                            bound["output_padding"], bound["dilation"]), "zero")
         elif kind == "interpolate":
             upsampling.interpolate(self, node, bound["size"], bound["scale_factor"], bound["mode"],
-                                   bound["align_corners"])
+                                   bound["align_corners"], bound["antialias"])
         elif kind == "max_pool":
             if bound["return_indices"]:
                 self.refuse(node, "return_indices=True (indices into the padded canvas)")

@@ -1,4 +1,4 @@
-"""What the rule book does with layers that make a feature map larger: transposed convolutions and integer up-sampling.
+"""The rule book on layers that make a feature map larger: transposed convolutions, up-sampling.
 
 * ``nn.ConvTranspose1d/2d/3d`` (any kernel, stride, padding, output padding, dilation, groups) and
   ``F.conv_transpose1d/2d/3d``: zeros in the input's padding, what an item alone has around it.
@@ -19,6 +19,9 @@
     position to 0) where in a batch they would read the canvas's next cells. The input's padding
     is filled with each item's edge values (the cell's value at the nearest box cell, axis by
     axis), which is what the clamp reads alone. Needs each item's box (a rectangular padding).
+  - ``"bicubic"`` with ``antialias=True`` is refused: its taps are renormalised over the cells
+    inside the input, fewer at the item's edge alone than in a batch (bilinear's are exact: they
+    average copies of the edge value).
   - ``align_corners=True`` (``nn.UpsamplingBilinear2d``) is refused: its source positions
     ``j * (n - 1) / (n * scale - 1)`` depend on the size ``n``, so the canvas's differ from the
     item's.
@@ -38,6 +41,7 @@ import torch.fx as fx
 from torch import Tensor
 
 from ..padding import Padding
+from ._functions import _tuple
 from ._geometry import TransposedWindow
 
 __all__ = ["transposed_window", "interpolate", "fill_edges"]
@@ -46,20 +50,15 @@ _NEAREST = ("nearest", "nearest-exact", "area")
 _LINEAR = ("linear", "bilinear", "bicubic", "trilinear")
 
 
-def _tuple(value: Any, n: int) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(int(v) for v in value) if len(value) != 1 else (int(value[0]),) * n
-    return (int(value),) * n
-
-
-def transposed_window(n: int, kernel: Any, stride: Any, padding: Any, output_padding: Any, dilation: Any) -> TransposedWindow:
+def transposed_window(n: int, kernel: Any, stride: Any, padding: Any, output_padding: Any,
+                      dilation: Any) -> TransposedWindow:
     """A :class:`TransposedWindow` from ``nn.ConvTranspose``'s arguments (ints or per-axis tuples)."""
     return TransposedWindow(_tuple(kernel, n), _tuple(stride, n), _tuple(padding, n), _tuple(output_padding, n),
                             _tuple(dilation, n))
 
 
 def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: str,
-                align_corners: Any) -> None:
+                align_corners: Any, antialias: bool = False) -> None:
     """Rewrites an up-sampling node (``nn.Upsample`` or ``F.interpolate``) through ``step`` (the
     rule book's :class:`~vispos.invariance.rules.RewriteStep`) by the module docstring's rules, or
     refuses it."""
@@ -68,7 +67,7 @@ def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: st
         step.refuse(node, f"it resizes to a fixed size={size!r}, the canvas's output rather than the item's "
                           "(use an integer scale_factor)")
     scales = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
-    if len(scales) != n or any(isinstance(s, fx.Node) or not float(s).is_integer() or float(s) < 1 for s in scales):
+    if len(scales) != n or any(not isinstance(s, (int, float)) or not float(s).is_integer() or s < 1 for s in scales):
         step.refuse(node, f"scale_factor={scale_factor!r} (only integer factors >= 1 map each item's cells to "
                           "whole output cells)")
     scales = tuple(int(s) for s in scales)
@@ -80,6 +79,9 @@ def interpolate(step: Any, node: fx.Node, size: Any, scale_factor: Any, mode: st
     if align_corners:
         step.refuse(node, f"mode={mode!r} with align_corners=True: its source positions j * (n - 1) / "
                           "(n * scale - 1) depend on the size n, the canvas's in a batch, the item's alone")
+    if antialias and mode == "bicubic":
+        step.refuse(node, "mode='bicubic' with antialias=True: its taps are renormalised over the cells inside "
+                          "the input, so at the item's edge alone over fewer taps than in a batch")
     step.window(node, window, "edge")
 
 

@@ -67,14 +67,16 @@ def _names(unetr: nn.Module) -> tuple[str, ...]:
     return tuple(f"{name}.{sub}" for name in DECODER for sub, _ in getattr(unetr, name).named_modules())
 
 
-def _structure(unetr: nn.Module) -> tuple[tuple[str, str], ...]:
+def _structure(unetr: nn.Module) -> tuple[tuple[str, str, str], ...]:
     return _structure_of(_layers(unetr), _names(unetr))
 
 
-def _structure_of(layers: tuple[nn.Module, ...], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """Each layer's name and class, the class by its qualified name (``torch.export`` runs a copy
-    whose classes are stand-ins of the same name)."""
-    return tuple((name, f"{type(m).__module__}.{type(m).__qualname__}") for name, m in zip(names, layers))
+def _structure_of(layers: tuple[nn.Module, ...], names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """Each layer's name, class (by its qualified name: ``torch.export`` runs a copy whose classes
+    are stand-ins of the same name) and settings (``extra_repr``: kernel, stride, padding, mode,
+    ..., what the rules read)."""
+    return tuple((name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr())
+                 for name, m in zip(names, layers))
 
 
 class InvariantDecoder:
@@ -112,8 +114,9 @@ class InvariantDecoder:
 
     def rebound(self, unetr: nn.Module) -> "InvariantDecoder | None":
         """This rewritten graph over ``unetr``'s own layers, when its decoder is built as this one
-        (the same names and types: a copy of the model, such as ``torch.export`` makes), without
-        tracing again; None when it is not."""
+        (the same names, classes and settings: a copy of the model, such as ``torch.export``
+        makes, or a layer replaced by one of the same settings), without tracing again; None
+        when it is not."""
         if _structure(unetr) != _structure_of(self.layers, self.names):
             return None
         twin = copy.copy(self)

@@ -147,8 +147,9 @@ class AnySizeViT(_AnySize, ViT):
 class AnySizeUNETR(_AnySize, UNETR):
     __doc__ = """MONAI's ``UNETR`` for padded batches of any size: same arguments, weights and outputs.
 
-    The ViT encoder runs as :class:`AnySizeViT`; the convolutional decoder sees zeros around each
-    item and normalises over its own cells (instance, group or batch norm), so every item's
+    The ViT encoder runs as :class:`AnySizeViT`; the convolutional decoder runs through vispos'
+    padding-invariance rule book: it sees zeros around each item and normalises over its own cells
+    (instance, group or batch norm), so every item's
     segmentation on its valid region is what it gets alone. Sizes are padded internally to a
     multiple of UNETR's patch size 16 and the output is cropped back. Build it as MONAI's
     ``UNETR`` or convert a built one with :meth:`from_monai`; the ``state_dict`` is MONAI's.
@@ -159,8 +160,10 @@ class AnySizeUNETR(_AnySize, UNETR):
           them with the input's mask).
 
     Raises:
-        ValueError: as :class:`AnySizeViT`; a decoder layer a mask cannot follow (pooling, layer
-            norm over space, SyncBatchNorm, instance norm tracking running statistics).
+        ValueError: as :class:`AnySizeViT`; a decoder layer that vispos' padding-invariance rule
+            book cannot run exactly (layer norm over space, instance norm tracking running
+            statistics, up-sampling with ``align_corners=True``, a layer without a rule) or that
+            torch.fx cannot trace, named.
         TypeError: as :class:`AnySizeViT` (TorchScript included).
         ImportError: MONAI older than 1.5.
     """ + _EXPORT_DOC + """
@@ -193,8 +196,8 @@ class AnySizeUNETR(_AnySize, UNETR):
             **options: ``pos_embed``, ``resample_mode``, ``antialias``, ``temperature``.
 
         Returns:
-            AnySizeUNETR: shares ``unetr``'s modules; ``unetr`` runs as before (the decoder hooks
-            act only inside this class's forward).
+            AnySizeUNETR: shares ``unetr``'s modules; ``unetr`` runs as before (the decoder's
+            rewritten graph belongs to this object alone).
 
         Raises:
             TypeError: ``unetr`` is not a MONAI ``UNETR``. ValueError: as the class.
