@@ -305,6 +305,18 @@ TABLE: dict[str, list[Case]] = {
         ("hidden_dim float", lambda: bb.Joiner(_backbone("timm"), vispos.PositionEmbeddingSine(32), hidden_dim=64.0)),
         ("levels without hidden_dim", lambda: bb.Joiner(_backbone("timm"), vispos.PositionEmbeddingSine(32), num_feature_levels=3)),
     ],
+    "SimpleFeaturePyramid": [
+        ("in_channels float", lambda: bb.SimpleFeaturePyramid(16.0, 8)),
+        ("scale unknown", lambda: bb.SimpleFeaturePyramid(16, 8, scale_factors=(3.0,))),
+        ("in_channels odd for scale 2", lambda: bb.SimpleFeaturePyramid(15, 8, scale_factors=(2.0,))),
+        ("top_block int", lambda: bb.SimpleFeaturePyramid(16, 8, top_block=1)),
+        ("x tensor", lambda: bb.SimpleFeaturePyramid(16, 8)(torch.zeros(1, 16, 4, 4))),
+        ("x channels", lambda: bb.SimpleFeaturePyramid(16, 8)(_nt((4, 4), c=8))),
+    ],
+    "ChannelLayerNorm": [
+        ("num_channels float", lambda: bb.ChannelLayerNorm(4.0)),
+        ("num_channels zero", lambda: bb.ChannelLayerNorm(0)),
+    ],
     "DetrEncoderLayer": [
         ("d_model float", lambda: tr.DetrEncoderLayer(16.0)),
         ("nhead does not divide", lambda: tr.DetrEncoderLayer(16, nhead=3)),

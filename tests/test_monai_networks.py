@@ -1,5 +1,7 @@
 """vispos.monai.networks: MONAI's ViT and UNETR on padded batches of volumes of any size."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -11,9 +13,8 @@ from monai.data import MetaTensor  # noqa: E402
 from monai.networks.nets import UNETR, ViT  # noqa: E402
 from monai.transforms import DivisiblePadd  # noqa: E402
 
-from vispos import nested_tensor_from_tensor_list, resample_abs_pos_embed  # noqa: E402
+from vispos import NestedTensor, nested_tensor_from_tensor_list, resample_abs_pos_embed  # noqa: E402
 from vispos.monai import AnySizeUNETR, AnySizeViT, NestedPadCollate  # noqa: E402
-from vispos.monai._masked import install_decoder_hooks, masked_decoder  # noqa: E402
 
 VIT = dict(in_channels=1, img_size=(16, 16, 16), patch_size=4, hidden_size=24, mlp_dim=16, num_layers=2, num_heads=2)
 UNETR_KW = dict(in_channels=1, out_channels=2, img_size=(32, 32, 32), feature_size=2, hidden_size=12, mlp_dim=8, num_heads=2)
@@ -201,32 +202,31 @@ def test_unetr_metatensor_batch_inverts_like_monai():
         assert_close(back["pred"].affine, orig["image"].affine)
 
 
-@pytest.mark.parametrize("norm", [nn.BatchNorm3d(3), nn.GroupNorm(1, 3), nn.InstanceNorm3d(3, affine=True)])
-def test_masked_norms_use_valid_cells_only(norm):
-    model = nn.Sequential(nn.Conv3d(3, 3, 3, padding=1), norm).train()
-    install_decoder_hooks([model], "test")
-    sizes = [(4, 2, 4), (2, 4, 2)]
-    items = _volumes(sizes, channels=3)
-    batch = nested_tensor_from_tensor_list(items)
-    token_valid = ~batch.mask  # one "patch" per voxel
-    state = {k: v.clone() for k, v in norm.state_dict().items()}
-    with masked_decoder(token_valid):
-        out = model(batch.tensors)
-    if isinstance(norm, nn.BatchNorm3d):
-        # the reference: torch's BatchNorm over the valid cells only, gathered into one line
-        conv = [model[0](item[None]) for item in items]
-        cells = torch.cat([c.flatten(2) for c in conv], dim=2)
-        ref = nn.BatchNorm3d(3).train()
-        ref.load_state_dict(state)
-        want = ref(cells[..., None, None])[..., 0, 0]
-        got = torch.cat([out[(b, slice(None), *(slice(0, s) for s in size))].flatten(1) for b, size in enumerate(sizes)], dim=1)
-        assert_close(got, want[0])
-        assert_close(norm.running_mean, ref.running_mean)
-        assert_close(norm.running_var, ref.running_var)
-        assert int(norm.num_batches_tracked) == 1
-    else:
-        for b, (item, size) in enumerate(zip(items, sizes)):
-            assert_close(out[(b, slice(None), *(slice(0, s) for s in size))], model(item[None])[0])
+@pytest.mark.parametrize("norm_name", ["batch", ("group", {"num_groups": 1}), ("instance", {"affine": True})])
+def test_decoder_norms_use_valid_cells_only(norm_name):
+    """UNETR built with batch, group or instance norm, in training: one item on a larger canvas
+    (garbage in the padding) gives what it gives alone, and a batch norm's running statistics are
+    updated from the item's own voxels only."""
+    alone = AnySizeUNETR(**UNETR_KW, norm_name=norm_name).double().train()
+    padded = copy.deepcopy(alone)
+    item = _volumes([(16, 20, 12)])[0].double()
+    canvas = torch.full((1, 1, 32, 32, 32), 5.0, dtype=torch.float64)
+    canvas[0, :, :16, :20, :12] = item
+    mask = torch.ones(1, 32, 32, 32, dtype=torch.bool)
+    mask[0, :16, :20, :12] = False
+    want = alone(item[None])
+    got = padded(NestedTensor(canvas, mask))[..., :16, :20, :12]
+    assert_close(got, want, rtol=1e-9, atol=1e-9)
+    for (key, a), b in zip(alone.state_dict().items(), padded.state_dict().values()):
+        assert_close(b, a, rtol=1e-9, atol=1e-9, msg=key)
+    if norm_name == "batch":
+        assert int(padded.encoder1.layer.norm1.num_batches_tracked) == 1
+
+
+def _with(unetr: nn.Module, path: str, layer: nn.Module) -> nn.Module:
+    parent, _, name = path.rpartition(".")
+    setattr(unetr.get_submodule(parent), name, layer)
+    return unetr
 
 
 @pytest.mark.parametrize(
@@ -246,8 +246,12 @@ def test_masked_norms_use_valid_cells_only(norm):
         (lambda: AnySizeViT(**VIT)(torch.ones(1, 1, 8, 8)), ValueError, r"takes \(B, C, \*S\) with 3 spatial axes"),
         (lambda: AnySizeViT(**VIT)(_FakeNested(torch.ones(1, 1, 8, 8, 8), torch.zeros(1, 8, 8, 8))), TypeError, "dtype torch.bool"),
         (lambda: AnySizeViT(**VIT)(_FakeNested(torch.ones(1, 1, 8, 8, 8), torch.zeros(1, 8, 8, 4, dtype=torch.bool))), ValueError, "mask must have shape"),
-        (lambda: install_decoder_hooks([nn.Sequential(nn.MaxPool3d(2))], "X"), ValueError, "X: 0 is MaxPool3d"),
-        (lambda: install_decoder_hooks([nn.InstanceNorm3d(2, track_running_stats=True)], "X"), ValueError, "track_running_stats=True"),
+        (lambda: AnySizeUNETR.from_monai(_with(UNETR(**UNETR_KW), "encoder1.layer.norm1", nn.InstanceNorm3d(2, track_running_stats=True))),
+         ValueError, r"AnySizeUNETR: the decoder cannot be made exact .* encoder1.layer.norm1 \(InstanceNorm3d\).*track_running_stats=True"),
+        (lambda: AnySizeUNETR.from_monai(_with(UNETR(**UNETR_KW), "decoder2.transp_conv", nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True))),
+         ValueError, r"decoder2.transp_conv \(Upsample\).*align_corners=True"),
+        (lambda: AnySizeUNETR.from_monai(_with(UNETR(**UNETR_KW), "out", nn.Sequential(nn.Flatten(), nn.Unflatten(1, (2, 32, 32, 32))))),
+         ValueError, r"out.0 \(Flatten\)"),
     ],
 )
 def test_errors(build, error, match):

@@ -16,6 +16,7 @@ from ._batch_norm import FrozenBatchNorm3d, freeze_batch_norm
 from ._checkpoints import format_load_report, load_checkpoint_state
 from .base import Backbone, BackboneAdapter, SpatialPositionEmbedding, backbone_border_effect
 from .joiner import FlatLevels, Joiner, flatten_levels, unflatten_levels
+from .pyramid import ChannelLayerNorm, SimpleFeaturePyramid
 from .timm_backbone import TimmBackbone
 from .torchvision_backbone import TorchvisionBackbone
 from .volumetric import VOLUME_MODELS, VolumeBackbone
@@ -33,6 +34,8 @@ __getattr__ = _deprecation.alias_getattr(__name__, {
 __all__ = [
     "Backbone",
     "BackboneAdapter",
+    "ChannelLayerNorm",
+    "SimpleFeaturePyramid",
     "SpatialPositionEmbedding",
     "FlatLevels",
     "FrozenBatchNorm3d",

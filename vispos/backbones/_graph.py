@@ -29,6 +29,7 @@ from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
 from ._stems import adapt_stem, first_conv
+from ..invariance._swin import refuse_swin
 from ._trace import UntraceableLayer, make_invariant, trace_features
 from .base import BackboneAdapter
 
@@ -87,6 +88,8 @@ class GraphBackbone(BackboneAdapter):
         self.train_backbone = train_backbone
         self.frozen_stages = frozen_stages
         self.frozen_batch_norm = frozen_batch_norm
+        if padding_invariant:  # before tracing: torch.fx cannot trace MONAI's Swin encoder
+            refuse_swin(model)
         try:
             self.body = trace_features(model, self.num_axes, return_nodes=return_nodes)
         except UntraceableLayer as exc:

@@ -196,16 +196,17 @@ def _failing_node(exc: BaseException) -> fx.Node | None:
     return found
 
 
-def make_invariant(gm: fx.GraphModule, n_spatial: int) -> Any:
-    """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm``, with every failure a
-    ``ValueError`` that names the layer: a refusal of the rule book as it is, an error from inside
-    the rewrite (a value the rules cannot read) with the graph node it was rewriting.
+def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None) -> Any:
+    """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm`` (``inputs`` as there),
+    with every failure a ``ValueError`` that names the layer: a refusal of the rule book as it is,
+    an error from inside the rewrite (a value the rules cannot read) with the graph node it was
+    rewriting.
 
     Raises:
         ValueError: a layer that cannot be made exact (named).
     """
     try:
-        return make_padding_invariant(gm, n_spatial=n_spatial)
+        return make_padding_invariant(gm, n_spatial=n_spatial, inputs=inputs)
     except ValueError:
         raise
     except Exception as exc:

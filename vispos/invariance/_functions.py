@@ -74,6 +74,9 @@ def _own_forward(m: nn.Module, bases: tuple[type, ...]) -> type | None:
 
 # ---------------------------------------------------------------------------------- functions
 def _sig_conv(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): ...
+def _sig_conv_transpose(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1): ...
+def _sig_interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                     recompute_scale_factor=None, antialias=False): ...
 def _sig_max_pool(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False): ...
 def _sig_avg_pool(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                   divisor_override=None): ...
@@ -93,6 +96,10 @@ def _sig_norm(input, p="fro", dim=None, keepdim=False, dtype=None): ...
 #: function -> (kind, signature used to read its arguments)
 FUNCTION_SIGNATURES: dict[Callable, tuple[str, Callable]] = {
     F.conv1d: ("conv", _sig_conv), F.conv2d: ("conv", _sig_conv), F.conv3d: ("conv", _sig_conv),
+    F.conv_transpose1d: ("conv_transpose", _sig_conv_transpose),
+    F.conv_transpose2d: ("conv_transpose", _sig_conv_transpose),
+    F.conv_transpose3d: ("conv_transpose", _sig_conv_transpose),
+    F.interpolate: ("interpolate", _sig_interpolate), F.upsample: ("interpolate", _sig_interpolate),
     F.max_pool1d: ("max_pool", _sig_max_pool), F.max_pool2d: ("max_pool", _sig_max_pool),
     F.max_pool3d: ("max_pool", _sig_max_pool),
     F.avg_pool1d: ("avg_pool", _sig_avg_pool), F.avg_pool2d: ("avg_pool", _sig_avg_pool),
@@ -222,7 +229,8 @@ _NONNEG_METHODS = frozenset({"relu", "relu_"})
 
 #: functions whose output is a new map their backward does not read (a fill may write into it)
 FRESH_FUNCTIONS: frozenset = frozenset({
-    F.conv1d, F.conv2d, F.conv3d, F.batch_norm, F.group_norm, operator.add, operator.sub, torch.add, torch.sub,
+    F.conv1d, F.conv2d, F.conv3d, F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.batch_norm,
+    F.group_norm, operator.add, operator.sub, torch.add, torch.sub,
 })
 
 

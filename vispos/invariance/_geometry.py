@@ -3,25 +3,28 @@ on the host.
 
 A padding-invariant backbone (:mod:`vispos.backbones._invariant`) gives every feature map of its
 graph a *geometry id*: 0 is the input, and every sliding window (a convolution or pooling with a
-kernel, stride, padding, dilation and ceil mode) makes a child. :class:`Geometry` replays those
-windows on each item's box (and on the padded canvas) with the output-size formula of
-``torch.nn.Conv2d`` / ``MaxPool2d`` (``ceil_mode`` included), so each feature map's valid cells are
-exactly those of the item's feature map alone, never a nearest-neighbour resize of the input mask.
+kernel, stride, padding, dilation and ceil mode) or transposed convolution (an integer up-sampling
+is one) makes a child. :class:`Geometry` replays those windows on each item's box (and on the
+padded canvas) with the output-size formula of ``torch.nn.Conv2d`` / ``MaxPool2d`` (``ceil_mode``
+included) / ``ConvTranspose2d``, so each feature map's valid cells are exactly those of the item's
+feature map alone, never a nearest-neighbour resize of the input mask.
 
 An item placed at ``start > 0`` (MONAI's symmetric padding) stays aligned with what it gives
 alone only when ``start`` is a multiple of every stride on the way; otherwise the item's cells
-would be sampled at other offsets, and :meth:`Geometry.boxes` refuses it.
+would be sampled at other offsets, and :meth:`Geometry.boxes` refuses it. A transposed
+convolution moves the start to ``start * stride``, whatever it is.
 
 References:
     Dumoulin and Visin, A guide to convolution arithmetic for deep learning, 2016;
-    ``torch.nn.Conv2d`` / ``torch.nn.MaxPool2d`` (output shape, ``ceil_mode``).
+    ``torch.nn.Conv2d`` / ``torch.nn.MaxPool2d`` (output shape, ``ceil_mode``),
+    ``torch.nn.ConvTranspose2d`` (output shape).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Window", "Geometry", "Boxes"]
+__all__ = ["Window", "TransposedWindow", "Geometry", "Boxes"]
 
 #: per item: (starts, sizes), each a tuple of ints per axis; plus the canvas size per axis
 Boxes = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...], tuple[int, ...]]
@@ -71,6 +74,58 @@ class Window:
             out -= 1
         return out
 
+    def start_of(self, start: int, axis: int) -> int | None:
+        """Where an item that starts at cell ``start`` of the input starts on the output (None when
+        ``start`` is not a multiple of the stride: the item's cells would be sampled at other
+        offsets than alone)."""
+        s = self.stride[axis]
+        return None if start % s else start // s
+
+
+@dataclass(frozen=True)
+class TransposedWindow:
+    """A transposed convolution over every spatial axis (one entry per axis), or an integer
+    up-sampling written as one (nearest with scale ``s``: kernel ``s``, stride ``s``).
+
+    Attributes:
+        kernel, stride, padding, output_padding, dilation (tuple of int): as
+            ``torch.nn.ConvTranspose2d``.
+    """
+
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @property
+    def is_identity(self) -> bool:
+        """Output cell ``j`` is input cell ``j`` (1x1, stride 1, no padding)."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.stride) and not any(
+            self.padding + self.output_padding)
+
+    @property
+    def reads_neighbours(self) -> bool:
+        """An output cell of the item may read a cell outside it: the input needs zeros in its
+        padding. Not so when ``dilation * (kernel - 1) + output_padding < stride``: the taps of
+        two input cells never meet, output cell ``j`` reads the one input cell ``(j + padding) //
+        stride`` at most, and on the item's output that cell is the item's (UNETR's 2x2x2
+        stride-2 up-convolutions, a nearest up-sampling)."""
+        return any(d * (k - 1) + o >= s for k, s, o, d in zip(
+            self.kernel, self.stride, self.output_padding, self.dilation))
+
+    def out_size(self, n: int, axis: int) -> int:
+        """Output size along ``axis`` for an input of size ``n``: ``(n - 1) * stride - 2 * padding +
+        dilation * (kernel - 1) + output_padding + 1`` (``torch.nn.ConvTranspose2d``), 0 for 0."""
+        if n == 0:
+            return 0
+        k, s, d = self.kernel[axis], self.stride[axis], self.dilation[axis]
+        return (n - 1) * s - 2 * self.padding[axis] + d * (k - 1) + self.output_padding[axis] + 1
+
+    def start_of(self, start: int, axis: int) -> int | None:
+        """An item at input cell ``start`` starts at output cell ``start * stride`` (any start)."""
+        return start * self.stride[axis]
+
 
 class Geometry:
     """The tree of windows of one backbone graph, and its evaluation on a batch's boxes.
@@ -83,15 +138,15 @@ class Geometry:
     def __init__(self, n_spatial: int) -> None:
         self.n_spatial = n_spatial
         self.parents: list[int | None] = [None]
-        self.windows: list[Window | None] = [None]
+        self.windows: list[Window | TransposedWindow | None] = [None]
         self.layers: list[str] = ["input"]
-        self._ids: dict[tuple[int, Window], int] = {}
+        self._ids: dict[tuple[int, Window | TransposedWindow], int] = {}
         self.equal: list[tuple[int, int, str]] = []
 
     def __len__(self) -> int:
         return len(self.parents)
 
-    def child(self, parent: int, window: Window, layer: str) -> int:
+    def child(self, parent: int, window: Window | TransposedWindow, layer: str) -> int:
         """The id of ``window`` applied to feature map ``parent`` (``parent`` itself for a 1x1,
         stride-1 window)."""
         if window.is_identity:
@@ -133,7 +188,8 @@ class Geometry:
                 item_start, item_size = [], []
                 for axis in range(self.n_spatial):
                     s = window.stride[axis]
-                    if start[axis] % s and size[axis] > 0:
+                    out_start = window.start_of(start[axis], axis)
+                    if out_start is None and size[axis] > 0:
                         raise ValueError(
                             f"padding_invariant=True: item {b} starts at {start[axis]} on axis {axis} of "
                             f"the input to {layer} (stride {s}); a padded item gives what it gives alone "
@@ -148,7 +204,7 @@ class Geometry:
                             f"at {layer}, too small for its window (kernel {window.kernel[axis]}, padding "
                             f"{window.pad_lo[axis]}): the item alone cannot run through the backbone either"
                         )
-                    item_start.append(start[axis] // s if size[axis] > 0 else 0)
+                    item_start.append(out_start if size[axis] > 0 else 0)
                     item_size.append(max(n_out, 0))
                 new_starts.append(tuple(item_start))
                 new_sizes.append(tuple(item_size))

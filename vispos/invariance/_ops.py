@@ -20,12 +20,12 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from . import _norms, _pools
+from . import _norms, _pools, _upsampling
 from ..padding import Padding
 
 __all__ = [
     "padding_at", "fill", "fill_in_place", "norm_module", "call_with_padding", "batch_norm_fn", "group_norm",
-    "instance_norm_fn", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
+    "instance_norm_fn", "fill_edges", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
 ]
 
 
@@ -68,6 +68,12 @@ def fill_in_place(x: Tensor, padding: Padding | None, value: float) -> Tensor:
     if padding is None:
         return x
     return _pools.fill(x, padding, value)
+
+
+@_graph_op
+def fill_edges(x: Tensor, padding: Padding | None) -> Tensor:
+    """A copy of ``x`` with each item's edge values in its padding (before a linear up-sampling)."""
+    return _upsampling.fill_edges(x, padding)
 
 
 @_graph_op

@@ -41,8 +41,9 @@ from torch.utils import _pytree as pytree
 
 from . import _functions as functions
 from . import _ops as ops
+from . import _upsampling as upsampling
 from . import _values as values
-from ._geometry import Geometry, Window
+from ._geometry import Geometry, TransposedWindow, Window
 from ._rewrite_base import RewriterBase, Split
 from ._run import InvariantRunner
 from .rules import rule_for
@@ -56,15 +57,19 @@ class _Rewriter(RewriterBase):
     # ----------------------------------------------------------------------- the walk
     def run(self) -> list[Any]:
         outputs: list[Any] = []
-        first = True
+        index = 0
         for node in self.old.nodes:
             if node.op == "placeholder":
                 self.env[node] = self.copy(node)
-                if first:
-                    self.maps.geometry[node] = 0
+                windows = self.inputs[index] if index < len(self.inputs) else None
+                index += 1
+                if windows is not None:  # a feature map: input 0, or those windows applied to it
+                    geometry_id = 0
+                    for window in windows:
+                        geometry_id = self.geometry.child(geometry_id, window, f"the input {node.name!r}")
+                    self.maps.geometry[node] = geometry_id
                     self.maps.caller_owned.add(node)
                     self.maps.from_input.add(node)
-                    first = False
                 continue
             if self.paddings_node is None:  # after every input of the original graph
                 self.paddings_node = self.new.placeholder("paddings", default_value=None)
@@ -129,7 +134,7 @@ class _Rewriter(RewriterBase):
         if alias and any(n in self.maps.caller_owned for n in spatial):
             self.maps.caller_owned.add(node)
 
-    def window(self, node: fx.Node, window: Window, fill: str) -> None:
+    def window(self, node: fx.Node, window: Window | TransposedWindow, fill: str) -> None:
         """A convolution (``fill="zero"``) or max pool (``"max"``) on its first argument (or the
         keyword ``input``): that map's padding filled first, a new geometry for the output."""
         x = node.args[0] if node.args else node.kwargs["input"]
@@ -220,6 +225,8 @@ class _Rewriter(RewriterBase):
                 self.env[node] = self.new.call_function(ops.global_pool_permuted, (
                     self.env[x], self.padding_of(self.maps.geometry[x]), kind, layout, arguments["keepdim"]))
                 return
+        if getattr(rule, "kind", None) == "refuse":  # a refusal says its own reason
+            return rule.rewrite(self, node, module)
         what = "over an axis that is not the channels" if kind == "channels" else "on a feature map"
         self.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
 
@@ -313,6 +320,13 @@ class _Rewriter(RewriterBase):
             self.window(node, functions.window_of(self.num_axes, kernel, bound["stride"], bound["padding"],
                                                   bound["dilation"]),
                         "zero")
+        elif kind == "conv_transpose":
+            kernel = self.kernel_of(bound["weight"], node)
+            self.window(node, upsampling.transposed_window(self.num_axes, kernel, bound["stride"], bound["padding"],
+                                                           bound["output_padding"], bound["dilation"]), "zero")
+        elif kind == "interpolate":
+            upsampling.interpolate(self, node, bound["size"], bound["scale_factor"], bound["mode"],
+                                   bound["align_corners"], bound["antialias"])
         elif kind == "max_pool":
             if bound["return_indices"]:
                 self.refuse(node, "return_indices=True (indices into the padded canvas)")
@@ -363,7 +377,7 @@ def _channel_index(index: Any) -> bool:
     return all(i == slice(None) or i is Ellipsis for i in index[2:])
 
 
-def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> InvariantRunner:
+def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None) -> InvariantRunner:
     """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
     runner that feeds it paddings.
 
@@ -371,6 +385,11 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> InvariantRunne
         gm (fx.GraphModule): a traced backbone whose first input is the image batch
             ``Tensor[B, C, *S]``; its outputs must be feature maps of that input.
         n_spatial (int): the number of spatial axes (2 or 3).
+        inputs (sequence, optional): what each input of the graph is, in order: None (not a
+            feature map), ``()`` (the input whose padding the runner is given, geometry 0) or a
+            tuple of :class:`~vispos.invariance._geometry.Window` (a feature map on the cells those
+            windows make of it: a ViT's tokens are one patch-sized window). Default ``[()]``: the
+            first input is the image batch, the others are not feature maps.
 
     Returns:
         InvariantRunner: derives every map's padding from a batch's and runs ``gm``.
@@ -384,7 +403,7 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int) -> InvariantRunne
     graphs = {"train": gm.train_graph, "eval": gm.eval_graph} if dual else {"any": gm.graph}
     outputs, new_graphs = {}, {}
     for mode, graph in graphs.items():
-        rewriter = _Rewriter(gm, graph, geometry, n_spatial)
+        rewriter = _Rewriter(gm, graph, geometry, n_spatial, inputs)
         outs = rewriter.run()
         if any(not isinstance(g, int) for g in outs):
             raise ValueError(

@@ -26,7 +26,7 @@ from .. import _deprecation
 from . import _functions as functions
 from . import _ops as ops
 from . import _values as values
-from ._geometry import Geometry, Window
+from ._geometry import Geometry, TransposedWindow, Window
 
 __all__ = ["RewriterBase", "Split"]
 
@@ -76,8 +76,10 @@ class RewriterBase:
 
     n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
-    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int) -> None:
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int,
+                 inputs: Any = None) -> None:
         self.gm, self.old, self.geometry, self.num_axes = gm, graph, geometry, n_spatial
+        self.inputs = ((),) if inputs is None else tuple(inputs)  # per placeholder: windows from input 0
         self.new = fx.Graph(tracer_cls=graph._tracer_cls)
         self.env: dict[fx.Node, fx.Node] = {}
         self.maps = _Maps()
@@ -154,12 +156,16 @@ class RewriterBase:
         raise AssertionError  # unreachable
 
     # -------------------------------------------------------------------------------- fills
-    def fill_for_window(self, node: fx.Node, x: fx.Node, window: Window, fill: str) -> tuple[int, fx.Node]:
+    def fill_for_window(self, node: fx.Node, x: fx.Node, window: Window | TransposedWindow,
+                        fill: str) -> tuple[int, fx.Node]:
         """Zeros (``fill="zero"``) or ``-inf`` (``"max"``) in ``x``'s padding before a window that
-        reads neighbours. Returns the output's geometry id and the node the window must read."""
+        reads neighbours, or each item's edge values (``"edge"``, before a linear up-sampling).
+        Returns the output's geometry id and the node the window must read."""
         geometry_in = self.maps.geometry[x]
         out = self.geometry.child(geometry_in, window, self.where(node))
         zeros = self.zeros
+        if fill == "edge":  # a copy for the linear up-sampling alone, as for a max pool
+            return out, self.new.call_function(ops.fill_edges, (self.env[x], self.padding_of(geometry_in)))
         if not window.reads_neighbours:
             return out, self.env[x]
         if x in zeros.zeroed and (fill == "zero" or x in zeros.nonneg):
@@ -211,7 +217,8 @@ class RewriterBase:
             from .rules import rule_for
 
             rule = rule_for(self.gm.get_submodule(node.target))
-            return rule is not None and (rule.kind == "conv" or (rule.kind == "norm" and not rule.activation))
+            return rule is not None and (rule.kind in ("conv", "conv_transpose") or (
+                rule.kind == "norm" and not rule.activation))
         if node.op == "call_function":
             return node.target in functions.FRESH_FUNCTIONS
         return False

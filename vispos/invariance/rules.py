@@ -45,8 +45,9 @@ from torch import Tensor, nn
 
 from .. import _deprecation
 from ..padding import Padding
+from . import _upsampling as upsampling
 from ._functions import window_of
-from ._geometry import Window
+from ._geometry import TransposedWindow, Window
 
 __all__ = [
     "InvarianceRule", "RewriteStep", "CellWise", "PaddingAware", "Refuse", "register_invariance_rule",
@@ -64,9 +65,9 @@ class RewriteStep(Protocol):
     def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
         """Run the node as it is: each output cell reads the same cell of the input."""
 
-    def window(self, node: fx.Node, window: Window, fill: str) -> None:
-        """Fill the input's padding (``"zero"``, or ``"max"``: ``-inf``) and run the node as it is,
-        a sliding window with a new geometry."""
+    def window(self, node: fx.Node, window: Window | TransposedWindow, fill: str) -> None:
+        """Fill the input's padding (``"zero"``; ``"max"``: ``-inf``; ``"edge"``: each item's edge
+        values) and run the node as it is, a sliding or transposed window with a new geometry."""
 
     def with_padding(self, node: fx.Node, fn: Callable[..., Tensor], *args: Any, keeps_geometry: bool = True) -> None:
         """Replace the node by ``fn(x, padding, *args)``: ``padding`` is the input map's
@@ -335,6 +336,32 @@ class PermuteRule(InvarianceRule):
         step.permute(node, tuple(module.dims))
 
 
+@dataclass(frozen=True)
+class ConvTransposeRule(InvarianceRule):
+    """``nn.ConvTranspose1d/2d/3d``: zeros in the input's padding, each item's output box by the
+    transposed-convolution size formula on its own box (:mod:`vispos.invariance._upsampling`)."""
+
+    kind = "conv_transpose"
+
+    def rewrite(self, step, node, module):
+        if len(node.args) > 1 or node.kwargs.get("output_size") is not None:
+            step.refuse(node, "it is called with output_size= (the canvas's size, from which torch picks the "
+                              "output padding; the item alone would get its own)")
+        step.window(node, upsampling.transposed_window(step.n_spatial, module.kernel_size, module.stride,
+                                                       module.padding, module.output_padding, module.dilation), "zero")
+
+
+@dataclass(frozen=True)
+class UpsampleRule(InvarianceRule):
+    """``nn.Upsample``: an integer ``scale_factor``; nearest as it is, linear modes on each item's
+    edge values, ``align_corners=True`` and ``size=`` refused (:mod:`vispos.invariance._upsampling`)."""
+
+    kind = "upsample"
+
+    def rewrite(self, step, node, module):
+        upsampling.interpolate(step, node, module.size, module.scale_factor, module.mode, module.align_corners)
+
+
 _POINTWISE = (
     nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
     nn.Mish, nn.Hardswish, nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus,
@@ -377,7 +404,10 @@ def _register_builtins() -> None:
         register_invariance_rule(name, Refuse(_SAME_PADDING))
     register_invariance_rule(nn.LayerNorm, Refuse(
         "layer norm over the trailing axes, which are spatial in a channels-first map"))
-    for cls in (nn.MultiheadAttention, nn.Upsample, nn.Flatten, nn.Unflatten):
+    for cls in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
+        register_invariance_rule(cls, ConvTransposeRule())
+    register_invariance_rule(nn.Upsample, UpsampleRule())
+    for cls in (nn.MultiheadAttention, nn.Flatten, nn.Unflatten):
         register_invariance_rule(cls, Refuse("it mixes or moves cells without a padding mask"))
 
 

@@ -90,7 +90,7 @@ def _plain(t: Tensor) -> Tensor:
 
 class _Input(NamedTuple):
     """What a forward was given: ``images`` ``Tensor[B, C, *S']`` padded at the end to whole
-    patches (plain tensor), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
+    patches (plain tensor, zeros on every padded voxel), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
     the input's own ``S``, ``boxes`` each item's ``(start, stop)`` when the input's
     :class:`~vispos.Padding` knows them on the host (or None),
     ``meta`` the input ``MetaTensor`` (or None)."""
@@ -207,6 +207,9 @@ class _AnySize:
             if tuple(mask.shape) != (tensors.shape[0], *spatial):
                 raise ValueError(f"mask must have shape {(tensors.shape[0], *spatial)}, got {tuple(mask.shape)}")
             mask = _plain(mask).to(tensors.device)
+            # zeros in the padding, what an item alone gets in its last, partial patch (a padded
+            # batch may hold any value there)
+            tensors = tensors.masked_fill(mask.unsqueeze(1), 0)
         extra = [(-s) % p for s, p in zip(spatial, self.patch_size)]
         if any(extra):
             pad = [w for e in reversed(extra) for w in (0, e)]

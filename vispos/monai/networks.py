@@ -12,8 +12,9 @@ tensor of any size:
   :func:`~vispos.resample_abs_pos_embed` (trilinear in 3D, bicubic in 2D);
 * padded patches are masked out of attention (``SABlock``'s ``attn_mask``, which ``ViT.forward``
   does not pass);
-* UNETR's convolutional decoder sees zeros around each item and normalises over its cells only
-  (:mod:`vispos.monai._masked`).
+* UNETR's convolutional decoder runs through vispos' padding-invariance rule book
+  (:mod:`vispos.monai._decoder`): zeros around each item before every (transposed) convolution,
+  norms over its cells only, each map's padding from the token grid's valid cells.
 
 So an item's output inside a padded batch equals its output run alone at its own size, on its
 valid region, to float tolerance (tested). A patch holding any valid voxel is valid: sizes that
@@ -32,9 +33,9 @@ References:
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 from monai.data import MetaTensor
@@ -42,9 +43,11 @@ from monai.networks.nets import UNETR, ViT
 from torch import Tensor
 
 from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size
-from ._masked import install_decoder_hooks, masked_decoder
+from ._decoder import InvariantDecoder, decoder_padding
 
 __all__ = ["AnySizeViT", "AnySizeUNETR"]
+
+_DECODER_GRAPH = "_vispos_decoder_graph"
 
 _EXPORT_DOC = """
     Export:
@@ -144,8 +147,9 @@ class AnySizeViT(_AnySize, ViT):
 class AnySizeUNETR(_AnySize, UNETR):
     __doc__ = """MONAI's ``UNETR`` for padded batches of any size: same arguments, weights and outputs.
 
-    The ViT encoder runs as :class:`AnySizeViT`; the convolutional decoder sees zeros around each
-    item and normalises over its own cells (instance, group or batch norm), so every item's
+    The ViT encoder runs as :class:`AnySizeViT`; the convolutional decoder runs through vispos'
+    padding-invariance rule book: it sees zeros around each item and normalises over its own cells
+    (instance, group or batch norm), so every item's
     segmentation on its valid region is what it gets alone. Sizes are padded internally to a
     multiple of UNETR's patch size 16 and the output is cropped back. Build it as MONAI's
     ``UNETR`` or convert a built one with :meth:`from_monai`; the ``state_dict`` is MONAI's.
@@ -156,8 +160,10 @@ class AnySizeUNETR(_AnySize, UNETR):
           them with the input's mask).
 
     Raises:
-        ValueError: as :class:`AnySizeViT`; a decoder layer a mask cannot follow (pooling, layer
-            norm over space, SyncBatchNorm, instance norm tracking running statistics).
+        ValueError: as :class:`AnySizeViT`; a decoder layer that vispos' padding-invariance rule
+            book cannot run exactly (layer norm over space, instance norm tracking running
+            statistics, up-sampling with ``align_corners=True``, a layer without a rule) or that
+            torch.fx cannot trace, named.
         TypeError: as :class:`AnySizeViT` (TorchScript included).
         ImportError: MONAI older than 1.5.
     """ + _EXPORT_DOC + """
@@ -190,8 +196,8 @@ class AnySizeUNETR(_AnySize, UNETR):
             **options: ``pos_embed``, ``resample_mode``, ``antialias``, ``temperature``.
 
         Returns:
-            AnySizeUNETR: shares ``unetr``'s modules; ``unetr`` runs as before (the decoder hooks
-            act only inside this class's forward).
+            AnySizeUNETR: shares ``unetr``'s modules; ``unetr`` runs as before (the decoder's
+            rewritten graph belongs to this object alone).
 
         Raises:
             TypeError: ``unetr`` is not a MONAI ``UNETR``. ValueError: as the class.
@@ -207,8 +213,32 @@ class AnySizeUNETR(_AnySize, UNETR):
 
     def _configure(self, grid_size: Sequence[int] | None, **options: Any) -> None:
         _AnySize._configure(self, grid_size, **options)
-        decoder = [m for name, m in self.named_children() if name != "vit"]
-        install_decoder_hooks(decoder, type(self).__name__)
+        self._decoder()  # a decoder layer the rule book cannot make exact is refused here
+
+    def _decoder(self) -> InvariantDecoder:
+        """The decoder's rewritten graph, kept out of the submodules (so out of ``state_dict``);
+        traced again when a decoder layer was replaced, or after a copy or a pickle."""
+        cached = self.__dict__.get(_DECODER_GRAPH)
+        if cached is not None and not cached.fits(self):
+            cached = cached.rebound(self)
+            self.__dict__[_DECODER_GRAPH] = cached
+        if cached is None:
+            cached = self.__dict__[_DECODER_GRAPH] = InvariantDecoder(self, self.patch_size, type(self).__name__)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without the decoder's graph (a pickle traces it again)."""
+        state = dict(self.__dict__)
+        state.pop(_DECODER_GRAPH, None)
+        return state
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "AnySizeUNETR":
+        """A deep copy whose decoder graph calls the copy's layers (``torch.export`` copies the
+        model, and cannot trace the decoder again inside its own tracing)."""
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__setstate__({key: copy.deepcopy(value, memo) for key, value in self.__dict__.items()})
+        return copied
 
     def forward(self, x_in: Any) -> Tensor:
         inp = self._read(x_in)
@@ -219,15 +249,10 @@ class AnySizeUNETR(_AnySize, UNETR):
         def proj(t: Tensor) -> Tensor:  # UNETR.proj_feat on this batch's grid
             return t.reshape(t.shape[0], *grid, t.shape[-1]).movedim(-1, 1).contiguous()
 
-        with nullcontext() if token_valid is None else masked_decoder(token_valid):
-            enc1 = self.encoder1(images)
-            enc2 = self.encoder2(proj(hidden_states_out[3]))
-            enc3 = self.encoder3(proj(hidden_states_out[6]))
-            enc4 = self.encoder4(proj(hidden_states_out[9]))
-            dec3 = self.decoder5(proj(x), enc4)
-            dec2 = self.decoder4(dec3, enc3)
-            dec1 = self.decoder3(dec2, enc2)
-            out = self.out(self.decoder2(dec1, enc1))
+        padding = None if token_valid is None else decoder_padding(
+            token_valid, inp.boxes, self.patch_size, tuple(images.shape[2:]))
+        tokens = [proj(hidden_states_out[3]), proj(hidden_states_out[6]), proj(hidden_states_out[9]), proj(x)]
+        out = self._decoder()(self.training, images, tokens, padding)
         out = out[(slice(None), slice(None), *(slice(0, s) for s in inp.spatial))]
         if inp.meta is not None:  # as MONAI's nets: a MetaTensor in, a MetaTensor out (affine, records)
             out = MetaTensor(out).copy_meta_from(inp.meta)
