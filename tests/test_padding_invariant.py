@@ -228,7 +228,7 @@ class _Flatten(nn.Module):
 
 
 @pytest.mark.parametrize("layer, match", [
-    (nn.Upsample(scale_factor=2), r"layer \(Upsample\) .* mixes or moves cells"),
+    (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), r"layer \(Upsample\) .* align_corners=True"),
     (nn.LayerNorm(128), r"layer \(LayerNorm\) .* trailing axes"),
     (nn.AdaptiveAvgPool2d(4), r"layer \(AdaptiveAvgPool2d\) .* output_size=4"),
     (nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"), r"padding_mode='reflect'"),
