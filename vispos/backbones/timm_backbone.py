@@ -218,7 +218,7 @@ class TimmBackbone(BackboneAdapter):
             )
         name = info[index]["module"]
         names = {n for n, _ in self.body.named_modules()}
-        for candidate in (name, name.replace(".", "_")):
+        for candidate in (name, name.replace(".", "_"), f"model.{name}"):  # the last: FeatureGetterNet
             if candidate in names:
                 return candidate
         raise ValueError(

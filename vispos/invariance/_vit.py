@@ -39,7 +39,26 @@ def _refuse(model: nn.Module, why: str) -> ValueError:
     return ValueError(f"padding_invariant=True cannot run {type(model).__name__} exactly on a padded batch: {why}")
 
 
-def _check_common(model: nn.Module) -> None:
+def _check_common(model: nn.Module, base: str) -> None:
+    """The checks of :func:`check_vit` / :func:`check_eva`; ``base`` is the registered class's
+    dotted name."""
+    from timm.layers import PatchEmbed
+
+    cls = next((c for c in type(model).__mro__ if f"{c.__module__}.{c.__qualname__}" == base), None)
+    for name in ("_pos_embed", "forward_intermediates"):
+        if cls is not None and getattr(type(model), name) is not getattr(cls, name):
+            raise _refuse(model, f"it overrides {cls.__name__}.{name} (code the rule of {cls.__name__} does not "
+                                 "mirror; register a rule for it)")
+    embed = model.patch_embed
+    proj = getattr(embed, "proj", None)
+    if type(embed).forward is not PatchEmbed.forward or not isinstance(proj, nn.Conv2d):
+        raise _refuse(model, f"patch_embed is {type(embed).__name__}, not timm's PatchEmbed (a hybrid stem reads "
+                             "across patches; only non-overlapping patches see the item alone)")
+    patch = tuple(embed.patch_size)
+    if (tuple(proj.kernel_size) != patch or tuple(proj.stride) != patch or tuple(proj.padding) != (0, 0)
+            or tuple(proj.dilation) != (1, 1)):
+        raise _refuse(model, f"patch_embed.proj has kernel {tuple(proj.kernel_size)}, stride {tuple(proj.stride)}, "
+                             f"padding {tuple(proj.padding)}: not one patch {patch} per token")
     if not getattr(model, "dynamic_img_size", False):
         raise _refuse(model, "dynamic_img_size=False (alone, the model takes only its img_size, so no padded "
                              "batch can equal it; build it with dynamic_img_size=True, as TimmBackbone does)")
@@ -54,14 +73,30 @@ def _check_common(model: nn.Module) -> None:
 
 def check_vit(model: nn.Module) -> None:
     """Raises ``ValueError`` for a ``VisionTransformer`` configuration :func:`vit_levels` cannot
-    make exact: ``dynamic_img_size=False``, patch dropout, a block without an attention mask."""
-    _check_common(model)
+    make exact: a subclass with its own ``_pos_embed`` / ``forward_intermediates`` (DeiT's
+    distilled ViT), a patch embedding other than timm's non-overlapping ``PatchEmbed`` (hybrid
+    ViTs), ``dynamic_img_size=False``, patch dropout, a block that takes no attention mask.
+
+    Args:
+        model (nn.Module): a timm ``VisionTransformer``.
+
+    Raises:
+        ValueError: naming what cannot be made exact.
+    """
+    _check_common(model, "timm.models.vision_transformer.VisionTransformer")
 
 
 def check_eva(model: nn.Module) -> None:
     """Raises ``ValueError`` for an ``Eva`` configuration :func:`eva_levels` cannot make exact (as
-    :func:`check_vit`)."""
-    _check_common(model)
+    :func:`check_vit`).
+
+    Args:
+        model (nn.Module): a timm ``Eva``.
+
+    Raises:
+        ValueError: naming what cannot be made exact.
+    """
+    _check_common(model, "timm.models.eva.Eva")
 
 
 def _embed(model: nn.Module, x: Tensor, padding: Padding) -> tuple[Tensor, list[tuple[int, int]], Padding]:
