@@ -201,8 +201,10 @@ def test_refuses_configurations_by_name():
     name, kwargs = MODELS["vit"]
     with pytest.raises(ValueError, match="not both"):
         TimmBackbone(name, packed=True, padding_invariant=True, model_kwargs=kwargs)
-    with pytest.raises(ValueError, match="patch"):
+    with pytest.raises(ValueError, match="packed=True: 'vit_small_patch16_224' is refused by its rule: .*patch"):
         TimmBackbone(name, packed=True, model_kwargs={**kwargs, "patch_drop_rate": 0.5})
+    with pytest.raises(ValueError, match="packed=True: 'deit_tiny_distilled_patch16_224' is refused .*_pos_embed"):
+        TimmBackbone("deit_tiny_distilled_patch16_224", packed=True, model_kwargs=kwargs)
     with pytest.raises(ValueError, match="dynamic_img_size"):
         TimmBackbone(name, packed=True, model_kwargs={**kwargs, "dynamic_img_size": False})
     from timm.models.vision_transformer import ResPostBlock

@@ -234,7 +234,10 @@ class PackedRunner:
                 "padded mode"
             )
         if rule.check is not None:
-            rule.check(model)
+            try:
+                rule.check(model)
+            except ValueError as exc:  # the padded rule's refusal holds for the packed run too
+                raise ValueError(f"packed=True: {name!r} is refused by its rule: {exc}") from exc
         check_packed(model)
         return cls(rule, indices, unwrap)
 
