@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vispos import NestedTensor, Padding, PositionEmbeddingRandom, PositionEmbeddingSine, nested_tensor_from_tensor_list
-from vispos.backbones import TimmBackbone
+from vispos.backbones import Joiner, TimmBackbone
 from vispos.invariance._packed import _drop_path, packed_levels
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
@@ -160,6 +160,45 @@ def test_caller_position_embedding_per_item(embedding):
             assert not torch.allclose(bare.tensors[b, :, :h, :w], ref.tensors[0])  # the embedding counts
 
 
+def test_joiner_follows_packed_backbone():
+    """The Joiner's GroupNorm projections take each item's own cells behind a packed backbone too."""
+    packed, invariant = _pair("vit", dtype=torch.float32, mode="invariant")
+    joiners = []
+    for backbone in (packed, invariant):
+        torch.manual_seed(4)
+        joiners.append(Joiner(backbone.eval(), PositionEmbeddingSine(16, normalize=True), hidden_dim=32, num_groups=8,
+                              num_feature_levels=3).eval())
+    assert joiners[0].padding_invariant
+    batch = nested_tensor_from_tensor_list(_images([(70, 90), (100, 40), (50, 120)], dtype=torch.float32))
+    with torch.no_grad():
+        (got, got_pos), (want, want_pos) = joiners[0](batch), joiners[1](batch)
+    assert len(got) == 3
+    for a, b, pa, pb in zip(got, want, got_pos, want_pos):
+        assert torch.equal(a.mask, b.mask)
+        torch.testing.assert_close(a.tensors, b.tensors)
+        torch.testing.assert_close(pa, pb)
+
+
+def test_gradient_checkpointing_same_result():
+    packed, _ = _pair("dinov3")
+    packed.body.model.set_grad_checkpointing(True)
+    images = _images(SIZES["odd"])
+    torch.manual_seed(5)  # training: the same coordinate draws in both runs
+    levels = packed(images)
+    _loss(levels, [[torch.ones(l.tensors.shape[1], *s) for s in l.padding.sizes] for l in levels]).backward()
+    grads = {n: p.grad.clone() for n, p in packed.named_parameters() if p.grad is not None}
+    packed.body.model.set_grad_checkpointing(False)
+    packed.zero_grad(set_to_none=True)
+    torch.manual_seed(5)
+    plain = packed(images)
+    _loss(plain, [[torch.ones(l.tensors.shape[1], *s) for s in l.padding.sizes] for l in plain]).backward()
+    for a, b in zip(levels, plain):
+        torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+    for n, p in packed.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[n], p.grad, rtol=1e-12, atol=1e-14, msg=n)
+
+
 def test_drop_path_draws_once_per_item():
     from timm.layers import DropPath
 
@@ -178,7 +217,7 @@ def test_drop_path_draws_once_per_item():
 
 def test_state_round_trips_and_repr():
     packed, _ = _pair("vit")
-    assert "packed=True" in repr(packed) and not packed.padding_invariant
+    assert "padding_invariant=True, packed=True" in repr(packed) and packed.padding_invariant
     images = _images(SIZES["odd"])
     packed.eval()
     with torch.no_grad():

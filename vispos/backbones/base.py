@@ -109,8 +109,8 @@ class BackboneAdapter(nn.Module):
     @property
     def padding_invariant(self) -> bool:
         """bool: every level of an item in a padded batch equals, on the item's cells, what the
-        backbone gives the item alone (``padding_invariant=True`` at construction)."""
-        return self._invariant is not None
+        backbone gives the item alone (``padding_invariant=True`` or ``packed=True`` at construction)."""
+        return self._invariant is not None or self._packed is not None
 
     def _features(self, tensors: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """The feature maps of ``tensors``, one per level, each ``Tensor[B, C_l, *S_l]``."""

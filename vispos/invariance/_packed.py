@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
@@ -167,7 +168,10 @@ def packed_levels(
     wanted, out = set(indices), {}
     for depth, block in enumerate(model.blocks[: max(indices) + 1]):
         item_ropes = None if ropes[0] is None else ([r[depth] for r in ropes] if mixed else ropes)
-        tokens = _block(block, tokens, lengths, item_ropes)
+        if model.grad_checkpointing and torch.is_grad_enabled():  # as timm and the padded rule do
+            tokens = checkpoint(_block, block, tokens, lengths, item_ropes, use_reentrant=False)
+        else:
+            tokens = _block(block, tokens, lengths, item_ropes)
         if depth in wanted:
             out[depth] = tokens
     canvas = tuple(int(g) for g in model.patch_embed.dynamic_feat_size(tuple(padding.spatial)))
