@@ -234,8 +234,8 @@ class PackedRunner:
             kind = "a CNN or hooked features" if model is None else type(model).__name__
             raise ValueError(
                 f"packed=True runs timm's VisionTransformer and Eva families (ViT, DeiT, DINOv2/v3, EVA-02, "
-                f"RoPE ViTs); {name!r} ({kind}) has no packed run: use padding_invariant=True or the stock "
-                "padded mode"
+                f"RoPE ViTs); {name!r} ({kind}) has no packed run: use the stock padded mode, or padding_invariant=True "
+                "where vispos has a rule for it"
             )
         if rule.check is not None:
             try:
