@@ -106,6 +106,10 @@ class TokenRunner:
         rule (TokenModelRule): the model's rule.
         indices (sequence of int): the block indices to return.
         unwrap (callable): ``unwrap(body) -> nn.Module``, the timm model inside the backbone's body.
+
+    Raises:
+        ValueError: at a call, an arbitrary mask (no boxes) or an item off the canvas's origin; as
+            the rule's ``levels`` (an item the model cannot take alone).
     """
 
     def __init__(self, rule: TokenModelRule, indices: Sequence[int], unwrap: Callable[[nn.Module], nn.Module]) -> None:
