@@ -292,3 +292,15 @@ def test_training_draws_never_carry_a_partner(family):
     with torch.no_grad():
         again = bb(nested_tensor_from_tensor_list([item, partner]))[-1].tensors[0, :, :h, :w]
     assert (again - runs[0][-1].tensors[0, :, :h, :w]).abs().max() > 1e-6  # the draws are live
+
+
+def test_the_padding_value_never_reaches_an_edge_patch():
+    """An item's last patch row is part padding (37 = 2 * 16 + 5): alone timm pads it with zeros
+    (``dynamic_img_pad``); in a batch padded with another value the patch must still see zeros."""
+    bb = _backbone("eva02").eval()
+    images = _images(6)
+    with torch.no_grad():
+        levels = bb(nested_tensor_from_tensor_list(images, pad_value=5.0))
+        alone = _alone(bb, images[0])
+    for level, ref in zip(levels, alone):
+        torch.testing.assert_close(_crop(level, 0, ref.tensors), ref.tensors[0], rtol=1e-12, atol=1e-12)
