@@ -122,9 +122,11 @@ def test_list_input_and_no_padding():
     batch = nested_tensor_from_tensor_list(images)
     with torch.no_grad():
         from_list, from_batch = packed(images), packed(batch)
+        filled = packed(nested_tensor_from_tensor_list(images, pad_value=5.0))  # never reaches an edge patch
         assert from_list[0].padding.sizes == from_batch[0].padding.sizes
-        for a, b in zip(from_list, from_batch):
+        for a, b, c in zip(from_list, from_batch, filled):
             torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+            torch.testing.assert_close(c.tensors, b.tensors, rtol=0, atol=0)
         same = NestedTensor(torch.stack(_images([(48, 64)] * 2)), None)  # no padding: no mask, as padded
         got, want = packed(same), invariant(same)
     for a, b in zip(got, want):
