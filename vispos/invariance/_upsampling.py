@@ -107,7 +107,7 @@ def fill_edges(x: Tensor, padding: Padding | None) -> Tensor:
             "padding_invariant=True: a linear up-sampling needs each item's box to repeat its edge cells, got an "
             "arbitrary padding mask")
     batch = x.shape[0]
-    for axis in range(padding.n_spatial):
+    for axis in range(padding.num_axes):
         dim = 2 + axis
         cells = x.shape[dim]
         first = torch.tensor([s[axis] for s in padding.starts], device=x.device)
