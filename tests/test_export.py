@@ -118,6 +118,7 @@ def _onnx_session(module, args, dynamic_shapes, path):
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.exhaustive  # the ONNX joiner below exports the sine embedding of its masks too
 def test_onnx_sine_with_mask(tmp_path):
     pe = PositionEmbeddingSine(16, normalize=True, offset=-0.5)
     (example,) = _masks((2, 20, 24))
