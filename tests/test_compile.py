@@ -16,7 +16,7 @@ def _reset_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("normalize, offset", [(True, -0.5), (False, 0.0)])
+@pytest.mark.parametrize("normalize, offset", [(True, -0.5), pytest.param(False, 0.0, marks=pytest.mark.exhaustive)])
 def test_sine_fullgraph(normalize, offset):
     pe = PositionEmbeddingSine(16, normalize=normalize, offset=offset)
     compiled = torch.compile(pe, fullgraph=True)
@@ -47,7 +47,7 @@ def _inputs(kind, batch, h, w):
     )
 
 
-@pytest.mark.parametrize("kind", ["mask", "features", "nested"])
+@pytest.mark.parametrize("kind", [pytest.param("mask", marks=pytest.mark.exhaustive), "features", "nested"])  # nested: a mask
 def test_sine_dynamic_no_recompile(kind):
     """dynamic=True: one graph serves every batch and spatial size (a recompilation raises)."""
     from torch._dynamo.utils import counters

@@ -118,7 +118,6 @@ def _onnx_session(module, args, dynamic_shapes, path):
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.exhaustive  # the ONNX joiner below exports the sine embedding of its masks too
 def test_onnx_sine_with_mask(tmp_path):
     pe = PositionEmbeddingSine(16, normalize=True, offset=-0.5)
     (example,) = _masks((2, 20, 24))
@@ -130,6 +129,7 @@ def test_onnx_sine_with_mask(tmp_path):
         assert diff <= 1e-5, diff
 
 
+@pytest.mark.exhaustive  # ONNX of the masks' sine above, torch.export of the joiner: default run
 def test_onnx_backbone_and_joiner(tmp_path):
     model = _TinyCache.joiner()
     nt = _batch(JOINER_EXAMPLE)
