@@ -73,6 +73,7 @@ def _tiny_joiner():
     return Joiner(backbone, pe, hidden_dim=32, num_feature_levels=3, num_groups=8).eval()
 
 
+@pytest.mark.exhaustive  # 20 CPU s; the joiner's torch.export with dynamic sizes (one graph, no break) runs by default
 def test_joiner_fullgraph_dynamic_no_recompile():
     """The Deformable-DETR Joiner (backbone, projections, an extra level, masks resized per level,
     position embeddings) compiles to one graph with no break, reused across input sizes. Sizes
