@@ -344,15 +344,21 @@ def test_every_page_is_scanned():
 
 
 def _block_params(blocks: list[Block]) -> list:
-    """One param per block; a block whose code is an earlier block's, word for word (and not part
-    of a chain), runs under ``exhaustive`` only: the earlier block runs the same code by default."""
-    seen, params = set(), []
-    for b in blocks:
-        copy = b.code in seen and not b.chain and not any(o.chain and o.chain[0] == b.id for o in blocks)
-        if b.skip is None:
-            seen.add(b.code)
-        params.append(pytest.param(b, id=b.id, marks=pytest.mark.exhaustive if copy else ()))
-    return params
+    """One param per block. A block that runs in an interpreter of its own (no chain) and whose
+    code another such block starts with, word for word (an earlier one if the code is the same),
+    runs under ``exhaustive`` only: that block runs the same statements first, by default."""
+    def fresh(b: Block) -> bool:
+        return b.skip is None and not b.chain
+
+    def covered(i: int, b: Block) -> bool:
+        if not fresh(b) or any(o.chain and o.chain[0] == b.id for o in blocks):
+            return False
+        return any(j != i and fresh(a) and a.code.startswith(b.code) and (a.code != b.code or j < i)
+                   and not a.code[len(b.code):][:1].isspace()  # the rest starts a new statement
+                   for j, a in enumerate(blocks))
+
+    return [pytest.param(b, id=b.id, marks=pytest.mark.exhaustive if covered(i, b) else ())
+            for i, b in enumerate(blocks)]
 
 
 @pytest.mark.slow
