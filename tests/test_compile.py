@@ -16,7 +16,7 @@ def _reset_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("normalize, offset", [(True, -0.5), (False, 0.0)])
+@pytest.mark.parametrize("normalize, offset", [(True, -0.5), pytest.param(False, 0.0, marks=pytest.mark.exhaustive)])
 def test_sine_fullgraph(normalize, offset):
     pe = PositionEmbeddingSine(16, normalize=normalize, offset=offset)
     compiled = torch.compile(pe, fullgraph=True)
@@ -47,7 +47,7 @@ def _inputs(kind, batch, h, w):
     )
 
 
-@pytest.mark.parametrize("kind", ["mask", "features", "nested"])
+@pytest.mark.parametrize("kind", [pytest.param("mask", marks=pytest.mark.exhaustive), "features", "nested"])  # nested: a mask
 def test_sine_dynamic_no_recompile(kind):
     """dynamic=True: one graph serves every batch and spatial size (a recompilation raises)."""
     from torch._dynamo.utils import counters
@@ -73,6 +73,7 @@ def _tiny_joiner():
     return Joiner(backbone, pe, hidden_dim=32, num_feature_levels=3, num_groups=8).eval()
 
 
+@pytest.mark.exhaustive  # 20 CPU s; the joiner's torch.export with dynamic sizes (one graph, no break) runs by default
 def test_joiner_fullgraph_dynamic_no_recompile():
     """The Deformable-DETR Joiner (backbone, projections, an extra level, masks resized per level,
     position embeddings) compiles to one graph with no break, reused across input sizes. Sizes

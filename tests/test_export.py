@@ -129,6 +129,7 @@ def test_onnx_sine_with_mask(tmp_path):
         assert diff <= 1e-5, diff
 
 
+@pytest.mark.exhaustive  # ONNX of the masks' sine above, torch.export of the joiner: default run
 def test_onnx_backbone_and_joiner(tmp_path):
     model = _TinyCache.joiner()
     nt = _batch(JOINER_EXAMPLE)

@@ -181,6 +181,7 @@ def test_fast_subset_exact_or_refused(name):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_sweep_exact_or_refused_never_silent():
     models = sweep_models()
     assert len(models) >= 60

@@ -65,7 +65,8 @@ def test_missing_keras_says_how_to_install():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_KERAS, reason="keras is not installed (pip install 'vispos[keras]')")
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("backend", [b if b == "tensorflow" else pytest.param(b, marks=pytest.mark.exhaustive)
+                                     for b in sorted(BACKENDS)])  # the extra's backend by default
 def test_backend(backend, tmp_path):
     if importlib.util.find_spec(BACKENDS[backend]) is None:
         pytest.skip(f"the {backend} backend is not installed")

@@ -279,6 +279,7 @@ def test_call_errors(call, exc, match):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the RoPE get_embed(mask=) compile runs by default in test_dinov3_rope.py
 def test_compiles_fullgraph_with_a_mask():
     torch.manual_seed(0)
     rope = MixedRotaryEmbedding(32, 2, 2)

@@ -76,7 +76,12 @@ def test_item_alone_equals_item_in_batch_eval(name):
         assert p.padding.starts[1] == (0,) * len(shape)
 
 
-@pytest.mark.parametrize("name", list(BACKBONES))
+#: training mode runs on one 2D and one 3D backbone by default; the others under ``exhaustive``
+_TRAINING = [n if n in ("timm_resnet50", "monai_resnet3d") else pytest.param(n, marks=pytest.mark.exhaustive)
+             for n in BACKBONES]
+
+
+@pytest.mark.parametrize("name", _TRAINING)
 def test_item_alone_equals_padded_item_training(name):
     """Training mode: batch statistics over the valid cells, running statistics updated from them."""
     bb, item_shape, other_shape = _build(name)
