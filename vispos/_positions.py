@@ -326,24 +326,28 @@ def detr_positions(padding: Padding, host: bool, rule: PositionRule, spacing: Te
 
 
 def distinct_positions(
-    valid: Tensor, axis: int, rule: PositionRule
+    valid: np.ndarray, axis: int, rule: PositionRule
 ) -> tuple[Tensor, Tensor] | None:
-    """A block's positions as ``(values[K] float32, index[B, *S] int64)`` when its cells take
-    few distinct values (at most ``S_i + 1`` counts per valid length), or None when there are
-    too many to pay off. Reads the mask's valid lengths (host only)."""
+    """A block's positions as ``(values[K] float32, index[B, *S] int64)`` (CPU tensors) when its
+    cells take few distinct values (at most ``S_i + 1`` counts per valid length), or None when
+    there are too many to pay off. Reads a mask on the host: ``valid`` is its NumPy form
+    (True = valid), and the counts, lengths and index are found with NumPy (no torch op; the
+    positions by the same float32 steps as on a device, hence the same bits)."""
     size = valid.shape[axis]
-    count = valid.cumsum(axis)  # int64, 1-based
-    cells = count.numel()
-    counts = torch.arange(size + 1, device=valid.device, dtype=torch.float32)
+    count = np.cumsum(valid, axis=axis, dtype=np.int64)  # 1-based
+    counts = np.arange(size + 1, dtype=np.float32)
     if rule.normalize:  # the position depends on the count and on the line's valid length
-        last = count.narrow(axis, size - 1, 1)
-        lengths, inverse = torch.unique(last, return_inverse=True)
-        if 4 * lengths.numel() * (size + 1) > cells:
+        last = count.take([size - 1], axis=axis)
+        lengths, inverse = np.unique(last, return_inverse=True)
+        if 4 * lengths.size * (size + 1) > count.size:
             return None
-        return rule(counts, lengths.to(torch.float32).unsqueeze(1)), inverse * (size + 1) + count
-    if 4 * (size + 1) > cells:
-        return None
-    return rule(counts, None), count
+        values = rule(counts, lengths.astype(np.float32)[:, None])
+        index = inverse.reshape(last.shape) * (size + 1) + count
+    else:
+        if 4 * (size + 1) > count.size:
+            return None
+        values, index = rule(counts, None), count
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), torch.from_numpy(index)
 
 
 def item_boxes(

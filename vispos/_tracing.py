@@ -193,6 +193,11 @@ def host_arrays(arrays: list[np.ndarray], device: torch.device) -> list[torch.Te
     """
     if device.type == "cpu":
         return [torch.from_numpy(a) for a in arrays]
+    return _packed(arrays, device)
+
+
+def _packed(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """:func:`host_arrays` through one byte buffer (its form off the CPU)."""
     offsets, total = [], 0
     for a in arrays:
         total = -(-total // _ALIGN) * _ALIGN
