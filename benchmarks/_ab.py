@@ -30,7 +30,8 @@ def ab_worker(args, bench) -> int:
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     device = torch.device(args.device)
-    workloads = bench.select(bench.build_workloads(device, args.quick), getattr(args, "only", None))
+    workloads = bench.select(bench.build_workloads(device, args.quick), getattr(args, "only", None),
+                             not getattr(args, "no_peers", False))
     floor = bench.FLOOR
 
     def reply(value) -> None:
@@ -73,6 +74,7 @@ def _command(script: str, args, mode: str) -> list[str]:
     cmd = [sys.executable, script, mode, "--device", args.device]
     cmd += ["--quick"] if args.quick else []
     cmd += ["--only", args.only] if getattr(args, "only", None) else []
+    cmd += ["--no-peers"] if getattr(args, "no_peers", False) else []
     return cmd + (["--threads", str(args.threads)] if args.threads else [])
 
 

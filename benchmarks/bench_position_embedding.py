@@ -332,9 +332,13 @@ def build_workloads(device: torch.device, quick: bool, grid_peers: bool = True) 
     return wls
 
 
-def select(workloads: list[Workload], only: str | None) -> list[Workload]:
+def select(workloads: list[Workload], only: str | None, peers: bool = True) -> list[Workload]:
     """The workloads whose name contains one of the comma-separated words of ``only`` (all
-    when None), e.g. ``--only "C5,Deformable"``."""
+    when None), e.g. ``--only "C5,Deformable"``; ``peers=False`` keeps the floor and vispos'
+    rows only (``--no-peers``: a shorter run on a loaded machine)."""
+    if not peers:
+        for wl in workloads:
+            wl.impls = {n: f for n, f in wl.impls.items() if n == FLOOR or n.startswith("vispos")}
     if not only:
         return workloads
     words = [w.strip().lower() for w in only.split(",") if w.strip()]
@@ -347,11 +351,12 @@ def _inner_calls(fn: Callable[[], object], device: torch.device, target_ms: floa
     return max(1, min(200, round(target_ms / max(ms, 1e-3))))
 
 
-def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False, only=None) -> list[dict[str, int]]:
+def peak_pass(device: torch.device, quick: bool, vispos_only: bool = False, only=None,
+              peers: bool = True) -> list[dict[str, int]]:
     """Peak bytes of one call of every implementation (``vispos_only``: the floor and the vispos
     rows, as an A/B run needs); run in a fresh process (see the module doc)."""
     malloc_setup()
-    workloads = select(build_workloads(device, quick), only)
+    workloads = select(build_workloads(device, quick), only, peers)
     keep = (lambda name: name == FLOOR or name.startswith("vispos")) if vispos_only else (lambda name: True)
     with torch.inference_mode():
         for wl in workloads:  # first calls (lazy imports, module tables) are not the steady state
@@ -419,6 +424,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="half-size workloads (a smoke run)")
     parser.add_argument("--no-peak", action="store_true", help="skip the peak-memory pass")
     parser.add_argument("--only", metavar="WORDS", help="comma-separated words: the workloads whose name has one")
+    parser.add_argument("--no-peers", action="store_true", help="time the floor and vispos' rows only")
     parser.add_argument("--peak-pass", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peak-vispos-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--ops-only", action="store_true", help="print the op counts, time nothing")
@@ -434,7 +440,7 @@ def main(argv=None) -> int:
         return 2
     if args.ops_only:
         with torch.inference_mode():
-            for wl in select(build_workloads(device, args.quick), args.only):
+            for wl in select(build_workloads(device, args.quick), args.only, not args.no_peers):
                 print(f"\n### {wl.name}\n")
                 print("| implementation | ops / call | device ops |\n|---|---:|---:|")
                 wl.prepare(3)
@@ -444,7 +450,7 @@ def main(argv=None) -> int:
                     print(f"| {name} | {count_ops(fn)[0]} | {dev} |")
         return 0
     if args.peak_pass:  # the child process of pass 3
-        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only, args.only)))
+        print(json.dumps(peak_pass(device, args.quick, args.peak_vispos_only, args.only, not args.no_peers)))
         return 0
     if args.ab_worker or args.ab:
         import _ab
@@ -458,6 +464,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--peak-pass", "--device", args.device]
         cmd += ["--quick"] if args.quick else []
         cmd += ["--only", args.only] if args.only else []
+        cmd += ["--no-peers"] if args.no_peers else []
         cmd += ["--threads", str(args.threads)] if args.threads else []
         peaks = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{os.cpu_count()} CPUs"
@@ -465,7 +472,8 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}, device {device} ({name}), threads {torch.get_num_threads()}, "
         f"repeats {args.repeats} (median of interleaved samples)"
     )
-    print(format_table(run(device, args.repeats, args.quick, peaks, args.only)))
+    workloads = select(build_workloads(device, args.quick), args.only, not args.no_peers)
+    print(format_table(run(device, args.repeats, args.quick, peaks, args.only, workloads)))
     return 0
 
 

@@ -488,13 +488,22 @@ def test_out_buffer_with_an_empty_batch():
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-8, 1e-12, 7.7e-7, 3.3e-5, 1e-3, 0.1, 1.0])
-def test_host_rounded_denominator_equals_the_device_sum(eps):
-    from vispos._positions import _float32_sum
+@pytest.mark.parametrize("offset, scale", [(0.0, 2 * math.pi), (-0.5, 2 * math.pi), (0.25, 1.7), (-1.0, 3.0)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_host_rule_equals_the_device_rule(eps, offset, scale, normalize):
+    """The line table computed on the host with NumPy is bit for bit torch's: the rule on
+    float32 arrays (a Python number meets them as a float32 in both)."""
+    import numpy as np
 
-    sizes = [[v, v + 1] for v in range(0, 70000, 3)]
-    denominators = _float32_sum(sizes, eps)
-    device = torch.tensor(sizes, dtype=torch.float32) + eps
-    torch.testing.assert_close(torch.tensor(denominators, dtype=torch.float32), device, rtol=0, atol=0)
+    from vispos._positions import PositionRule
+
+    rule = PositionRule(normalize, scale if normalize else 2 * math.pi, offset, eps)
+    count = np.arange(0, 300, dtype=np.float32)[None, :]
+    last = np.arange(0, 70001, 7, dtype=np.float32)[:, None]  # line lengths 0 .. 69993
+    host = rule(count, last)
+    device = rule(torch.from_numpy(count), torch.from_numpy(last))
+    assert host.dtype == np.float32
+    torch.testing.assert_close(torch.from_numpy(host), device, rtol=0, atol=0)
 
 
 def test_divisor_table_follows_its_parameters():

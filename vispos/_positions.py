@@ -71,14 +71,12 @@ class PositionRule(NamedTuple):
     eps: float = 1e-6
     extent: float | None = None
 
-    def __call__(
-        self, count: Tensor, last: Tensor | None, denominator: Tensor | None = None, spacing: Tensor | None = None
-    ) -> Tensor:
-        """Positions of ``count`` (float32) in lines whose final count is ``last``;
-        ``denominator``, when given, is ``last + eps`` already rounded to float32 (cells only).
-        ``spacing`` (float32, broadcastable to ``count`` and ``last``): the size of a cell, so
-        that positions are lengths ``(count + offset) * spacing`` (multiplying by 1 is exact:
-        spacing 1 gives the cell numbers bit for bit)."""
+    def __call__(self, count: Tensor, last: Tensor | None, spacing: Tensor | None = None) -> Tensor:
+        """Positions of ``count`` (float32) in lines whose final count is ``last``. ``spacing``
+        (float32, broadcastable to ``count`` and ``last``): the size of a cell, so that positions
+        are lengths ``(count + offset) * spacing`` (multiplying by 1 is exact: spacing 1 gives
+        the cell numbers bit for bit). Float32 NumPy arrays work too, with the same bits: a
+        Python number meets a float32 array as a float32 in NumPy and in torch alike."""
         if self.offset:  # counts are >= 0, so ``count + 0.0`` would be ``count`` bit for bit: skipped
             count = count + self.offset
         if spacing is not None:
@@ -87,8 +85,7 @@ class PositionRule(NamedTuple):
             return count
         if self.extent is not None:
             return count / self.extent * self.scale
-        if denominator is None:
-            denominator = (last if spacing is None else last * spacing) + self.eps
+        denominator = (last if spacing is None else last * spacing) + self.eps
         return count / denominator * self.scale
 
 
@@ -172,11 +169,30 @@ class LineTable(NamedTuple):
     rows: Tensor | None = None
 
 
-def _float32_sum(values: Sequence[Sequence[int]], eps: float) -> list:
-    """``values + eps`` rounded as torch rounds ``float32 + eps`` (both operands in float32, one
-    IEEE addition), so a host-side denominator is bit for bit the device's ``last + eps``."""
-    eps32 = np.float32(eps)
-    return [[float(np.float32(v) + eps32) for v in item] for item in values]
+def _host_lines(
+    starts: Sequence[Sequence[int]], stops: Sequence[Sequence[int]], spatial: Sequence[int],
+    at_origin: bool, rule: PositionRule, with_valid: bool,
+) -> list[np.ndarray]:
+    """:func:`line_table`'s ``lines`` (and ``valid``) computed on the host with NumPy, from boxes
+    known there: float32 throughout, the same IEEE operations in the same order as the device
+    form (a Python number meets a float32 array as float32, NumPy's rule for scalars, as torch
+    does), hence the same bits. A few microseconds per call where torch dispatches five ops."""
+    shape = (len(starts), len(spatial))
+    first = np.asarray(starts, dtype=np.float32).reshape(shape)[..., None]  # [B, n, 1]
+    last = np.asarray(stops, dtype=np.float32).reshape(shape)[..., None] - first
+    count = np.arange(max(spatial) + 1, dtype=np.float32)
+    shifted = count if at_origin else np.maximum(count - first, np.float32(0))
+    capped = np.minimum(shifted, last)  # DETR's count: 1-based, stopped at the last valid cell
+    if rule.normalize and rule.offset:  # see line_table: the padding-only column has length 0
+        lines = rule(capped, last * np.minimum(count, np.float32(1)))
+    else:
+        lines = rule(capped, last)
+    out = [np.ascontiguousarray(lines, dtype=np.float32)]  # [B, n, M], as ``capped``
+    if with_valid:
+        cells = count[1:]
+        valid = cells <= last if at_origin else (cells > first) & (cells <= first + last)
+        out.append(np.ascontiguousarray(valid))
+    return out
 
 
 def _shortest_window(values: Sequence) -> tuple[int, int]:
@@ -206,8 +222,10 @@ def line_table(
 ) -> LineTable:
     """The line table of a ``"none"`` / ``"rectangular"`` padding.
 
-    With ``host`` the boxes come from the padding's host values (one small host-to-device
-    copy, no synchronisation). Without it (tracing, CUDA graph capture) only boxes at the origin
+    With ``host`` the boxes come from the padding's host values: in cells (no ``spacing``, no
+    ``extent``) the whole table is computed there with NumPy (:func:`_host_lines`, the same
+    bits) and travels in one small copy, none on the CPU; otherwise the sizes travel and the
+    table is computed on the device. No synchronisation either way. Without it (tracing, CUDA graph capture) only boxes at the origin
     are supported: their sizes are read from the mask on the device, so a graph stays dynamic
     in them. ``selects``: always build ``valid`` (else only where host spans cannot replace it);
     ``share_rows``: 1D items of one box share a row (``window`` / ``rows``; not with a
@@ -216,9 +234,10 @@ def line_table(
     """
     spatial, device = padding.spatial, padding.device
     n = len(spatial)
-    window = rows = starts_f = denominator = spans = None
+    window = rows = starts_f = spans = None
     if host:
         starts, stops = padding.starts, padding.stops
+        outside = None
         if n == 1 and share_rows and spacing is None:  # 1-D: items with one box share their line
             keys = list(zip(starts, stops))
             begin, end = _shortest_window(keys)
@@ -227,23 +246,25 @@ def line_table(
                 for k in range(begin, end):
                     first.setdefault(keys[k], k - begin)
                 outside = [first[key] for k, key in enumerate(keys) if not begin <= k < end]
-                rows = _tracing.host_tensor(outside, torch.int64, device)
                 starts, stops, window = starts[begin:end], stops[begin:end], (begin, end)
-        sizes = [[e - s for s, e in zip(a, b)] for a, b in zip(starts, stops)]
-        host_rows = [sizes]
-        # ``length + eps`` from the host (in cells, normalised by each line's own length)
-        with_denominator = rule.normalize and not rule.offset and rule.extent is None and spacing is None
-        if with_denominator:
-            host_rows.append(_float32_sum(sizes, rule.eps))
+        spans = (starts, stops)
+        with_valid = n > 1 and (selects or not _tracing.host_side(device))
+        if spacing is None and rule.extent is None:  # cells: the whole table from the host
+            arrays = _host_lines(starts, stops, spatial, padding.at_origin, rule, with_valid)
+            if outside is not None:
+                arrays.append(np.asarray(outside, dtype=np.int64))
+            moved = _tracing.host_arrays(arrays, device)  # one copy for all, none on the CPU
+            valid = moved[1] if with_valid else None
+            return LineTable(moved[0], valid, spans, window, moved[-1] if outside is not None else None)
+        if outside is not None:
+            rows = _tracing.host_tensor(outside, torch.int64, device)
+        host_rows = [[[e - s for s, e in zip(a, b)] for a, b in zip(starts, stops)]]
         if not padding.at_origin:
             host_rows.append([list(s) for s in starts])
         table = _tracing.host_tensor(host_rows, torch.float32, device)  # one copy for all
         sizes_f = table[0]
-        if with_denominator:
-            denominator = table[1].unsqueeze(-1)
         if not padding.at_origin:
             starts_f = table[-1].unsqueeze(-1)
-        spans = (starts, stops)
     else:
         if not padding.at_origin:
             raise ValueError("boxes away from the origin need host facts; embed the mask instead")
@@ -258,7 +279,7 @@ def line_table(
         # position is 0 over any length, so the item's own length gives the same bits
         lines = rule(capped, last * count.clamp(max=1), spacing=per_cell)
     else:
-        lines = rule(capped, last, denominator, spacing=per_cell)
+        lines = rule(capped, last, spacing=per_cell)
     valid = None
     if n > 1 and (selects or spans is None or not _tracing.host_side(device)):
         cells = count[1:]
@@ -305,24 +326,28 @@ def detr_positions(padding: Padding, host: bool, rule: PositionRule, spacing: Te
 
 
 def distinct_positions(
-    valid: Tensor, axis: int, rule: PositionRule
+    valid: np.ndarray, axis: int, rule: PositionRule
 ) -> tuple[Tensor, Tensor] | None:
-    """A block's positions as ``(values[K] float32, index[B, *S] int64)`` when its cells take
-    few distinct values (at most ``S_i + 1`` counts per valid length), or None when there are
-    too many to pay off. Reads the mask's valid lengths (host only)."""
+    """A block's positions as ``(values[K] float32, index[B, *S] int64)`` (CPU tensors) when its
+    cells take few distinct values (at most ``S_i + 1`` counts per valid length), or None when
+    there are too many to pay off. Reads a mask on the host: ``valid`` is its NumPy form
+    (True = valid), and the counts, lengths and index are found with NumPy (no torch op; the
+    positions by the same float32 steps as on a device, hence the same bits)."""
     size = valid.shape[axis]
-    count = valid.cumsum(axis)  # int64, 1-based
-    cells = count.numel()
-    counts = torch.arange(size + 1, device=valid.device, dtype=torch.float32)
+    count = np.cumsum(valid, axis=axis, dtype=np.int64)  # 1-based
+    counts = np.arange(size + 1, dtype=np.float32)
     if rule.normalize:  # the position depends on the count and on the line's valid length
-        last = count.narrow(axis, size - 1, 1)
-        lengths, inverse = torch.unique(last, return_inverse=True)
-        if 4 * lengths.numel() * (size + 1) > cells:
+        last = count.take([size - 1], axis=axis)
+        lengths, inverse = np.unique(last, return_inverse=True)
+        if 4 * lengths.size * (size + 1) > count.size:
             return None
-        return rule(counts, lengths.to(torch.float32).unsqueeze(1)), inverse * (size + 1) + count
-    if 4 * (size + 1) > cells:
-        return None
-    return rule(counts, None), count
+        values = rule(counts, lengths.astype(np.float32)[:, None])
+        index = inverse.reshape(last.shape) * (size + 1) + count
+    else:
+        if 4 * (size + 1) > count.size:
+            return None
+        values, index = rule(counts, None), count
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)), torch.from_numpy(index)
 
 
 def item_boxes(

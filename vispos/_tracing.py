@@ -23,9 +23,10 @@ References:
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["tracing", "compiling", "capturing", "host_side", "host_facts", "host_tensor"]
+__all__ = ["tracing", "compiling", "capturing", "host_side", "host_facts", "host_tensor", "host_arrays"]
 
 
 def _is_exporting() -> bool:
@@ -139,7 +140,7 @@ def host_facts(device: torch.device) -> bool:
     return not tracing() and not capturing(device)
 
 
-def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def host_tensor(values: list | np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small tensor from host values on ``device``, without a host synchronisation: the one
     way host facts (sizes, boxes) travel to a device.
 
@@ -159,3 +160,54 @@ def host_tensor(values: list, dtype: torch.dtype, device: torch.device) -> torch
     if device.type == "cuda":
         return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
     return torch.tensor(values, dtype=dtype, device=device)
+
+
+_ALIGN = 8  # bytes: every array of a packed transfer starts at a multiple of its itemsize
+_TORCH_DTYPES = {np.dtype(k): v for k, v in (
+    (np.float32, torch.float32), (np.float64, torch.float64), (np.int64, torch.int64),
+    (np.int32, torch.int32), (np.bool_, torch.bool), (np.uint8, torch.uint8),
+)}
+
+
+def host_arrays(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """NumPy arrays built on the host as tensors on ``device``, in at most one transfer.
+
+    On the CPU every array is shared as it is (``torch.from_numpy``: no copy, no op). Elsewhere
+    the arrays are packed into one byte buffer that travels as :func:`host_tensor` sends it
+    (pinned memory, one non-blocking copy) and is read back as views of their dtypes and
+    shapes: several host tables cost one device op. Callers check :func:`host_facts` first.
+
+    Args:
+        arrays (list of np.ndarray): arrays of float32, float64, int64, int32, bool or uint8,
+            owned by the caller and not written afterwards (on the CPU they are shared).
+        device (torch.device): where the tensors are wanted.
+
+    Returns:
+        list of Tensor: one per array, same dtype, shape and values, on ``device``.
+
+    Raises:
+        Nothing beyond torch's own errors.
+
+    References:
+        PyTorch CUDA semantics ("Use pinned memory buffers"); ``Tensor.view(dtype)``.
+    """
+    if device.type == "cpu":
+        return [torch.from_numpy(a) for a in arrays]
+    return _packed(arrays, device)
+
+
+def _packed(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """:func:`host_arrays` through one byte buffer (its form off the CPU)."""
+    offsets, total = [], 0
+    for a in arrays:
+        total = -(-total // _ALIGN) * _ALIGN
+        offsets.append(total)
+        total += a.nbytes
+    packed = np.zeros(total, dtype=np.uint8)
+    for a, start in zip(arrays, offsets):
+        packed[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    moved = host_tensor(packed, torch.uint8, device)
+    return [
+        moved[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
+        for a, start in zip(arrays, offsets)
+    ]

@@ -109,7 +109,7 @@ def warn_suspect_input(x: Any, padding: Padding, host: bool) -> None:
       and larger other axes: a channels-last image read as ``c`` columns of ``H`` channels;
     * an item with no valid cell (its embedding is DETR's, finite, but describes no cell).
     """
-    if not host or _tracing.tracing():
+    if not host:  # ``host`` is False while tracing (``_tracing.host_facts``)
         return
     if isinstance(x, Tensor) and x.is_floating_point() and x.dim() in (4, 5):
         last = x.shape[-1]
@@ -121,9 +121,10 @@ def warn_suspect_input(x: Any, padding: Padding, host: bool) -> None:
                 UserWarning,
                 stacklevel=_caller_level(),
             )
-    if padding.kind == "rectangular":
+    kind = padding.kind
+    if kind == "rectangular":
         empty = any(0 in size for size in padding.sizes)
-    elif padding.kind == "arbitrary" and padding.device.type == "cpu" and _tracing.host_side(padding.device):
+    elif kind == "arbitrary" and padding.device.type == "cpu" and _tracing.host_side(padding.device):
         # read with NumPy: no torch op is dispatched (the call's op count stays as it was)
         empty = bool(padding.mask.detach().numpy().reshape(padding.batch, -1).all(axis=1).any())
     else:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from typing import Union
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -480,15 +481,18 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         if out is None:
             out = torch.empty((mask.shape[0], len(spatial) * f, *spatial), dtype=dtype, device=device)
         div, rule = self._divisors(device), self._rule()
-        valid = ~mask
         # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
         # the block is large (and the table small, checked there); small maps take fewer ops
         gather = host and _tracing.host_side(device) and out[:, :f].numel() >= _GATHER_MIN and spacing is None
+        host_valid = np.logical_not(mask.detach().numpy()) if gather else None
+        valid = None
         for i, size in enumerate(spatial):
-            found = distinct_positions(valid, i + 1, rule) if gather else None
+            found = distinct_positions(host_valid, i + 1, rule) if gather else None
             if found is not None:
                 sincos_embed_indexed(found[0], found[1], div, out, i * f)
                 continue
+            if valid is None:
+                valid = ~mask
             count = valid.cumsum(i + 1, dtype=torch.float32)
             s = None if spacing is None else spacing[:, i].reshape(-1, *([1] * len(spatial)))
             pos = rule(count, count.narrow(i + 1, size - 1, 1), spacing=s)
