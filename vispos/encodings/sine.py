@@ -481,8 +481,7 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         if out is None:
             out = torch.empty((mask.shape[0], len(spatial) * f, *spatial), dtype=dtype, device=device)
         div, rule = self._divisors(device), self._rule()
-        # a gather from a table of the distinct positions beats sin/cos per cell on CPU once
-        # the block is large (and the table small, checked there); small maps take fewer ops
+        # on CPU a gather from the distinct positions' table beats sin/cos per cell on large blocks
         gather = host and _tracing.host_side(device) and out[:, :f].numel() >= _GATHER_MIN and spacing is None
         host_valid = np.logical_not(mask.detach().numpy()) if gather else None
         valid = None
