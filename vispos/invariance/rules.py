@@ -347,7 +347,7 @@ class ConvTransposeRule(InvarianceRule):
         if len(node.args) > 1 or node.kwargs.get("output_size") is not None:
             step.refuse(node, "it is called with output_size= (the canvas's size, from which torch picks the "
                               "output padding; the item alone would get its own)")
-        step.window(node, upsampling.transposed_window(step.n_spatial, module.kernel_size, module.stride,
+        step.window(node, upsampling.transposed_window(step.num_axes, module.kernel_size, module.stride,
                                                        module.padding, module.output_padding, module.dilation), "zero")
 
 
