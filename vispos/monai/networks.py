@@ -42,7 +42,7 @@ from monai.data import MetaTensor
 from monai.networks.nets import UNETR, ViT
 from torch import Tensor
 
-from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size
+from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size, _roll_items
 from ._decoder import InvariantDecoder, decoder_padding
 
 __all__ = ["AnySizeViT", "AnySizeUNETR"]
@@ -139,6 +139,10 @@ class AnySizeViT(_AnySize, ViT):
     def forward(self, x: Any) -> tuple[Tensor, list[Tensor]]:
         inp = self._read(x)
         out, hidden_states_out, _ = self._encode(inp.images, inp.mask, inp.boxes)
+        if inp.shifts is not None:  # items moved to the origin: their tokens back by whole patches
+            grid = tuple(s // p for s, p in zip(inp.images.shape[2:], self.patch_size))
+            out = self._place_tokens(out, inp.shifts, grid)
+            hidden_states_out = [self._place_tokens(h, inp.shifts, grid) for h in hidden_states_out]
         if hasattr(self, "classification_head"):
             out = self.classification_head(out[:, 0])
         return out, hidden_states_out
@@ -253,6 +257,8 @@ class AnySizeUNETR(_AnySize, UNETR):
             token_valid, inp.boxes, self.patch_size, tuple(images.shape[2:]))
         tokens = [proj(hidden_states_out[3]), proj(hidden_states_out[6]), proj(hidden_states_out[9]), proj(x)]
         out = self._decoder()(self.training, images, tokens, padding)
+        if inp.shifts is not None:  # items moved to the origin: each one's logits back at its own voxels
+            out = _roll_items(out, inp.shifts, 2)
         out = out[(slice(None), slice(None), *(slice(0, s) for s in inp.spatial))]
         if inp.meta is not None:  # as MONAI's nets: a MetaTensor in, a MetaTensor out (affine, records)
             out = MetaTensor(out).copy_meta_from(inp.meta)
