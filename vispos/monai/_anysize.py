@@ -2,7 +2,8 @@
 
 Shared by :class:`~vispos.monai.AnySizeViT` and :class:`~vispos.monai.AnySizeUNETR`: the options
 and their checks against the model, the reading of the input (a ``NestedTensor`` or a tensor,
-padded at the end to whole patches), the patch-grid mask (a patch holding any valid voxel is
+padded at the end to whole patches; items of a rectangular padding that start off the patch grid
+moved to the origin, so they are cut into the patches they get alone), the patch-grid mask (a patch holding any valid voxel is
 valid), each item's position embedding on its own patch grid, and MONAI's ``ViT.forward`` with
 ``attn_mask`` passed to every block.
 
