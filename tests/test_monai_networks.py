@@ -117,15 +117,17 @@ def test_vit_other_size_equals_monai_vit_built_there(pos_embed_type):
 def test_vit_symmetric_padding_from_monai_transforms(pos_embed_type):
     net = AnySizeViT(**VIT, pos_embed_type=pos_embed_type).eval()
     pad = DivisiblePadd("image", k=4)  # symmetric: the volume does not start at a patch corner
-    items = [pad({"image": MetaTensor(v)}) for v in _volumes([(13, 6, 9), (7, 16, 11), (16, 3, 4)])]
-    batch = NestedPadCollate(size_divisibility=4)(items)
-    assert batch["image"].rectangular and not batch["image"].padding.at_origin
+    volumes = _volumes([(13, 6, 9), (7, 16, 11), (16, 3, 4)])
+    batch = NestedPadCollate(size_divisibility=4)([pad({"image": MetaTensor(v)}) for v in volumes])
+    padding = batch["image"].padding
+    assert batch["image"].rectangular and any(a % 4 for start in padding.starts for a in start)
     grid = [s // 4 for s in batch["image"].tensors.shape[2:]]
     with torch.no_grad():
         out, _ = net(batch["image"])
-        for b, item in enumerate(items):  # alone: the item as DivisiblePad left it
-            image = item["image"].as_tensor()
-            assert_close(_valid(out[b], grid, image.shape[1:], (4, 4, 4)), net(image[None])[0][0])
+        for b, volume in enumerate(volumes):  # alone: the volume itself (the mask's box, unpadded)
+            assert tuple(padding.sizes[b]) == tuple(volume.shape[1:])
+            cells = tuple(slice(a // 4, a // 4 - (-s // 4)) for a, s in zip(padding.starts[b], volume.shape[1:]))
+            assert_close(out[b].reshape(*grid, -1)[cells].reshape(-1, out.shape[-1]), net(volume[None])[0][0])
 
 
 def test_unetr_is_monai_unetr_and_converts_in_place():

@@ -2,7 +2,8 @@
 
 Shared by :class:`~vispos.monai.AnySizeViT` and :class:`~vispos.monai.AnySizeUNETR`: the options
 and their checks against the model, the reading of the input (a ``NestedTensor`` or a tensor,
-padded at the end to whole patches), the patch-grid mask (a patch holding any valid voxel is
+padded at the end to whole patches; items of a rectangular padding that start off the patch grid
+moved to the origin, so they are cut into the patches they get alone), the patch-grid mask (a patch holding any valid voxel is
 valid), each item's position embedding on its own patch grid, and MONAI's ``ViT.forward`` with
 ``attn_mask`` passed to every block.
 
@@ -93,13 +94,45 @@ class _Input(NamedTuple):
     patches (plain tensor, zeros on every padded voxel), ``mask`` ``Tensor[B, *S']`` (True = padding; None: none), ``spatial``
     the input's own ``S``, ``boxes`` each item's ``(start, stop)`` when the input's
     :class:`~vispos.Padding` knows them on the host (or None),
-    ``meta`` the input ``MetaTensor`` (or None)."""
+    ``meta`` the input ``MetaTensor`` (or None), ``shifts`` each item's box start when some
+    start is not a multiple of the patch size (the items were then moved to the canvas origin:
+    ``images``, ``mask`` and ``boxes`` hold them there; or None)."""
 
     images: Tensor
     mask: Tensor | None
     spatial: tuple[int, ...]
     boxes: Any
     meta: Any
+    shifts: Any = None
+
+
+def _roll_items(t: Tensor, shifts: Any, first: int) -> Tensor:
+    """``t`` with item ``b`` rolled by ``shifts[b]`` along the axes from ``first`` on (a
+    per-item ``torch.roll``: differentiable, nothing read on the device)."""
+    dims = tuple(range(first, first + len(shifts[0])))
+    return torch.stack([torch.roll(t[b], tuple(shifts[b]), tuple(d - 1 for d in dims)) for b in range(t.shape[0])])
+
+
+def _check_on_grid(mask: Tensor, patch: tuple[int, ...], name: str) -> None:
+    """Refuses a mask without known boxes whose items start off the patch grid: such an item is
+    cut into other patches than alone, and only a box can be moved to the origin (one read of
+    the mask on the host)."""
+    valid = ~mask
+    n = len(patch)
+    for axis, p in enumerate(patch):
+        if p == 1:
+            continue
+        other = [d for d in range(1, n + 1) if d != axis + 1]
+        line = valid.any(dim=other) if other else valid  # (B, S_axis)
+        first = line.to(torch.int8).argmax(1)
+        if bool((line.any(1) & (first % p != 0)).any()):
+            raise ValueError(
+                f"{name}: an item of the mask (shape {tuple(mask.shape)}, no box known) starts at a voxel "
+                f"that is not a multiple of the patch size {patch} along spatial axis {axis}, so it would be "
+                "cut into other patches than alone. Pass a NestedTensor with rectangular padding "
+                "(Padding.from_sizes(sizes, spatial, starts=...) or Padding.from_mask(mask, classify=True)): "
+                "its items are then moved to the origin and back, exactly; or pad at the end"
+            )
 
 
 class _AnySize:
@@ -202,6 +235,7 @@ class _AnySize:
         meta = tensors if isinstance(tensors, MetaTensor) else None
         tensors = _plain(tensors)  # computed on plain tensors; metadata re-attached at the end
         spatial = tuple(tensors.shape[2:])
+        shifts = None
         if mask is not None:
             check_mask(mask)
             if tuple(mask.shape) != (tensors.shape[0], *spatial):
@@ -210,6 +244,16 @@ class _AnySize:
             # zeros in the padding, what an item alone gets in its last, partial patch (a padded
             # batch may hold any value there)
             tensors = tensors.masked_fill(mask.unsqueeze(1), 0)
+            if boxes is not None and any(a % p for start, _ in boxes for a, p in zip(start, self.patch_size)):
+                # an item off the patch grid: moved to the origin, cut into the patches it gets alone
+                shifts = [start for start, _ in boxes]
+                back = [tuple(-a for a in start) for start in shifts]
+                tensors = _roll_items(tensors, back, 2)
+                mask = _roll_items(mask, back, 1)
+                boxes = tuple((tuple(0 for _ in start), tuple(e - a for a, e in zip(start, stop)))
+                              for start, stop in boxes)
+            elif boxes is None and not tracing():
+                _check_on_grid(mask, self.patch_size, name)
         extra = [(-s) % p for s, p in zip(spatial, self.patch_size)]
         if any(extra):
             pad = [w for e in reversed(extra) for w in (0, e)]
@@ -217,7 +261,7 @@ class _AnySize:
             grown = torch.ones((tensors.shape[0], *tensors.shape[2:]), dtype=torch.bool, device=tensors.device)
             grown[(slice(None), *(slice(0, s) for s in spatial))] = False if mask is None else mask
             mask = grown
-        return _Input(tensors, mask, spatial, boxes, meta)
+        return _Input(tensors, mask, spatial, boxes, meta, shifts)
 
     def token_mask(self, x: Any) -> Tensor:
         """The padding mask of ``x``'s patch grid: ``Tensor[B, *G]`` bool, True = padding.
@@ -228,11 +272,27 @@ class _AnySize:
         Raises:
             TypeError, ValueError: as ``forward``.
         """
-        tensors, mask = self._read(x)[:2]
+        inp = self._read(x)
+        tensors, mask = inp.images, inp.mask
         if mask is None:
             grid = [s // p for s, p in zip(tensors.shape[2:], self.patch_size)]
             return torch.zeros((tensors.shape[0], *grid), dtype=torch.bool, device=tensors.device)
-        return ~_token_valid(mask, self.patch_size)
+        return self._place(~_token_valid(mask, self.patch_size), inp.shifts, 1)
+
+    def _place(self, t: Tensor, shifts: Any, first: int) -> Tensor:
+        """A patch-grid map of items moved to the origin (``shifts`` not None) moved back by whole
+        patches: item ``b``'s cells start at ``shifts[b] // patch_size`` (axes from ``first``)."""
+        if shifts is None:
+            return t
+        return _roll_items(t, [tuple(a // p for a, p in zip(start, self.patch_size)) for start in shifts], first)
+
+    def _place_tokens(self, t: Tensor, shifts: Any, grid: tuple[int, ...]) -> Tensor:
+        """Tokens ``Tensor[B, (1 +) N, hidden]`` moved back as :meth:`_place` (prefix tokens kept)."""
+        if shifts is None:
+            return t
+        prefix = t.shape[1] - math.prod(grid)
+        cells = self._place(t[:, prefix:].reshape(t.shape[0], *grid, t.shape[-1]), shifts, 1)
+        return torch.cat((t[:, :prefix], cells.reshape(t.shape[0], -1, t.shape[-1])), dim=1)
 
     # ----------------------------------------------------------------------------- encoder
     def _positions(self, token_valid: Tensor | None, grid: tuple[int, ...], batch: int, boxes: Any) -> Tensor | None:

@@ -17,7 +17,8 @@ tensor of any size:
   norms over its cells only, each map's padding from the token grid's valid cells.
 
 So an item's output inside a padded batch equals its output run alone at its own size, on its
-valid region, to float tolerance (tested). A patch holding any valid voxel is valid: sizes that
+valid region, to float tolerance (tested). Items of a rectangular padding that start off the patch
+grid (MONAI's symmetric padding) are moved to the origin first and their outputs moved back. A patch holding any valid voxel is valid: sizes that
 are not multiples of the patch size keep their last, partial patch (zero-filled), where MONAI's
 convolution would drop it.
 
@@ -42,7 +43,7 @@ from monai.data import MetaTensor
 from monai.networks.nets import UNETR, ViT
 from torch import Tensor
 
-from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size
+from ._anysize import _adopt, _AnySize, _grid_of, _options, _patch_size, _roll_items
 from ._decoder import InvariantDecoder, decoder_padding
 
 __all__ = ["AnySizeViT", "AnySizeUNETR"]
@@ -84,12 +85,19 @@ class AnySizeViT(_AnySize, ViT):
         - output: ``(x, hidden_states_out)`` as MONAI's ``ViT``: ``x`` ``Tensor[B, (1 +) N, hidden]``
           over the padded patch grid ``G = ceil(S / patch_size)`` (``N = prod(G)``; see
           :meth:`token_mask`), or ``Tensor[B, num_classes]`` with ``classification=True`` (the
-          class token attends to valid patches only).
+          class token attends to valid patches only). Item ``b``'s tokens (and every block's in
+          ``hidden_states_out``) lie on the patch cells from ``start // patch_size``,
+          ``ceil(size / patch_size)`` of them, for its box ``[start, start + size)``
+          (:meth:`token_mask` marks them): when some item of a rectangular padding starts off the
+          patch grid, every item is moved to the origin, cut into the patches it gets alone, and
+          its tokens moved back by whole patches.
 
     Raises:
         ValueError: bad options; causal or relative-position attention blocks; a sin-cos table
             that is not MONAI's at ``temperature``; a learned table whose grid cannot be known
-            (pass ``img_size``). At ``forward``: a mask of another shape.
+            (pass ``img_size``). At ``forward``: a mask of another shape; a mask without known
+            boxes (``Padding.kind == "arbitrary"``) whose items start off the patch grid (build
+            the padding with ``Padding.from_mask(mask, classify=True)`` or ``from_sizes``).
         TypeError: an input that is neither a NestedTensor nor a tensor; a non-bool mask;
             ``torch.jit.script`` / ``torch.jit.trace`` (TorchScript is not supported).
         ImportError: MONAI older than 1.5.
@@ -139,6 +147,10 @@ class AnySizeViT(_AnySize, ViT):
     def forward(self, x: Any) -> tuple[Tensor, list[Tensor]]:
         inp = self._read(x)
         out, hidden_states_out, _ = self._encode(inp.images, inp.mask, inp.boxes)
+        if inp.shifts is not None:  # items moved to the origin: their tokens back by whole patches
+            grid = tuple(s // p for s, p in zip(inp.images.shape[2:], self.patch_size))
+            out = self._place_tokens(out, inp.shifts, grid)
+            hidden_states_out = [self._place_tokens(h, inp.shifts, grid) for h in hidden_states_out]
         if hasattr(self, "classification_head"):
             out = self.classification_head(out[:, 0])
         return out, hidden_states_out
@@ -157,10 +169,12 @@ class AnySizeUNETR(_AnySize, UNETR):
     Shape:
         - input: a :class:`~vispos.NestedTensor` ``(B, C, *S)`` or a tensor ``(B, C, *S)``.
         - output: ``Tensor[B, out_channels, *S]`` (logits; on padding they are meaningless: mask
-          them with the input's mask).
+          them with the input's mask). Each item's logits lie on its own voxels, also when its
+          box starts off the patch grid (MONAI's symmetric padding): the items are then moved to
+          the origin for the network and their logits moved back.
 
     Raises:
-        ValueError: as :class:`AnySizeViT`; a decoder layer that vispos' padding-invariance rule
+        ValueError: as :class:`AnySizeViT` (an arbitrary mask off the patch grid included); a decoder layer that vispos' padding-invariance rule
             book cannot run exactly (layer norm over space, instance norm tracking running
             statistics, up-sampling with ``align_corners=True``, a layer without a rule) or that
             torch.fx cannot trace, named.
@@ -253,6 +267,8 @@ class AnySizeUNETR(_AnySize, UNETR):
             token_valid, inp.boxes, self.patch_size, tuple(images.shape[2:]))
         tokens = [proj(hidden_states_out[3]), proj(hidden_states_out[6]), proj(hidden_states_out[9]), proj(x)]
         out = self._decoder()(self.training, images, tokens, padding)
+        if inp.shifts is not None:  # items moved to the origin: each one's logits back at its own voxels
+            out = _roll_items(out, inp.shifts, 2)
         out = out[(slice(None), slice(None), *(slice(0, s) for s in inp.spatial))]
         if inp.meta is not None:  # as MONAI's nets: a MetaTensor in, a MetaTensor out (affine, records)
             out = MetaTensor(out).copy_meta_from(inp.meta)
