@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from .. import _deprecation
 from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
+from ..invariance._packed import PackedRunner
 from ..invariance._run import InvariantRunner
 
 __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
@@ -102,12 +103,14 @@ class BackboneAdapter(nn.Module):
     body: nn.Module
     #: set by ``padding_invariant=True``: runs the rewritten graph and gives each level its padding
     _invariant: InvariantRunner | None = None
+    #: set by ``packed=True``: every item's tokens in one sequence (takes a list of images too)
+    _packed: PackedRunner | None = None
 
     @property
     def padding_invariant(self) -> bool:
         """bool: every level of an item in a padded batch equals, on the item's cells, what the
-        backbone gives the item alone (``padding_invariant=True`` at construction)."""
-        return self._invariant is not None
+        backbone gives the item alone (``padding_invariant=True`` or ``packed=True`` at construction)."""
+        return self._invariant is not None or self._packed is not None
 
     def _features(self, tensors: Tensor) -> list[Tensor]:  # pragma: no cover - abstract
         """The feature maps of ``tensors``, one per level, each ``Tensor[B, C_l, *S_l]``."""
@@ -115,6 +118,11 @@ class BackboneAdapter(nn.Module):
 
     def forward(self, x: NestedTensor) -> list[NestedTensor]:
         axes = ", ".join("DHW"[-self.n_spatial:])
+        if self._packed is not None and isinstance(x, (list, tuple)):
+            for item in x[:1]:  # the runner checks that the items agree
+                _check_device(item, self.body)
+                _check_dtype(item, self.body)
+            return self._packed(self.body, x)
         if not isinstance(x, NestedTensor):
             raise TypeError(f"x must be a NestedTensor (B, C, {axes}), got {type(x).__name__}")
         tensors = x.tensors
@@ -124,6 +132,8 @@ class BackboneAdapter(nn.Module):
             )
         _check_device(tensors, self.body)
         _check_dtype(tensors, self.body)
+        if self._packed is not None:
+            return self._packed(self.body, x)
         if self._invariant is not None:
             return self._invariant(self.body, x)
         return [x.with_features(f) for f in self._features(tensors)]

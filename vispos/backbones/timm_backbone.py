@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._checks import as_sequence, check_bool, check_int, describe
+from ..invariance._packed import PackedRunner
 from ..invariance._tokens import TokenModelRule, TokenRunner
 from ..invariance.rules import rule_for
 from ._batch_norm import freeze_batch_norm
@@ -72,6 +73,11 @@ class TimmBackbone(BackboneAdapter):
             instead: each item gets its own resampled position table and RoPE coordinates, and
             attention masks the keys outside the item. Layers and models that cannot be made exact
             are refused here, by name. Default False: DETR's numbers (docs/padding-invariance.md).
+        packed (bool): timm's ``VisionTransformer`` and ``Eva`` families only: every item's tokens
+            run in one sequence without padding tokens (attention per item, positions per item) and
+            come back as the levels of ``padding_invariant=True`` (to rounding); ``forward`` also
+            takes a list of ``(C, H, W)`` images. Other models are refused by name. Not together
+            with ``padding_invariant``. Default False (docs/padding-invariance.md).
         model_kwargs (dict, optional): more keyword arguments for ``timm.create_model`` (e.g.
             ``{"drop_path_rate": 0.1}``, or a small ``depth`` / ``embed_dim``). Vision
             transformers are built with ``dynamic_img_size=True`` (any input size, the learned
@@ -125,6 +131,7 @@ class TimmBackbone(BackboneAdapter):
         frozen_batch_norm: bool = False,
         padding_invariant: bool = False,
         model_kwargs: dict[str, Any] | None = None,
+        packed: bool = False,
     ) -> None:
         super().__init__()
         import timm
@@ -147,6 +154,9 @@ class TimmBackbone(BackboneAdapter):
             raise TypeError(f"model_kwargs must be a dict with str keys, got {describe(model_kwargs)}")
         pretrained = check_bool(pretrained, "pretrained")
         padding_invariant = check_bool(padding_invariant, "padding_invariant")
+        if check_bool(packed, "packed") and padding_invariant:
+            raise ValueError("packed=True is exact per item already (the padded invariant run without padding "
+                             "tokens): pass packed=True or padding_invariant=True, not both")
         frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         in_chans = check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
@@ -186,6 +196,8 @@ class TimmBackbone(BackboneAdapter):
         if frozen_batch_norm:
             freeze_batch_norm(self.body, n_spatial=2)
         self._freeze()
+        if packed:
+            self._packed = PackedRunner.for_model(_token_model(self.body), model_name, self.out_indices, _token_model)
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
             model = _token_model(self.body)
             rule = None if model is None else rule_for(model)
@@ -246,7 +258,7 @@ class TimmBackbone(BackboneAdapter):
             f"pretrained={self.pretrained}, checkpoint_path={self.checkpoint_path!r}, "
             f"in_chans={self.in_chans}, train_backbone={self.train_backbone}, "
             f"frozen_stages={self.frozen_stages}, frozen_batch_norm={self.frozen_batch_norm}, "
-            f"padding_invariant={self.padding_invariant}"
+            f"padding_invariant={self.padding_invariant}, packed={self._packed is not None}"
         )
 
 

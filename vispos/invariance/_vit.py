@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
+from ._packed import packed_levels
 from ._tokens import (
     TokenModelRule, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas, token_level,
 )
@@ -220,5 +221,6 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     return [out[i] for i in indices]
 
 
-register_invariance_rule("timm.models.vision_transformer.VisionTransformer", TokenModelRule(vit_levels, check_vit))
-register_invariance_rule("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva))
+register_invariance_rule("timm.models.vision_transformer.VisionTransformer",
+                         TokenModelRule(vit_levels, check_vit, packed=packed_levels))
+register_invariance_rule("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva, packed=packed_levels))
