@@ -15,7 +15,7 @@ Every comparison is read with :func:`vispos.app.train.report.paired` and its rul
 when the t-test gives p < 0.05, the bootstrap interval excludes 0 and it wins more seeds than it
 loses; otherwise the sentence says level).
 
-    python -m vispos.app.train.compare --task 2d --stock runs/stock --invariant runs/inv --out compare.md
+    python -m vispos.app.train.compare --stock runs/stock --invariant runs/inv --out compare.md
 
 ``--labels A B`` names the two folders' runs otherwise (e.g. two ``--vit-pos`` arms of one
 backbone: ``--labels none rope``); the comparisons are the same, B - A.
