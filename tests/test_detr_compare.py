@@ -46,3 +46,18 @@ def test_empty_folder_is_refused(tmp_path):
     (tmp_path / "stock").mkdir()
     with pytest.raises(FileNotFoundError, match="no run under"):
         compare_backbones(str(tmp_path / "stock"), str(tmp_path / "stock"), "ap50")
+
+
+
+def test_labels_name_the_two_folders(tmp_path):
+    """Two position arms of one backbone (``--labels none rope``): the report names them, never
+    stock / invariant, and refuses two equal names."""
+    for seed in range(3):
+        _write(tmp_path / "a", "none", seed, 0.1 + seed / 100, 0.1 + seed / 100)
+        _write(tmp_path / "b", "none", seed, 0.3 + seed / 50, 0.3 + seed / 50)
+    text = compare_backbones(str(tmp_path / "a"), str(tmp_path / "b"), "ap50", labels=("none", "rope"))
+    assert "stock" not in text and "invariant" not in text
+    assert "**What rope changes** (rope - none, same seed, same composition):" in text
+    assert "- none, batch 1 over seeds [0, 1, 2]: rope - none = +0.210" in text
+    with pytest.raises(ValueError, match="labels must be two different names"):
+        compare_backbones(str(tmp_path / "a"), str(tmp_path / "b"), "ap50", labels=("x", "x"))

@@ -11,8 +11,8 @@ import argparse
 
 from ._args import TaskFlags, int_at_least, positive_float
 
-__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "VOLUMES", "TRAIN_VOLUMES",
-           "HELDOUT_VOLUMES"]
+__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "VIT", "VIT_POS", "VOLUMES",
+           "TRAIN_VOLUMES", "HELDOUT_VOLUMES"]
 
 # ---------------------------------------------------------------------------------------- 2D
 #: scikit-image sample photographs used as training backgrounds (all shipped, no download)
@@ -24,6 +24,13 @@ TRAIN_PHOTOS = (
 HELDOUT_PHOTOS = ("text", "clock", "coins", "grace_hopper")
 #: the largest photo side and resize scale the demo accepts (px)
 MAX_SIDE = 2048
+#: ``--backbone vit``: a small vision transformer trained from scratch (timm ``Eva``, the class of
+#: timm's RoPE ViTs and EVA-02): patch 8 (stride 8, as the CNN's default level), 4 blocks of width
+#: 64, 4 heads, MLP ratio 4, a class token, no layer scale; the last block is the level
+VIT = {"patch_size": 8, "depth": 4, "embed_dim": 64, "num_heads": 4, "mlp_ratio": 4.0}
+#: ``--vit-pos``: the ViT's own position signal: none, MAE's fixed 2D sin-cos table, a learned table
+#: (both resampled to each image's patch grid, as timm's ``dynamic_img_size``), axial RoPE
+VIT_POS = ("none", "sincos", "learned", "rope")
 
 
 def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
@@ -37,9 +44,20 @@ def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
     # every time"); at 20-56 some seeds had not left the first plateau after 3000 steps
     g.add_argument("--min-object", type=int_at_least(4), default=32, help="smallest object side (px)")
     g.add_argument("--max-object", type=pos1, default=64, help="largest object side (px)")
-    g.add_argument("--backbone", default="test_resnet", help="timm model (pretrained=False)")
-    g.add_argument("--out-index", type=int_at_least(0), default=2,
-                   help="timm feature index (2: stride 8, 3: stride 16)")
+    vit = ", ".join(f"{k} {v:g}" for k, v in VIT.items())
+    g.add_argument("--backbone", default="test_resnet",
+                   help=f"timm model (pretrained=False), or vit: a small ViT from scratch (timm Eva: {vit}; "
+                        "class token, no layer scale; its position signal from --vit-pos)")
+    g.add_argument("--out-index", type=int_at_least(0), default=None,
+                   help="timm feature index (a CNN: 2 stride 8, 3 stride 16; a ViT: the block). Default: 2, "
+                        "or the last block of a ViT")
+    g.add_argument("--vit-pos", choices=VIT_POS, default=None,
+                   help="--backbone vit's own position encoding: none, sincos (MAE's fixed table), learned "
+                        "(a table, as ViT), rope (axial RoPE, timm's RoPE ViT); the tables are resampled to "
+                        "each image's patch grid (default learned)")
+    g.add_argument("--packed", action="store_true",
+                   help="token backbones only (--backbone vit, timm ViT / Eva): every image's tokens in one "
+                        "sequence without padding tokens, exact per image like --padding-invariant (not both)")
 
 
 FLAGS_2D = TaskFlags(

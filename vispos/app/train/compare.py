@@ -15,7 +15,10 @@ Every comparison is read with :func:`vispos.app.train.report.paired` and its rul
 when the t-test gives p < 0.05, the bootstrap interval excludes 0 and it wins more seeds than it
 loses; otherwise the sentence says level).
 
-    python -m vispos.app.train.compare --task 2d --stock runs/stock --invariant runs/inv --out compare.md
+    python -m vispos.app.train.compare --stock runs/stock --invariant runs/inv --out compare.md
+
+``--labels A B`` names the two folders' runs otherwise (e.g. two ``--vit-pos`` arms of one
+backbone: ``--labels none rope``); the comparisons are the same, B - A.
 """
 
 from __future__ import annotations
@@ -60,12 +63,18 @@ def _compare(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, 
     return _sentence(label, r, seeds, x, y)
 
 
-def compare_backbones(stock_out: str, invariant_out: str, metric: str) -> str:
-    """The markdown report (see the module docstring).
+def compare_backbones(stock_out: str, invariant_out: str, metric: str,
+                      labels: Sequence[str] = ("stock", "invariant")) -> str:
+    """The markdown report (see the module docstring). ``labels`` name the two folders' runs in it
+    (e.g. two position arms of one backbone: ``("none", "rope")``).
 
     Raises:
         FileNotFoundError: a folder without runs.
+        ValueError: ``labels`` not two different names.
     """
+    if len(labels) != 2 or labels[0] == labels[1]:
+        raise ValueError(f"labels must be two different names, got {list(labels)}")
+    sa, ia = labels
     stock = _values(load_runs(stock_out), metric)
     inv = _values(load_runs(invariant_out), metric)
     arms = [a for a in _ARMS if a in stock or a in inv] + sorted((set(stock) | set(inv)) - set(_ARMS))
@@ -77,8 +86,8 @@ def compare_backbones(stock_out: str, invariant_out: str, metric: str) -> str:
     head = keys[0] if keys else ALONE
     lines = [f"Headline metric: {metric}, mean of the last 3 evaluations. Compositions: "
              + ", ".join(composition_label(k) for k in keys) + f" (the demo's headline: {composition_label(head)}).",
-             "", "| arm | seed | " + " | ".join(f"stock {composition_label(k)}" for k in keys) + " | "
-             + " | ".join(f"invariant {composition_label(k)}" for k in keys) + " |",
+             "", "| arm | seed | " + " | ".join(f"{sa} {composition_label(k)}" for k in keys) + " | "
+             + " | ".join(f"{ia} {composition_label(k)}" for k in keys) + " |",
              "|---|---:|" + "---:|" * (2 * len(keys))]
     for arm in arms:
         seeds = sorted(set(stock.get(arm, {})) | set(inv.get(arm, {})))
@@ -88,7 +97,7 @@ def compare_backbones(stock_out: str, invariant_out: str, metric: str) -> str:
                 comp = by_arm.get(arm, {}).get(seed, {})
                 cells += [f"{comp[k]:.3f}" if k in comp else "-" for k in keys]
             lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
-        for name, by_arm in (("stock", stock), ("invariant", inv)):
+        for name, by_arm in ((sa, stock), (ia, inv)):
             per = by_arm.get(arm, {})
             stats = []
             for k in keys:
@@ -96,21 +105,22 @@ def compare_backbones(stock_out: str, invariant_out: str, metric: str) -> str:
                 stats.append(f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1):.3f}" if len(vals) > 1 else
                              (f"{vals[0]:.3f}" if vals else "-"))
             lines.append(f"| {arm}, {name} mean ± std | | " + (" | ".join(stats) + " | " + " | " * len(keys)
-                         if name == "stock" else " | " * len(keys) + " | ".join(stats) + " |").rstrip())
+                         if name == sa else " | " * len(keys) + " | ".join(stats) + " |").rstrip())
     lines += ["", "**What padding costs** (the composition against the item alone, same runs):", ""]
     for arm in arms:
-        for name, by_arm in (("stock", stock), ("invariant", inv)):
+        for name, by_arm in ((sa, stock), (ia, inv)):
             for k in keys:
                 if k != ALONE and arm in by_arm:
                     lines.append(_compare(by_arm[arm], by_arm[arm], k, ALONE, f"{arm}, {name}: {composition_label(k)} "
                                           f"vs alone", composition_label(k), "alone"))
-    lines += ["", "**What the invariant backbone changes** (invariant - stock, same seed, same composition):", ""]
+    what = "the invariant backbone" if ia == "invariant" else ia
+    lines += ["", f"**What {what} changes** ({ia} - {sa}, same seed, same composition):", ""]
     for arm in arms:
         if arm in stock and arm in inv:
             for k in keys:
-                lines.append(_compare(inv[arm], stock[arm], k, k, f"{arm}, {composition_label(k)}", "invariant", "stock"))
+                lines.append(_compare(inv[arm], stock[arm], k, k, f"{arm}, {composition_label(k)}", ia, sa))
     lines += ["", "**The arms within each backbone**:", ""]
-    for name, by_arm in (("stock", stock), ("invariant", inv)):
+    for name, by_arm in ((sa, stock), (ia, inv)):
         for x, y in _PAIRS:
             if x in by_arm and y in by_arm:
                 for k in (head, ALONE) if head != ALONE else (head,):
@@ -124,10 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--stock", required=True, help="folder of the stock backbone's runs")
     p.add_argument("--invariant", required=True, help="folder of the padding-invariant backbone's runs")
+    p.add_argument("--labels", nargs=2, default=["stock", "invariant"], metavar=("STOCK", "INVARIANT"),
+                   help="names of the two folders' runs in the report (e.g. two --vit-pos arms: none rope)")
     p.add_argument("--metric", default="ap50", help="headline metric (2D: ap50, 3D: ap25)")
     p.add_argument("--out", default=None, help="write the report here")
     args = p.parse_args(argv)
-    text = compare_backbones(args.stock, args.invariant, args.metric)
+    text = compare_backbones(args.stock, args.invariant, args.metric, args.labels)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

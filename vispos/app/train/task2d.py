@@ -33,15 +33,22 @@ import argparse
 from collections.abc import Sequence
 from typing import NoReturn
 
+import torch
+
+import vispos
+
 from ...backbones import TimmBackbone
-from ._task_args import FLAGS_2D, MAX_SIDE, TRAIN_PHOTOS
+from ._task_args import FLAGS_2D, MAX_SIDE, TRAIN_PHOTOS, VIT, VIT_POS
 from .cli import run
 from .criterion import BOX_OPS_2D
 from .metrics import coco_map
 from .shapes2d import CLASSES, HELDOUT_PHOTOS, ShapesOnPhotos, load_photos
 from .task import DetrTask
 
-__all__ = ["TASK", "build_backbone", "build_datasets", "main"]
+__all__ = ["TASK", "VIT_NAME", "build_backbone", "build_datasets", "vit_model_kwargs", "main"]
+
+#: ``--backbone vit``; the timm model it is built from (:data:`VIT` sets its sizes)
+VIT_NAME, VIT_BASE = "vit", "vit_small_patch16_rope_224"
 
 
 def validate(args: argparse.Namespace, error) -> NoReturn | None:
@@ -60,19 +67,33 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
     if args.size_divisibility > max(args.scales):
         error("--size-divisibility", f"must be <= the largest of --scales ({max(args.scales)}): a larger one "
               f"only adds padding, got {args.size_divisibility}")
-    import timm
+    if args.backbone != VIT_NAME and args.vit_pos is not None:
+        error("--vit-pos", f"only with --backbone {VIT_NAME} (the ViT's own position encoding), got --backbone "
+              f"{args.backbone}")
+    if args.backbone == VIT_NAME:
+        args.vit_pos = args.vit_pos or "learned"
+        if min(args.scales) < VIT["patch_size"]:
+            error("--scales", f"must be >= the ViT's patch ({VIT['patch_size']} px), got {args.scales}")
+    else:
+        import timm
 
-    if not timm.is_model(args.backbone):
-        error("--backbone", f"not a timm model name: {args.backbone!r}")
+        if not timm.is_model(args.backbone):
+            error("--backbone", f"not a timm model name: {args.backbone!r} (or {VIT_NAME}: a small ViT)")
+    if args.out_index is None:
+        args.out_index = VIT["depth"] - 1 if args.backbone == VIT_NAME else 2
+    if args.packed and args.padding_invariant:
+        error("--packed", "is exact per image already (the invariant run without padding tokens): pass --packed "
+              "or --padding-invariant, not both")
     try:
-        TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False)
+        build_backbone(args, padding_invariant=False, packed=False)
     except (ValueError, IndexError) as exc:
         error("--out-index", str(exc))
-    if args.padding_invariant:
-        try:
-            build_backbone(args)
-        except ValueError as exc:
-            error("--padding-invariant", f"--backbone {args.backbone}: {exc}")
+    for flag, on in (("--padding-invariant", args.padding_invariant), ("--packed", args.packed)):
+        if on:
+            try:
+                build_backbone(args)
+            except ValueError as exc:
+                error(flag, f"--backbone {args.backbone}: {str(exc).splitlines()[0]}")
     return None
 
 
@@ -85,9 +106,65 @@ def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPh
     return train, held
 
 
-def build_backbone(args: argparse.Namespace) -> TimmBackbone:
-    return TimmBackbone(args.backbone, out_indices=(args.out_index,), pretrained=False,
-                        padding_invariant=args.padding_invariant)
+def vit_model_kwargs(vit_pos: str, img_size: int) -> dict:
+    """``timm.create_model`` options of ``--backbone vit`` (:data:`VIT`) with position arm ``vit_pos``.
+
+    The model is timm's ``vit_small_patch16_rope_224`` (class ``Eva``) resized to :data:`VIT`, with
+    ``img_size`` the side of its position table's grid (``img_size / patch`` cells, resampled to
+    each image's grid). ``none``: no table, no RoPE; ``sincos`` / ``learned``: a table (filled by
+    :func:`build_backbone`); ``rope``: timm's axial RoPE (temperature 100, patch coordinates), no
+    table.
+
+    Raises:
+        ValueError: ``vit_pos`` not in :data:`VIT_POS`.
+    """
+    if vit_pos not in VIT_POS:
+        raise ValueError(f"vit_pos must be one of {VIT_POS}, got {vit_pos!r}")
+    return {**VIT, "img_size": img_size, "init_values": None, "use_abs_pos_emb": vit_pos in ("sincos", "learned"),
+            "use_rot_pos_emb": vit_pos == "rope"}
+
+
+def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = None,
+                   packed: bool | None = None) -> TimmBackbone:
+    """The task's backbone: ``--backbone`` (a timm model or ``vit``), ``--out-index``,
+    ``--padding-invariant`` and ``--packed`` (``padding_invariant`` / ``packed``, when given, win).
+
+    ``--backbone vit``: every ``--vit-pos`` arm starts from the weights the ``learned`` arm draws
+    from the same random state (and leaves the random state as it does), less the table: the arms
+    differ only in the position signal. With ``sincos`` the table is MAE's fixed 2D sin-cos
+    (:func:`vispos.mae_sincos_2d`, zero for the class token) and is not trained.
+
+    Raises:
+        ValueError: from :class:`~vispos.backbones.TimmBackbone` (a model ``padding_invariant`` or
+            ``packed`` refuses, by name; an unavailable ``out_index``).
+    """
+    options = dict(out_indices=(args.out_index,), pretrained=False,
+                   padding_invariant=args.padding_invariant if padding_invariant is None else padding_invariant,
+                   packed=getattr(args, "packed", False) if packed is None else packed)
+    if args.backbone != VIT_NAME:
+        return TimmBackbone(args.backbone, **options)
+    kwargs = vit_model_kwargs(args.vit_pos, max(args.scales))
+    if args.vit_pos == "learned":
+        backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
+    else:  # the learned arm's weights (same random draws), without its table: the arms differ in position only
+        before = torch.random.get_rng_state()
+        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales)), pretrained=False,
+                               out_indices=(args.out_index,))
+        after = torch.random.get_rng_state()
+        torch.random.set_rng_state(before)
+        backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
+        torch.random.set_rng_state(after)
+        state = learned.body.state_dict()
+        if backbone.body.model.pos_embed is None:
+            state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
+        backbone.body.load_state_dict(state)
+    if args.vit_pos == "sincos":
+        table = backbone.body.model.pos_embed  # (1, 1 + gh * gw, C), the class token's row first
+        grid = backbone.body.model.patch_embed.grid_size
+        with torch.no_grad():
+            table.copy_(vispos.mae_sincos_2d(table.shape[-1], grid, cls_token=True, dtype=table.dtype)[None])
+        table.requires_grad_(False)
+    return backbone
 
 
 TASK = DetrTask.from_flags(
