@@ -77,9 +77,9 @@ def _write_padding(x: Tensor, padding: Padding, value: float) -> Tensor:
             head = (b, slice(None), *inner)
             rest = (slice(None),) * (n - axis - 1)
             if start[axis] > 0:
-                x[(*head, slice(0, start[axis]), *rest)] = value
+                x[(*head, slice(0, start[axis]), *rest)].fill_(value)
             if stop[axis] < canvas[axis]:
-                x[(*head, slice(stop[axis], None), *rest)] = value
+                x[(*head, slice(stop[axis], None), *rest)].fill_(value)
             inner.append(slice(start[axis], stop[axis]))
     return x
 
