@@ -18,6 +18,8 @@ References:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -91,7 +93,6 @@ class _ValidBatchNorm(torch.autograd.Function):
         dims = (0, *range(2, x.dim()))
         stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
         weights = valid.to(stat_dtype)
-        n = n.to(stat_dtype) if isinstance(n, Tensor) else n
         xc = torch.where(valid, x.to(stat_dtype), 0.0)
         mean = xc.sum(dims) / n
         xc.addcmul_(weights, mean.view(shape), value=-1)
@@ -176,6 +177,8 @@ def batch_norm(
         return F.batch_norm(x, running_mean, running_var, weight, bias, use_batch, momentum or 0.0, eps)
     valid = valid_cells(padding)
     n = valid_total(padding, valid)
+    if isinstance(n, Tensor):  # counted on the device: in the statistics' dtype
+        n = n.to(torch.float32 if x.dtype in _LOW_PRECISION else x.dtype)
     y, mean, var = _ValidBatchNorm.apply(x, weight, bias, valid, n, eps)
     if training:
         update_running_stats(running_mean, running_var, num_batches_tracked, momentum, mean, var, n)
@@ -222,6 +225,9 @@ def group_norm(
     Returns:
         Tensor[B, C, *S] in ``x``'s dtype; zeros in the padding.
 
+    Raises:
+        ValueError: a box of one cell with one channel per group (torch refuses the item alone).
+
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
@@ -229,6 +235,13 @@ def group_norm(
         return F.group_norm(x, num_groups, weight, bias, eps)  # every cell is valid
     b, c = x.shape[:2]
     spatial = x.shape[2:]
+    if c // num_groups == 1 and isinstance(padding, Padding) and padding.kind == "rectangular":
+        for item, size in enumerate(padding.sizes):
+            if math.prod(size) == 1:  # torch's group norm refuses the item alone
+                raise ValueError(
+                    f"group norm: item {item} has 1 valid cell and {num_groups} groups of 1 channel, so 1 value "
+                    "per group; torch's group norm expects more than 1 value per group"
+                )
     stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
     valid = valid_cells(padding)
     group = (b, num_groups, c // num_groups, -1)
