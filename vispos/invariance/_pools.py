@@ -2,8 +2,10 @@
 average pooling that read only valid cells, each item's cell count.
 
 Every function takes the feature map's :class:`~vispos.Padding` (None: no padding, the stock op
-runs). A rectangular padding (every batch vispos builds) is read as each item's box, a view that
-touches only valid cells; an arbitrary mask falls back to one masked pass over the canvas.
+runs). Reductions take every item at once: a select keeps the padding out, then one reduction over
+the canvas, each item's count from the mask on its device (no loop over items, no read of the
+device), for a box per item and an arbitrary mask alike. Fills write only the padded strips of
+large maps with a box per item (a masked write otherwise), as one autograd node.
 
 References:
     ``torch.nn.AvgPool2d`` (output size, divisor) and ATen ``AvgPoolKernel.cpp``; Liu et al.,
