@@ -12,12 +12,19 @@ ratios. Peak memory is measured in its own pass: one fresh subprocess per row an
 (``--peak``), glibc set to return freed blocks (``benchmarks/_measure.malloc_setup``), the peak
 resident growth of one warm call.
 
+Batch-size rows (``--sweep``): timm ``resnet18`` and ``resnet50`` (levels 2-4) at B = 2, 8 and 32,
+and ``convnext_tiny`` (levels 1-3) at B = 2 and 8, on a padded batch of random images of mixed
+sizes (each side drawn in ``--sweep-sides``, seeded), eval forward and train forward + backward,
+stock and invariant interleaved as above; each row is measured ``--passes`` times in a row (the
+machine may be shared), the ratio reported per pass and as the median of the passes.
+
 Demo rows (``--demo``): seconds per training step of ``demos.train_detr`` and
 ``demos.train_detr3d`` (sine arm, their defaults) with and without ``--padding-invariant``,
 interleaved as ``bench_detr3d_step.py`` does for the arms.
 
     python benchmarks/bench_padding_invariant.py --threads 1 --out benchmarks/results_padding_invariant.md
     python benchmarks/bench_padding_invariant.py --demo --steps 30 --out benchmarks/results_padding_invariant.md
+    python benchmarks/bench_padding_invariant.py --sweep --passes 2 --out benchmarks/results_padding_invariant.md
 """
 
 from __future__ import annotations
@@ -152,6 +159,78 @@ def backbone_rows(args) -> list[str]:
     return lines
 
 
+SWEEP = (("resnet18", (2, 3, 4), (2, 8, 32)), ("resnet50", (2, 3, 4), (2, 8, 32)),
+         ("convnext_tiny", (1, 2, 3), (2, 8)))
+
+
+def sweep_batch(batch: int, sides: tuple[int, int], seed: int = 0):
+    """A padded batch of ``batch`` random images, each side drawn in ``[sides[0], sides[1]]``."""
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(batch):
+        h, w = (int(v) for v in torch.randint(sides[0], sides[1] + 1, (2,), generator=g))
+        items.append(torch.randn(3, h, w, generator=g))
+    return vispos.nested_tensor_from_tensor_list(items)
+
+
+def _interleaved(runs: dict, warmup: int, repeats: int) -> tuple[dict, dict]:
+    """Median wall and CPU seconds per arm, the arms run round-robin."""
+    wall = {arm: [] for arm in ARMS}
+    cpu = {arm: [] for arm in ARMS}
+    for _ in range(warmup):
+        for arm in ARMS:
+            runs[arm]()
+    for _ in range(repeats):
+        for arm in ARMS:
+            t0, c0 = time.perf_counter(), time.process_time()
+            runs[arm]()
+            wall[arm].append(time.perf_counter() - t0)
+            cpu[arm].append(time.process_time() - c0)
+    return ({arm: statistics.median(wall[arm]) for arm in ARMS}, {arm: statistics.median(cpu[arm]) for arm in ARMS})
+
+
+def sweep_rows(args) -> list[str]:
+    lines = [
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.repeats} interleaved rounds after "
+        f"{args.warmup} warm-up calls per arm, {args.passes} passes per row; random images of sides "
+        f"{args.sweep_sides[0]}-{args.sweep_sides[1]} px; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores",
+        "",
+        "| backbone, levels | B, canvas | mode | stock CPU s | invariant CPU s | CPU ratio (median of passes) | "
+        "CPU ratio per pass | wall ratio per pass |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for name, levels, batches in SWEEP:
+        if args.models and name not in args.models:
+            continue
+        torch.manual_seed(0)
+        stock = TimmBackbone(name, out_indices=levels, padding_invariant=False)
+        _trained_like(stock)
+        invariant = TimmBackbone(name, out_indices=levels, padding_invariant=True)
+        invariant.load_state_dict(stock.state_dict())
+        models = {"stock": stock, "invariant": invariant}
+        for batch_size in batches:
+            batch = sweep_batch(batch_size, tuple(args.sweep_sides))
+            canvas = "x".join(str(s) for s in batch.tensors.shape[2:])
+            for mode in MODES:
+                runs = {arm: step_fn(models[arm], batch, mode) for arm in ARMS}
+                cpu_ratios, wall_ratios, cpus = [], [], []
+                for _ in range(args.passes):
+                    w, c = _interleaved(runs, args.warmup, args.repeats)
+                    cpu_ratios.append(c["invariant"] / c["stock"])
+                    wall_ratios.append(w["invariant"] / w["stock"])
+                    cpus.append(c)
+                median = statistics.median(cpu_ratios)
+                lines.append(
+                    f"| {name}, {len(levels)} levels | {batch_size}, {canvas} | {mode} | "
+                    f"{statistics.median(c['stock'] for c in cpus):.3f} | "
+                    f"{statistics.median(c['invariant'] for c in cpus):.3f} | {median:.3f} | "
+                    f"{', '.join(f'{r:.3f}' for r in cpu_ratios)} | {', '.join(f'{r:.3f}' for r in wall_ratios)} |"
+                )
+                print(lines[-1], flush=True)
+    return lines
+
+
 def demo_rows(args) -> list[str]:
     from _demo_step import timed_step
     from demos import train_detr, train_detr3d
@@ -206,6 +285,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-peak", action="store_true", help="skip the peak-memory subprocesses")
     p.add_argument("--demo", action="store_true", help="the demos' training step instead of the backbones")
     p.add_argument("--steps", type=int, default=30, help="timed demo steps per arm (--demo)")
+    p.add_argument("--sweep", action="store_true", help="rows per batch size: resnet18 / resnet50 / convnext_tiny")
+    p.add_argument("--passes", type=int, default=2, help="passes per row (--sweep)")
+    p.add_argument("--sweep-sides", type=int, nargs=2, default=(64, 128), help="image sides drawn in (--sweep)")
+    p.add_argument("--models", nargs="*", default=None, help="only these timm models (--sweep)")
     p.add_argument("--out", default=None, help="append the markdown table to this file")
     p.add_argument("--peak", nargs=3, metavar=("WORKLOAD", "MODE", "ARM"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -213,7 +296,7 @@ def main(argv=None) -> int:
     if args.peak:
         _peak_child(*args.peak, args.max_side)
         return 0
-    lines = demo_rows(args) if args.demo else backbone_rows(args)
+    lines = demo_rows(args) if args.demo else sweep_rows(args) if args.sweep else backbone_rows(args)
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out, "a") as f:

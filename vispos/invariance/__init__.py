@@ -1,8 +1,8 @@
 """Padding invariance: every item of a padded batch gets, on its own cells, what it gets alone.
 
 One home for the rule book (:mod:`vispos.invariance.rules`, open to a user's own layers through
-:func:`register_invariance_rule`), the maths over valid cells (each item's box first, any mask
-as the fallback) and the rewrite of a traced backbone's graph. The backbones'
+:func:`register_invariance_rule`), the maths over valid cells (every item's statistics in one
+masked reduction) and the rewrite of a traced backbone's graph. The backbones'
 ``padding_invariant=True``, the :class:`~vispos.backbones.Joiner`'s projections and
 :mod:`vispos.monai`'s decoder all use it.
 

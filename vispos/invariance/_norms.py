@@ -2,11 +2,12 @@
 running statistics updated from them), group and instance norm (each item's own statistics).
 
 Every function takes the feature map's padding: a :class:`~vispos.Padding` (None: no padding,
-the stock layer runs) or a bool mask ``Tensor[B, 1, *S]`` (True = padding). A rectangular padding
-(every batch vispos builds) is read as each item's box, a view that touches only valid cells and
-keeps torch's fused kernels: batch norm's statistics with a closed-form backward, group norm by
-``F.group_norm`` on each item's view. An arbitrary mask (or a mask tensor: MONAI's decoder) falls
-back to masked passes over the canvas. Padded cells of the outputs are finite and meaningless.
+the stock layer runs) or a bool mask ``Tensor[B, 1, *S]`` (True = padding). Every item's statistics
+come from one masked reduction over the canvas (a select keeps the padding's values out, then
+sums per channel, or per item and group): no loop over items and no read of the device, the same
+for a box per item (every batch vispos builds) and an arbitrary mask (MONAI's decoder). Batch
+norm's total count comes from the boxes on the host, or from the mask on the device; its backward
+is the closed form. Padded cells of the outputs are finite and meaningless.
 
 References:
     Ioffe and Szegedy, Batch Normalization, ICML 2015 (statistics, backward; unbiased running
@@ -17,26 +18,18 @@ References:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..padding import Padding
-from ._pools import box_views, fill, valid_count
+from ._pools import item_counts, valid_cells, valid_total
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def _mask_of(padding: Padding | Tensor) -> Tensor:
-    """``Tensor[B, 1, *S]`` bool, True = padding."""
-    return padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
-
-
-def _is_box(padding: Padding | Tensor) -> bool:
-    """A box per item (a rectangular padding, or none at all): statistics from per-item views."""
-    return isinstance(padding, Padding) and padding.kind != "arbitrary"
 
 
 def update_running_stats(
@@ -69,9 +62,10 @@ def update_running_stats(
 def check_sync_batch_norm(bn: nn.Module) -> None:
     """Raises ``ValueError`` for a ``SyncBatchNorm`` training across processes: statistics over valid
     cells are not synchronised between processes."""
+    if not (isinstance(bn, nn.SyncBatchNorm) and bn.training):
+        return
     dist = torch.distributed
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if isinstance(bn, nn.SyncBatchNorm) and bn.training and world > 1:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         raise ValueError(
             "padding_invariant=True does not synchronise masked batch statistics across processes: "
             "use BatchNorm2d per process (the statistics of each process's valid cells) or frozen "
@@ -79,69 +73,70 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
         )
 
 
-def _valid_mean(x: Tensor, views, n: int, stat_dtype: torch.dtype) -> Tensor:
-    """Per-channel mean over every item's box (a sum per item view)."""
-    dims = tuple(range(1, x.dim() - 1))
-    total = None
-    for b, region, _ in views:
-        part = x[(b, slice(None), *region)].sum(dims, dtype=stat_dtype)
-        total = part if total is None else total + part
-    return total / n
-
-
-class _BoxBatchNorm(torch.autograd.Function):
+class _ValidBatchNorm(torch.autograd.Function):
     """``y = a (x - mean) + bias`` on valid cells and ``y = bias`` on padded cells, with
-    ``a = weight / sqrt(var + eps)``, ``mean`` and (biased) ``var`` over the boxes' cells.
+    ``a = weight / sqrt(var + eps)``, ``mean`` and (biased) ``var`` over every item's valid cells,
+    the whole batch in one masked reduction (no loop over items).
 
-    Forward: one sum per item view, then ``xc = x - mean`` with zeros written into its padding,
-    ``var = |xc|^2 / n`` and ``y = a xc + bias`` over the canvas; ``xc`` is kept for the backward
-    (one map, as torch's batch norm keeps its input). Backward: batch norm's closed form with the
-    sums over valid cells (zeros in the padding of ``a dy`` and of ``xc``).
+    Forward: ``xz = x`` with zeros in its padding (a select: whatever the padding holds, NaN
+    included, is never read), ``mean = sum(xz) / n``, ``xc = xz - valid * mean`` (zeros in the
+    padding), ``var = sum(xc^2) / n``, ``y = a xc + bias``; ``xc`` is kept for the backward (one
+    map, as torch's batch norm keeps its input). Backward: batch norm's closed form with the sums
+    over valid cells (the gradient's padding selected out, ``xc``'s is 0), written into the
+    buffer of one product; zeros in the padding of the input's gradient.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, padding, eps):
-        views = box_views(padding)
-        n = sum(count for _, _, count in views)
+    def forward(ctx, x, weight, bias, valid, n, eps):
         c = x.shape[1]
         shape = (1, c) + (1,) * (x.dim() - 2)
         dims = (0, *range(2, x.dim()))
         stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-        mean = _valid_mean(x, views, n, stat_dtype)
-        xc = x.to(stat_dtype) - mean.view(shape)
-        fill(xc, padding, 0.0)
-        var = torch.linalg.vector_norm(xc, dim=dims).square_() / n
+        weights = valid.to(stat_dtype)
+        xc = torch.where(valid, x.to(stat_dtype), 0.0)
+        mean = xc.sum(dims) / n
+        xc.addcmul_(weights, mean.view(shape), value=-1)
+        if xc.is_contiguous():  # a norm along each contiguous row: one pass, no temporary map
+            var = torch.linalg.vector_norm(xc.view(xc.shape[0], c, -1), dim=2).square_().sum(0) / n
+        else:
+            var = (xc * xc).sum(dims) / n
         invstd = torch.rsqrt(var + eps)
         a = invstd if weight is None else invstd * weight.to(stat_dtype)
         if bias is None:
             y = xc * a.view(shape)
         else:
             y = torch.addcmul(bias.to(stat_dtype).view(shape), xc, a.view(shape))
-        ctx.save_for_backward(xc, invstd, a, weight)
-        ctx.padding, ctx.n, ctx.has_bias, ctx.dtype = padding, n, bias is not None, x.dtype
+        ctx.save_for_backward(xc, invstd, a, valid)
+        ctx.n, ctx.has_weight, ctx.has_bias = n, weight is not None, bias is not None
+        ctx.dtype, ctx.param_dtype = x.dtype, (weight if weight is not None else x).dtype
         ctx.mark_non_differentiable(mean, var)
         return y.to(x.dtype), mean, var
 
     @staticmethod
     def backward(ctx, dy, _dmean, _dvar):
-        xc, invstd, a, weight = ctx.saved_tensors
+        xc, invstd, a, valid = ctx.saved_tensors
         c = xc.shape[1]
         shape = (1, c) + (1,) * (xc.dim() - 2)
         dims = (0, *range(2, xc.dim()))
         dyf = dy if dy.dtype == xc.dtype else dy.to(xc.dtype)
-        projected = (dyf * xc).sum(dims)  # over valid cells: xc is 0 in the padding
+        need_x, need_w = ctx.needs_input_grad[0], ctx.has_weight and ctx.needs_input_grad[1]
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = fill(dyf * a.view(shape), ctx.padding, 0.0)
-            mean_dy = grad_x.sum(dims) / ctx.n  # a * mean of dy over valid cells
-            coef = (a * invstd.square() * projected / ctx.n).view(shape)
-            grad_x.sub_(mean_dy.view(shape)).addcmul_(xc, coef, value=-1)
-            grad_x = fill(grad_x, ctx.padding, 0.0).to(ctx.dtype)
-        if weight is not None and ctx.needs_input_grad[1]:
-            grad_w = (projected * invstd).to(weight.dtype)
+        if need_x or need_w:
+            dz = torch.where(valid, dyf, 0.0)
+            product = dz * xc  # xc is 0 in the padding
+            projected = product.sum(dims)
+            if need_w:
+                grad_w = (projected * invstd).to(ctx.param_dtype)
+            if need_x:
+                # a (dy - mean(dy) - xc invstd^2 mean(dy xc)), means over valid cells, 0 in the padding
+                mean_dy = dz.sum(dims) / ctx.n
+                out = {} if torch.is_grad_enabled() else {"out": product}  # create_graph: no out=
+                grad_x = torch.addcmul(dz, valid.to(xc.dtype), mean_dy.view(shape), value=-1, **out)
+                grad_x.addcmul_(xc, (invstd.square() * projected / ctx.n).view(shape), value=-1)
+                grad_x = grad_x.mul_(a.view(shape)).to(ctx.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = dyf.sum(dims).to(weight.dtype if weight is not None else ctx.dtype)
-        return grad_x, grad_w, grad_b, None, None
+            grad_b = dyf.sum(dims).to(ctx.param_dtype)
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def batch_norm(
@@ -183,12 +178,12 @@ def batch_norm(
     use_batch = training or running_mean is None or running_var is None
     if not use_batch or padding is None:
         return F.batch_norm(x, running_mean, running_var, weight, bias, use_batch, momentum or 0.0, eps)
-    if not _is_box(padding):
-        return _masked_batch_norm(x, _mask_of(padding), running_mean, running_var, weight, bias, training,
-                                  momentum, eps, num_batches_tracked)
-    y, mean, var = _BoxBatchNorm.apply(x, weight, bias, padding, eps)
+    valid = valid_cells(padding)
+    n = valid_total(padding, valid)
+    if isinstance(n, Tensor):  # counted on the device: in the statistics' dtype
+        n = n.to(torch.float32 if x.dtype in _LOW_PRECISION else x.dtype)
+    y, mean, var = _ValidBatchNorm.apply(x, weight, bias, valid, n, eps)
     if training:
-        n = sum(count for _, _, count in box_views(padding))
         update_running_stats(running_mean, running_var, num_batches_tracked, momentum, mean, var, n)
     return y
 
@@ -216,35 +211,12 @@ def batch_norm_module(x: Tensor, padding: Padding | Tensor | None, bn: nn.Module
     )
 
 
-def _masked_batch_norm(x, pad, running_mean, running_var, weight, bias, training, momentum, eps,
-                       num_batches_tracked):
-    """Batch statistics over the unmasked cells, by masked passes over the canvas."""
-    stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    xf = x.to(stat_dtype)
-    dims = (0, *range(2, x.dim()))
-    n = valid_count(pad, dims, stat_dtype)  # (1, 1, ...): the same count for every channel
-    mean = xf.masked_fill(pad, 0).sum(dims, keepdim=True) / n
-    centred = (xf - mean).masked_fill_(pad, 0)
-    var = centred.square().sum(dims, keepdim=True) / n
-    if training:
-        update_running_stats(running_mean, running_var, num_batches_tracked, momentum,
-                             mean.reshape(-1), var.reshape(-1), n.reshape(()))
-    scale = torch.rsqrt(var + eps)
-    shape = (1, x.shape[1]) + (1,) * (x.dim() - 2)
-    if weight is not None:
-        scale = scale * weight.to(stat_dtype).view(shape)
-    out = centred * scale
-    if bias is not None:
-        out = out + bias.to(stat_dtype).view(shape)
-    return out.to(x.dtype)
-
-
 def group_norm(
     x: Tensor, padding: Padding | Tensor | None, num_groups: int, weight: Tensor | None, bias: Tensor | None,
     eps: float,
 ) -> Tensor:
-    """GroupNorm (InstanceNorm: ``num_groups = C``) with each item's statistics over its valid cells:
-    ``F.group_norm`` on each item's box, or masked passes for an arbitrary mask.
+    """GroupNorm (InstanceNorm: ``num_groups = C``) with each item's statistics over its valid cells,
+    every item and group in one masked reduction (a box per item or an arbitrary mask alike).
 
     Args:
         x (Tensor[B, C, *S]): features.
@@ -254,36 +226,38 @@ def group_norm(
         eps (float): added to the variance.
 
     Returns:
-        Tensor[B, C, *S] in ``x``'s dtype; zeros in the padding of a box.
+        Tensor[B, C, *S] in ``x``'s dtype; zeros in the padding.
+
+    Raises:
+        ValueError: a box of one cell with one channel per group (torch refuses the item alone).
 
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
     if padding is None or (isinstance(padding, Padding) and padding.kind == "none"):
         return F.group_norm(x, num_groups, weight, bias, eps)  # every cell is valid
-    if _is_box(padding):
-        out = x.new_zeros(x.shape)
-        for b, region, _ in box_views(padding):
-            index = (slice(b, b + 1), slice(None), *region)
-            out[index] = F.group_norm(x[index], num_groups, weight, bias, eps)
-        return out
-    pad = _mask_of(padding)
     b, c = x.shape[:2]
     spatial = x.shape[2:]
+    if c // num_groups == 1 and isinstance(padding, Padding) and padding.kind == "rectangular":
+        for item, size in enumerate(padding.sizes):
+            if math.prod(size) == 1:  # torch's group norm refuses the item alone
+                raise ValueError(
+                    f"group norm: item {item} has 1 valid cell and {num_groups} groups of 1 channel, so 1 value "
+                    "per group; torch's group norm expects more than 1 value per group"
+                )
     stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-    xg = x.to(stat_dtype).reshape(b, num_groups, c // num_groups, *spatial)
-    pg = pad.reshape(b, 1, 1, *spatial)
-    dims = tuple(range(2, xg.dim()))
-    n = valid_count(pg, dims, stat_dtype) * (c // num_groups)
-    mean = xg.masked_fill(pg, 0).sum(dims, keepdim=True) / n
-    centred = (xg - mean).masked_fill_(pg, 0)
-    var = centred.square().sum(dims, keepdim=True) / n
+    valid = valid_cells(padding)
+    group = (b, num_groups, c // num_groups, -1)
+    weights = valid.to(stat_dtype).view(b, 1, 1, -1)
+    n = (item_counts(valid, stat_dtype) * (c // num_groups)).clamp_(min=1).view(b, 1, 1, 1)
+    centred = torch.where(valid, x.to(stat_dtype), 0.0).reshape(group)
+    mean = centred.sum((2, 3), keepdim=True) / n
+    centred = torch.addcmul(centred, weights, mean, value=-1)  # zeros stay in the padding
+    var = (centred * centred).sum((2, 3), keepdim=True) / n
     out = (centred * torch.rsqrt(var + eps)).reshape(b, c, *spatial)
     shape = (1, c) + (1,) * len(spatial)
     if weight is not None:
         out = out * weight.to(stat_dtype).view(shape)
     if bias is not None:
         out = out + bias.to(stat_dtype).view(shape)
-    return out.to(x.dtype)
-
-
+    return torch.where(valid, out, 0.0).to(x.dtype)

@@ -2,8 +2,10 @@
 average pooling that read only valid cells, each item's cell count.
 
 Every function takes the feature map's :class:`~vispos.Padding` (None: no padding, the stock op
-runs). A rectangular padding (every batch vispos builds) is read as each item's box, a view that
-touches only valid cells; an arbitrary mask falls back to one masked pass over the canvas.
+runs). Reductions take every item at once: a select keeps the padding out, then one reduction over
+the canvas, each item's count from the mask on its device (no loop over items, no read of the
+device), for a box per item and an arbitrary mask alike. Fills write only the padded strips of
+large maps with a box per item (a masked write otherwise), as one autograd node.
 
 References:
     ``torch.nn.AvgPool2d`` (output size, divisor) and ATen ``AvgPoolKernel.cpp``; Liu et al.,
@@ -12,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -20,38 +23,50 @@ from torch import Tensor
 
 from ..padding import Padding
 
-__all__ = ["box_views", "fill", "filled", "valid_count", "global_pool", "cell_count", "avg_pool"]
+__all__ = [
+    "valid_cells", "item_counts", "valid_total", "fill", "filled", "valid_count", "global_pool", "cell_count",
+    "avg_pool",
+]
 
 
-def box_views(padding: Padding) -> list[tuple[int, tuple[slice, ...], int]]:
-    """``(item, slices of its box, number of cells)`` for every item with a valid cell."""
-    out = []
-    for b, (start, stop) in enumerate(zip(padding.starts, padding.stops)):
-        count = 1
-        for s, e in zip(start, stop):
-            count *= e - s
-        if count:
-            out.append((b, tuple(slice(s, e) for s, e in zip(start, stop)), count))
-    return out
-
-
-#: below this many elements one masked write over the map beats two slice writes per item and axis
-_STRIPS_FROM = 1 << 20
-
-
-def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
-    """Writes ``value`` into every padded cell of ``x`` **in place**: strip by strip on large maps
-    with a box per item (only padded cells are touched), one masked write on small ones or for an
-    arbitrary mask. The caller guarantees autograd does not need ``x``'s old values.
+def valid_cells(padding: Padding | Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """Every item's valid cells as one map: ``Tensor[B, 1, *S]``, bool (True = valid) or, with
+    ``dtype``, 1 on valid cells and 0 on padded ones (the weights of a masked reduction).
 
     Args:
-        x (Tensor[B, C, *S]): features, channels first. padding (Padding): of shape ``(B, *S)``.
-        value (float): 0 before a convolution, ``-inf`` before a max pool.
-
-    Returns:
-        Tensor[B, C, *S]: ``x`` itself.
+        padding (Padding or Tensor[B, 1, *S] bool): a padding, or a mask with True = padding.
+        dtype (torch.dtype, optional): the weights' dtype; None: bool.
     """
-    if x.numel() < _STRIPS_FROM or padding.kind == "arbitrary":
+    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
+    valid = ~mask
+    return valid if dtype is None else valid.to(dtype)
+
+
+def item_counts(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """Each item's number of valid cells, ``Tensor[B]`` in ``dtype``: a reduction of the valid map
+    ``Tensor[B, 1, *S]`` on its device (exact below 2**24 cells in float32)."""
+    return valid.flatten(1).sum(1, dtype=dtype)
+
+
+def valid_total(padding: Padding | Tensor, valid: Tensor) -> int | Tensor:
+    """The number of valid cells of the whole batch: a host int from the boxes of a rectangular
+    padding (no device read), else ``Tensor[]`` (int64) counted on the device, at least 1."""
+    if isinstance(padding, Padding) and padding.kind == "none":
+        return max(padding.batch * math.prod(padding.spatial), 1)
+    if isinstance(padding, Padding) and padding.kind == "rectangular":
+        return max(sum(math.prod(size) for size in padding.sizes), 1)
+    return valid.sum().clamp_(min=1)
+
+
+#: from this many elements per item, writes strip by strip (only padded cells) beat one masked write
+_STRIPS_FROM = 1 << 14
+
+
+def _write_padding(x: Tensor, padding: Padding, value: float) -> Tensor:
+    """``value`` into every padded cell of ``x`` in place, with no autograd bookkeeping (the
+    caller's): strips on large maps with a box per item, one masked write otherwise."""
+    batch = x.shape[0]
+    if padding.kind == "arbitrary" or batch == 0 or x.numel() < _STRIPS_FROM * batch:
         return x.masked_fill_(padding.mask.unsqueeze(1), value)
     n = padding.num_axes
     canvas = padding.spatial
@@ -64,11 +79,47 @@ def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
             head = (b, slice(None), *inner)
             rest = (slice(None),) * (n - axis - 1)
             if start[axis] > 0:
-                x[(*head, slice(0, start[axis]), *rest)] = value
+                x[(*head, slice(0, start[axis]), *rest)].fill_(value)
             if stop[axis] < canvas[axis]:
-                x[(*head, slice(stop[axis], None), *rest)] = value
+                x[(*head, slice(stop[axis], None), *rest)].fill_(value)
             inner.append(slice(start[axis], stop[axis]))
     return x
+
+
+class _FillPadding(torch.autograd.Function):
+    """``value`` written into the padding in place under autograd: one node whose backward is a
+    copy of the gradient with zeros in the padding (the strips of a plain slice write would each
+    copy the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, padding, value):
+        ctx.padding = padding
+        ctx.mark_dirty(x)
+        with torch.no_grad():
+            _write_padding(x, padding, value)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _write_padding(grad.clone(), ctx.padding, 0.0), None, None
+
+
+def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
+    """Writes ``value`` into every padded cell of ``x`` **in place**: strip by strip on large maps
+    with a box per item (only padded cells are touched), one masked write on small ones or for an
+    arbitrary mask; under autograd one node, whose backward zeroes the gradient's padding. The
+    caller guarantees autograd does not need ``x``'s old values.
+
+    Args:
+        x (Tensor[B, C, *S]): features, channels first. padding (Padding): of shape ``(B, *S)``.
+        value (float): 0 before a convolution, ``-inf`` before a max pool.
+
+    Returns:
+        Tensor[B, C, *S]: ``x`` itself.
+    """
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _FillPadding.apply(x, padding, value)
+    return _write_padding(x, padding, value)
 
 
 def filled(x: Tensor, padding: Padding | None, value: float) -> Tensor:
@@ -83,7 +134,7 @@ def filled(x: Tensor, padding: Padding | None, value: float) -> Tensor:
     """
     if padding is None or padding.kind == "none":
         return x
-    return x.masked_fill(padding.mask.unsqueeze(1), value)
+    return fill(x.clone(), padding, value)
 
 
 def valid_count(pad: Tensor, dims: Sequence[int], dtype: torch.dtype) -> Tensor:
@@ -92,17 +143,10 @@ def valid_count(pad: Tensor, dims: Sequence[int], dtype: torch.dtype) -> Tensor:
     return (~pad).sum(tuple(dims), keepdim=True, dtype=dtype).clamp_(min=1)
 
 
-def _l2_norm(x: Tensor, dims: tuple[int, ...], keepdim: bool = False) -> Tensor:
-    return torch.linalg.vector_norm(x, 2, dims, keepdim=keepdim)
-
-
-_REDUCTIONS = {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "norm": _l2_norm}
-
-
 def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[int], keepdim: bool) -> Tensor:
     """Mean, sum, max or L2 norm of each item over its valid cells (global pooling,
-    squeeze-excitation, ConvNeXt V2's global response norm): a reduction per item's box, or a
-    masked reduction for an arbitrary mask.
+    squeeze-excitation, ConvNeXt V2's global response norm), every item in one masked reduction
+    (a box per item or an arbitrary mask alike).
 
     Args:
         x (Tensor[B, C, *S]): features. padding (Padding, optional): None: the plain reduction.
@@ -114,28 +158,28 @@ def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[in
         without a valid cell.
     """
     dims = tuple(dims)
-    reduce = _REDUCTIONS[mode]
     if padding is None or padding.kind == "none":
-        return reduce(x, dims, keepdim=keepdim)
-    if padding.kind == "arbitrary":
-        pad = padding.mask.unsqueeze(1)
-        if mode in ("max", "norm"):
-            src = x.masked_fill(pad, float("-inf") if mode == "max" else 0.0)
-            return reduce(src, dims, keepdim=keepdim)
-        total = x.masked_fill(pad, 0).sum(dims, keepdim=True)
+        if mode == "norm":
+            return torch.linalg.vector_norm(x, 2, dims, keepdim=keepdim)
+        return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax}[mode](x, dims, keepdim=keepdim)
+    valid = valid_cells(padding)
+    if mode == "max":
+        out = torch.where(valid, x, float("-inf")).amax(dims, keepdim=True)
+        out = torch.where(valid.flatten(1).any(1).view((-1,) + (1,) * (x.dim() - 1)), out, 0.0)
+    elif mode == "norm":
+        out = torch.linalg.vector_norm(torch.where(valid, x, 0.0), 2, dims, keepdim=True)
+    else:
+        out = torch.where(valid, x, 0.0).sum(dims, keepdim=True)
         if mode == "mean":
-            total = total / valid_count(pad, dims, total.dtype)
-        return total if keepdim else total.flatten(1)
-    parts = [x.new_zeros((1, x.shape[1]) + (1,) * len(dims))] * x.shape[0]
-    for b, region, _ in box_views(padding):
-        parts[b] = reduce(x[(slice(b, b + 1), slice(None), *region)], dims, keepdim=True)
-    out = torch.cat(parts, 0)
+            count = item_counts(valid, out.dtype).clamp_(min=1)
+            out = out / count.view((-1,) + (1,) * (x.dim() - 1))
     return out if keepdim else out.flatten(1)
 
 
 def cell_count(x: Tensor, padding: Padding | None, dims: Sequence[int], keepdim: bool) -> Tensor:
     """The number of each item's own cells over the spatial ``dims``: what ``H * W`` read from
-    the item's own map is, in ``x``'s dtype (exact for any count below 2**24 in float32).
+    the item's own map is, in ``x``'s dtype (exact for any count below 2**24 in float32), counted
+    on ``x``'s device from the padding's mask.
 
     Returns:
         Tensor[B, 1] (``[B, 1, 1, ...]`` with ``keepdim``); the canvas's count without padding.
@@ -147,10 +191,7 @@ def cell_count(x: Tensor, padding: Padding | None, dims: Sequence[int], keepdim:
         for d in dims:
             count *= x.shape[d]
         return x.new_full(shape, count)
-    out = x.new_zeros(shape)
-    for b, _, count in box_views(padding):
-        out[b] = count
-    return out
+    return item_counts(valid_cells(padding), x.dtype).view(shape)
 
 
 _AVG_POOLS = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}

@@ -24,6 +24,22 @@ from ._geometry import Geometry
 __all__ = ["InvariantRunner"]
 
 
+def _box_padding(starts, sizes, canvas, device) -> Padding:
+    """The rectangular padding of boxes that :meth:`Geometry.boxes` computed (host ints, already in
+    the canvas), as :meth:`Padding.from_sizes` builds it, without checking them again: an item
+    with no valid cell gets the canonical empty box ``(0, .., 0)``."""
+    empty = tuple(0 for _ in canvas)
+    box_starts, box_stops = [], []
+    for start, size in zip(starts, sizes):
+        if 0 in size:
+            box_starts.append(empty)
+            box_stops.append(empty)
+        else:
+            box_starts.append(tuple(start))
+            box_stops.append(tuple(s + n for s, n in zip(start, size)))
+    return Padding._make("rectangular", len(box_starts), tuple(canvas), device, tuple(box_starts), tuple(box_stops))
+
+
 class InvariantRunner:
     """Runs a rewritten graph on a :class:`~vispos.NestedTensor` and pairs each output with its
     padding (see :func:`make_padding_invariant`)."""
@@ -58,8 +74,7 @@ class InvariantRunner:
         device = padding.device
         if kind == "rectangular":
             boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)[1:]
-            return [padding] + [Padding.from_sizes(sizes, canvas, starts=starts, device=device)
-                                for starts, sizes, canvas in boxes]
+            return [padding] + [_box_padding(starts, sizes, canvas, device) for starts, sizes, canvas in boxes]
         canvases = [canvas for _, _, canvas in self.geometry.boxes((), (), padding.spatial)[1:]]
         if kind == "none":
             return [padding] + [Padding.none(padding.batch, canvas, device) for canvas in canvases]
