@@ -149,6 +149,20 @@ def _run_block(model: nn.Module, blk: nn.Module, x: Tensor, **kwargs) -> Tensor:
     return blk(x, **kwargs)
 
 
+def _blocks_to_levels(model: nn.Module, x: Tensor, token_padding: Padding, indices: tuple[int, ...],
+                      block_kwargs) -> list[NestedTensor]:
+    """Runs ``model.blocks`` up to the last wanted index with the key mask of ``token_padding``
+    (``block_kwargs(i)`` adds block ``i``'s own arguments) and returns the wanted levels."""
+    npt = model.num_prefix_tokens
+    mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
+    wanted, out = set(indices), {}
+    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
+        x = _run_block(model, blk, x, attn_mask=mask, **block_kwargs(i))
+        if i in wanted:
+            out[i] = token_level(x, npt, token_padding)
+    return [out[i] for i in indices]
+
+
 def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
     """timm ``VisionTransformer.forward_intermediates(x, indices, output_fmt="NCHW",
     intermediates_only=True)`` on a padded batch, each item as alone (see the module docstring).
@@ -170,16 +184,7 @@ def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     x = _add_pos(model, tokens, grids, token_padding.spatial)
     if model.pos_embed is not None:
         x = model.pos_drop(x)
-    x = model.norm_pre(x)
-    npt = model.num_prefix_tokens
-    mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
-    wanted = set(indices)
-    out = {}
-    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
-        x = _run_block(model, blk, x, attn_mask=mask)
-        if i in wanted:
-            out[i] = token_level(x, npt, token_padding)
-    return [out[i] for i in indices]
+    return _blocks_to_levels(model, model.norm_pre(x), token_padding, indices, lambda i: {})
 
 
 def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
@@ -209,16 +214,8 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
         rope = on_canvas(item_rope_embeds(model.rope, grids), grids, canvas)
         # (B, N, D) -> (B, 1, N, D) broadcast over heads; mixed (B, depth, heads, N, D) -> (depth, B, heads, N, D)
         rope = rope.transpose(0, 1) if mixed else rope[:, None]
-    x = model.norm_pre(x)
-    npt = model.num_prefix_tokens
-    mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
-    wanted = set(indices)
-    out = {}
-    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
-        x = _run_block(model, blk, x, rope=rope[i] if mixed and rope is not None else rope, attn_mask=mask)
-        if i in wanted:
-            out[i] = token_level(x, npt, token_padding)
-    return [out[i] for i in indices]
+    return _blocks_to_levels(model, model.norm_pre(x), token_padding, indices,
+                             lambda i: {"rope": rope[i] if mixed and rope is not None else rope})
 
 
 register_invariance_rule("timm.models.vision_transformer.VisionTransformer",
