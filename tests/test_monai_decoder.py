@@ -47,6 +47,8 @@ def _region(start, size):
 LAYOUTS = {
     "end": ([(32, 29, 16), (16, 32, 13)], (32, 32, 16), [(0, 0, 0)] * 2),
     "starts": ([(16, 16, 16), (13, 16, 16)], (32, 32, 32), [(16, 0, 16), (0, 16, 0)]),
+    # starts off the patch grid (MONAI's symmetric padding), sizes not multiples of the patch
+    "off_grid": ([(30, 29, 17), (10, 22, 11), (13, 9, 7)], (30, 32, 17), [(0, 0, 0), (0, 7, 5), (6, 3, 0)]),
 }
 
 

@@ -1,7 +1,8 @@
-"""AnySizeUNETR and AnySizeViT on padded batches whose items start at offsets that are not
+"""AnySizeViT on padded batches whose items start at offsets that are not
 multiples of the patch size (MONAI's symmetric padding): each item is moved to the origin, cut
 into the patches it gets alone, and its outputs moved back; float64, eval and train, outputs and
-gradients equal the item's alone. A mask without boxes at such offsets is refused by name."""
+gradients equal the item's alone. A mask without boxes at such offsets is refused by name. AnySizeUNETR's
+logits and gradients at such offsets: the "off_grid" layout of tests/test_monai_decoder.py."""
 
 import copy
 
@@ -12,11 +13,9 @@ from torch.testing import assert_close
 pytest.importorskip("monai")
 
 from vispos import NestedTensor, Padding  # noqa: E402
-from vispos.monai import AnySizeUNETR, AnySizeViT  # noqa: E402
+from vispos.monai import AnySizeViT  # noqa: E402
 
 F64 = torch.float64
-UNETR_KW = dict(in_channels=1, out_channels=2, img_size=(32, 32, 32), feature_size=2, hidden_size=12, mlp_dim=8,
-                num_heads=2)
 VIT_KW = dict(in_channels=1, img_size=(16, 16, 16), patch_size=(4, 4, 4), hidden_size=24, mlp_dim=16, num_layers=2,
               num_heads=2)
 #: items at (6, 3, 0) and (0, 7, 5), sizes not multiples of the patch, beside a larger item at the origin
@@ -45,30 +44,6 @@ def _same_gradients(net, twin):
             continue
         scale = float(p1.grad.abs().max()) or 1.0
         assert_close(p2.grad, p1.grad, rtol=1e-8, atol=1e-12 + 1e-9 * scale, msg=name)
-
-
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-@pytest.mark.parametrize("pos_embed", ["auto", "sincos"])
-def test_unetr_items_off_the_patch_grid_get_their_logits_and_gradients_alone(train, pos_embed):
-    torch.manual_seed(0)
-    net = AnySizeUNETR(**UNETR_KW, pos_embed=pos_embed).to(F64).train(train)
-    twin = copy.deepcopy(net)
-    items, images, padding = _batch()
-    images.requires_grad_(True)
-    out = net(NestedTensor(images, padding))
-    assert out.shape == (len(SIZES), 2, *CANVAS)
-    for b, (item, start) in enumerate(zip(items, STARTS)):
-        alone_in = item[None].clone().requires_grad_(True)
-        alone = twin(alone_in)[0]
-        got = out[(b, slice(None), *_region(start, item.shape[1:]))]
-        assert_close(got, alone, rtol=1e-10, atol=1e-10)
-        if train and b == 0:  # one item's loss: the gradients it gets alone
-            weights = torch.randn(alone.shape, generator=torch.Generator().manual_seed(b), dtype=F64)
-            (alone * weights).sum().backward()
-            (got * weights).sum().backward(retain_graph=True)
-            _same_gradients(net, twin)
-            assert_close(images.grad[(b, slice(None), *_region(start, item.shape[1:]))], alone_in.grad[0],
-                         rtol=1e-8, atol=1e-12)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
