@@ -55,6 +55,8 @@ def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
                    help="--backbone vit's own position encoding: none, sincos (MAE's fixed table), learned "
                         "(a table, as ViT), rope (axial RoPE, timm's RoPE ViT); the tables are resampled to "
                         "each image's patch grid (default learned)")
+    g.add_argument("--vit-patch", type=pos1, default=None,
+                   help=f"--backbone vit's patch size and stride (px; default {VIT['patch_size']})")
     g.add_argument("--packed", action="store_true",
                    help="token backbones only (--backbone vit, timm ViT / Eva): every image's tokens in one "
                         "sequence without padding tokens, exact per image like --padding-invariant (not both)")

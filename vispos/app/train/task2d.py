@@ -67,13 +67,14 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
     if args.size_divisibility > max(args.scales):
         error("--size-divisibility", f"must be <= the largest of --scales ({max(args.scales)}): a larger one "
               f"only adds padding, got {args.size_divisibility}")
-    if args.backbone != VIT_NAME and args.vit_pos is not None:
-        error("--vit-pos", f"only with --backbone {VIT_NAME} (the ViT's own position encoding), got --backbone "
-              f"{args.backbone}")
+    for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None))):
+        if args.backbone != VIT_NAME and value is not None:
+            error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone {args.backbone}")
     if args.backbone == VIT_NAME:
         args.vit_pos = args.vit_pos or "learned"
-        if min(args.scales) < VIT["patch_size"]:
-            error("--scales", f"must be >= the ViT's patch ({VIT['patch_size']} px), got {args.scales}")
+        args.vit_patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
+        if min(args.scales) < args.vit_patch:
+            error("--scales", f"must be >= the ViT's patch ({args.vit_patch} px), got {args.scales}")
     else:
         import timm
 
@@ -106,12 +107,12 @@ def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPh
     return train, held
 
 
-def vit_model_kwargs(vit_pos: str, img_size: int) -> dict:
+def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_size"]) -> dict:
     """``timm.create_model`` options of ``--backbone vit`` (:data:`VIT`) with position arm ``vit_pos``.
 
     The model is timm's ``vit_small_patch16_rope_224`` (class ``Eva``) resized to :data:`VIT`, with
     ``img_size`` the side of its position table's grid (``img_size / patch`` cells, resampled to
-    each image's grid). ``none``: no table, no RoPE; ``sincos`` / ``learned``: a table (filled by
+    each image's grid), ``patch_size`` its patch (``--vit-patch``). ``none``: no table, no RoPE; ``sincos`` / ``learned``: a table (filled by
     :func:`build_backbone`); ``rope``: timm's axial RoPE (temperature 100, patch coordinates), no
     table.
 
@@ -120,7 +121,7 @@ def vit_model_kwargs(vit_pos: str, img_size: int) -> dict:
     """
     if vit_pos not in VIT_POS:
         raise ValueError(f"vit_pos must be one of {VIT_POS}, got {vit_pos!r}")
-    return {**VIT, "img_size": img_size, "init_values": None, "use_abs_pos_emb": vit_pos in ("sincos", "learned"),
+    return {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None, "use_abs_pos_emb": vit_pos in ("sincos", "learned"),
             "use_rot_pos_emb": vit_pos == "rope"}
 
 
@@ -143,12 +144,13 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
                    packed=getattr(args, "packed", False) if packed is None else packed)
     if args.backbone != VIT_NAME:
         return TimmBackbone(args.backbone, **options)
-    kwargs = vit_model_kwargs(args.vit_pos, max(args.scales))
+    patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
+    kwargs = vit_model_kwargs(args.vit_pos, max(args.scales), patch)
     if args.vit_pos == "learned":
         backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
     else:  # the learned arm's weights (same random draws), without its table: the arms differ in position only
         before = torch.random.get_rng_state()
-        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales)), pretrained=False,
+        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales), patch), pretrained=False,
                                out_indices=(args.out_index,))
         after = torch.random.get_rng_state()
         torch.random.set_rng_state(before)
