@@ -32,9 +32,11 @@ def test_box_fill_writes_exactly_the_padding(padding, strips, monkeypatch):
 @pytest.mark.parametrize("padding", [PADDING, SYMMETRIC], ids=["origin", "symmetric"])
 @pytest.mark.parametrize("affine", [True, False])
 def test_box_batch_norm_equals_batch_norm_of_the_valid_cells(padding, affine):
+    """With NaN in the padding, which the statistics may not read."""
     torch.manual_seed(0)
     c = 4
-    x = (torch.randn(padding.batch, c, *padding.spatial, dtype=torch.float64) * 3 + 5).requires_grad_()
+    x = torch.randn(padding.batch, c, *padding.spatial, dtype=torch.float64) * 3 + 5
+    x = x.masked_fill(padding.mask.unsqueeze(1), float("nan")).requires_grad_()
     w = (torch.rand(c, dtype=torch.float64) + 0.5).requires_grad_() if affine else None
     b = torch.randn(c, dtype=torch.float64).requires_grad_() if affine else None
     rm, rv = torch.zeros(c, dtype=torch.float64), torch.ones(c, dtype=torch.float64)
@@ -59,7 +61,8 @@ def test_box_batch_norm_equals_batch_norm_of_the_valid_cells(padding, affine):
 
 
 def test_box_batch_norm_gradcheck():
-    """The closed-form backward against finite differences, padded outputs included in the loss."""
+    """The closed-form backward against finite differences, padded outputs included in the loss; a
+    second derivative is refused, not silently zero."""
     torch.manual_seed(1)
     padding = Padding.from_sizes([(2, 3), (3, 2)], (3, 3))
     x = torch.randn(2, 2, 3, 3, dtype=torch.float64, requires_grad=True)
@@ -67,6 +70,9 @@ def test_box_batch_norm_gradcheck():
     b = torch.randn(2, dtype=torch.float64, requires_grad=True)
     fn = lambda x, w, b: norms.batch_norm(x, padding, None, None, w, b, True, 0.1, 1e-5)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, w, b))
+    (gx,) = torch.autograd.grad(fn(x, w, b).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
 
 
 def test_box_group_norm_and_pools_equal_each_item_alone():

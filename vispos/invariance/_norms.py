@@ -83,7 +83,8 @@ class _ValidBatchNorm(torch.autograd.Function):
     padding), ``var = sum(xc^2) / n``, ``y = a xc + bias``; ``xc`` is kept for the backward (one
     map, as torch's batch norm keeps its input). Backward: batch norm's closed form with the sums
     over valid cells (the gradient's padding selected out, ``xc``'s is 0), written into the
-    buffer of one product; zeros in the padding of the input's gradient.
+    buffer of one product; zeros in the padding of the input's gradient. Once differentiable: a
+    second derivative (``create_graph=True``, a gradient penalty) raises ``RuntimeError``.
     """
 
     @staticmethod
@@ -113,6 +114,7 @@ class _ValidBatchNorm(torch.autograd.Function):
         return y.to(x.dtype), mean, var
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, dy, _dmean, _dvar):
         xc, invstd, a, valid = ctx.saved_tensors
         c = xc.shape[1]
@@ -130,8 +132,7 @@ class _ValidBatchNorm(torch.autograd.Function):
             if need_x:
                 # a (dy - mean(dy) - xc invstd^2 mean(dy xc)), means over valid cells, 0 in the padding
                 mean_dy = dz.sum(dims) / ctx.n
-                out = {} if torch.is_grad_enabled() else {"out": product}  # create_graph: no out=
-                grad_x = torch.addcmul(dz, valid.to(xc.dtype), mean_dy.view(shape), value=-1, **out)
+                grad_x = torch.addcmul(dz, valid.to(xc.dtype), mean_dy.view(shape), value=-1, out=product)
                 grad_x.addcmul_(xc, (invstd.square() * projected / ctx.n).view(shape), value=-1)
                 grad_x = grad_x.mul_(a.view(shape)).to(ctx.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
