@@ -73,6 +73,14 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
         )
 
 
+def _channel_sums(t: Tensor) -> Tensor:
+    """``t.sum`` over every axis but the channels (``Tensor[B, C, *S]`` -> ``Tensor[C]``): along
+    each contiguous row first (faster on the CPU than one reduction over axes 0, 2, ...)."""
+    if t.is_contiguous():
+        return t.view(t.shape[0], t.shape[1], -1).sum(2).sum(0)
+    return t.sum((0, *range(2, t.dim())))
+
+
 class _ValidBatchNorm(torch.autograd.Function):
     """``y = a (x - mean) + bias`` on valid cells and ``y = bias`` on padded cells, with
     ``a = weight / sqrt(var + eps)``, ``mean`` and (biased) ``var`` over every item's valid cells,
@@ -82,8 +90,10 @@ class _ValidBatchNorm(torch.autograd.Function):
     included, is never read), ``mean = sum(xz) / n``, ``xc = xz - valid * mean`` (zeros in the
     padding), ``var = sum(xc^2) / n``, ``y = a xc + bias``; ``xc`` is kept for the backward (one
     map, as torch's batch norm keeps its input). Backward: batch norm's closed form with the sums
-    over valid cells (the gradient's padding selected out, ``xc``'s is 0), written into the
-    buffer of one product; zeros in the padding of the input's gradient. Once differentiable: a
+    over valid cells (the gradient's padding selected out, ``xc``'s is 0; the sum of the product
+    ``dy * xc`` as a batched dot product, without the product map), written into the buffer of
+    the selected gradient: one new map, as torch's backward; zeros in the padding of the input's
+    gradient. Once differentiable: a
     second derivative (``create_graph=True``, a gradient penalty) raises ``RuntimeError``.
     """
 
@@ -95,7 +105,7 @@ class _ValidBatchNorm(torch.autograd.Function):
         stat_dtype = torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
         weights = valid.to(stat_dtype)
         xc = torch.where(valid, x.to(stat_dtype), 0.0)
-        mean = xc.sum(dims) / n
+        mean = _channel_sums(xc) / n
         xc.addcmul_(weights, mean.view(shape), value=-1)
         if xc.is_contiguous():  # a norm along each contiguous row: one pass, no temporary map
             var = torch.linalg.vector_norm(xc.view(xc.shape[0], c, -1), dim=2).square_().sum(0) / n
@@ -119,24 +129,25 @@ class _ValidBatchNorm(torch.autograd.Function):
         xc, invstd, a, valid = ctx.saved_tensors
         c = xc.shape[1]
         shape = (1, c) + (1,) * (xc.dim() - 2)
-        dims = (0, *range(2, xc.dim()))
         dyf = dy if dy.dtype == xc.dtype else dy.to(xc.dtype)
         need_x, need_w = ctx.needs_input_grad[0], ctx.has_weight and ctx.needs_input_grad[1]
         grad_x = grad_w = grad_b = None
         if need_x or need_w:
             dz = torch.where(valid, dyf, 0.0)
-            product = dz * xc  # xc is 0 in the padding
-            projected = product.sum(dims)
+            # sum of dz * xc per channel without the product map (xc is 0 in the padding)
+            projected = torch.einsum("bc...,bc...->bc", dz, xc).sum(0)
             if need_w:
                 grad_w = (projected * invstd).to(ctx.param_dtype)
             if need_x:
-                # a (dy - mean(dy) - xc invstd^2 mean(dy xc)), means over valid cells, 0 in the padding
-                mean_dy = dz.sum(dims) / ctx.n
-                grad_x = torch.addcmul(dz, valid.to(xc.dtype), mean_dy.view(shape), value=-1, out=product)
-                grad_x.addcmul_(xc, (invstd.square() * projected / ctx.n).view(shape), value=-1)
-                grad_x = grad_x.mul_(a.view(shape)).to(ctx.dtype)
+                # a (dy - mean(dy) - xc invstd^2 mean(dy xc)), means over valid cells, 0 in the padding,
+                # written into dz's buffer
+                mean_dy = _channel_sums(dz) / ctx.n
+                grad_x = dz.mul_(a.view(shape))
+                grad_x.addcmul_(xc, (a * invstd.square() * projected / ctx.n).view(shape), value=-1)
+                grad_x.addcmul_(valid.to(xc.dtype), (a * mean_dy).view(shape), value=-1)
+                grad_x = grad_x.to(ctx.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = dyf.sum(dims).to(ctx.param_dtype)
+            grad_b = _channel_sums(dyf).to(ctx.param_dtype)
         return grad_x, grad_w, grad_b, None, None, None
 
 
