@@ -115,3 +115,31 @@ def test_mask_fallback_batch_norm_matches_the_box_one():
     torch.testing.assert_close(a[valid], c[valid])
     torch.testing.assert_close(rm1, rm2)
     torch.testing.assert_close(rv1, rv2)
+
+
+@pytest.mark.parametrize("padding", [PADDING, ARBITRARY.mask.unsqueeze(1)], ids=["box", "mask"])
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_zero_padding_writes_zeros_and_keeps_the_padding_out_of_the_gradients(padding, training):
+    """``zero_padding``: the valid cells as without it, zeros in the padding, and the bias's
+    gradient from the valid cells alone (the padding no longer holds the bias); finite differences
+    agree (padded outputs in the loss)."""
+    torch.manual_seed(5)
+    mask = padding.mask.unsqueeze(1) if isinstance(padding, Padding) else padding
+    x = torch.randn(3, 2, 6, 7, dtype=torch.float64, requires_grad=True)
+    w = (torch.rand(2, dtype=torch.float64) + 0.5).requires_grad_()
+    b = torch.randn(2, dtype=torch.float64, requires_grad=True)
+    rm, rv = torch.zeros(2, dtype=torch.float64), torch.ones(2, dtype=torch.float64)
+
+    def fn(x, w, b, zero_padding):
+        return norms.batch_norm(x, padding, rm.clone(), rv.clone(), w, b, training, 0.1, 1e-5, None, zero_padding)
+
+    plain, zeroed = fn(x, w, b, False), fn(x, w, b, True)
+    valid = ~mask.expand_as(x)
+    torch.testing.assert_close(zeroed[valid], plain[valid], rtol=0, atol=0)
+    assert float(zeroed.detach()[~valid].abs().max()) == 0.0
+    g = torch.randn_like(plain)
+    got = torch.autograd.grad((zeroed * g).sum(), (x, w, b))
+    want = torch.autograd.grad((plain * g.masked_fill(~valid, 0.0)).sum(), (x, w, b))
+    for a, r in zip(got, want):
+        torch.testing.assert_close(a, r)
+    assert torch.autograd.gradcheck(lambda x, w, b: fn(x, w, b, True), (x, w, b))

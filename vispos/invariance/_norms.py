@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..padding import Padding
-from ._pools import item_counts, valid_cells, valid_total
+from ._pools import fill, item_counts, valid_cells, valid_total
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]
 
@@ -82,7 +82,8 @@ def _channel_sums(t: Tensor) -> Tensor:
 
 
 class _ValidBatchNorm(torch.autograd.Function):
-    """``y = a (x - mean) + bias`` on valid cells and ``y = bias`` on padded cells, with
+    """``y = a (x - mean) + bias`` on valid cells and ``y = bias`` on padded cells (0 with
+    ``zero_padding``, where the bias then gets no gradient from the padding), with
     ``a = weight / sqrt(var + eps)``, ``mean`` and (biased) ``var`` over every item's valid cells,
     the whole batch in one masked reduction (no loop over items).
 
@@ -93,12 +94,12 @@ class _ValidBatchNorm(torch.autograd.Function):
     over valid cells (the gradient's padding selected out, ``xc``'s is 0; the sum of the product
     ``dy * xc`` as a batched dot product, without the product map), written into the buffer of
     the selected gradient: one new map, as torch's backward; zeros in the padding of the input's
-    gradient. Once differentiable: a
-    second derivative (``create_graph=True``, a gradient penalty) raises ``RuntimeError``.
+    gradient. Once differentiable: a second derivative (``create_graph=True``, a gradient
+    penalty) raises ``RuntimeError``.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, valid, n, eps):
+    def forward(ctx, x, weight, bias, valid, n, eps, zero_padding):
         c = x.shape[1]
         shape = (1, c) + (1,) * (x.dim() - 2)
         dims = (0, *range(2, x.dim()))
@@ -117,7 +118,10 @@ class _ValidBatchNorm(torch.autograd.Function):
             y = xc * a.view(shape)
         else:
             y = torch.addcmul(bias.to(stat_dtype).view(shape), xc, a.view(shape))
+        if zero_padding and bias is not None:
+            y.masked_fill_(~valid, 0.0) if isinstance(zero_padding, bool) else fill(y, zero_padding, 0.0)
         ctx.save_for_backward(xc, invstd, a, valid)
+        ctx.zero_padding = bool(zero_padding)
         ctx.n, ctx.has_weight, ctx.has_bias = n, weight is not None, bias is not None
         ctx.dtype, ctx.param_dtype = x.dtype, (weight if weight is not None else x).dtype
         ctx.mark_non_differentiable(mean, var)
@@ -141,14 +145,19 @@ class _ValidBatchNorm(torch.autograd.Function):
             if need_x:
                 # a (dy - mean(dy) - xc invstd^2 mean(dy xc)), means over valid cells, 0 in the padding,
                 # written into dz's buffer
-                mean_dy = _channel_sums(dz) / ctx.n
+                sum_dz = _channel_sums(dz)
+                mean_dy = sum_dz / ctx.n
                 grad_x = dz.mul_(a.view(shape))
                 grad_x.addcmul_(xc, (a * invstd.square() * projected / ctx.n).view(shape), value=-1)
                 grad_x.addcmul_(valid.to(xc.dtype), (a * mean_dy).view(shape), value=-1)
                 grad_x = grad_x.to(ctx.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = _channel_sums(dyf).to(ctx.param_dtype)
-        return grad_x, grad_w, grad_b, None, None, None
+            if ctx.zero_padding:  # the padding holds 0, not the bias: only valid cells count
+                grad_b = sum_dz if need_x else _channel_sums(torch.where(valid, dyf, 0.0))
+            else:
+                grad_b = _channel_sums(dyf)
+            grad_b = grad_b.to(ctx.param_dtype)
+        return grad_x, grad_w, grad_b, None, None, None, None
 
 
 def batch_norm(
@@ -162,6 +171,7 @@ def batch_norm(
     momentum: float | None,
     eps: float,
     num_batches_tracked: Tensor | None = None,
+    zero_padding: bool = False,
 ) -> Tensor:
     """``torch.nn.functional.batch_norm`` with batch statistics over valid cells only.
 
@@ -180,37 +190,46 @@ def batch_norm(
         momentum (float, optional): running-average factor; None: cumulative average.
         eps (float): added to the variance.
         num_batches_tracked (Tensor[], optional): incremented in training.
+        zero_padding (bool): zeros in the output's padding (what the next layer that reads
+            neighbours needs), written by the same call.
 
     Returns:
-        Tensor[B, C, *S] in ``x``'s dtype; padded cells hold finite values (they are padding).
+        Tensor[B, C, *S] in ``x``'s dtype; padded cells hold finite values (they are padding),
+        zeros with ``zero_padding``.
 
     References:
         Ioffe and Szegedy, ICML 2015; Chan, Golub and LeVeque, 1983.
     """
     use_batch = training or running_mean is None or running_var is None
     if not use_batch or padding is None:
-        return F.batch_norm(x, running_mean, running_var, weight, bias, use_batch, momentum or 0.0, eps)
+        y = F.batch_norm(x, running_mean, running_var, weight, bias, use_batch, momentum or 0.0, eps)
+        return fill(y, padding, 0.0) if zero_padding and isinstance(padding, Padding) else (
+            y.masked_fill(padding, 0.0) if zero_padding and padding is not None else y)
     valid = valid_cells(padding)
     n = valid_total(padding, valid)
     if isinstance(n, Tensor):  # counted on the device: in the statistics' dtype
         n = n.to(torch.float32 if x.dtype in _LOW_PRECISION else x.dtype)
-    y, mean, var = _ValidBatchNorm.apply(x, weight, bias, valid, n, eps)
+    zeros = (padding if isinstance(padding, Padding) else True) if zero_padding else False
+    y, mean, var = _ValidBatchNorm.apply(x, weight, bias, valid, n, eps, zeros)
     if training:
         update_running_stats(running_mean, running_var, num_batches_tracked, momentum, mean, var, n)
     return y
 
 
-def batch_norm_module(x: Tensor, padding: Padding | Tensor | None, bn: nn.Module) -> Tensor:
+def batch_norm_module(x: Tensor, padding: Padding | Tensor | None, bn: nn.Module,
+                      zero_padding: bool = False) -> Tensor:
     """A batch-norm module (``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` on one process) on a padded
     batch: :func:`batch_norm` with the module's parameters, buffers and mode; only the
     normalisation (timm's ``BatchNormAct2d`` adds its activation after). The module itself without
     padding, or when it is not a batch norm (a frozen one swapped in after a graph was built).
+    ``zero_padding``: zeros in the output's padding (see :func:`batch_norm`).
 
     Raises:
         ValueError: a ``SyncBatchNorm`` in training across several processes.
     """
     if padding is None or not isinstance(bn, nn.modules.batchnorm._BatchNorm):
-        return bn(x)
+        y = bn(x)
+        return fill(y, padding, 0.0) if zero_padding and isinstance(padding, Padding) else y
     check_sync_batch_norm(bn)
     track = bn.training and bn.track_running_stats
     use_running = not bn.training and bn.running_mean is not None
@@ -219,7 +238,7 @@ def batch_norm_module(x: Tensor, padding: Padding | Tensor | None, bn: nn.Module
         bn.running_mean if track or use_running else None,
         bn.running_var if track or use_running else None,
         bn.weight, bn.bias, bn.training, bn.momentum, bn.eps,
-        bn.num_batches_tracked if track else None,
+        bn.num_batches_tracked if track else None, zero_padding,
     )
 
 

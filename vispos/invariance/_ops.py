@@ -96,23 +96,29 @@ def instance_norm_fn(x: Tensor, padding: Padding | None, weight, bias, eps: floa
 
 
 @_graph_op
-def norm_module(x: Tensor, padding: Padding | None, module: nn.Module) -> Tensor:
+def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padding: bool = False) -> Tensor:
     """A batch / group / instance norm module (timm's ``BatchNormAct2d`` / ``GroupNormAct`` with
     their ``drop`` and ``act`` after) with statistics over valid cells; the module itself without
-    padding, or when it was swapped for a frozen batch norm after the graph was built."""
-    if padding is None or not isinstance(module, (_BatchNorm, nn.GroupNorm, _InstanceNorm)):
+    padding, or when it was swapped for a frozen batch norm after the graph was built. With
+    ``zero_padding`` the output's padding holds zeros (the rewrite asks for it where a layer
+    that reads neighbours follows, instead of a fill of its own)."""
+    if padding is None:
         return module(x)
+    if not isinstance(module, (_BatchNorm, nn.GroupNorm, _InstanceNorm)):
+        y = module(x)
+        return _pools.fill(y, padding, 0.0) if zero_padding else y
+    drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
+    extras = isinstance(drop, nn.Module) or isinstance(act, nn.Module)
     if isinstance(module, _BatchNorm):
-        y = _norms.batch_norm_module(x, padding, module)
-    else:
+        y = _norms.batch_norm_module(x, padding, module, zero_padding and not extras)
+    else:  # zeros in the padding already
         groups = module.num_groups if isinstance(module, nn.GroupNorm) else x.shape[1]
         y = _norms.group_norm(x, padding, groups, module.weight, module.bias, module.eps)
-    drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
     if isinstance(drop, nn.Module):
         y = drop(y)
     if isinstance(act, nn.Module):
         y = act(y)
-    return y
+    return _pools.fill(y, padding, 0.0) if zero_padding and extras else y
 
 
 @_graph_op

@@ -204,8 +204,12 @@ class RewriterBase:
             return False
         if any(self.zeros.owner(n) in self.zeros.overwritten for n in chain + [cur]):
             return False  # written in place since it was made: a fill there would be undone
-        with self.new.inserting_after(self.env[cur]):
-            self.new.call_function(ops.fill_in_place, (self.env[cur], self.padding_of(self.maps.geometry[cur]), 0.0))
+        made = self.env[cur]
+        if made.op == "call_function" and made.target is ops.norm_module and len(made.args) == 3:
+            made.args = (*made.args, True)  # the norm writes the zeros in the same call
+        else:
+            with self.new.inserting_after(made):
+                self.new.call_function(ops.fill_in_place, (made, self.padding_of(self.maps.geometry[cur]), 0.0))
         self.zeros.zeroed.update(chain + [cur])
         if nonneg:
             self.zeros.nonneg.add(x)
