@@ -101,6 +101,9 @@ def _exit_message(capsys, argv):
     (["--backbone", "vit", "--vit-pos", "alibi"], "argument --vit-pos: invalid choice: 'alibi'"),
     (["--backbone", "vit", "--out-index", "9"], "argument --out-index:"),
     (["--backbone", "vit", "--scales", "4", "48"], "argument --scales: must be >= the ViT's patch (8 px)"),
+    (["--vit-patch", "16"], "argument --vit-patch: only with --backbone vit"),
+    (["--backbone", "vit", "--vit-patch", "16", "--scales", "12", "48"],
+     "argument --scales: must be >= the ViT's patch (16 px)"),
 ])
 def test_flags_that_cannot_work_are_refused_in_one_line(capsys, tmp_path, argv, message):
     lines = _exit_message(capsys, [*argv, "--out", str(tmp_path)])
@@ -117,3 +120,10 @@ def test_the_vit_is_timms_model_with_the_documented_sizes(tmp_path):
     assert len(vit.blocks) == 4
     assert vit.blocks[0].attn.num_heads == 4 and vit.patch_embed.patch_size == (8, 8)
     assert vit.pos_embed is not None and vit.rope is None  # the default arm: learned
+
+
+def test_vit_patch_sets_the_patch_and_the_level_stride(tmp_path):
+    model, images = _model_and_images(tmp_path, ["--vit-patch", "16", "--padding-invariant"])
+    bb = model.joiner.backbone
+    assert bb.strides == [16] and bb.body.model.patch_embed.patch_size == (16, 16)
+    assert _worst_alone_vs_batched(model, images) <= 1e-4
