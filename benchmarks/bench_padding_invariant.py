@@ -17,6 +17,7 @@ and ``convnext_tiny`` (levels 1-3) at B = 2 and 8, on a padded batch of random i
 sizes (each side drawn in ``--sweep-sides``, seeded), eval forward and train forward + backward,
 stock and invariant interleaved as above; each row is measured ``--passes`` times in a row (the
 machine may be shared), the ratio reported per pass and as the median of the passes.
+``--batches`` and ``--modes`` keep some rows only (for long runs of many rounds on one row).
 
 Demo rows (``--demo``): seconds per training step of ``demos.train_detr`` and
 ``demos.train_detr3d`` (sine arm, their defaults) with and without ``--padding-invariant``,
@@ -25,6 +26,7 @@ interleaved as ``bench_detr3d_step.py`` does for the arms.
     python benchmarks/bench_padding_invariant.py --threads 1 --out benchmarks/results_padding_invariant.md
     python benchmarks/bench_padding_invariant.py --demo --steps 30 --out benchmarks/results_padding_invariant.md
     python benchmarks/bench_padding_invariant.py --sweep --passes 2 --out benchmarks/results_padding_invariant.md
+    python benchmarks/bench_padding_invariant.py --sweep --models resnet50 --batches 2 --modes train --passes 1 --repeats 40
 """
 
 from __future__ import annotations
@@ -210,9 +212,13 @@ def sweep_rows(args) -> list[str]:
         invariant.load_state_dict(stock.state_dict())
         models = {"stock": stock, "invariant": invariant}
         for batch_size in batches:
+            if args.batches and batch_size not in args.batches:
+                continue
             batch = sweep_batch(batch_size, tuple(args.sweep_sides))
             canvas = "x".join(str(s) for s in batch.tensors.shape[2:])
             for mode in MODES:
+                if args.modes and mode.split()[0] not in args.modes:
+                    continue
                 runs = {arm: step_fn(models[arm], batch, mode) for arm in ARMS}
                 cpu_ratios, wall_ratios, cpus = [], [], []
                 for _ in range(args.passes):
@@ -289,6 +295,8 @@ def main(argv=None) -> int:
     p.add_argument("--passes", type=int, default=2, help="passes per row (--sweep)")
     p.add_argument("--sweep-sides", type=int, nargs=2, default=(64, 128), help="image sides drawn in (--sweep)")
     p.add_argument("--models", nargs="*", default=None, help="only these timm models (--sweep)")
+    p.add_argument("--batches", type=int, nargs="*", default=None, help="only these batch sizes (--sweep)")
+    p.add_argument("--modes", nargs="*", choices=("eval", "train"), default=None, help="only these modes (--sweep)")
     p.add_argument("--out", default=None, help="append the markdown table to this file")
     p.add_argument("--peak", nargs=3, metavar=("WORKLOAD", "MODE", "ARM"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)

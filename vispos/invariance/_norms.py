@@ -81,6 +81,15 @@ def _channel_sums(t: Tensor) -> Tensor:
     return t.sum((0, *range(2, t.dim())))
 
 
+def _channel_dots(a: Tensor, b: Tensor) -> Tensor:
+    """``(a * b).sum`` over every axis but the channels, ``Tensor[C]``: one batched dot product
+    per item and channel (no product map) when both are contiguous."""
+    if a.is_contiguous() and b.is_contiguous():
+        rows = a.shape[0] * a.shape[1]
+        return torch.bmm(a.view(rows, 1, -1), b.view(rows, -1, 1)).view(a.shape[0], a.shape[1]).sum(0)
+    return (a * b).sum((0, *range(2, a.dim())))
+
+
 class _ValidBatchNorm(torch.autograd.Function):
     """``y = a (x - mean) + bias`` on valid cells and ``y = bias`` on padded cells (0 with
     ``zero_padding``, where the bias then gets no gradient from the padding), with
@@ -92,7 +101,7 @@ class _ValidBatchNorm(torch.autograd.Function):
     padding), ``var = sum(xc^2) / n``, ``y = a xc + bias``; ``xc`` is kept for the backward (one
     map, as torch's batch norm keeps its input). Backward: batch norm's closed form with the sums
     over valid cells (the gradient's padding selected out, ``xc``'s is 0; the sum of the product
-    ``dy * xc`` as a batched dot product, without the product map), written into the buffer of
+    ``dy * xc`` as batched dot products, without the product map), written into the buffer of
     the selected gradient: one new map, as torch's backward; zeros in the padding of the input's
     gradient. Once differentiable: a second derivative (``create_graph=True``, a gradient
     penalty) raises ``RuntimeError``.
@@ -139,7 +148,7 @@ class _ValidBatchNorm(torch.autograd.Function):
         if need_x or need_w:
             dz = torch.where(valid, dyf, 0.0)
             # sum of dz * xc per channel without the product map (xc is 0 in the padding)
-            projected = torch.einsum("bc...,bc...->bc", dz, xc).sum(0)
+            projected = _channel_dots(dz, xc)
             if need_w:
                 grad_w = (projected * invstd).to(ctx.param_dtype)
             if need_x:
