@@ -127,8 +127,10 @@ class _ValidBatchNorm(torch.autograd.Function):
             y = xc * a.view(shape)
         else:
             y = torch.addcmul(bias.to(stat_dtype).view(shape), xc, a.view(shape))
-        if zero_padding and bias is not None:
-            y.masked_fill_(~valid, 0.0) if isinstance(zero_padding, bool) else fill(y, zero_padding, 0.0)
+        if isinstance(zero_padding, Padding) and bias is not None:  # strips on large maps
+            fill(y, zero_padding, 0.0)
+        elif zero_padding and bias is not None:  # a mask without a Padding
+            y.masked_fill_(~valid, 0.0)
         ctx.save_for_backward(xc, invstd, a, valid)
         ctx.zero_padding = bool(zero_padding)
         ctx.n, ctx.has_weight, ctx.has_bias = n, weight is not None, bias is not None
@@ -212,8 +214,9 @@ def batch_norm(
     use_batch = training or running_mean is None or running_var is None
     if not use_batch or padding is None:
         y = F.batch_norm(x, running_mean, running_var, weight, bias, use_batch, momentum or 0.0, eps)
-        return fill(y, padding, 0.0) if zero_padding and isinstance(padding, Padding) else (
-            y.masked_fill(padding, 0.0) if zero_padding and padding is not None else y)
+        if not zero_padding or padding is None:
+            return y
+        return fill(y, padding, 0.0) if isinstance(padding, Padding) else y.masked_fill(padding, 0.0)
     valid = valid_cells(padding)
     n = valid_total(padding, valid)
     if isinstance(n, Tensor):  # counted on the device: in the statistics' dtype

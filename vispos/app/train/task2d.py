@@ -69,7 +69,8 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
               f"only adds padding, got {args.size_divisibility}")
     for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None))):
         if args.backbone != VIT_NAME and value is not None:
-            error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone {args.backbone}")
+            error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone "
+                  f"{args.backbone}")
     if args.backbone == VIT_NAME:
         args.vit_pos = args.vit_pos or "learned"
         args.vit_patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
@@ -112,17 +113,17 @@ def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_s
 
     The model is timm's ``vit_small_patch16_rope_224`` (class ``Eva``) resized to :data:`VIT`, with
     ``img_size`` the side of its position table's grid (``img_size / patch`` cells, resampled to
-    each image's grid), ``patch_size`` its patch (``--vit-patch``). ``none``: no table, no RoPE; ``sincos`` / ``learned``: a table (filled by
-    :func:`build_backbone`); ``rope``: timm's axial RoPE (temperature 100, patch coordinates), no
-    table.
+    each image's grid), ``patch_size`` its patch (``--vit-patch``). ``none``: no table, no RoPE;
+    ``sincos`` / ``learned``: a table (filled by :func:`build_backbone`); ``rope``: timm's axial
+    RoPE (temperature 100, patch coordinates), no table.
 
     Raises:
         ValueError: ``vit_pos`` not in :data:`VIT_POS`.
     """
     if vit_pos not in VIT_POS:
         raise ValueError(f"vit_pos must be one of {VIT_POS}, got {vit_pos!r}")
-    return {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None, "use_abs_pos_emb": vit_pos in ("sincos", "learned"),
-            "use_rot_pos_emb": vit_pos == "rope"}
+    return {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None,
+            "use_abs_pos_emb": vit_pos in ("sincos", "learned"), "use_rot_pos_emb": vit_pos == "rope"}
 
 
 def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = None,
@@ -150,8 +151,8 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
         backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
     else:  # the learned arm's weights (same random draws), without its table: the arms differ in position only
         before = torch.random.get_rng_state()
-        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales), patch), pretrained=False,
-                               out_indices=(args.out_index,))
+        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales), patch),
+                               pretrained=False, out_indices=(args.out_index,))
         after = torch.random.get_rng_state()
         torch.random.set_rng_state(before)
         backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
