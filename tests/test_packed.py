@@ -282,3 +282,35 @@ def test_refuses_bad_inputs():
     strict = TimmBackbone(name, packed=True, model_kwargs={**kwargs, "dynamic_img_pad": False})
     with pytest.raises(ValueError, match="not a multiple of the patch"):
         strict([torch.zeros(3, 8, 40)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["vit", "dinov3"])
+def test_packed_under_torch_compile(key):
+    """``torch.compile`` of a packed backbone (the eager backend: what Dynamo captures, without
+    the minutes of code generation): the same levels, masks and parameter gradients as eager."""
+    packed, _ = _pair(key, dtype=torch.float32)
+    batch = nested_tensor_from_tensor_list(_images(SIZES["odd"], dtype=torch.float32))
+    compiled = torch.compile(packed, backend="eager")
+    try:
+        for train in (False, True):
+            packed.train(train)
+            if train:  # DINOv3's coordinate augmentation draws: the same draws in both runs
+                torch.manual_seed(1)
+            want = packed(batch)
+            want_grads = torch.autograd.grad(sum(o.tensors.sum() for o in want), list(packed.parameters()),
+                                             allow_unused=True)
+            if train:
+                torch.manual_seed(1)
+            got = compiled(batch)
+            got_grads = torch.autograd.grad(sum(o.tensors.sum() for o in got), list(packed.parameters()),
+                                            allow_unused=True)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a.tensors, b.tensors)
+                assert torch.equal(a.mask, b.mask)
+            for a, b in zip(got_grads, want_grads):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    torch.testing.assert_close(a, b)
+    finally:
+        torch._dynamo.reset()
