@@ -16,6 +16,7 @@ pytest.importorskip("monai")
 from monai.networks.nets import UNETR  # noqa: E402
 
 import vispos  # noqa: E402
+from item_alone import assert_same_gradients, region  # noqa: E402
 from vispos import NestedTensor, Padding  # noqa: E402
 from vispos.invariance import rules  # noqa: E402
 from vispos.monai import AnySizeUNETR  # noqa: E402
@@ -37,10 +38,6 @@ def _batch(sizes, canvas, starts, seed=0):
     for b, (item, start) in enumerate(zip(items, starts)):
         images[(b, slice(None), *(slice(a, a + s) for a, s in zip(start, item.shape[1:])))] = item
     return items, images, Padding.from_sizes(sizes, canvas, starts=starts)
-
-
-def _region(start, size):
-    return tuple(slice(a, a + s) for a, s in zip(start, size))
 
 
 #: (sizes, canvas, starts): at the origin with partial patches; symmetric-like starts on whole patches
@@ -68,19 +65,14 @@ def test_every_item_gets_its_logits_and_gradients_alone(layout, train, pos_embed
     for b, (item, start) in enumerate(zip(items, starts)):
         alone_in = item[None].clone().requires_grad_(True)
         alone = twin(alone_in)[0]
-        got = out[(b, slice(None), *_region(start, item.shape[1:]))]
+        got = out[(b, slice(None), *region(start, item.shape[1:]))]
         assert_close(got, alone, rtol=1e-10, atol=1e-10)
         if train and b == len(items) - 1:  # one item's loss: the gradients it gets alone
             weights = torch.randn(alone.shape, generator=torch.Generator().manual_seed(b), dtype=F64)
             (alone * weights).sum().backward()
             (got * weights).sum().backward(retain_graph=True)
-            for (name, p1), p2 in zip(twin.named_parameters(), net.parameters()):
-                if p1.grad is None:
-                    assert p2.grad is None or not p2.grad.any(), name
-                    continue
-                scale = float(p1.grad.abs().max()) or 1.0
-                assert_close(p2.grad, p1.grad, rtol=1e-8, atol=1e-12 + 1e-9 * scale, msg=name)
-            assert_close(images.grad[(b, slice(None), *_region(start, item.shape[1:]))], alone_in.grad[0],
+            assert_same_gradients(net, twin)
+            assert_close(images.grad[(b, slice(None), *region(start, item.shape[1:]))], alone_in.grad[0],
                          rtol=1e-8, atol=1e-12)
 
 
@@ -117,7 +109,7 @@ def test_copies_and_pickles_run_their_own_layers():
     net.out.conv.conv = nn.Conv3d(2, 2, 3, padding=1).to(F64)
     out = net(x)
     for b, item in enumerate(items):
-        assert_close(out[(b, slice(None), *_region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
+        assert_close(out[(b, slice(None), *region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
                      rtol=1e-10, atol=1e-10)
 
 
@@ -159,7 +151,7 @@ def test_the_open_rule_book_serves_the_decoder(registry):
     items, images, padding = _batch(*LAYOUTS["end"])
     out = net(NestedTensor(images, padding))
     for b, item in enumerate(items):
-        assert_close(out[(b, slice(None), *_region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
+        assert_close(out[(b, slice(None), *region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
                      rtol=1e-10, atol=1e-10)
 
 

@@ -12,6 +12,7 @@ from torch.testing import assert_close
 
 pytest.importorskip("monai")
 
+from item_alone import assert_same_gradients, region  # noqa: E402
 from vispos import NestedTensor, Padding  # noqa: E402
 from vispos.monai import AnySizeViT  # noqa: E402
 
@@ -29,21 +30,8 @@ def _batch(seed=0):
     items = [torch.randn((1, *s), generator=g, dtype=F64) for s in SIZES]
     images = torch.full((len(SIZES), 1, *CANVAS), 5.0, dtype=F64)
     for b, (item, start) in enumerate(zip(items, STARTS)):
-        images[(b, slice(None), *_region(start, item.shape[1:]))] = item
+        images[(b, slice(None), *region(start, item.shape[1:]))] = item
     return items, images, Padding.from_sizes(SIZES, CANVAS, starts=STARTS)
-
-
-def _region(start, size):
-    return tuple(slice(a, a + s) for a, s in zip(start, size))
-
-
-def _same_gradients(net, twin):
-    for (name, p1), p2 in zip(twin.named_parameters(), net.parameters()):
-        if p1.grad is None:
-            assert p2.grad is None or not p2.grad.any(), name
-            continue
-        scale = float(p1.grad.abs().max()) or 1.0
-        assert_close(p2.grad, p1.grad, rtol=1e-8, atol=1e-12 + 1e-9 * scale, msg=name)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
@@ -63,19 +51,19 @@ def test_vit_items_off_the_patch_grid_get_their_features_alone(train, pos_embed_
     for b, (item, start) in enumerate(zip(items, STARTS)):
         alone, alone_hidden = twin(item[None])
         size = tuple(-(-s // 4) for s in item.shape[1:])
-        region = _region(tuple(a // 4 for a in start), size)
+        box = region(tuple(a // 4 for a in start), size)
         want = torch.ones(grid, dtype=torch.bool)
-        want[region] = False
+        want[box] = False
         assert torch.equal(cells[b], want)
         for got_t, alone_t in zip([out, *hidden], [alone, *alone_hidden]):
-            got = got_t[b].reshape(*grid, -1)[region].reshape(-1, got_t.shape[-1])
+            got = got_t[b].reshape(*grid, -1)[box].reshape(-1, got_t.shape[-1])
             assert_close(got, alone_t[0], rtol=1e-10, atol=1e-10)
         if train and b == 1:
             weights = torch.randn(alone.shape, generator=torch.Generator().manual_seed(b), dtype=F64)
             (alone * weights).sum().backward()
-            got = out[b].reshape(*grid, -1)[region].reshape(1, -1, out.shape[-1])
+            got = out[b].reshape(*grid, -1)[box].reshape(1, -1, out.shape[-1])
             (got * weights).sum().backward(retain_graph=True)
-            _same_gradients(net, twin)
+            assert_same_gradients(net, twin)
 
 
 def test_vit_class_token_off_the_patch_grid():
