@@ -33,3 +33,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is None and _runs_on_cuda(item):
             item.add_marker(pytest.mark.cuda)
+
+
+@pytest.fixture
+def registry():
+    """vispos.invariance's registered rules, restored after the test (a test may register its own)."""
+    from vispos.invariance import rules
+
+    saved = dict(rules._RULES)
+    yield
+    rules._RULES.clear()
+    rules._RULES.update(saved)

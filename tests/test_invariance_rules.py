@@ -60,15 +60,6 @@ class Invariant(nn.Module):
         return self.runner(self.body, x)
 
 
-@pytest.fixture
-def registry():
-    """The registered rules, restored after the test."""
-    saved = dict(rules._RULES)
-    yield
-    rules._RULES.clear()
-    rules._RULES.update(saved)
-
-
 def _alone_and_in_batch(bb: nn.Module):
     g = torch.Generator().manual_seed(0)
     item, other = torch.randn(3, 9, 11, generator=g, dtype=F64), torch.randn(3, 14, 8, generator=g, dtype=F64)

@@ -18,7 +18,6 @@ from monai.networks.nets import UNETR  # noqa: E402
 import vispos  # noqa: E402
 from item_alone import assert_same_gradients, region  # noqa: E402
 from vispos import NestedTensor, Padding  # noqa: E402
-from vispos.invariance import rules  # noqa: E402
 from vispos.monai import AnySizeUNETR  # noqa: E402
 
 F64 = torch.float64
@@ -130,14 +129,6 @@ def _with(unetr, path, layer):
     parent, _, name = path.rpartition(".")
     setattr(unetr.get_submodule(parent), name, layer)
     return unetr
-
-
-@pytest.fixture
-def registry():
-    saved = dict(rules._RULES)
-    yield
-    rules._RULES.clear()
-    rules._RULES.update(saved)
 
 
 def test_the_open_rule_book_serves_the_decoder(registry):
