@@ -304,3 +304,145 @@ def test_the_padding_value_never_reaches_an_edge_patch():
         alone = _alone(bb, images[0])
     for level, ref in zip(levels, alone):
         torch.testing.assert_close(_crop(level, 0, ref.tensors), ref.tensors[0], rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ a convolutional patch stem
+def _conv_stem(dim, norm="ln", kernel=3, padding=1):
+    """Three stride-2 convolutions + a 1x1 on the patch-8 grid (Xiao et al. 2021)."""
+    from timm.layers import LayerNorm2d
+
+    widths, layers = [3, dim // 4, dim // 2, dim], []
+    for c_in, c_out in zip(widths[:-1], widths[1:]):
+        norm_layer = LayerNorm2d(c_out) if norm == "ln" else torch.nn.BatchNorm2d(c_out)
+        layers += [torch.nn.Conv2d(c_in, c_out, kernel, 2, padding), norm_layer, torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Conv2d(dim, dim, 1))
+
+
+STEM_FAMILIES = {"vit": "vit_small_patch16_224", "rope_vit": "vit_small_patch16_rope_224",
+                 "dinov3": "vit_small_patch16_dinov3"}
+
+
+def _stem_backbone(family, norm="ln", padding_invariant=True, packed=False, stem=None):
+    torch.manual_seed(0)
+    bb = TimmBackbone(STEM_FAMILIES[family], out_indices=(0, 1), padding_invariant=padding_invariant, packed=packed,
+                      model_kwargs={**TINY, "patch_size": 8, "img_size": 64})
+    model = bb.body.model
+    model.patch_embed.proj = stem if stem is not None else _conv_stem(model.embed_dim, norm)
+    if padding_invariant:
+        rule_for(model).check(model)
+    with torch.no_grad():
+        for name, p in bb.named_parameters():
+            if name.endswith(("gamma", "gamma_1", "gamma_2")):
+                p.fill_(1.0)
+    return bb.double()
+
+
+@pytest.mark.parametrize("family", sorted(STEM_FAMILIES))
+def test_a_convolutional_stem_is_exact_alone_in_eval_and_training(family):
+    bb = _stem_backbone(family)
+    stock = _stem_backbone(family, padding_invariant=False)
+    stock.load_state_dict(bb.state_dict())
+    images = _images(2)
+    for train in (False, True):
+        bb.train(train), stock.train(train)
+        alone = _alone(bb, images[0])
+        if not train:
+            with torch.no_grad():  # alone, vispos runs timm's own forward; the stock batch leaks through the stem
+                stock_alone, leaky = _alone(stock, images[0]), stock(nested_tensor_from_tensor_list(images))
+            torch.testing.assert_close(alone[0].tensors, stock_alone[0].tensors, rtol=1e-13, atol=1e-13)
+            assert (_crop(leaky[0], 0, alone[0].tensors) - alone[0].tensors[0]).abs().max() > 1e-3
+        weights = [torch.randn(a.tensors.shape[1:], dtype=torch.float64) for a in alone]
+        bb.zero_grad()
+        _loss(alone, 0, [a.tensors for a in alone], weights).backward()
+        ref_grads = _grads(bb)
+        assert any(k.startswith("model.patch_embed.proj.0") or ".patch_embed.proj.0" in k for k in ref_grads)
+        for position in range(3):
+            bb.zero_grad()
+            levels = bb(nested_tensor_from_tensor_list(_placed(images, position)))
+            for level, ref in zip(levels, alone):
+                assert level.padding.sizes[position] == tuple(ref.tensors.shape[2:])  # ceil(size / 8)
+                torch.testing.assert_close(_crop(level, position, ref.tensors), ref.tensors[0].detach(),
+                                           rtol=1e-12, atol=1e-12)
+            _loss(levels, position, [a.tensors for a in alone], weights).backward()
+            grads = _grads(bb)
+            assert grads.keys() == ref_grads.keys()
+            for name in grads:
+                torch.testing.assert_close(grads[name], ref_grads[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_batch_norm_stem_takes_the_valid_cells_statistics():
+    """Eval: exact alone. Training: the statistics are every item's valid cells (the CNN rule), so
+    an item's output does not depend on its position or on its partners' padding."""
+    bb = _stem_backbone("vit", norm="bn")
+    images = _images(3)
+    with torch.no_grad():
+        bb.eval()
+        alone = _alone(bb, images[0])
+        level = bb(nested_tensor_from_tensor_list(images))[0]
+        torch.testing.assert_close(_crop(level, 0, alone[0].tensors), alone[0].tensors[0], rtol=1e-12, atol=1e-12)
+        bb.train()
+        first = bb(nested_tensor_from_tensor_list(images))[0]
+        bigger = bb(nested_tensor_from_tensor_list(images, size_divisibility=64))[0]  # more padding, same items
+        moved = bb(nested_tensor_from_tensor_list(_placed(images, 2)))[0]
+    ref = _crop(first, 0, alone[0].tensors)
+    torch.testing.assert_close(_crop(bigger, 0, alone[0].tensors), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_crop(moved, 2, alone[0].tensors), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_stems_that_cannot_be_exact_are_refused_by_name():
+    # no padding: 3x3 stride-2 convolutions shrink the grid below one token per patch
+    with pytest.raises(ValueError, match=r"patch_embed.proj .*not one token per patch"):
+        _stem_backbone("vit", stem=_conv_stem(32, padding=0))
+
+    class Shift(torch.nn.Module):  # reads a neighbour through a roll: no rule makes it exact
+        def forward(self, x):
+            return torch.roll(x, 1, dims=-1)
+
+    with pytest.raises(ValueError, match=r"patch_embed.proj.*(roll|Shift)"):
+        _stem_backbone("vit", stem=torch.nn.Sequential(_conv_stem(32), Shift()))
+
+
+@pytest.mark.parametrize("norm", ["ln", "bn"])
+def test_a_convolutional_stem_packed_equals_padded_invariant(norm):
+    """LayerNorm2d: each item embedded alone. Batch norm: the stem runs on the padded batch with
+    the valid cells' statistics (training), so the packed run equals the padded one there too."""
+    invariant = _stem_backbone("rope_vit", norm=norm)
+    packed = _stem_backbone("rope_vit", norm=norm, padding_invariant=False, packed=True)
+    packed.load_state_dict(invariant.state_dict())
+    images = _images(4)
+    batch = nested_tensor_from_tensor_list(images)
+    for train in (False, True):
+        invariant.train(train), packed.train(train)
+        packed.load_state_dict(invariant.state_dict())  # the running statistics too
+        invariant.zero_grad(), packed.zero_grad()
+        want = invariant(batch)
+        with torch.no_grad():
+            from_list = packed(images)
+        got = packed(batch)
+        for levels in (got, from_list):
+            for a, b in zip(levels, want):
+                torch.testing.assert_close(a.tensors, b.tensors, rtol=1e-12, atol=1e-12)
+                assert a.padding == b.padding
+        weights = [torch.randn(w.tensors.shape, dtype=torch.float64) for w in want]
+        sum((w.tensors * k).sum() for w, k in zip(want, weights)).backward()
+        sum((g.tensors * k).sum() for g, k in zip(got, weights)).backward()
+        grads = dict(packed.named_parameters())
+        assert any(p.grad is not None for n, p in grads.items() if "patch_embed.proj" in n)
+        for name, p in invariant.named_parameters():
+            if p.grad is not None:
+                torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_convolutional_stem_survives_copies_and_follows_its_layers():
+    invariant = _stem_backbone("rope_vit")
+    batch = nested_tensor_from_tensor_list(_images(4))
+    invariant.eval()
+    with torch.no_grad():
+        ref = invariant(batch)
+        for clone in (copy.deepcopy(invariant), pickle.loads(pickle.dumps(invariant))):
+            for a, b in zip(clone(batch), ref):
+                torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+        weight = invariant.body.model.patch_embed.proj[0].weight  # the stem's graph calls the live layers
+        weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0), dtype=weight.dtype))
+        moved = invariant(batch)
+    assert (moved[0].tensors - ref[0].tensors).abs().max() > 1e-3

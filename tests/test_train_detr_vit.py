@@ -102,6 +102,9 @@ def _exit_message(capsys, argv):
     (["--backbone", "vit", "--out-index", "9"], "argument --out-index:"),
     (["--backbone", "vit", "--scales", "4", "48"], "argument --scales: must be >= the ViT's patch (8 px)"),
     (["--vit-patch", "16"], "argument --vit-patch: only with --backbone vit"),
+    (["--vit-stem", "conv"], "argument --vit-stem: only with --backbone vit"),
+    (["--backbone", "vit", "--vit-patch", "12", "--scales", "48"],
+     "argument --vit-patch: must be a power of 2 >= 2 with --vit-stem conv"),
     (["--backbone", "vit", "--vit-patch", "16", "--scales", "12", "48"],
      "argument --scales: must be >= the ViT's patch (16 px)"),
 ])
@@ -120,6 +123,18 @@ def test_the_vit_is_timms_model_with_the_documented_sizes(tmp_path):
     assert len(vit.blocks) == 4
     assert vit.blocks[0].attn.num_heads == 4 and vit.patch_embed.patch_size == (8, 8)
     assert vit.pos_embed is not None and vit.rope is None  # the default arm: learned
+    stem = vit.patch_embed.proj  # the default stem: conv (three 3x3 stride-2 convolutions, then a 1x1)
+    convs = [m for m in stem.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size, c.stride) for c in convs] == [
+        (3, 16, (3, 3), (2, 2)), (16, 32, (3, 3), (2, 2)), (32, 64, (3, 3), (2, 2)), (64, 64, (1, 1), (1, 1))]
+
+
+@pytest.mark.parametrize("mode", ["--padding-invariant", "--packed"])
+def test_vit_stem_patch_is_vits_patch_projection_and_exact(tmp_path, mode):
+    model, images = _model_and_images(tmp_path, ["--vit-stem", "patch", mode])
+    proj = model.joiner.backbone.body.model.patch_embed.proj
+    assert isinstance(proj, torch.nn.Conv2d) and proj.kernel_size == proj.stride == (8, 8)
+    assert _worst_alone_vs_batched(model, images) <= 1e-4
 
 
 def test_vit_patch_sets_the_patch_and_the_level_stride(tmp_path):

@@ -31,35 +31,40 @@ __all__ = ["InvariantProjection", "invariant_projections"]
 
 
 class _Projection(nn.Module):
-    """``input_proj[index]`` as a module of its own, so that its traced layers keep the Joiner's
-    names (``input_proj.3.0``) in the rule book's messages."""
+    """``getattr(parent, name)`` as a module of its own, registered under ``label``, so that its
+    traced layers keep the owner's names (``input_proj.3.0``, ``patch_embed.proj.1``) in the rule
+    book's messages."""
 
-    def __init__(self, input_proj: nn.ModuleList, index: int) -> None:
+    def __init__(self, parent: nn.Module, name: str, label: str) -> None:
         super().__init__()
-        self.input_proj, self.index = input_proj, index
+        self.label, self.name = label, name
+        self.add_module(label, parent)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.input_proj[self.index](x)
+        return getattr(getattr(self, self.label), self.name)(x)
 
 
 class InvariantProjection:
-    """One projection of a Joiner, traced and rewritten by the rule book.
+    """One projection of a Joiner (or another owner's convolutional submodule, such as a vision
+    transformer's convolutional patch stem), traced and rewritten by the rule book.
 
     Args:
-        input_proj (nn.ModuleList): the Joiner's projections.
-        index (int): which one.
+        parent (nn.Module): the module that holds it (the Joiner's ``input_proj``).
+        name (int or str): its index or attribute name in ``parent``.
         n_spatial (int): spatial axes of the levels (2 or 3).
+        label (str): ``parent``'s name in messages (default ``"input_proj"``).
 
     Raises:
         ValueError: a layer of the projection that cannot be made exact, or that torch.fx cannot
             trace (named).
     """
 
-    def __init__(self, input_proj: nn.ModuleList, index: int, n_spatial: int) -> None:
-        self.layers = tuple(input_proj[index].modules())
-        root = _Projection(input_proj, index)
+    def __init__(self, parent: nn.Module, name: int | str, n_spatial: int, label: str = "input_proj") -> None:
+        module = getattr(parent, str(name))
+        self.layers = tuple(module.modules())
+        root = _Projection(parent, str(name), label)
         graph = PathTracer(n_spatial).trace(root)
-        self.graph = fx.GraphModule(root, graph, type(input_proj[index]).__name__)
+        self.graph = fx.GraphModule(root, graph, type(module).__name__)
         self.runner = make_invariant(self.graph, n_spatial)
 
     def fits(self, projection: nn.Module) -> bool:

@@ -110,16 +110,42 @@ def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | N
     return x + _drop_path(block.drop_path2, y, lengths)
 
 
-def _embed(model: nn.Module, image: Tensor, position_embedding: nn.Module | None) -> tuple[Tensor, Any]:
-    """One item's tokens ``(1, P + h * w, C)`` as the model embeds it alone (``patch_embed``,
-    ``_pos_embed``, ``patch_drop``, ``norm_pre``), and its rotary table (EVA; else None)."""
-    tokens = model.patch_embed(image[None])  # (1, h, w, C): dynamic_img_size
+def _stem_reads_the_batch(model: nn.Module) -> bool:
+    """Whether the patch stem (``patch_embed.proj``) holds a batch norm: its statistics (in
+    training, or without running statistics) are the batch's, so each item cannot be embedded
+    alone."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.patch_embed.proj.modules())
+
+
+def _embed(model: nn.Module, patches: Tensor, position_embedding: nn.Module | None) -> tuple[Tensor, Any]:
+    """One item's tokens ``(1, P + h * w, C)`` from its patch tokens ``(1, h, w, C)`` as the model
+    embeds it alone (``_pos_embed``, ``patch_drop``, ``norm_pre``), and its rotary table (EVA;
+    else None)."""
+    tokens = patches
     if position_embedding is not None:
         mask = torch.zeros(tokens.shape[:3], dtype=torch.bool, device=tokens.device)
         tokens = tokens + position_embedding(mask).permute(0, 2, 3, 1).to(tokens.dtype)
     out = model._pos_embed(tokens)
     tokens, rope = out if isinstance(out, tuple) else (model.patch_drop(out), None)
     return model.norm_pre(tokens), rope
+
+
+def _patch_tokens(model: nn.Module, x: Tensor | Sequence[Tensor], padding: Padding, sizes, grids) -> list[Tensor]:
+    """Each item's patch tokens ``(1, h, w, C)``: the item alone through ``patch_embed``, or, for a
+    stem with a batch norm, the padded batch through the rule book's stem (statistics over every
+    item's valid cells, as the padded mode) cut to each item's grid."""
+    if not _stem_reads_the_batch(model):
+        return [model.patch_embed(x[b][:, : s[0], : s[1]][None]) for b, s in enumerate(sizes)]
+    from ._vit import stem_tokens
+
+    if isinstance(x, Tensor):
+        canvas = x if padding.kind == "none" else x.masked_fill(padding.mask[:, None], 0)
+    else:
+        canvas = x[0].new_zeros((len(x), x[0].shape[0], *padding.spatial))
+        for b, item in enumerate(x):
+            canvas[b, :, : item.shape[1], : item.shape[2]] = item
+    tokens = stem_tokens(model.patch_embed, canvas, padding, grids)  # (B, gh, gw, C)
+    return [tokens[b : b + 1, : g[0], : g[1]].contiguous() for b, g in enumerate(grids)]
 
 
 def packed_levels(
@@ -160,7 +186,8 @@ def packed_levels(
     """
     grids = item_grids(model.patch_embed, padding)
     sizes = [tuple(padding.spatial)] * padding.batch if padding.kind == "none" else list(padding.sizes)
-    embedded = [_embed(model, x[b][:, : s[0], : s[1]], position_embedding) for b, s in enumerate(sizes)]
+    patches = _patch_tokens(model, x, padding, sizes, grids)
+    embedded = [_embed(model, p, position_embedding) for p in patches]
     lengths = [int(t.shape[1]) for t, _ in embedded]
     tokens = torch.cat([t for t, _ in embedded], dim=1)
     ropes = [rope for _, rope in embedded]
@@ -248,7 +275,7 @@ class PackedRunner:
     def __call__(self, body: nn.Module, x: Any) -> list[NestedTensor]:
         model = self.unwrap(body)
         items, padding = _inputs(x)
-        in_chans = int(model.patch_embed.proj.in_channels)
+        in_chans = next(int(m.in_channels) for m in model.patch_embed.proj.modules() if isinstance(m, nn.Conv2d))
         first = items[0] if isinstance(items, list) else items
         if first.shape[-3] != in_chans:
             raise ValueError(f"x must have {in_chans} channels (C, H, W), got shape {tuple(first.shape)}")

@@ -19,8 +19,10 @@ References:
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -32,7 +34,11 @@ from ._tokens import (
 )
 from .rules import register_invariance_rule
 
-__all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva"]
+__all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva", "check_stem", "invariant_stem",
+           "is_patch_projection", "stem_tokens"]
+
+#: where a convolutional patch stem's rewritten graph is kept (a plain attribute of ``patch_embed``)
+_STEM = "_vispos_invariant_stem"
 
 
 def _refuse(model: nn.Module, why: str) -> ValueError:
@@ -50,15 +56,11 @@ def _check_common(model: nn.Module, base: str) -> None:
             raise _refuse(model, f"it overrides {cls.__name__}.{name} (code the rule of {cls.__name__} does not "
                                  "mirror; register a rule for it)")
     embed = model.patch_embed
-    proj = getattr(embed, "proj", None)
-    if type(embed).forward is not PatchEmbed.forward or not isinstance(proj, nn.Conv2d):
-        raise _refuse(model, f"patch_embed is {type(embed).__name__}, not timm's PatchEmbed (a hybrid stem reads "
-                             "across patches; only non-overlapping patches see the item alone)")
-    patch = tuple(embed.patch_size)
-    if (tuple(proj.kernel_size) != patch or tuple(proj.stride) != patch or tuple(proj.padding) != (0, 0)
-            or tuple(proj.dilation) != (1, 1)):
-        raise _refuse(model, f"patch_embed.proj has kernel {tuple(proj.kernel_size)}, stride {tuple(proj.stride)}, "
-                             f"padding {tuple(proj.padding)}: not one patch {patch} per token")
+    if type(embed).forward is not PatchEmbed.forward or not isinstance(getattr(embed, "proj", None), nn.Module):
+        raise _refuse(model, f"patch_embed is {type(embed).__name__}, not timm's PatchEmbed (a hybrid embedding "
+                             "reads a backbone of its own; only PatchEmbed's projection is known here)")
+    if not is_patch_projection(embed):
+        check_stem(model)
     if not getattr(model, "dynamic_img_size", False):
         raise _refuse(model, "dynamic_img_size=False (alone, the model takes only its img_size, so no padded "
                              "batch can equal it; build it with dynamic_img_size=True, as TimmBackbone does)")
@@ -74,8 +76,9 @@ def _check_common(model: nn.Module, base: str) -> None:
 def check_vit(model: nn.Module) -> None:
     """Raises ``ValueError`` for a ``VisionTransformer`` configuration :func:`vit_levels` cannot
     make exact: a subclass with its own ``_pos_embed`` / ``forward_intermediates`` (DeiT's
-    distilled ViT), a patch embedding other than timm's non-overlapping ``PatchEmbed`` (hybrid
-    ViTs), ``dynamic_img_size=False``, patch dropout, a block that takes no attention mask.
+    distilled ViT), a patch embedding other than timm's ``PatchEmbed`` (hybrid ViTs), a
+    convolutional stem in ``PatchEmbed.proj`` that :func:`check_stem` refuses,
+    ``dynamic_img_size=False``, patch dropout, a block that takes no attention mask.
 
     Args:
         model (nn.Module): a timm ``VisionTransformer``.
@@ -99,6 +102,106 @@ def check_eva(model: nn.Module) -> None:
     _check_common(model, "timm.models.eva.Eva")
 
 
+def is_patch_projection(embed: nn.Module) -> bool:
+    """Whether timm's ``PatchEmbed`` projects with one non-overlapping patch per token (one
+    ``Conv2d`` whose kernel and stride are the patch, no padding): each token then reads only its
+    own pixels, and the zero-filled canvas is all the item needs."""
+    proj, patch = embed.proj, tuple(embed.patch_size)
+    return (isinstance(proj, nn.Conv2d) and tuple(proj.kernel_size) == patch and tuple(proj.stride) == patch
+            and tuple(proj.padding) == (0, 0) and tuple(proj.dilation) == (1, 1))
+
+
+def invariant_stem(embed: nn.Module) -> Any:
+    """The rule book's graph of a convolutional patch stem (``patch_embed.proj`` that is not one
+    patch per token: overlapping convolutions, norms and activations, Xiao et al. 2021), traced
+    once and kept in ``patch_embed.__dict__`` (out of the submodules and ``state_dict``, as the
+    Joiner keeps its projections'); traced again when ``proj``'s layers were replaced.
+
+    Raises:
+        ValueError: a layer of the stem that cannot be made exact (named, ``patch_embed.proj.k``).
+
+    Returns:
+        vispos.backbones._projections.InvariantProjection: the stem's graph and runner.
+    """
+    from ..backbones._projections import InvariantProjection  # the backbones import this package
+
+    cached = embed.__dict__.get(_STEM)
+    if cached is not None and cached.fits(embed.proj):
+        return cached
+    stem = InvariantProjection(embed, "proj", 2, label="patch_embed")
+    embed.__dict__[_STEM] = stem
+    return stem
+
+
+def check_stem(model: nn.Module) -> None:
+    """Raises ``ValueError`` for a convolutional patch stem that the rule book cannot make exact
+    (a layer, named) or whose convolution arithmetic does not give timm's token grid (``k``
+    tokens for ``k`` patches, the grid ``PatchEmbed.dynamic_feat_size`` and every position table
+    assume), checked for sides of 1 to 4 patches."""
+    embed = model.patch_embed
+    try:
+        stem = invariant_stem(embed)
+    except ValueError as exc:
+        raise _refuse(model, f"its convolutional patch stem: {exc}") from exc
+    patch = tuple(embed.patch_size)
+    sizes = [(k * patch[0], (5 - k) * patch[1]) for k in range(1, 5)]
+    canvas = (4 * patch[0], 4 * patch[1])
+    try:
+        level = stem.runner.paddings(Padding.from_sizes(sizes, canvas))
+    except ValueError as exc:  # convolution arithmetic: an item of one patch has no cell left
+        raise _refuse(model, f"patch_embed.proj is not one token per patch {patch} (items of {sizes} px on a "
+                             f"{canvas} canvas: {exc})") from exc
+    out = level[stem.runner.outputs["any"][0]]
+    want = [(k, 5 - k) for k in range(1, 5)]
+    if tuple(out.spatial) != (4, 4) or [tuple(s) for s in out.sizes] != want:
+        raise _refuse(model, f"patch_embed.proj maps items of {sizes} px on a {canvas} canvas to token grids "
+                             f"{[tuple(s) for s in out.sizes]} on {tuple(out.spatial)}: not one token per patch "
+                             f"{patch} ({want} on (4, 4))")
+
+
+def stem_tokens(embed: nn.Module, x: Tensor, padding: Padding, grids: list[tuple[int, int]]) -> Tensor:
+    """``PatchEmbed.forward`` with a convolutional stem, each item as alone: the canvas padded to
+    whole patches (``dynamic_img_pad``), the stem run by the rule book on each item's own padded
+    box (zeros outside it, statistics over its cells), then ``PatchEmbed``'s layout and norm.
+
+    Args:
+        embed (nn.Module): timm's ``PatchEmbed`` whose ``proj`` is the stem.
+        x (Tensor[B, C, H, W]): the padded batch, zeros outside each item.
+        padding (Padding): ``x``'s (``"none"`` or ``"rectangular"`` at the origin).
+        grids (list of (int, int)): each item's token grid (:func:`item_grids`).
+
+    Returns:
+        Tensor: ``PatchEmbed``'s output, ``(B, gh, gw, C)`` for a ``dynamic_img_size`` model.
+
+    Raises:
+        ValueError: a stem layer the rule book refuses (named), or token grids that are not one
+            token per patch.
+    """
+    from timm.layers.format import nchw_to
+
+    patch = tuple(embed.patch_size)
+    height, width = x.shape[2:]
+    if embed.dynamic_img_pad:
+        x = F.pad(x, (0, (-width) % patch[1], 0, (-height) % patch[0]))
+    if padding.kind == "none":
+        stem_padding = Padding.none(x.shape[0], tuple(x.shape[2:]), x.device)
+    else:  # alone, dynamic_img_pad pads the item to whole patches with zeros: that box is the item's
+        boxes = [(g[0] * patch[0], g[1] * patch[1]) for g in grids]
+        stem_padding = Padding.from_sizes(boxes, tuple(x.shape[2:]), device=x.device)
+    level = invariant_stem(embed)(NestedTensor(x, stem_padding))
+    y = level.tensors
+    canvas = tuple(int(g) for g in embed.dynamic_feat_size(tuple(x.shape[2:])))
+    got = [tuple(level.padding.spatial)] * len(grids) if padding.kind == "none" else list(level.padding.sizes)
+    if tuple(level.padding.spatial) != canvas or (padding.kind != "none" and got != [tuple(g) for g in grids]):
+        raise ValueError(f"padding_invariant=True: patch_embed.proj gives token grids {got} on "
+                         f"{tuple(level.padding.spatial)}, not one token per patch {patch} ({grids} on {canvas})")
+    if embed.flatten:
+        y = y.flatten(2).transpose(1, 2)
+    elif embed.output_fmt != "NCHW":
+        y = nchw_to(y, embed.output_fmt)
+    return embed.norm(y)
+
+
 def _embed(model: nn.Module, x: Tensor, padding: Padding) -> tuple[Tensor, list[tuple[int, int]], Padding]:
     """Patch tokens ``(B, gh, gw, C)`` of the zero-filled canvas, each item's grid and the token
     padding."""
@@ -109,7 +212,10 @@ def _embed(model: nn.Module, x: Tensor, padding: Padding) -> tuple[Tensor, list[
     else:
         x = x.masked_fill(padding.mask[:, None], 0)
         token_padding = Padding.from_sizes(grids, canvas, device=x.device)
-    tokens = model.patch_embed(x)
+    if is_patch_projection(model.patch_embed):
+        tokens = model.patch_embed(x)
+    else:
+        tokens = stem_tokens(model.patch_embed, x, padding, grids)
     return tokens, grids, token_padding
 
 

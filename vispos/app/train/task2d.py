@@ -34,18 +34,21 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import torch
+from timm.layers import LayerNorm2d
+from torch import nn
 
 import vispos
 
 from ...backbones import TimmBackbone
-from ._task_args import FLAGS_2D, MAX_SIDE, TRAIN_PHOTOS, VIT, VIT_POS
+from ...invariance import rule_for
+from ._task_args import FLAGS_2D, MAX_SIDE, TRAIN_PHOTOS, VIT, VIT_POS, VIT_STEMS
 from .cli import run
 from .criterion import BOX_OPS_2D
 from .metrics import coco_map
 from .shapes2d import CLASSES, HELDOUT_PHOTOS, ShapesOnPhotos, load_photos
 from .task import DetrTask
 
-__all__ = ["TASK", "VIT_NAME", "build_backbone", "build_datasets", "vit_model_kwargs", "main"]
+__all__ = ["TASK", "VIT_NAME", "build_backbone", "build_datasets", "conv_stem", "vit_model_kwargs", "main"]
 
 #: ``--backbone vit``; the timm model it is built from (:data:`VIT` sets its sizes)
 VIT_NAME, VIT_BASE = "vit", "vit_small_patch16_rope_224"
@@ -67,13 +70,18 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
     if args.size_divisibility > max(args.scales):
         error("--size-divisibility", f"must be <= the largest of --scales ({max(args.scales)}): a larger one "
               f"only adds padding, got {args.size_divisibility}")
-    for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None))):
+    for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None)),
+                        ("--vit-stem", getattr(args, "vit_stem", None))):
         if args.backbone != VIT_NAME and value is not None:
             error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone "
                   f"{args.backbone}")
     if args.backbone == VIT_NAME:
         args.vit_pos = args.vit_pos or "learned"
         args.vit_patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
+        args.vit_stem = getattr(args, "vit_stem", None) or VIT_STEMS[0]
+        if args.vit_stem == "conv" and (args.vit_patch < 2 or args.vit_patch & (args.vit_patch - 1)):
+            error("--vit-patch", f"must be a power of 2 >= 2 with --vit-stem conv (stride-2 convolutions), got "
+                  f"{args.vit_patch}")
         if min(args.scales) < args.vit_patch:
             error("--scales", f"must be >= the ViT's patch ({args.vit_patch} px), got {args.scales}")
     else:
@@ -126,6 +134,54 @@ def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_s
             "use_abs_pos_emb": vit_pos in ("sincos", "learned"), "use_rot_pos_emb": vit_pos == "rope"}
 
 
+def conv_stem(patch: int, embed_dim: int, in_chans: int = 3) -> nn.Sequential:
+    """``--vit-stem conv``: ``log2(patch)`` 3x3 stride-2 convolutions (padding 1), each followed by
+    timm's ``LayerNorm2d`` and GELU, channels doubling up to ``embed_dim`` (``embed_dim / 2^(k-1)``
+    ... ``embed_dim``), then a 1x1 convolution: one token per ``patch`` x ``patch`` cell of the
+    image, as the patch projection it replaces (``PatchEmbed.proj``), each token reading a
+    neighbourhood wider than its patch.
+
+    Args:
+        patch (int): the patch side (px), a power of 2 >= 2.
+        embed_dim (int): the tokens' width (divisible by ``patch / 2``).
+        in_chans (int): the image's channels.
+
+    Returns:
+        nn.Sequential: ``(B, in_chans, H, W)`` -> ``(B, embed_dim, ceil(H / patch), ceil(W / patch))``
+        for sides that are multiples of ``patch`` (``PatchEmbed`` pads to them).
+
+    Raises:
+        ValueError: ``patch`` not a power of 2 >= 2, or ``embed_dim`` not divisible by ``patch / 2``.
+
+    References:
+        Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021.
+    """
+    if patch < 2 or patch & (patch - 1):
+        raise ValueError(f"patch must be a power of 2 >= 2, got {patch!r}")
+    n = patch.bit_length() - 1
+    if embed_dim % 2 ** (n - 1):
+        raise ValueError(f"embed_dim must be divisible by patch / 2 = {2 ** (n - 1)}, got {embed_dim!r}")
+    widths = [in_chans] + [embed_dim // 2 ** (n - 1 - k) for k in range(n)]
+    layers: list[nn.Module] = []
+    for c_in, c_out in zip(widths[:-1], widths[1:]):
+        layers += [nn.Conv2d(c_in, c_out, 3, 2, 1), LayerNorm2d(c_out), nn.GELU()]
+    return nn.Sequential(*layers, nn.Conv2d(embed_dim, embed_dim, 1))
+
+
+def _vit(args: argparse.Namespace, vit_pos: str, **options) -> TimmBackbone:
+    """The small ViT of ``--vit-pos vit_pos`` with ``--vit-stem`` (the conv stem drawn after timm's
+    weights, from the same random state); a padding-invariant or packed one is checked again once
+    its stem is in (the rule book refuses what it cannot make exact, by name)."""
+    patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
+    backbone = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs(vit_pos, max(args.scales), patch), **options)
+    if (getattr(args, "vit_stem", None) or VIT_STEMS[0]) == "conv":
+        model = backbone.body.model
+        model.patch_embed.proj = conv_stem(patch, model.embed_dim)
+        if options.get("padding_invariant") or options.get("packed"):
+            rule_for(model).check(model)
+    return backbone
+
+
 def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = None,
                    packed: bool | None = None) -> TimmBackbone:
     """The task's backbone: ``--backbone`` (a timm model or ``vit``), ``--out-index``,
@@ -134,7 +190,8 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
     ``--backbone vit``: every ``--vit-pos`` arm starts from the weights the ``learned`` arm draws
     from the same random state (and leaves the random state as it does), less the table: the arms
     differ only in the position signal. With ``sincos`` the table is MAE's fixed 2D sin-cos
-    (:func:`vispos.mae_sincos_2d`, zero for the class token) and is not trained.
+    (:func:`vispos.mae_sincos_2d`, zero for the class token) and is not trained. ``--vit-stem
+    conv`` puts :func:`conv_stem` in ``patch_embed.proj``.
 
     Raises:
         ValueError: from :class:`~vispos.backbones.TimmBackbone` (a model ``padding_invariant`` or
@@ -145,17 +202,14 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
                    packed=getattr(args, "packed", False) if packed is None else packed)
     if args.backbone != VIT_NAME:
         return TimmBackbone(args.backbone, **options)
-    patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
-    kwargs = vit_model_kwargs(args.vit_pos, max(args.scales), patch)
     if args.vit_pos == "learned":
-        backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
+        backbone = _vit(args, "learned", **options)
     else:  # the learned arm's weights (same random draws), without its table: the arms differ in position only
         before = torch.random.get_rng_state()
-        learned = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs("learned", max(args.scales), patch),
-                               pretrained=False, out_indices=(args.out_index,))
+        learned = _vit(args, "learned", pretrained=False, out_indices=(args.out_index,))
         after = torch.random.get_rng_state()
         torch.random.set_rng_state(before)
-        backbone = TimmBackbone(VIT_BASE, model_kwargs=kwargs, **options)
+        backbone = _vit(args, args.vit_pos, **options)
         torch.random.set_rng_state(after)
         state = learned.body.state_dict()
         if backbone.body.model.pos_embed is None:
