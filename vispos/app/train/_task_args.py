@@ -31,7 +31,7 @@ VIT = {"patch_size": 8, "depth": 4, "embed_dim": 64, "num_heads": 4, "mlp_ratio"
 #: ``--vit-pos``: the ViT's own position signal: none, MAE's fixed 2D sin-cos table, a learned table
 #: (both resampled to each image's patch grid, as timm's ``dynamic_img_size``), axial RoPE
 VIT_POS = ("none", "sincos", "learned", "rope")
-#: ``--vit-stem``: ``conv``, log2(patch) 3x3 stride-2 convolutions (LayerNorm2d and GELU after each,
+#: ``--vit-stem``: ``conv``, log2(patch) 3x3 stride-2 convolutions (batch norm and ReLU after each,
 #: channels doubling up to the width) and a 1x1 convolution, on the patch grid (Xiao et al., Early
 #: convolutions help transformers see better, NeurIPS 2021); ``patch``, ViT's one patch-sized
 #: convolution per token
@@ -64,9 +64,9 @@ def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
                    help=f"--backbone vit's patch size and stride (px; default {VIT['patch_size']}; a power of 2 "
                         "with --vit-stem conv)")
     g.add_argument("--vit-stem", choices=VIT_STEMS, default=None,
-                   help="--backbone vit's patch embedding: conv, 3x3 stride-2 convolutions with LayerNorm2d and "
-                        "GELU, then a 1x1 (Xiao et al. 2021; the default: a ViT from scratch learns the task with "
-                        "it); patch, ViT's one patch-sized convolution")
+                   help="--backbone vit's patch embedding: conv, 3x3 stride-2 convolutions with batch norm and "
+                        "ReLU, then a 1x1 (Xiao et al. 2021; the default: the ViT from scratch learns the task "
+                        "with it); patch, ViT's one patch-sized convolution")
     g.add_argument("--packed", action="store_true",
                    help="token backbones only (--backbone vit, timm ViT / Eva): every image's tokens in one "
                         "sequence without padding tokens, exact per image like --padding-invariant (not both)")

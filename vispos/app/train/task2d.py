@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import torch
-from timm.layers import LayerNorm2d
 from torch import nn
 
 import vispos
@@ -135,8 +134,8 @@ def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_s
 
 
 def conv_stem(patch: int, embed_dim: int, in_chans: int = 3) -> nn.Sequential:
-    """``--vit-stem conv``: ``log2(patch)`` 3x3 stride-2 convolutions (padding 1), each followed by
-    timm's ``LayerNorm2d`` and GELU, channels doubling up to ``embed_dim`` (``embed_dim / 2^(k-1)``
+    """``--vit-stem conv``: ``log2(patch)`` 3x3 stride-2 convolutions (padding 1, no bias), each
+    followed by batch norm and ReLU, channels doubling up to ``embed_dim`` (``embed_dim / 2^(k-1)``
     ... ``embed_dim``), then a 1x1 convolution: one token per ``patch`` x ``patch`` cell of the
     image, as the patch projection it replaces (``PatchEmbed.proj``), each token reading a
     neighbourhood wider than its patch.
@@ -147,14 +146,15 @@ def conv_stem(patch: int, embed_dim: int, in_chans: int = 3) -> nn.Sequential:
         in_chans (int): the image's channels.
 
     Returns:
-        nn.Sequential: ``(B, in_chans, H, W)`` -> ``(B, embed_dim, ceil(H / patch), ceil(W / patch))``
-        for sides that are multiples of ``patch`` (``PatchEmbed`` pads to them).
+        nn.Sequential: ``(B, in_chans, H, W)`` -> ``(B, embed_dim, H / patch, W / patch)`` for sides
+        that are multiples of ``patch`` (``PatchEmbed`` pads to them).
 
     Raises:
         ValueError: ``patch`` not a power of 2 >= 2, or ``embed_dim`` not divisible by ``patch / 2``.
 
     References:
-        Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021.
+        Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021 (3x3 stride-2
+        convolutions, batch norm, ReLU, a final 1x1).
     """
     if patch < 2 or patch & (patch - 1):
         raise ValueError(f"patch must be a power of 2 >= 2, got {patch!r}")
@@ -164,7 +164,7 @@ def conv_stem(patch: int, embed_dim: int, in_chans: int = 3) -> nn.Sequential:
     widths = [in_chans] + [embed_dim // 2 ** (n - 1 - k) for k in range(n)]
     layers: list[nn.Module] = []
     for c_in, c_out in zip(widths[:-1], widths[1:]):
-        layers += [nn.Conv2d(c_in, c_out, 3, 2, 1), LayerNorm2d(c_out), nn.GELU()]
+        layers += [nn.Conv2d(c_in, c_out, 3, 2, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
     return nn.Sequential(*layers, nn.Conv2d(embed_dim, embed_dim, 1))
 
 
