@@ -446,3 +446,104 @@ def test_a_convolutional_stem_survives_copies_and_follows_its_layers():
         weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0), dtype=weight.dtype))
         moved = invariant(batch)
     assert (moved[0].tensors - ref[0].tensors).abs().max() > 1e-3
+
+
+class _DropPathBlock(torch.nn.Module):
+    """A residual convolution with timm's DropPath: code that branches on ``self.training``."""
+
+    def __init__(self, channels):
+        super().__init__()
+        from timm.layers import DropPath
+
+        self.conv, self.drop = torch.nn.Conv2d(channels, channels, 3, 1, 1), DropPath(0.5)
+
+    def forward(self, x):
+        return x + self.drop(self.conv(x))
+
+
+class _FunctionalBatchNorm(torch.nn.Module):
+    """Batch statistics from ``F.batch_norm`` in a layer of no known class."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(channels))
+        self.bias = torch.nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x):
+        return torch.nn.functional.batch_norm(x, None, None, self.weight, self.bias, True, 0.1, 1e-5)
+
+
+def _custom_stem(middle):
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU(), middle,
+                               torch.nn.Conv2d(8, 16, 3, 2, 1), torch.nn.Conv2d(16, 32, 3, 2, 1))
+
+
+def test_a_stem_layer_that_branches_on_training_runs_the_branch_of_its_mode():
+    """The stem is traced in both modes: built (and checked) in training, it does not drop in eval;
+    in training it drops, with the draws timm's own forward makes alone."""
+    torch.manual_seed(1)
+    stem = _custom_stem(_DropPathBlock(8))
+    bb = _stem_backbone("vit", stem=stem)  # traced and checked in training mode
+    stock = _stem_backbone("vit", padding_invariant=False, stem=copy.deepcopy(stem))
+    stock.load_state_dict(bb.state_dict())
+    image = _images(5)[0]
+    for train in (False, True):
+        bb.train(train), stock.train(train)
+        with torch.no_grad():
+            torch.manual_seed(7)
+            got = _alone(bb, image)[0].tensors
+            torch.manual_seed(7)
+            want = _alone(stock, image)[0].tensors
+            torch.manual_seed(8)
+            other = _alone(stock, image)[0].tensors
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13)
+        assert ((other - want).abs().max() > 1e-3) == train  # eval is deterministic, training draws
+
+
+def test_replaced_parameters_of_a_traced_through_layer_are_traced_again():
+    """timm's LayerNorm2d has no rule: the graph holds its parameters; replacing them (a new
+    Parameter, ``load_state_dict(assign=True)``) retraces, so outputs and gradients follow."""
+    bb = _stem_backbone("vit").eval()
+    stock = _stem_backbone("vit", padding_invariant=False).eval()
+    image = _images(6)[0]
+    _alone(bb, image)  # traced
+    state = {k: v + 0.5 * torch.randn_like(v) if "proj.1" in k else v for k, v in bb.state_dict().items()}
+    bb.load_state_dict(state, assign=True)
+    stock.load_state_dict(state)
+    with torch.no_grad():
+        torch.testing.assert_close(_alone(bb, image)[0].tensors, _alone(stock, image)[0].tensors, rtol=1e-13, atol=1e-13)
+    norm = bb.body.model.patch_embed.proj[1]
+    norm.weight = torch.nn.Parameter(norm.weight.detach().clone())
+    _alone(bb, image)[0].tensors.sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.abs().max() > 0
+
+
+def test_hooks_the_stem_graph_would_skip_are_refused_and_a_layers_hooks_run():
+    bb = _stem_backbone("vit").eval()
+    batch = nested_tensor_from_tensor_list(_images())
+    seen = []
+    handle = bb.body.model.patch_embed.proj[0].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        bb(batch)
+    assert seen  # a convolution is called as a module: its hook runs
+    handle.remove()
+    for module in (bb.body.model.patch_embed, bb.body.model.patch_embed.proj):
+        handle = module.register_forward_hook(lambda m, i, o: None)
+        with pytest.raises(ValueError, match="hooks would not run"):
+            bb(batch)
+        with pytest.raises(ValueError, match="hooks would not run"):
+            rule_for(bb.body.model).check(bb.body.model)
+        handle.remove()
+
+
+def test_packed_runs_any_convolutional_stem_as_the_padded_mode_does():
+    """Batch statistics from a layer that is not a BatchNorm module: packed equals padded."""
+    torch.manual_seed(1)
+    stem = _custom_stem(_FunctionalBatchNorm(8))
+    invariant = _stem_backbone("vit", stem=stem).eval()
+    packed = _stem_backbone("vit", padding_invariant=False, packed=True, stem=copy.deepcopy(stem)).eval()
+    packed.load_state_dict(invariant.state_dict())
+    images = _images(7)
+    with torch.no_grad():
+        for a, b in zip(packed(images), invariant(nested_tensor_from_tensor_list(images))):
+            torch.testing.assert_close(a.tensors, b.tensors, rtol=1e-12, atol=1e-12)

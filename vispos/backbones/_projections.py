@@ -20,12 +20,14 @@ References:
 
 from __future__ import annotations
 
-import torch.fx as fx
+from typing import Any
+
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from ..nested_tensor import NestedTensor
-from ._trace import PathTracer, make_invariant
+from ._mode_graphs import set_modes
+from ._trace import make_invariant, trace_features
 
 __all__ = ["InvariantProjection", "invariant_projections"]
 
@@ -48,6 +50,13 @@ class InvariantProjection:
     """One projection of a Joiner (or another owner's convolutional submodule, such as a vision
     transformer's convolutional patch stem), traced and rewritten by the rule book.
 
+    It is traced twice, in training and in eval mode (as torchvision's feature extractor traces a
+    backbone), so code that branches on ``self.training`` inside a traced-through layer (timm's
+    ``DropPath``, a custom layer) runs the branch of the mode the projection is in at each call.
+    The graphs hold the layers' parameters and buffers as they were when traced: :meth:`fits`
+    tells when any was replaced (``load_state_dict(assign=True)``, a new ``nn.Parameter``), and
+    the owner traces again.
+
     Args:
         parent (nn.Module): the module that holds it (the Joiner's ``input_proj``).
         name (int or str): its index or attribute name in ``parent``.
@@ -61,23 +70,42 @@ class InvariantProjection:
 
     def __init__(self, parent: nn.Module, name: int | str, n_spatial: int, label: str = "input_proj") -> None:
         module = getattr(parent, str(name))
-        self.layers = tuple(module.modules())
+        self.module, self.layers = module, tuple(module.modules())
+        self.tensors = tuple(module.parameters()) + tuple(module.buffers())
         root = _Projection(parent, str(name), label)
-        graph = PathTracer(n_spatial).trace(root)
-        self.graph = fx.GraphModule(root, graph, type(module).__name__)
+        self.graph = trace_features(root, n_spatial, class_name=type(module).__name__)
         self.runner = make_invariant(self.graph, n_spatial)
+        self.called = {id(root.get_submodule(node.target)) for graph in (self.graph.train_graph, self.graph.eval_graph)
+                       for node in graph.nodes if node.op == "call_module"}
 
     def fits(self, projection: nn.Module) -> bool:
-        """Whether ``projection`` still holds the layers this graph calls."""
+        """Whether ``projection`` still holds the layers, parameters and buffers this graph calls."""
         layers = tuple(projection.modules())
-        return len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers))
+        tensors = tuple(projection.parameters()) + tuple(projection.buffers())
+        return (len(layers) == len(self.layers) and all(a is b for a, b in zip(layers, self.layers))
+                and len(tensors) == len(self.tensors) and all(a is b for a, b in zip(tensors, self.tensors)))
+
+    def unhooked(self, modules: Any) -> list[tuple[str, nn.Module]]:
+        """The ``(name, module)`` pairs of ``modules`` that carry forward or backward hooks but that
+        the graph does not call as modules (it runs their code inline), so their hooks would not
+        run."""
+        found = []
+        for name, m in modules:
+            hooked = (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                      or getattr(m, "_backward_pre_hooks", None))
+            if hooked and id(m) not in self.called:
+                found.append((name, m))
+        return found
 
     def __call__(self, level: NestedTensor) -> NestedTensor:
-        """The projection of ``level`` and its padding (boxes by convolution arithmetic; DETR's
-        nearest rule for an arbitrary mask)."""
+        """The projection of ``level`` (the graph of the projection's current mode) and its padding
+        (boxes by convolution arithmetic; DETR's nearest rule for an arbitrary mask)."""
+        training = self.module.training
+        set_modes(self.graph, {"": training})
         paddings = self.runner.paddings(level.padding, nearest=True)
         (out,) = pytree.tree_leaves(self.graph(level.tensors, tuple(paddings)))
-        return NestedTensor(out, paddings[self.runner.outputs["any"][0]])
+        outputs = self.runner.outputs.get("any") or self.runner.outputs["train" if training else "eval"]
+        return NestedTensor(out, paddings[outputs[0]])
 
 
 def invariant_projections(

@@ -110,13 +110,6 @@ def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | N
     return x + _drop_path(block.drop_path2, y, lengths)
 
 
-def _stem_reads_the_batch(model: nn.Module) -> bool:
-    """Whether the patch stem (``patch_embed.proj``) holds a batch norm: its statistics (in
-    training, or without running statistics) are the batch's, so each item cannot be embedded
-    alone."""
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.patch_embed.proj.modules())
-
-
 def _embed(model: nn.Module, patches: Tensor, position_embedding: nn.Module | None) -> tuple[Tensor, Any]:
     """One item's tokens ``(1, P + h * w, C)`` from its patch tokens ``(1, h, w, C)`` as the model
     embeds it alone (``_pos_embed``, ``patch_drop``, ``norm_pre``), and its rotary table (EVA;
@@ -131,12 +124,14 @@ def _embed(model: nn.Module, patches: Tensor, position_embedding: nn.Module | No
 
 
 def _patch_tokens(model: nn.Module, x: Tensor | Sequence[Tensor], padding: Padding, sizes, grids) -> list[Tensor]:
-    """Each item's patch tokens ``(1, h, w, C)``: the item alone through ``patch_embed``, or, for a
-    stem with a batch norm, the padded batch through the rule book's stem (statistics over every
-    item's valid cells, as the padded mode) cut to each item's grid."""
-    if not _stem_reads_the_batch(model):
+    """Each item's patch tokens ``(1, h, w, C)``: the item alone through ``patch_embed`` (one
+    patch-sized convolution per token), or, for a convolutional stem, the padded batch through
+    the rule book's stem, as the padded mode runs it (zeros outside each item, statistics over
+    every item's valid cells: a batch norm's are the batch's), cut to each item's grid."""
+    from ._vit import is_patch_projection, stem_tokens
+
+    if is_patch_projection(model.patch_embed):
         return [model.patch_embed(x[b][:, : s[0], : s[1]][None]) for b, s in enumerate(sizes)]
-    from ._vit import stem_tokens
 
     if isinstance(x, Tensor):
         canvas = x if padding.kind == "none" else x.masked_fill(padding.mask[:, None], 0)
@@ -275,9 +270,10 @@ class PackedRunner:
     def __call__(self, body: nn.Module, x: Any) -> list[NestedTensor]:
         model = self.unwrap(body)
         items, padding = _inputs(x)
-        in_chans = next(int(m.in_channels) for m in model.patch_embed.proj.modules() if isinstance(m, nn.Conv2d))
+        in_chans = next((int(m.in_channels) for m in model.patch_embed.proj.modules() if isinstance(m, nn.Conv2d)),
+                        None)
         first = items[0] if isinstance(items, list) else items
-        if first.shape[-3] != in_chans:
+        if in_chans is not None and first.shape[-3] != in_chans:
             raise ValueError(f"x must have {in_chans} channels (C, H, W), got shape {tuple(first.shape)}")
         return self.rule.packed(model, items, padding, self.indices)
 

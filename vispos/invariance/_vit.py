@@ -133,30 +133,55 @@ def invariant_stem(embed: nn.Module) -> Any:
     return stem
 
 
+#: item sides (in patches) :func:`check_stem` runs through the stem's convolution arithmetic
+_STEM_SIDES = (1, 2, 3, 4, 5, 6, 7, 8, 16, 33)
+
+
+def _check_hooks(embed: nn.Module, stem: Any) -> None:
+    """Raises ``ValueError`` for a forward or backward hook on ``patch_embed`` or on a module of its
+    stem that the rewritten graph runs inline (a container, a layer traced through): its hook
+    would not run. Hooks on the layers the graph calls as modules run as usual."""
+    modules = [("patch_embed", embed)] + [(f"patch_embed.proj.{n}" if n else "patch_embed.proj", m)
+                                          for n, m in embed.proj.named_modules()]
+    unhooked = stem.unhooked(modules)
+    if unhooked:
+        name, module = unhooked[0]
+        raise ValueError(
+            f"padding_invariant=True runs the convolutional patch stem as a rewritten graph, which calls no "
+            f"{name} ({type(module).__name__}) module, so its hooks would not run; remove them, or hook "
+            "patch_embed.norm or the stem's convolutions"
+        )
+
+
 def check_stem(model: nn.Module) -> None:
     """Raises ``ValueError`` for a convolutional patch stem that the rule book cannot make exact
-    (a layer, named) or whose convolution arithmetic does not give timm's token grid (``k``
+    (a layer, named), whose convolution arithmetic does not give timm's token grid (``k``
     tokens for ``k`` patches, the grid ``PatchEmbed.dynamic_feat_size`` and every position table
-    assume), checked for sides of 1 to 4 patches."""
+    assume; checked for sides of 1 to 8, 16 and 33 patches, and again for every batch), or that
+    carries hooks the rewritten graph would not run."""
     embed = model.patch_embed
     try:
         stem = invariant_stem(embed)
     except ValueError as exc:
         raise _refuse(model, f"its convolutional patch stem: {exc}") from exc
     patch = tuple(embed.patch_size)
-    sizes = [(k * patch[0], (5 - k) * patch[1]) for k in range(1, 5)]
-    canvas = (4 * patch[0], 4 * patch[1])
+    want = [(k, _STEM_SIDES[-1 - i]) for i, k in enumerate(_STEM_SIDES)]
+    sizes = [(a * patch[0], b * patch[1]) for a, b in want]
+    top = max(_STEM_SIDES)
+    canvas = (top * patch[0], top * patch[1])
     try:
         level = stem.runner.paddings(Padding.from_sizes(sizes, canvas))
     except ValueError as exc:  # convolution arithmetic: an item of one patch has no cell left
         raise _refuse(model, f"patch_embed.proj is not one token per patch {patch} (items of {sizes} px on a "
                              f"{canvas} canvas: {exc})") from exc
-    out = level[stem.runner.outputs["any"][0]]
-    want = [(k, 5 - k) for k in range(1, 5)]
-    if tuple(out.spatial) != (4, 4) or [tuple(s) for s in out.sizes] != want:
+    outputs = stem.runner.outputs
+    out = level[(outputs.get("any") or outputs["train"])[0]]
+    got = [tuple(s) for s in out.sizes]
+    if tuple(out.spatial) != (top, top) or got != want:
         raise _refuse(model, f"patch_embed.proj maps items of {sizes} px on a {canvas} canvas to token grids "
-                             f"{[tuple(s) for s in out.sizes]} on {tuple(out.spatial)}: not one token per patch "
-                             f"{patch} ({want} on (4, 4))")
+                             f"{got} on {tuple(out.spatial)}: not one token per patch {patch} ({want} on "
+                             f"{(top, top)})")
+    _check_hooks(embed, stem)
 
 
 def stem_tokens(embed: nn.Module, x: Tensor, padding: Padding, grids: list[tuple[int, int]]) -> Tensor:
@@ -174,8 +199,8 @@ def stem_tokens(embed: nn.Module, x: Tensor, padding: Padding, grids: list[tuple
         Tensor: ``PatchEmbed``'s output, ``(B, gh, gw, C)`` for a ``dynamic_img_size`` model.
 
     Raises:
-        ValueError: a stem layer the rule book refuses (named), or token grids that are not one
-            token per patch.
+        ValueError: a stem layer the rule book refuses (named), token grids that are not one
+            token per patch, a hook the rewritten graph would not run.
     """
     from timm.layers.format import nchw_to
 
@@ -188,7 +213,9 @@ def stem_tokens(embed: nn.Module, x: Tensor, padding: Padding, grids: list[tuple
     else:  # alone, dynamic_img_pad pads the item to whole patches with zeros: that box is the item's
         boxes = [(g[0] * patch[0], g[1] * patch[1]) for g in grids]
         stem_padding = Padding.from_sizes(boxes, tuple(x.shape[2:]), device=x.device)
-    level = invariant_stem(embed)(NestedTensor(x, stem_padding))
+    stem = invariant_stem(embed)
+    _check_hooks(embed, stem)
+    level = stem(NestedTensor(x, stem_padding))
     y = level.tensors
     canvas = tuple(int(g) for g in embed.dynamic_feat_size(tuple(x.shape[2:])))
     got = [tuple(level.padding.spatial)] * len(grids) if padding.kind == "none" else list(level.padding.sizes)
