@@ -25,6 +25,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from ..invariance._stem import register_stem_tracer
 from ..nested_tensor import NestedTensor
 from ._mode_graphs import set_modes
 from ._trace import make_invariant, trace_features
@@ -124,3 +125,6 @@ def invariant_projections(
         found.append(old if old is not None and old.fits(projection) else
                      InvariantProjection(input_proj, index, n_spatial))
     return found
+
+
+register_stem_tracer(lambda embed: InvariantProjection(embed, "proj", 2, label="patch_embed"))

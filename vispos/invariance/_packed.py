@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
+from ._stem import is_patch_projection, stem_tokens
 from ._tokens import TokenModelRule, item_grids
 from .rules import rule_for
 
@@ -128,8 +129,6 @@ def _patch_tokens(model: nn.Module, x: Tensor | Sequence[Tensor], padding: Paddi
     patch-sized convolution per token), or, for a convolutional stem, the padded batch through
     the rule book's stem, as the padded mode runs it (zeros outside each item, statistics over
     every item's valid cells: a batch norm's are the batch's), cut to each item's grid."""
-    from ._vit import is_patch_projection, stem_tokens
-
     if is_patch_projection(model.patch_embed):
         return [model.patch_embed(x[b][:, : s[0], : s[1]][None]) for b, s in enumerate(sizes)]
 
