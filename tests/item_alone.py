@@ -1,5 +1,8 @@
-"""Helpers of the item-alone tests: an item's box in a padded batch, and parameter gradients of a
-model run on a padded batch against a twin run on the item alone."""
+"""Helpers of the item-alone tests: an item's box in a padded batch, parameter gradients of a
+model run on a padded batch against a twin run on the item alone, and a backbone's copies."""
+
+import copy
+import pickle
 
 from torch.testing import assert_close
 
@@ -19,3 +22,11 @@ def assert_same_gradients(net, twin):
             continue
         scale = float(p1.grad.abs().max()) or 1.0
         assert_close(p2.grad, p1.grad, rtol=1e-8, atol=1e-12 + 1e-9 * scale, msg=name)
+
+
+def assert_copies_give(backbone, batch, want):
+    """A deep copy and a pickle round trip of ``backbone`` give the levels ``want`` on ``batch``,
+    bit for bit (call under ``torch.no_grad()``)."""
+    for clone in (copy.deepcopy(backbone), pickle.loads(pickle.dumps(backbone))):
+        for got, ref in zip(clone(batch), want):
+            assert_close(got.tensors, ref.tensors, rtol=0, atol=0)

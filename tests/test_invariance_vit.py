@@ -13,6 +13,8 @@ from vispos import NestedTensor, Padding, PositionEmbeddingSine, nested_tensor_f
 from vispos.backbones import Joiner, TimmBackbone
 from vispos.invariance import TokenModelRule, rule_for
 
+from item_alone import assert_copies_give
+
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 
 # name -> (timm model name, model_kwargs): every variant of the promise
@@ -435,9 +437,7 @@ def test_a_convolutional_stem_survives_copies_and_follows_its_layers():
     invariant.eval()
     with torch.no_grad():
         ref = invariant(batch)
-        for clone in (copy.deepcopy(invariant), pickle.loads(pickle.dumps(invariant))):
-            for a, b in zip(clone(batch), ref):
-                torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+        assert_copies_give(invariant, batch, ref)
         weight = invariant.body.model.patch_embed.proj[0].weight  # the stem's graph calls the live layers
         weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0), dtype=weight.dtype))
         moved = invariant(batch)

@@ -3,8 +3,6 @@ tokens in one sequence, no padding token. Each item gets what the stock model gi
 (float64, eval and training, outputs and parameter gradients), the levels equal the padded
 invariant mode's (float32 rounding), and every other model or input is refused by name."""
 
-import copy
-import pickle
 
 import pytest
 import torch
@@ -12,6 +10,8 @@ import torch
 from vispos import NestedTensor, Padding, PositionEmbeddingRandom, PositionEmbeddingSine, nested_tensor_from_tensor_list
 from vispos.backbones import Joiner, TimmBackbone
 from vispos.invariance._packed import _drop_path, packed_levels
+
+from item_alone import assert_copies_give
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2}
 
@@ -224,9 +224,7 @@ def test_state_round_trips_and_repr():
     packed.eval()
     with torch.no_grad():
         want = packed(images)
-        for clone in (copy.deepcopy(packed), pickle.loads(pickle.dumps(packed))):
-            for a, b in zip(clone(images), want):
-                torch.testing.assert_close(a.tensors, b.tensors, rtol=0, atol=0)
+        assert_copies_give(packed, images, want)
 
 
 @pytest.mark.parametrize("name, match", [

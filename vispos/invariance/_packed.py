@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._stem import is_patch_projection, stem_tokens
@@ -134,10 +135,8 @@ def _patch_tokens(model: nn.Module, x: Tensor | Sequence[Tensor], padding: Paddi
 
     if isinstance(x, Tensor):
         canvas = x if padding.kind == "none" else x.masked_fill(padding.mask[:, None], 0)
-    else:
-        canvas = x[0].new_zeros((len(x), x[0].shape[0], *padding.spatial))
-        for b, item in enumerate(x):
-            canvas[b, :, : item.shape[1], : item.shape[2]] = item
+    else:  # the list on the largest size (what _inputs took as the padding's canvas), zeros around each item
+        canvas = nested_tensor_from_tensor_list(x).tensors
     tokens = stem_tokens(model.patch_embed, canvas, padding, grids)  # (B, gh, gw, C)
     return [tokens[b : b + 1, : g[0], : g[1]].contiguous() for b, g in enumerate(grids)]
 

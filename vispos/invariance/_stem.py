@@ -32,7 +32,11 @@ _TRACER: Callable[[nn.Module], Any] | None = None
 
 def register_stem_tracer(tracer: Callable[[nn.Module], Any]) -> None:
     """Sets the function that traces and rewrites ``patch_embed.proj`` (called by
-    :mod:`vispos.backbones._projections` when it is imported)."""
+    :mod:`vispos.backbones._projections` when it is imported; the last call wins).
+
+    Args:
+        tracer (callable): ``tracer(patch_embed) -> InvariantProjection`` of ``patch_embed.proj``.
+    """
     global _TRACER
     _TRACER = tracer
 
@@ -44,7 +48,14 @@ def _refuse(model: nn.Module, why: str) -> ValueError:
 def is_patch_projection(embed: nn.Module) -> bool:
     """Whether timm's ``PatchEmbed`` projects with one non-overlapping patch per token (one
     ``Conv2d`` whose kernel and stride are the patch, no padding): each token then reads only its
-    own pixels, and the zero-filled canvas is all the item needs."""
+    own pixels, and the zero-filled canvas is all the item needs (Dosovitskiy et al., ICLR 2021).
+
+    Args:
+        embed (nn.Module): timm's ``PatchEmbed`` (``proj``, ``patch_size``).
+
+    Returns:
+        bool: False for any other ``proj`` (a convolutional stem, :func:`stem_tokens`).
+    """
     proj, patch = embed.proj, tuple(embed.patch_size)
     return (isinstance(proj, nn.Conv2d) and tuple(proj.kernel_size) == patch and tuple(proj.stride) == patch
             and tuple(proj.padding) == (0, 0) and tuple(proj.dilation) == (1, 1))
@@ -54,7 +65,11 @@ def invariant_stem(embed: nn.Module) -> Any:
     """The rule book's graph of a convolutional patch stem (``patch_embed.proj`` that is not one
     patch per token: overlapping convolutions, norms and activations, Xiao et al. 2021), traced
     once and kept in ``patch_embed.__dict__`` (out of the submodules and ``state_dict``, as the
-    Joiner keeps its projections'); traced again when ``proj``'s layers were replaced.
+    Joiner keeps its projections'); traced again when ``proj``'s layers, parameters or buffers
+    were replaced. Two threads tracing the same stem at once each build one; the last is kept.
+
+    Args:
+        embed (nn.Module): timm's ``PatchEmbed`` whose ``proj`` is the stem.
 
     Raises:
         ValueError: a layer of the stem that cannot be made exact (named, ``patch_embed.proj.k``).
@@ -99,7 +114,18 @@ def check_stem(model: nn.Module) -> None:
     (a layer, named), whose convolution arithmetic does not give timm's token grid (``k``
     tokens for ``k`` patches, the grid ``PatchEmbed.dynamic_feat_size`` and every position table
     assume; checked for sides of 1 to 8, 16 and 33 patches, and again for every batch), or that
-    carries hooks the rewritten graph would not run."""
+    carries hooks the rewritten graph would not run.
+
+    Args:
+        model (nn.Module): a timm ``VisionTransformer`` / ``Eva`` whose ``patch_embed.proj`` is
+            not one patch per token.
+
+    Raises:
+        ValueError: naming the layer or the token grids, as above.
+
+    References:
+        Xiao et al., NeurIPS 2021; timm ``PatchEmbed.dynamic_feat_size``.
+    """
     embed = model.patch_embed
     try:
         stem = invariant_stem(embed)

@@ -27,18 +27,13 @@ from torch.utils.checkpoint import checkpoint
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._packed import packed_levels
-from ._stem import check_stem, is_patch_projection, stem_tokens
+from ._stem import _refuse, check_stem, is_patch_projection, stem_tokens
 from ._tokens import (
     TokenModelRule, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas, token_level,
 )
 from .rules import register_invariance_rule
 
 __all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva"]
-
-
-
-def _refuse(model: nn.Module, why: str) -> ValueError:
-    return ValueError(f"padding_invariant=True cannot run {type(model).__name__} exactly on a padded batch: {why}")
 
 
 def _check_common(model: nn.Module, base: str) -> None:
