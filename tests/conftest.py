@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Under pytest-xdist (README's command: -n 2) each worker takes its share of the cores, so two
+# workers do not each start one torch thread per core.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
