@@ -17,13 +17,129 @@ References:
 from __future__ import annotations
 
 import copy
+import threading
+import weakref
 from typing import Any, Callable
 
 import torch.fx as fx
 from torch import Tensor, nn
 from torchvision.models.feature_extraction import DualGraphModule
 
-__all__ = ["ModeGraphModule", "set_modes"]
+from .._tracing import tracing
+from ..invariance._tokens import has_hooks
+
+__all__ = ["ModeGraphModule", "check_graph_hooks", "has_hooks", "set_modes", "unrun_hooks"]
+
+
+def _hooked(root: nn.Module) -> list[nn.Module]:
+    """The modules under ``root`` (itself included) that carry hooks: one walk over ``_modules``,
+    without the names ``named_modules`` builds (this runs on every forward)."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        module = stack.pop()
+        if module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        if has_hooks(module):
+            found.append(module)
+        stack.extend(module._modules.values())
+    return found
+
+
+#: per traced graph: the ids of the modules it calls as modules and of everything inside them
+#: (their own ``forward`` runs, hooks included), held with the modules so an id is never reused,
+#: and every path the graph reads (a call_module or get_attr target and each of its prefixes)
+_USAGE: "weakref.WeakKeyDictionary[fx.Graph, tuple[tuple[nn.Module, ...], frozenset[int], frozenset[str]]]" = (
+    weakref.WeakKeyDictionary())
+_USAGE_LOCK = threading.Lock()
+
+
+def _usage(root: nn.Module, graph: fx.Graph, fresh: bool) -> tuple[frozenset[int], frozenset[str]]:
+    with _USAGE_LOCK:
+        cached = None if fresh else _USAGE.get(graph)
+    if cached is not None:
+        return cached[1], cached[2]
+    modules: list[nn.Module] = []
+    paths: set[str] = set()  # not "": the graph module itself is called, its hooks run
+    for node in graph.nodes:
+        if node.op not in ("call_module", "get_attr"):
+            continue
+        parts = node.target.split(".")
+        paths.update(".".join(parts[:k]) for k in range(1, len(parts) + 1))
+        if node.op == "call_module":
+            try:
+                modules.extend(root.get_submodule(node.target).modules())
+            except AttributeError:  # removed since: the graph fails on its own when run
+                continue
+    entry = (tuple(modules), frozenset(map(id, modules)), frozenset(paths))
+    with _USAGE_LOCK:
+        _USAGE[graph] = entry
+    return entry[1], entry[2]
+
+
+def unrun_hooks(root: nn.Module, graph: fx.Graph, modules: Any = None) -> list[tuple[str, nn.Module]]:
+    """The ``(name, module)`` pairs under ``root`` whose hooks running ``graph`` would skip.
+
+    A traced graph calls its leaf layers as modules (their hooks run) but runs the code of the
+    containers it traced through, and of the layers a rule rewrote, inline: a hooked module the
+    graph reads (its path leads to a layer or a parameter the graph uses) and does not call, nor
+    sits inside a module it calls, would never see its hooks fire. A module the graph does not
+    read at all is not run in this mode by the model either (a training-only branch).
+
+    Args:
+        root (nn.Module): the module the graph runs on (a ``GraphModule``).
+        graph (fx.Graph): the graph that runs (the current mode's).
+        modules (iterable of (str, nn.Module), optional): the modules to check, all of which the
+            model runs in this mode (a projection's or a decoder's layers, under the owner's
+            names); default every module under ``root`` that the graph reads.
+
+    Returns:
+        list of (str, nn.Module): the names as ``root.named_modules()`` gives them; empty when
+        every hook would run, the usual case, found in one walk of the modules. Empty while
+        compiling or exporting (``torch.compile``, ``torch.export``): the check runs eagerly.
+    """
+    if tracing():  # compiling or exporting: the check is Python over modules, run eagerly
+        return []
+    if modules is not None:
+        pairs = [(n, m) for n, m in modules if has_hooks(m)]
+    else:
+        hooked = _hooked(root)
+        wanted = set(map(id, hooked))
+        pairs = [(n, m) for n, m in root.named_modules() if id(m) in wanted] if hooked else []
+    if not pairs:
+        return []
+    for fresh in (False, True):  # a module replaced since the graph was first read: read it again
+        called, paths = _usage(root, graph, fresh)
+        unrun = [(n, m) for n, m in pairs if id(m) not in called and (modules is not None or n in paths)]
+        if not unrun:
+            return []
+    return unrun
+
+
+def check_graph_hooks(body: nn.Module, owner: str) -> None:
+    """Raises ``ValueError`` when a module of the traced backbone ``body`` carries a hook that
+    its graphs would not run (see :func:`unrun_hooks`), instead of running without it.
+
+    Args:
+        body (fx.GraphModule): the traced backbone (a ``DualGraphModule``'s graph of the current
+            mode: ``train()`` / ``eval()`` switch graphs, and each forward checks its own).
+        owner (str): what traced it, for the message (``"padding_invariant=True"``,
+            ``"torchvision's feature extraction"``).
+
+    Raises:
+        ValueError: naming the modules (at most five) and their types.
+    """
+    unrun = unrun_hooks(body, body.graph)
+    if unrun:
+        named = ", ".join(f"{n} ({type(m).__name__})" for n, m in unrun[:5])
+        more = f" and {len(unrun) - 5} more" if len(unrun) > 5 else ""
+        raise ValueError(
+            f"{owner} runs the backbone as a torch.fx graph that does not call {named}{more} as a "
+            "module (it runs the code of a container it traced through, or of a layer rewritten "
+            "to be exact, inline), so the forward / backward hooks registered on it would not run. "
+            "Remove those hooks, or hook a layer the graph calls (a convolution, an activation) or "
+            "the backbone's output levels"
+        )
 
 
 def set_modes(module: nn.Module, modes: dict[str, bool]) -> None:

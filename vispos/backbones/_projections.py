@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from ..invariance._stem import register_stem_tracer
 from ..nested_tensor import NestedTensor
-from ._mode_graphs import set_modes
+from ._mode_graphs import set_modes, unrun_hooks
 from ._trace import make_invariant, trace_features
 
 __all__ = ["InvariantProjection", "invariant_projections"]
@@ -72,12 +72,11 @@ class InvariantProjection:
     def __init__(self, parent: nn.Module, name: int | str, n_spatial: int, label: str = "input_proj") -> None:
         module = getattr(parent, str(name))
         self.module, self.layers = module, tuple(module.modules())
+        self.label = f"{label}.{name}"  # the projection's own name, in messages
         self.tensors = tuple(module.parameters()) + tuple(module.buffers())
         root = _Projection(parent, str(name), label)
         self.graph = trace_features(root, n_spatial, class_name=type(module).__name__)
         self.runner = make_invariant(self.graph, n_spatial)
-        self.called = {id(root.get_submodule(node.target)) for graph in (self.graph.train_graph, self.graph.eval_graph)
-                       for node in graph.nodes if node.op == "call_module"}
 
     def fits(self, projection: nn.Module) -> bool:
         """Whether ``projection`` still holds the layers, parameters and buffers this graph calls."""
@@ -88,21 +87,23 @@ class InvariantProjection:
 
     def unhooked(self, modules: Any) -> list[tuple[str, nn.Module]]:
         """The ``(name, module)`` pairs of ``modules`` that carry forward or backward hooks but that
-        the graph does not call as modules (it runs their code inline), so their hooks would not
-        run."""
-        found = []
-        for name, m in modules:
-            hooked = (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                      or getattr(m, "_backward_pre_hooks", None))
-            if hooked and id(m) not in self.called:
-                found.append((name, m))
-        return found
+        the graph of the current mode neither calls as modules nor runs inside a module it calls
+        (it runs their code inline), so their hooks would not run."""
+        return unrun_hooks(self.graph, self.graph.graph, modules)
 
     def __call__(self, level: NestedTensor) -> NestedTensor:
         """The projection of ``level`` (the graph of the projection's current mode) and its padding
         (boxes by convolution arithmetic; DETR's nearest rule for an arbitrary mask)."""
         training = self.module.training
         set_modes(self.graph, {"": training})
+        unrun = self.unhooked((f"{self.label}.{name}".rstrip("."), m) for name, m in self.module.named_modules())
+        if unrun:
+            name, module = unrun[0]
+            raise ValueError(
+                f"padding_invariant=True runs {self.label} as a rewritten torch.fx graph, which calls no "
+                f"{name} ({type(module).__name__}) module (it runs its code inline), so the hooks "
+                "registered on it would not run; remove them, or hook one of its convolutions"
+            )
         paddings = self.runner.paddings(level.padding, nearest=True)
         (out,) = pytree.tree_leaves(self.graph(level.tensors, tuple(paddings)))
         outputs = self.runner.outputs.get("any") or self.runner.outputs["train" if training else "eval"]

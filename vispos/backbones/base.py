@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
+import torch.fx as fx
 from torch import Tensor, nn
 
 from .. import _deprecation
@@ -33,6 +34,7 @@ from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..invariance._packed import PackedRunner
 from ..invariance._run import InvariantRunner
+from ._mode_graphs import check_graph_hooks
 
 __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
 
@@ -153,6 +155,9 @@ class BackboneAdapter(_deprecation.RenamedAttributes, nn.Module):
         _check_dtype(tensors, self.body)
         if self._packed is not None:
             return self._packed(self.body, x)
+        if isinstance(self.body, fx.GraphModule):
+            check_graph_hooks(self.body, "padding_invariant=True" if self._invariant is not None
+                              else f"{type(self).__name__} (torch.fx feature extraction)")
         if self._invariant is not None:
             return self._invariant(self.body, x)
         return [x.with_features(f) for f in self._features(tensors)]

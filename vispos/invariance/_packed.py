@@ -38,7 +38,7 @@ from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._stem import is_patch_projection, stem_tokens
-from ._tokens import TokenModelRule, item_grids
+from ._tokens import TokenModelRule, item_grids, refuse_inline_hooks
 from .rules import rule_for
 
 __all__ = ["PackedRunner", "check_packed", "packed_levels"]
@@ -80,6 +80,16 @@ def check_packed(model: nn.Module) -> None:
             module = getattr(block, path)
             if not isinstance(module, nn.Identity) and type(module).__name__ != "DropPath":
                 raise ValueError(f"packed=True: blocks.{index}.{path} of this {name} is a {type(module).__name__}")
+
+
+def packed_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules :func:`packed_levels` runs the code of without calling them: each block (its
+    attention runs per item) and its stochastic depth (drawn per item)."""
+    found = []
+    for i, blk in enumerate(model.blocks):
+        found += [(f"blocks.{i}", blk), (f"blocks.{i}.drop_path1", blk.drop_path1),
+                  (f"blocks.{i}.drop_path2", blk.drop_path2)]
+    return found
 
 
 def _drop_path(module: nn.Module, y: Tensor, lengths: list[int]) -> Tensor:
@@ -267,6 +277,7 @@ class PackedRunner:
 
     def __call__(self, body: nn.Module, x: Any) -> list[NestedTensor]:
         model = self.unwrap(body)
+        refuse_inline_hooks(packed_inline(model), "packed=True")
         items, padding = _inputs(x)
         in_chans = next((int(m.in_channels) for m in model.patch_embed.proj.modules() if isinstance(m, nn.Conv2d)),
                         None)

@@ -213,18 +213,31 @@ def swin_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[in
         if not isinstance(stage.downsample, nn.Identity):  # timm pads an odd map with zeros alone
             if padding.kind != "none":
                 x = x.masked_fill(token_padding.mask[..., None], 0)
-            x = stage.downsample(x)
             grids = [(-(-h // 2), -(-w // 2)) for h, w in grids]
+        x = stage.downsample(x)  # an Identity too, as the stage calls it (its hooks run)
         token_padding = _token_padding(padding, grids, x)
         cache: dict = {}
         for blk in stage.blocks:
             x = _block(blk, x, grids, cache)
         if i in take:
-            level = (model.norm(x) if i == last else x).permute(0, 3, 1, 2)
+            # forward_intermediates calls the norm on the last stage when timm's wrapper kept it
+            level = (model.norm(x) if i == last and not isinstance(model.norm, nn.Identity) else x)
+            level = level.permute(0, 3, 1, 2)
             if token_padding.kind != "none":
                 level = level.masked_fill(token_padding.mask[:, None], 0)
             levels.append(NestedTensor(level.contiguous(), token_padding))
     return levels
 
 
-register_invariance_rule("timm.models.swin_transformer.SwinTransformer", TokenModelRule(swin_levels, check_swin))
+def swin_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules :func:`swin_levels` runs the code of without calling them: each stage, its
+    blocks' container and each block (each item's windows and shift mask threaded through)."""
+    found = []
+    for i, stage in enumerate(model.layers):
+        found += [(f"layers.{i}", stage), (f"layers.{i}.blocks", stage.blocks)]
+        found += [(f"layers.{i}.blocks.{j}", blk) for j, blk in enumerate(stage.blocks)]
+    return found
+
+
+register_invariance_rule("timm.models.swin_transformer.SwinTransformer",
+                         TokenModelRule(swin_levels, check_swin, inline=swin_inline))

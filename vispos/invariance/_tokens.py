@@ -42,8 +42,8 @@ from ..padding import Padding
 from .rules import InvarianceRule
 
 __all__ = [
-    "TokenModelRule", "TokenRunner", "item_grids", "item_pos_embeds", "item_rope_embeds", "on_canvas",
-    "key_padding_keep", "token_level",
+    "TokenModelRule", "TokenRunner", "has_hooks", "item_grids", "item_pos_embeds", "item_rope_embeds", "on_canvas",
+    "key_padding_keep", "refuse_inline_hooks", "token_level",
 ]
 
 #: ``levels(model, x, padding, indices) -> list[NestedTensor]``
@@ -71,6 +71,11 @@ class TokenModelRule(InvarianceRule):
             rule cannot make exact in this model's configuration (called when the backbone is
             built). Default None: nothing to check.
         packed (callable, optional): the same contract as ``levels`` for a packed run, or None.
+        inline (callable, optional): ``inline(model) -> iterable of (name, nn.Module)``: the
+            modules the model's own ``forward_intermediates`` calls as modules but ``levels`` does
+            not (it runs their code itself, e.g. a block with a key mask threaded through). A
+            forward or backward hook on one would not run, so the call raises ``ValueError``
+            naming it instead. Default None: ``levels`` calls every such module.
 
     Raises:
         TypeError: ``levels`` is not callable; ``check`` or ``packed`` is neither None nor callable.
@@ -83,12 +88,13 @@ class TokenModelRule(InvarianceRule):
     levels: TokenLevels
     check: Callable[[nn.Module], None] | None = None
     packed: TokenLevels | None = None
+    inline: Callable[[nn.Module], Any] | None = None
     kind = "token_model"
 
     def __post_init__(self) -> None:
         if not callable(self.levels):
             raise TypeError(f"TokenModelRule: levels must be callable, got {type(self.levels).__name__}")
-        for name in ("check", "packed"):
+        for name in ("check", "packed", "inline"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"TokenModelRule: {name} must be callable or None, got {type(value).__name__}")
@@ -128,7 +134,31 @@ class TokenRunner:
                 "padding_invariant=True for a token model needs every item at the origin of the canvas "
                 f"(DETR's layout), got item starts {padding.starts}"
             )
-        return self.rule.levels(self.unwrap(body), x.tensors, padding, self.indices)
+        model = self.unwrap(body)
+        if self.rule.inline is not None:
+            refuse_inline_hooks(self.rule.inline(model), "padding_invariant=True")
+        return self.rule.levels(model, x.tensors, padding, self.indices)
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` carries a forward, forward-pre, backward or backward-pre hook of its own
+    (not the global ones of ``torch.nn.modules.module``)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or getattr(module, "_backward_pre_hooks", None))
+
+
+def refuse_inline_hooks(modules: Any, owner: str) -> None:
+    """Raises ``ValueError`` naming the first of ``modules`` (``(name, nn.Module)`` pairs, names
+    as under the timm model) that carries a hook: ``owner``'s run does not call it as a module, so
+    the hook would not run (while the model's own forward would run it)."""
+    for name, module in modules:
+        if has_hooks(module):
+            raise ValueError(
+                f"{owner} runs the code of {name} ({type(module).__name__}) itself, with each item's "
+                "positions and key mask threaded through, and does not call the module, so the forward / "
+                "backward hooks registered on it would not run; remove them, or hook a layer inside it "
+                "(its attention's qkv or proj, its mlp, a norm) or the backbone's output levels"
+            )
 
 
 # ----------------------------------------------------------------------------- per-item helpers

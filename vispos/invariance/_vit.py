@@ -181,7 +181,7 @@ def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     x = _add_pos(model, tokens, grids, token_padding.spatial)
     if model.pos_embed is not None:
         x = model.pos_drop(x)
-    return _blocks_to_levels(model, model.norm_pre(x), token_padding, indices, lambda i: {})
+    return _blocks_to_levels(model, model.norm_pre(model.patch_drop(x)), token_padding, indices, lambda i: {})
 
 
 def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:

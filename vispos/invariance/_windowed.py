@@ -299,4 +299,15 @@ def _neck(neck: nn.Module, x: Tensor, valid: Tensor) -> Tensor:
     return x
 
 
-register_invariance_rule("timm.models.vision_transformer_sam.VisionTransformerSAM", TokenModelRule(sam_levels, check_sam))
+def sam_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules :func:`sam_levels` runs the code of without calling them: the patch embedding
+    (zeros on the padding, then its convolution and norm), each block and its attention (the
+    key mask and each item's relative positions threaded through)."""
+    found = [("patch_embed", model.patch_embed)]
+    for i, blk in enumerate(model.blocks):
+        found += [(f"blocks.{i}", blk), (f"blocks.{i}.attn", blk.attn)]
+    return found
+
+
+register_invariance_rule("timm.models.vision_transformer_sam.VisionTransformerSAM",
+                         TokenModelRule(sam_levels, check_sam, inline=sam_inline))
