@@ -201,3 +201,26 @@ def test_swin_applies_its_final_norm_only_where_the_model_does():
     torch.testing.assert_close(_last(bb, x), _last(stock, x), rtol=1e-10, atol=1e-10)
     for h in handles:
         h.remove()
+
+
+def test_monai_anysize_vit_runs_block_hooks_and_refuses_the_patch_embedding_hook():
+    pytest.importorskip("monai")
+    from monai.networks.nets import ViT
+
+    from vispos.monai import AnySizeViT
+
+    torch.manual_seed(0)
+    kwargs = dict(in_channels=1, img_size=(32, 32, 32), patch_size=(8, 8, 8), hidden_size=48, mlp_dim=96,
+                  num_layers=2, num_heads=4)
+    stock, model = ViT(**kwargs).double().eval(), AnySizeViT(**kwargs).double().eval()
+    model.load_state_dict(stock.state_dict())
+    x = torch.randn(1, 1, 32, 32, 32, dtype=torch.float64)
+    handle = model.patch_embedding.register_forward_hook(_scale)
+    with pytest.raises(ValueError, match=r"runs the code of patch_embedding \(PatchEmbeddingBlock\)"):
+        model(x)
+    handle.remove()
+    for name in ("patch_embedding.patch_embeddings", "blocks.0", "blocks.1.attn"):
+        handles = [m.get_submodule(name).register_forward_hook(_scale) for m in (stock, model)]
+        torch.testing.assert_close(model(x)[0], stock(x)[0], rtol=1e-12, atol=1e-12)
+        for h in handles:
+            h.remove()

@@ -32,6 +32,7 @@ from .._sincos import check_temperature, sincos_embed
 from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
+from ..invariance._tokens import has_hooks
 from ..nested_tensor import NestedTensor, NestedTensorLike
 from ..padding import Padding, check_mask
 
@@ -407,6 +408,12 @@ class _AnySize:
         """ViT's forward with per-grid positions and padded patches masked out of attention."""
         vit = self._vit()
         pe = vit.patch_embedding
+        if has_hooks(pe):  # its code runs here, with each grid's positions: the module is not called
+            raise ValueError(
+                f"{type(self).__name__} runs the code of patch_embedding ({type(pe).__name__}) itself, with "
+                "each item's positions on its own patch grid, and does not call the module, so the hooks "
+                "registered on it would not run; remove them, or hook patch_embedding.patch_embeddings or a block"
+            )
         batch = images.shape[0]
         grid = tuple(s // p for s, p in zip(images.shape[2:], self.patch_size))
         token_valid = None if mask is None else _token_valid(mask, self.patch_size)
