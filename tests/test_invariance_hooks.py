@@ -224,3 +224,21 @@ def test_monai_anysize_vit_runs_block_hooks_and_refuses_the_patch_embedding_hook
         torch.testing.assert_close(model(x)[0], stock(x)[0], rtol=1e-12, atol=1e-12)
         for h in handles:
             h.remove()
+
+
+def test_the_simple_feature_pyramid_refuses_a_hook_it_would_skip():
+    from vispos.backbones import SimpleFeaturePyramid
+
+    torch.manual_seed(0)
+    pyramid = SimpleFeaturePyramid(32, 16, padding_invariant=True).eval()
+    x = vispos.nested_tensor_from_tensor_list([torch.randn(32, 8, 6), torch.randn(32, 5, 8)])
+    ref = [level.tensors for level in pyramid(x)]
+    for name in ("stages.0", "stages.1.1", "stages.3.2"):
+        handle = pyramid.get_submodule(name).register_forward_hook(_scale)
+        with pytest.raises(ValueError, match=rf"calls no {name} \("):
+            pyramid(x)
+        handle.remove()
+    convs = [n for n, m in pyramid.stages.named_modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
+    handle = pyramid.get_submodule(f"stages.{convs[0]}").register_forward_hook(_scale)
+    assert not torch.allclose(pyramid(x)[0].tensors, ref[0])
+    handle.remove()
