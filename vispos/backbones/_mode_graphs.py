@@ -28,7 +28,7 @@ from torchvision.models.feature_extraction import DualGraphModule
 from .._tracing import tracing
 from ..invariance._tokens import has_hooks
 
-__all__ = ["ModeGraphModule", "check_graph_hooks", "has_hooks", "set_modes", "unrun_hooks"]
+__all__ = ["ModeGraphModule", "check_graph_hooks", "has_hooks", "refuse_unrun_hooks", "set_modes", "unrun_hooks"]
 
 
 def _hooked(root: nn.Module) -> list[nn.Module]:
@@ -115,6 +115,20 @@ def unrun_hooks(root: nn.Module, graph: fx.Graph, modules: Any = None) -> list[t
         if not unrun:
             return []
     return unrun
+
+
+def refuse_unrun_hooks(graph: fx.GraphModule, modules: Any, what: str) -> None:
+    """Raises ``ValueError`` naming the first of ``modules`` (``(name, nn.Module)`` pairs, all run
+    by the model in this mode) whose hooks the rewritten ``graph`` (its current graph) would not
+    run; ``what`` opens the message (``"padding_invariant=True runs input_proj.0"``)."""
+    unrun = unrun_hooks(graph, graph.graph, modules)
+    if unrun:
+        name, module = unrun[0]
+        raise ValueError(
+            f"{what} as a rewritten torch.fx graph, which calls no {name} "
+            f"({type(module).__name__}) module (it runs its code inline), so the hooks registered on it "
+            "would not run; remove them, or hook one of its convolutions"
+        )
 
 
 def check_graph_hooks(body: nn.Module, owner: str) -> None:

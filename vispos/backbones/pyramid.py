@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .._checks import as_sequence, check_bool, check_int, describe
 from ..invariance.rules import CellWise, register_invariance_rule
 from ..nested_tensor import NestedTensor
-from ._mode_graphs import unrun_hooks
+from ._mode_graphs import refuse_unrun_hooks
 from ._trace import PathTracer, make_invariant
 
 __all__ = ["ChannelLayerNorm", "SimpleFeaturePyramid"]
@@ -209,14 +209,8 @@ class SimpleFeaturePyramid(nn.Module):
         if self.padding_invariant:
             graph, runner = self._invariant_graph()
             graph.train(self.training)
-            unrun = unrun_hooks(graph, graph.graph, ((f"stages.{n}".rstrip("."), m) for n, m in self.stages.named_modules()))
-            if unrun:
-                name, module = unrun[0]
-                raise ValueError(
-                    f"padding_invariant=True runs the pyramid as a rewritten torch.fx graph, which calls no {name} "
-                    f"({type(module).__name__}) module (it runs its code inline), so the hooks registered on it "
-                    "would not run; remove them, or hook one of its convolutions"
-                )
+            refuse_unrun_hooks(graph, ((f"stages.{n}".rstrip("."), m) for n, m in self.stages.named_modules()),
+                               "padding_invariant=True runs the pyramid")
             return runner(graph, x)
         root = _Pyramid(self.stages, self.top_block)
         return [x.with_features(level) for level in root(x.tensors)]

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .._tracing import tracing
-from ..backbones._mode_graphs import ModeGraphModule, set_modes, unrun_hooks
+from ..backbones._mode_graphs import ModeGraphModule, refuse_unrun_hooks, set_modes
 from ..backbones._trace import UntraceableLayer, make_invariant, trace_features
 from ..invariance._geometry import Window
 from ..padding import Padding
@@ -129,14 +129,8 @@ class InvariantDecoder:
         """The logits ``Tensor[B, out_channels, *S]`` of ``images`` ``Tensor[B, C, *S]`` and the four
         token maps; ``padding`` (``(B, *S)``, whole patches) None for a batch without padding."""
         set_modes(self.graph, {"": training})
-        unrun = unrun_hooks(self.graph, self.graph.graph, ((n.rstrip("."), m) for n, m in zip(self.names, self.layers)))
-        if unrun:
-            name, module = unrun[0]
-            raise ValueError(
-                f"the decoder runs as a torch.fx graph rewritten by vispos' padding-invariance rule book, "
-                f"which calls no {name} ({type(module).__name__}) module (it runs its code inline), so the "
-                "hooks registered on it would not run; remove them, or hook one of its convolutions"
-            )
+        refuse_unrun_hooks(self.graph, ((n.rstrip("."), m) for n, m in zip(self.names, self.layers)),
+                           "the decoder runs on padded batches through vispos' padding-invariance rule book,")
         if padding is None:
             out = self.graph(images, *tokens)
         else:
