@@ -27,7 +27,7 @@ from torch.utils import _pytree as pytree
 
 from ..invariance._stem import register_stem_tracer
 from ..nested_tensor import NestedTensor
-from ._mode_graphs import refuse_unrun_hooks, set_modes, unrun_hooks
+from ._mode_graphs import has_hooks, refuse_unrun_hooks, set_modes, unrun_hooks
 from ._trace import make_invariant, trace_features
 
 __all__ = ["InvariantProjection", "invariant_projections"]
@@ -96,8 +96,9 @@ class InvariantProjection:
         (boxes by convolution arithmetic; DETR's nearest rule for an arbitrary mask)."""
         training = self.module.training
         set_modes(self.graph, {"": training})
-        refuse_unrun_hooks(self.graph, ((f"{self.label}.{n}".rstrip("."), m) for n, m in self.module.named_modules()),
-                           f"padding_invariant=True runs {self.label}")
+        if any(has_hooks(m) for m in self.layers):  # names are built only when a hook is there
+            refuse_unrun_hooks(self.graph, ((f"{self.label}.{n}".rstrip("."), m) for n, m in self.module.named_modules()),
+                               f"padding_invariant=True runs {self.label}")
         paddings = self.runner.paddings(level.padding, nearest=True)
         (out,) = pytree.tree_leaves(self.graph(level.tensors, tuple(paddings)))
         outputs = self.runner.outputs.get("any") or self.runner.outputs["train" if training else "eval"]
