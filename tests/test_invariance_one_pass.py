@@ -202,3 +202,38 @@ def test_statistics_dispatch_as_many_ops_for_any_batch_and_read_nothing_back(lay
         "cell_count": lambda x, p, w: x.sum((2, 3)) / pools.cell_count(x, p, (2, 3), False),
     }
     assert _op_count(fns[layer], 2) == _op_count(fns[layer], 9)
+
+
+@pytest.mark.parametrize("zero_padding", [False, True], ids=["bias-in-padding", "zero-padding"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_batch_norm_select_reads_no_padding_in_any_dtype_or_layout(dtype, layout, zero_padding):
+    """The statistics' select (a bitwise and of the bits in float32 / float64, a where otherwise):
+    NaN, +inf and -inf (a max pool's fill) in the padding change nothing, in the outputs' valid
+    cells and in every gradient, for each dtype and memory format; the input is not modified."""
+    padding = Padding.from_sizes([(6, 7), (4, 3), (5, 6)], (6, 7))
+    mask = padding.mask.unsqueeze(1)
+    g = torch.Generator().manual_seed(5)
+    clean = (torch.randn(3, 4, 6, 7, generator=g) * 2 + 1).masked_fill(mask, 0.0).to(dtype)
+    junk = torch.tensor([float("nan"), float("inf"), -float("inf")])[torch.randint(0, 3, clean.shape, generator=g)]
+    dirty = torch.where(mask, junk.to(dtype), clean)
+    w = (torch.rand(4, generator=g) + 0.5).to(dtype)
+    b = torch.randn(4, generator=g).to(dtype)
+    gy = torch.randn(clean.shape, generator=g).to(dtype)
+    outs = []
+    for x in (clean, dirty):
+        fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        x = x.clone(memory_format=fmt)
+        before = x.clone()
+        x.requires_grad_()
+        ww, bb = w.clone().requires_grad_(), b.clone().requires_grad_()
+        rm, rv = torch.zeros(4, dtype=dtype), torch.ones(4, dtype=dtype)
+        y = norms.batch_norm(x, padding, rm, rv, ww, bb, True, 0.1, 1e-5, zero_padding=zero_padding)
+        grads = torch.autograd.grad((y.masked_fill(mask, 0.0) * gy).sum(), [x, ww, bb])
+        torch.testing.assert_close(x.detach(), before, rtol=0, atol=0, equal_nan=True)
+        outs.append((y.detach().masked_fill(mask, 0.0), rm, rv, *grads))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if zero_padding:
+        y_padding = norms.batch_norm(clean, padding, None, None, w, b, True, 0.1, 1e-5, zero_padding=True)
+        assert float(y_padding.masked_select(mask.expand_as(y_padding)).abs().max()) == 0.0
