@@ -94,3 +94,28 @@ def test_non_regular_inputs_are_named_as_such(tmp_path, monkeypatch, capsys):
     assert main(["run", "--config", "tiny.yaml", "--images", "pipe.png", "--out", "o", "--repeats", "1"]) == 2
     err = capsys.readouterr().err
     assert "exists but is not a regular file" in err and "does not exist" not in err
+
+
+def test_out_naming_an_input_file_is_refused_before_anything_is_read(tmp_path):
+    """``vispos run --images keep.jpg --out keep.jpg`` read, ran and timed the whole job (19 s)
+    before it found that ``--out`` is not a folder; now the arguments alone refuse it, naming the
+    input. ``keep.jpg`` is no image at all: had it been read, the message would say so."""
+    import subprocess
+    import sys
+
+    (tmp_path / "keep.jpg").write_text("not read")
+    (tmp_path / "notes.txt").write_text("")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def vispos(*argv):
+        proc = subprocess.run([sys.executable, "-m", "vispos.app.cli", "run", "--images", "keep.jpg", *argv],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+        return proc.stderr
+
+    assert vispos("--out", "keep.jpg").startswith(
+        "vispos: error: --out 'keep.jpg' is the input 'keep.jpg', a file: --out names the folder")
+    assert "--out 'notes.txt' exists and is not a folder (a file)" in vispos("--out", "notes.txt")
+    assert "--out 'notes.txt/run' cannot be created: " in vispos("--out", "notes.txt/run")
+    assert sorted(os.listdir(tmp_path)) == ["keep.jpg", "notes.txt"]
+    assert (tmp_path / "keep.jpg").read_text() == "not read"

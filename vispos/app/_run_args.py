@@ -97,6 +97,34 @@ def input_files(args: argparse.Namespace) -> list[str]:
     return files
 
 
+def _check_out_folder(args: argparse.Namespace) -> None:
+    """Refuses an ``--out`` that cannot become the output folder, from the file system alone:
+    a path that exists and is not a folder (one of the run's inputs named as such), a path
+    under a file, or a folder (or the nearest existing one above it) that cannot be written.
+
+    Raises:
+        CLIError: as above; the message names the path and, for an input, the input.
+    """
+    out = args.out
+    if os.path.lexists(out) and not os.path.isdir(out):
+        for source in input_files(args):
+            if same_file(out, source):
+                raise CLIError(
+                    f"--out {out!r} is the input {source!r}, a file: --out names the folder that "
+                    "receives embeddings.pt and figure.png, and inputs are never replaced; give --out a folder"
+                )
+        what = "a broken symbolic link" if not os.path.exists(out) else "a file"
+        raise CLIError(f"--out {out!r} exists and is not a folder ({what}); give --out a folder "
+                       "(created if missing)")
+    nearest = os.path.abspath(out)
+    while not os.path.lexists(nearest) and os.path.dirname(nearest) != nearest:
+        nearest = os.path.dirname(nearest)
+    if not os.path.isdir(nearest):
+        raise CLIError(f"--out {out!r} cannot be created: {nearest!r} exists and is not a folder")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise CLIError(f"--out {out!r}: the folder {nearest!r} is not writable")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Fills the default ``--out`` (and ``args.replace``: whether the outputs may replace
     existing files) and refuses flag values that would exhaust memory or write
@@ -106,8 +134,10 @@ def check_args(args: argparse.Namespace) -> None:
         CLIError: a flag beyond its bound (the message names it, its value and the bound); the
             default output folder already holds this command's files and ``--force`` is not
             given (nothing the user did not name is overwritten); an output would be one of the
-            run's own input files (refused with or without ``--force``); an input that exists
-            but is not a regular file (a FIFO would block the run).
+            run's own input files (refused with or without ``--force``); ``--out`` exists and
+            is not a folder, lies under a file, or cannot be written (the message names the
+            input when ``--out`` is one); an input that exists but is not a regular file (a FIFO
+            would block the run).
     """
     named = args.out is not None
     if not named:
@@ -136,6 +166,7 @@ def check_args(args: argparse.Namespace) -> None:
                            f"got {len(given)}; run several times")
     if not args.out.strip():
         raise CLIError("--out must name a folder, got an empty string")
+    _check_out_folder(args)
     if args.device.strip().lower().startswith("meta"):
         raise CLIError(f"--device {args.device!r} holds no data; use cpu or cuda")
     for flag in ("images", "volumes"):
