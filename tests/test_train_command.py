@@ -154,3 +154,18 @@ def test_tiny_config_builds_a_small_timm_backbone():
     model = vispos.build_from_config("detr_resnet18")
     assert type(model.backbone).__name__ == "TimmBackbone" and model.hidden_dim == 64
     assert sum(p.numel() for p in model.parameters()) < 12_000_000  # ResNet-18's 11.2 M; a ResNet-50 has 23.5 M
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--steps", "-1"], "vispos train: error: argument --steps: must be >= 1, got -1"),
+    (["train", "--no-such-flag"],
+     "vispos train: error: unrecognized arguments: --no-such-flag; see `vispos train --help`"),
+    (["run", "--images", "a.png", "--queries", "x"], "vispos run: error: argument --queries: invalid int value: 'x'"),
+    (["plot"], "vispos plot: error: the following arguments are required: KIND; see `vispos plot --help`"),
+])
+def test_usage_errors_are_one_line_in_every_subcommand(tmp_path, argv, message):
+    """Before: a bad ``train`` flag printed a 27-line usage block before its one-line error (and
+    every other subcommand its own usage block)."""
+    proc = subprocess.run([sys.executable, "-m", "vispos.app.cli", *argv], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", message + "\n")

@@ -13,7 +13,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from ._errors import CLIError
+from ._errors import CLIError, OneLineParser
 from .train._args import parse_flags
 from .train._task_args import FLAGS_2D, FLAGS_3D
 
@@ -37,7 +37,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 def _task_of(argv: Sequence[str]):
     """:data:`FLAGS_3D` when ``--volume`` is among the arguments, else :data:`FLAGS_2D`."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = OneLineParser(prog=PROG, add_help=False, allow_abbrev=False)
     pre.add_argument("--volume", action="store_true")
     first, _ = pre.parse_known_args(list(argv))
     return FLAGS_3D if first.volume else FLAGS_2D

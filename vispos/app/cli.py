@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ._config_command import add_config_parser
-from ._errors import CLIError
+from ._errors import CLIError, OneLineParser
 from ._io import Terminated
 from ._plot_args import add_plot_parser, check_plot_args
 from ._run_args import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG, add_run_parsers, check_args
@@ -45,7 +45,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], None] | None]] = 
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="vispos",
         description="Position embeddings for padded batches of real images on a real backbone.",
     )
@@ -84,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
     1 any other failure (named by its exception type), 130 on Ctrl-C, 128 + the signal
     number on SIGTERM / SIGHUP while the outputs are written (143 for SIGTERM). argparse's own usage
-    errors exit with status 2 through ``SystemExit``. Every argument after ``train`` is the
+    errors are one line too (:class:`~vispos.app._errors.OneLineParser`, no usage block) and exit
+    with status 2 through ``SystemExit``. Every argument after ``train`` is the
     training's own (:func:`vispos.app._train_args.parse_train_args`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)

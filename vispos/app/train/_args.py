@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from .._errors import OneLineParser
+
 __all__ = [
     "POS_ARMS", "TINY_CORE", "MAX_SIZES", "TaskFlags", "int_at_least", "positive_float", "nonnegative_float",
     "build_parser", "parse_flags", "flag_error",
@@ -103,7 +105,7 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
             abbreviated flags (``--volume`` picks the task before the flags are parsed).
     """
     pos1, pos0 = int_at_least(1), int_at_least(0)
-    p = argparse.ArgumentParser(prog=prog, description=task.description, allow_abbrev=not command)
+    p = OneLineParser(prog=prog, description=task.description, allow_abbrev=not command)
     g = p.add_argument_group("run")
     if command:
         g.add_argument("--volume", action="store_true",
