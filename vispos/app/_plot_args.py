@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ._errors import CLIError
+from ._flags import add_threads_argument
 
 __all__ = ["KINDS", "add_plot_parser", "check_plot_args", "grid_shape", "output_path"]
 
@@ -95,6 +96,7 @@ def add_plot_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    "never replaced without --force)")
     p.add_argument("--force", action="store_true",
                    help="replace the default vispos-plot-KIND.png if an earlier plot wrote it")
+    add_threads_argument(p)
     return p
 
 

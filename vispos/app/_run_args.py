@@ -13,6 +13,7 @@ from typing import Any
 
 from ..config import load_config, packaged_configs
 from ._errors import CLIError
+from ._flags import add_threads_argument
 from ._io import same_file
 from .data._args import SAMPLE_IMAGES, VOLUME_NORMALIZATIONS
 
@@ -66,6 +67,7 @@ def add_run_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         p.add_argument("--queries", type=int, default=3, help="query cells per level in the figure")
         p.add_argument("--repeats", type=int, default=5, help="timing repeats per level (median reported)")
+        add_threads_argument(p)
 
     demo = sub.add_parser("demo", help="run on scikit-image's sample photos (or, with --volume, on MNI152)")
     common(demo, DEFAULT_OUT["demo"])

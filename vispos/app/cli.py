@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from .. import __version__
 from ._config_command import add_config_parser
 from ._errors import CLIError, OneLineParser
+from ._flags import torch_threads
 from ._io import Terminated
 from ._plot_args import add_plot_parser, check_plot_args
 from ._run_args import DEFAULT_CONFIG, DEFAULT_VOLUME_CONFIG, add_run_parsers, check_args
@@ -94,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _, check = _COMMANDS[args.command]
         if check is not None:
             check(args)  # before anything heavy is imported
-        load_command(args.command)(args)
+        with torch_threads(getattr(args, "threads", None)):  # --threads; restored after the command
+            load_command(args.command)(args)
     except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
         print(f"vispos: error: {_one_line(exc)}", file=sys.stderr)
         return 2

@@ -9,17 +9,14 @@ need torch or the data (devices, backbones, volumes, ``--resume``) are :mod:`vis
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from .._errors import OneLineParser
+from .._flags import add_threads_argument, int_at_least, nonnegative_float, positive_float
 
-__all__ = [
-    "POS_ARMS", "TINY_CORE", "MAX_SIZES", "TaskFlags", "int_at_least", "positive_float", "nonnegative_float",
-    "build_parser", "parse_flags", "flag_error",
-]
+__all__ = ["POS_ARMS", "TINY_CORE", "MAX_SIZES", "TaskFlags", "build_parser", "parse_flags", "flag_error"]
 
 #: the position-embedding arms: zeros, a mask-blind grid over the padded canvas, DETR's sine
 POS_ARMS = ("none", "grid", "sine")
@@ -35,44 +32,6 @@ MAX_SIZES = {
     "hidden": 4096, "ffn": 16384, "queries": 1000, "enc_layers": 24, "dec_layers": 24, "heads": 64,
     "batch_size": 1024, "eval_images": 10_000, "train_images": 1_000_000,
 }
-
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type``: an int ``>= minimum`` (the error names the flag, via argparse)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"int >= {minimum}"
-    return parse
-
-
-def _float(text: str, positive: bool) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if positive else '>='} 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse ``type``: a finite float > 0."""
-    return _float(text, True)
-
-
-def nonnegative_float(text: str) -> float:
-    """An argparse ``type``: a finite float >= 0."""
-    return _float(text, False)
-
 
 
 @dataclass(frozen=True)
@@ -117,7 +76,7 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
     g.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
     g.add_argument("--pos", nargs="+", choices=POS_ARMS, default=list(POS_ARMS), help="position arms, trained in turn")
     g.add_argument("--seed", type=pos0, default=0, help="data, initial weights and data order")
-    g.add_argument("--threads", type=pos0, default=0, help="torch threads per process (0: torch's default)")
+    add_threads_argument(g, machine_default=False)
     g.add_argument("--workers", type=pos0, default=0, help="DataLoader worker processes")
     g.add_argument("--tiny", action="store_true", help="a quick run: 20 steps, small inputs and model (explicit flags win)")
     g.add_argument("--report", action="store_true",
@@ -169,7 +128,6 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
     g.add_argument("--eos-coef", type=nonnegative_float, default=0.1, help="cross-entropy weight of the no-object class")
     task.add_arguments(p.add_argument_group(f"{task.name} task"))
     return p
-
 
 
 def flag_error(parser: argparse.ArgumentParser) -> Callable[[str, str], NoReturn]:

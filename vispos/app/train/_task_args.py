@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from ._args import TaskFlags, int_at_least, positive_float
+from .._flags import int_at_least, positive_float
+from ._args import TaskFlags
 
 __all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "VIT", "VIT_POS", "VOLUMES",
            "TRAIN_VOLUMES", "HELDOUT_VOLUMES"]

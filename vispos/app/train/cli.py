@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from .._flags import torch_threads
 from .._io import write_files
 from ._args import MAX_SIZES, flag_error, parse_flags
 from .checkpoint import load_checkpoint
@@ -153,16 +154,16 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
         except FileNotFoundError as exc:
             flag_error(parser)("--report", str(exc))
         return 0
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    ctx = init_distributed(args.device)
-    try:
-        args.train_images = _train_items(args, ctx.world_size)
-        for arm in args.pos:
-            out_dir = os.path.join(args.out, arm, f"seed{args.seed}")
-            train_arm(task, arm, args, ctx, out_dir, log=log if ctx.is_main else (lambda *_: None), on_step=on_step)
-        if ctx.is_main:
-            write_report(task, args, log)
-    finally:
-        ctx.shutdown()
+    with torch_threads(args.threads):  # restored after the run
+        ctx = init_distributed(args.device)
+        try:
+            args.train_images = _train_items(args, ctx.world_size)
+            for arm in args.pos:
+                out_dir = os.path.join(args.out, arm, f"seed{args.seed}")
+                train_arm(task, arm, args, ctx, out_dir, log=log if ctx.is_main else (lambda *_: None),
+                          on_step=on_step)
+            if ctx.is_main:
+                write_report(task, args, log)
+        finally:
+            ctx.shutdown()
     return 0
