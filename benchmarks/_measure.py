@@ -85,24 +85,37 @@ def time_sample(fn: Callable[[], object], device: torch.device, k: int = 1) -> f
 
 # metadata-only ops that launch nothing (``torch.tensor`` under inference mode detaches in place)
 _NOT_COMPUTE = {"detach_", "detach", "alias", "lift_fresh"}
+# ops that only allocate (no kernel runs on a GPU)
+_ALLOCATION = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+               "resize_"}
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside it, views and metadata-only ops excluded."""
+    """Counts the aten ops dispatched inside it, views and metadata-only ops excluded; with
+    ``launches``, allocation-only ops are excluded too and each of vispos' custom ops counts as
+    the kernels it declares (:func:`vispos._triton.launches`): the kernels a GPU would launch."""
 
-    def __init__(self) -> None:
+    def __init__(self, launches: bool = False) -> None:
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
+        self.launches = launches
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view and func.overloadpacket.__name__ not in _NOT_COMPUTE:
-            self.ops[str(func.overloadpacket.__name__)] += 1
+        name = str(func.overloadpacket.__name__)
+        if not func.is_view and name not in _NOT_COMPUTE and not (self.launches and name in _ALLOCATION):
+            weight = 1
+            if self.launches and func.namespace == "vispos":
+                from vispos import _triton
+
+                weight = _triton.launches(f"vispos::{name}") or 1
+            self.ops[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += weight
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(fn: Callable[[], object]) -> tuple[int, collections.Counter]:
-    """Compute ops (non-view aten ops) one call of ``fn`` dispatches, and their names."""
-    with _OpCounter() as counter:
+def count_ops(fn: Callable[[], object], launches: bool = False) -> tuple[int, collections.Counter]:
+    """Compute ops (non-view aten ops) one call of ``fn`` dispatches, and their names; with
+    ``launches``, the kernels they would launch on a GPU (see :class:`_OpCounter`)."""
+    with _OpCounter(launches) as counter:
         out = fn()
     del out
     return sum(counter.ops.values()), counter.ops
@@ -121,16 +134,47 @@ def _host_side_switches() -> list:
     return found
 
 
-def count_device_ops(fn: Callable[[], object]) -> tuple[int, collections.Counter]:
+def count_device_ops(fn: Callable[[], object], launches: bool = False) -> tuple[int, collections.Counter]:
     """:func:`count_ops` with every host-side shortcut switched off (``host_side`` answers False),
     as on CUDA: the ops a GPU would launch, less the host-to-device copy of sizes that a CUDA
-    call adds where it knows them on the host."""
+    call adds where it knows them on the host. With ``launches``, the kernels a GPU would launch
+    (see :class:`_OpCounter`), those copies included (one per ``host_tensor`` / ``host_arrays``
+    call, counted as ``"host-to-device copy"``)."""
     switches = _host_side_switches()
     saved = [m.host_side for m in switches]
     for m in switches:
         m.host_side = lambda device: False
+    transfers = _counted_transfers() if launches else None
     try:
-        return count_ops(fn)
+        n, ops = count_ops(fn, launches)
     finally:
         for m, f in zip(switches, saved):
             m.host_side = f
+        if transfers is not None:
+            transfers.restore()
+    if transfers is not None and transfers.calls:
+        ops["host-to-device copy"] += transfers.calls
+        n += transfers.calls
+    return n, ops
+
+
+class _counted_transfers:  # noqa: N801 - used as a scoped switch
+    """Counts the calls of ``vispos._tracing.host_tensor`` / ``host_arrays`` while alive: each is
+    one non-blocking host-to-device copy on CUDA, and none on the CPU, where a count would miss it."""
+
+    def __init__(self) -> None:
+        import vispos._tracing as core
+
+        self.core, self.calls, self.saved = core, 0, {}
+        for name in ("host_tensor", "host_arrays"):
+            original = self.saved[name] = getattr(core, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            setattr(core, name, counted)
+
+    def restore(self) -> None:
+        for name, original in self.saved.items():
+            setattr(self.core, name, original)

@@ -4,8 +4,8 @@ average pooling that read only valid cells, each item's cell count.
 Every function takes the feature map's :class:`~vispos.Padding` (None: no padding, the stock op
 runs). Reductions take every item at once: a select keeps the padding out, then one reduction over
 the canvas, each item's count from the mask on its device (no loop over items, no read of the
-device), for a box per item and an arbitrary mask alike. Fills write only the padded strips of
-large maps with a box per item (a masked write otherwise), as one autograd node.
+device), for a box per item and an arbitrary mask alike. Fills are one masked write each, as one
+autograd node.
 
 References:
     ``torch.nn.AvgPool2d`` (output size, divisor) and ATen ``AvgPoolKernel.cpp``; Liu et al.,
@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _tracing
 from ..padding import Padding
 
 __all__ = [
@@ -58,38 +60,15 @@ def valid_total(padding: Padding | Tensor, valid: Tensor) -> int | Tensor:
     return valid.sum().clamp_(min=1)
 
 
-#: from this many elements per item, writes strip by strip (only padded cells) beat one masked write
-_STRIPS_FROM = 1 << 14
-
-
 def _write_padding(x: Tensor, padding: Padding, value: float) -> Tensor:
     """``value`` into every padded cell of ``x`` in place, with no autograd bookkeeping (the
-    caller's): strips on large maps with a box per item, one masked write otherwise."""
-    batch = x.shape[0]
-    if padding.kind == "arbitrary" or batch == 0 or x.numel() < _STRIPS_FROM * batch:
-        return x.masked_fill_(padding.mask.unsqueeze(1), value)
-    n = padding.num_axes
-    canvas = padding.spatial
-    for b, (start, stop) in enumerate(zip(padding.starts, padding.stops)):
-        if any(e == s for s, e in zip(start, stop)):
-            x[b].fill_(value)
-            continue
-        inner: list[slice] = []
-        for axis in range(n):  # cells before / after the box on this axis, inside the box before it
-            head = (b, slice(None), *inner)
-            rest = (slice(None),) * (n - axis - 1)
-            if start[axis] > 0:
-                x[(*head, slice(0, start[axis]), *rest)].fill_(value)
-            if stop[axis] < canvas[axis]:
-                x[(*head, slice(stop[axis], None), *rest)].fill_(value)
-            inner.append(slice(start[axis], stop[axis]))
-    return x
+    caller's): one masked write, the mask broadcast over the channels (one kernel for any batch)."""
+    return x.masked_fill_(padding.mask.unsqueeze(1), value)
 
 
 class _FillPadding(torch.autograd.Function):
-    """``value`` written into the padding in place under autograd: one node whose backward is a
-    copy of the gradient with zeros in the padding (the strips of a plain slice write would each
-    copy the whole gradient)."""
+    """``value`` written into the padding in place under autograd: one node whose backward is the
+    gradient with zeros in the padding (one masked copy)."""
 
     @staticmethod
     def forward(ctx, x, padding, value):
@@ -101,14 +80,13 @@ class _FillPadding(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _write_padding(grad.clone(), ctx.padding, 0.0), None, None
+        return grad.masked_fill(ctx.padding.mask.unsqueeze(1), 0.0), None, None
 
 
 def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
-    """Writes ``value`` into every padded cell of ``x`` **in place**: strip by strip on large maps
-    with a box per item (only padded cells are touched), one masked write on small ones or for an
-    arbitrary mask; under autograd one node, whose backward zeroes the gradient's padding. The
-    caller guarantees autograd does not need ``x``'s old values.
+    """Writes ``value`` into every padded cell of ``x`` **in place**: one masked write (no loop over
+    items), under autograd one node, whose backward zeroes the gradient's padding. The caller
+    guarantees autograd does not need ``x``'s old values.
 
     Args:
         x (Tensor[B, C, *S]): features, channels first. padding (Padding): of shape ``(B, *S)``.
@@ -123,7 +101,8 @@ def fill(x: Tensor, padding: Padding, value: float) -> Tensor:
 
 
 def filled(x: Tensor, padding: Padding | None, value: float) -> Tensor:
-    """A copy of ``x`` with ``value`` in every padded cell (``x`` itself without padding).
+    """A copy of ``x`` with ``value`` in every padded cell (``x`` itself without padding): one
+    masked copy (one kernel), whose gradient is the output's with zeros in the padding.
 
     Args:
         x (Tensor[B, C, *S]): features. padding (Padding, optional): of shape ``(B, *S)``.
@@ -134,7 +113,7 @@ def filled(x: Tensor, padding: Padding | None, value: float) -> Tensor:
     """
     if padding is None or padding.kind == "none":
         return x
-    return fill(x.clone(), padding, value)
+    return x.masked_fill(padding.mask.unsqueeze(1), value)
 
 
 def valid_count(pad: Tensor, dims: Sequence[int], dtype: torch.dtype) -> Tensor:
@@ -201,25 +180,23 @@ def _edge_divisor(x: Tensor, out: Tensor, padding: Padding, kernel, stride, pad)
     """Average pooling's divisor with ``ceil_mode=True, count_include_pad=True`` as each item
     alone gets it: torch shortens a window that runs past ``size + padding`` to the cells before
     that edge, ``min(k, size + 2 p - o s)`` per axis (``aten/src/ATen/native/cpu/AvgPoolKernel.cpp``),
-    and the edge is the item's, not the canvas's. One line of divisors per axis, their product."""
+    and the edge is the item's, not the canvas's. One line of divisors per axis and item, built on
+    the host from the boxes for the whole batch and sent in one transfer, then their product."""
     n = padding.num_axes
-    total = None
+    starts, sizes = np.asarray(padding.starts, dtype=np.int64), np.asarray(padding.sizes, dtype=np.int64)
+    lines = []
     for axis in range(n):
         k, s, p = kernel[axis], stride[axis], pad[axis]
-        line = x.new_full((x.shape[0], out.shape[2 + axis]), float(k))
-        for b, (start, size) in enumerate(zip(padding.starts, padding.sizes)):
-            first = start[axis] // s
-            o = max(0, (size[axis] + 2 * p - k) // s + 1)  # the first window past the item's edge
-            while size[axis] and first + o < line.shape[1]:
-                reach = size[axis] + 2 * p - o * s
-                if reach <= 0:
-                    break
-                if reach < k:
-                    line[b, first + o] = float(reach)
-                o += 1
+        size = sizes[:, axis : axis + 1]
+        o = np.arange(out.shape[2 + axis]) - starts[:, axis : axis + 1] // s  # window index on the item
+        reach = size + 2 * p - o * s  # the cells the window covers before the item's edge
+        past = (o >= np.maximum(0, (size + 2 * p - k) // s + 1)) & (reach > 0) & (reach < k) & (size > 0)
+        lines.append(np.where(past, reach, k).astype(np.float64))
+    total = None
+    for axis, line in enumerate(_tracing.host_arrays(lines, x.device)):
         view = [x.shape[0], 1] + [1] * n
         view[2 + axis] = line.shape[1]
-        line = line.view(view)
+        line = line.to(x.dtype).view(view)
         total = line if total is None else total * line
     return total
 

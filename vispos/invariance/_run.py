@@ -17,8 +17,9 @@ from __future__ import annotations
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from .. import _tracing
 from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ..padding import Padding, _masks
 from ._geometry import Geometry
 
 __all__ = ["InvariantRunner"]
@@ -38,6 +39,27 @@ def _box_padding(starts, sizes, canvas, device) -> Padding:
             box_starts.append(tuple(start))
             box_stops.append(tuple(s + n for s, n in zip(start, size)))
     return Padding._make("rectangular", len(box_starts), tuple(canvas), device, tuple(box_starts), tuple(box_stops))
+
+
+def _box_paddings(padding: Padding, boxes: list, device) -> list[Padding]:
+    """``padding`` and one rectangular padding per entry of ``boxes`` (as :func:`_box_padding`),
+    the same object for the same boxes and canvas (many windows leave the boxes as they were), with
+    the masks of the distinct ones built at once: their tables travel to the device in one transfer
+    (:func:`vispos.padding._masks.boxes_masks`), so a batch's masks cost one copy and ``n - 1``
+    kernels each on a GPU, for any batch."""
+    distinct: dict = {}
+    own = (padding.starts, padding.sizes, padding.spatial)
+    for key in boxes:
+        starts, sizes, canvas = key
+        if key not in distinct and key != own:
+            distinct[key] = _box_padding(starts, sizes, canvas, device)
+    if distinct and _tracing.host_facts(device):
+        built = list(distinct.values())
+        masks = _masks.boxes_masks([(p.starts, p.stops, p.spatial) for p in built], device)
+        for key, mask in zip(distinct, masks):
+            p = distinct[key]
+            distinct[key] = Padding._make("rectangular", p.batch, p.spatial, device, p.starts, p.stops, mask)
+    return [padding] + [distinct[key] if key in distinct else padding for key in boxes]
 
 
 class InvariantRunner:
@@ -73,8 +95,8 @@ class InvariantRunner:
             )
         device = padding.device
         if kind == "rectangular":
-            boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)[1:]
-            return [padding] + [_box_padding(starts, sizes, canvas, device) for starts, sizes, canvas in boxes]
+            boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)
+            return _box_paddings(padding, boxes[1:], device)
         canvases = [canvas for _, _, canvas in self.geometry.boxes((), (), padding.spatial)[1:]]
         if kind == "none":
             return [padding] + [Padding.none(padding.batch, canvas, device) for canvas in canvases]

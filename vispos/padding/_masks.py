@@ -24,13 +24,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from .. import _tracing
 from ._mask_checks import Spans, check_spans, check_spatial_mask
 from ._masks_host import origin_mismatch
 
-__all__ = ["mask_sizes", "bounding_boxes", "box_tensors", "find_boxes", "boxes_mask", "sized_boxes"]
+__all__ = ["mask_sizes", "bounding_boxes", "box_tensors", "find_boxes", "boxes_mask", "boxes_masks", "sized_boxes"]
 
 
 def mask_sizes(mask: Tensor) -> list[tuple[int, ...]]:
@@ -119,9 +121,64 @@ def boxes_mask(
     starts: Spans, stops: Spans, spatial: Sequence[int], device: torch.device | str | None = None,
     *, pin_memory: bool = False,
 ) -> Tensor:
-    """``Tensor[B, *S]`` bool, True outside item ``b``'s box ``[starts[b], stops[b])``: all
-    padding, then each box cleared by slicing (no tensor is built from host values, so it runs
-    under CUDA graph capture too)."""
+    """``Tensor[B, *S]`` bool, True outside item ``b``'s box ``[starts[b], stops[b])``, the whole batch
+    at once (:func:`boxes_masks` of one mask: a GPU launches a copy and ``n - 1`` kernels for any
+    ``B``). While tracing or capturing a CUDA graph (no host values may travel), or into pinned
+    memory: all padding, then each box cleared by slicing."""
+    device = torch.device("cpu") if device is None else torch.device(device)
+    if pin_memory or not _tracing.host_facts(device):
+        return _sliced_boxes_mask(starts, stops, tuple(int(s) for s in spatial), device, pin_memory)
+    return boxes_masks([(starts, stops, spatial)], device)[0]
+
+
+def boxes_masks(boxes: Sequence[tuple[Spans, Spans, Sequence[int]]], device: torch.device) -> list[Tensor]:
+    """The masks of several boxes at once: for each ``(starts, stops, spatial)``, ``Tensor[B, *S]``
+    bool, True outside item ``b``'s box. Per mask and axis a ``(B, S_i)`` table of the cells outside
+    each item's span is built on the host; every table travels in one transfer
+    (:func:`vispos._tracing.host_arrays`: none on the CPU), then each mask is one broadcast ``|`` per
+    axis after the first. No loop over items, no read of the device. The caller checks
+    :func:`vispos._tracing.host_facts` (host values may travel).
+
+    Args:
+        boxes (sequence of (Spans, Spans, sequence of int)): each mask's per-item starts and stops
+            (an empty item: both ``(0, .., 0)``) and its spatial size ``S``.
+        device (torch.device): where the masks are built.
+
+    Returns:
+        list of Tensor[B, *S], bool: one fresh mask per entry.
+
+    References:
+        Carion et al., DETR ``util/misc.py`` (mask True = padding).
+    """
+    tables, shapes = [], []
+    for starts, stops, spatial in boxes:
+        spatial = tuple(int(s) for s in spatial)
+        batch = len(starts)
+        lo = np.asarray(starts, dtype=np.int64).reshape(batch, len(spatial))
+        hi = np.asarray(stops, dtype=np.int64).reshape(batch, len(spatial))
+        for axis, size in enumerate(spatial):
+            cells = np.arange(size)
+            tables.append((cells < lo[:, axis : axis + 1]) | (cells >= hi[:, axis : axis + 1]))
+        shapes.append((batch, spatial))
+    sent = iter(_tracing.host_arrays(tables, device))
+    masks = []
+    for batch, spatial in shapes:
+        axes = [next(sent) for _ in spatial]
+        if len(spatial) == 1:
+            masks.append(axes[0])
+            continue
+        mask = None
+        for i, table in enumerate(axes):
+            view = table.view((batch,) + tuple(size if j == i else 1 for j, size in enumerate(spatial)))
+            mask = view if mask is None else torch.logical_or(mask, view)
+        masks.append(mask)
+    return masks
+
+
+def _sliced_boxes_mask(starts: Spans, stops: Spans, spatial: tuple[int, ...], device: torch.device,
+                       pin_memory: bool) -> Tensor:
+    """:func:`boxes_mask` without host values on the device (while tracing or capturing, or into
+    pinned memory): all padding, then each box cleared by slicing (one write per item)."""
     mask = torch.ones((len(starts), *spatial), dtype=torch.bool, device=device, pin_memory=pin_memory)
     for b, (start, stop) in enumerate(zip(starts, stops)):
         if all(e > s for s, e in zip(start, stop)):
