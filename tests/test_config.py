@@ -275,7 +275,8 @@ def test_a_file_of_yours_wins_over_a_packaged_name(tmp_path, monkeypatch):
     [
         ("detr_resnet51", FileNotFoundError,
          r"config file 'detr_resnet51' does not exist \(relative to '.*'\) and is not a config vispos "
-         r"ships; it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5, "
+         r"ships \(did you mean 'detr_resnet50', .*\?\); it ships deformable_detr_resnet50, detr_resnet18, "
+         r"detr_resnet50, detr_resnet50_dc5, "
          r"dino_convnext_tiny, volume_r3d18 \(by short name"),
         ("configs/nope.yaml", FileNotFoundError, r"'configs/nope.yaml' does not exist .* it ships deformable_detr"),
         ("other/detr_resnet50.yaml", FileNotFoundError, r"'other/detr_resnet50.yaml' does not exist"),

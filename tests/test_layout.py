@@ -39,7 +39,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("private core", {
         "vispos._checks", "vispos._tracing", "vispos._derived", "vispos._deprecation", "vispos._cache",
         "vispos._cache_switch", "vispos._cache_owner", "vispos._sincos", "vispos._sincos_lines",
-        "vispos._lazy", "vispos._public", "vispos._triton",
+        "vispos._lazy", "vispos._public", "vispos._triton", "vispos._suggest",
     }),
     ("padding and masks", {"vispos.padding"}),
     ("padded batches", {"vispos.nested_tensor", "vispos.batching", "vispos.levels"}),

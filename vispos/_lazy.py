@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
+
+from ._suggest import did_you_mean, public_homes
 
 __all__ = ["load_on_first_use"]
 
@@ -45,7 +48,9 @@ def load_on_first_use(
 
     Raises:
         AttributeError: (from ``__getattr__``) ``name`` is not in the package once loaded, with
-            the message Python gives for a missing module attribute.
+            the message Python gives for a missing module attribute, then where the name lives
+            when a public submodule exports it (``vispos.TimmBackbone``: in
+            ``vispos.backbones``), else the nearest public names (:mod:`vispos._suggest`).
         ImportError: (from ``__getattr__``) a module cannot be imported.
     """
     package = namespace["__name__"]
@@ -71,7 +76,19 @@ def load_on_first_use(
             _load()
             if name in namespace:
                 return namespace[name]
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        raise AttributeError(f"module {package!r} has no attribute {name!r}{_hint(name)}")
+
+    def _hint(name: str) -> str:
+        """Where ``name`` lives instead (a public submodule's ``__all__``), else the nearest public
+        names; nothing for private names (tools probe ``_repr_html_`` and the like)."""
+        if name.startswith("_"):
+            return ""
+        folder = os.path.dirname(namespace.get("__file__") or "")
+        homes = public_homes(package, folder, name) if folder else []
+        if homes:
+            return f"; it is in {' and '.join(homes)}: from {homes[0]} import {name}"
+        near = did_you_mean(name, namespace["__all__"])
+        return f"; {near}" if near else ""
 
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(namespace["__all__"]))

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ._suggest import close_names, did_you_mean
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -136,8 +138,9 @@ def resolve_config(name: str | os.PathLike) -> Traversable:
         TypeError: ``name`` is not a str or PathLike of str.
         IsADirectoryError: ``name`` is a directory.
         ValueError: ``name`` exists but is not a regular file (``/dev/zero``, a FIFO, a socket).
-        FileNotFoundError: no such file and no such packaged config; the message lists the
-            packaged ones (``vispos config list`` prints them with what each builds).
+        FileNotFoundError: no such file and no such packaged config; the message names the
+            nearest packaged ones ("did you mean", :mod:`vispos._suggest`) and lists them all
+            (``vispos config list`` prints them with what each builds).
     """
     if not isinstance(name, (str, os.PathLike)):
         raise TypeError(f"a config must be named by a str or PathLike, got {type(name).__name__}")
@@ -159,9 +162,10 @@ def resolve_config(name: str | os.PathLike) -> Traversable:
         stem, suffix = os.path.splitext(parts[-1])
         if suffix in ("", *_SUFFIXES) and stem in shipped:
             return shipped[stem]
+    near = did_you_mean(os.path.splitext(parts[-1])[0], shipped) if parts else ""
     raise FileNotFoundError(
         f"config file {path!r} does not exist (relative to {os.getcwd()!r}) and is not a config "
-        f"vispos ships; it ships {', '.join(shipped)} (by short name, file name or "
+        f"vispos ships{f' ({near})' if near else ''}; it ships {', '.join(shipped)} (by short name, file name or "
         "configs/NAME.yaml; `vispos config list` says what each builds)"
     )
 
@@ -186,8 +190,8 @@ def load_config(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         TypeError: ``path`` is not a str or PathLike.
-        FileNotFoundError: ``path`` is neither a file nor a packaged config (the message lists
-            the packaged ones).
+        FileNotFoundError: ``path`` is neither a file nor a packaged config (the message names
+            the nearest packaged ones and lists them all).
         IsADirectoryError: ``path`` is a directory.
         ValueError: the file is larger than :data:`MAX_CONFIG_BYTES`, not UTF-8 text or not
             valid YAML; its top level is not a mapping; it expands too far (see above).
@@ -299,7 +303,9 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     kind = cfg["type"]
     allowed_types = [k for k in registered() if not k.startswith("_")]
     if not isinstance(kind, str) or kind not in allowed_types:
-        raise ValueError(f"{where}: unknown type {_short(kind)}; registered types are {allowed_types}")
+        near = did_you_mean(kind, allowed_types) if isinstance(kind, str) else ""
+        raise ValueError(f"{where}: unknown type {_short(kind)}; registered types are {allowed_types}"
+                         + (f"; {near}" if near else ""))
     bad_keys = [k for k in cfg if not isinstance(k, str)]
     if bad_keys:
         hint = (" (YAML reads unquoted yes/no/on/off/true/false as booleans and ~/null as None: "
@@ -316,7 +322,10 @@ def _build_mapping(cfg: Mapping[str, Any], where: str) -> Any:
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
     unknown = sorted(k for k in kwargs if k not in names and k not in renamed)  # old keys warn on build
     if unknown and not accepts_any:
-        raise ValueError(f"{where} ({kind}): unknown keys {unknown}; allowed keys are {names}")
+        pairs = [(k, close_names(k, names, n=1)) for k in unknown]
+        pairs = [f"{close[0]!r} for {k!r}" for k, close in pairs if close]
+        near = f"; did you mean {', '.join(pairs)}?" if pairs else ""
+        raise ValueError(f"{where} ({kind}): unknown keys {unknown}; allowed keys are {names}{near}")
     required = [
         n for n in names
         if params[n].default is inspect.Parameter.empty and n not in kwargs
@@ -365,13 +374,14 @@ def build_from_config(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> An
         The constructed object (e.g. a :class:`~vispos.backbones.Joiner`).
 
     Raises:
-        FileNotFoundError: neither a file nor a packaged config (the message lists those that
-            ship).
+        FileNotFoundError: neither a file nor a packaged config (the message names the nearest
+            and lists those that ship).
         IsADirectoryError: the path is a directory.
         TypeError: ``path_or_dict`` is neither a path nor a mapping.
         TypeError: a key that is not a string (the message names them).
         ValueError: invalid YAML; no ``type``; an unknown type (the message lists the registered
-            ones); an unknown or missing key (the message lists the allowed ones); a config that
+            ones, then the nearest); an unknown or missing key (the message lists the allowed ones,
+            then the nearest to each unknown one); a config that
             expands (aliases included) to more than :data:`MAX_CONFIG_NODES` values, nests deeper
             than :data:`MAX_CONFIG_DEPTH` or contains itself. Values are cut short in messages.
     """

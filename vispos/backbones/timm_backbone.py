@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._checks import as_sequence, check_bool, check_int, describe
+from .._suggest import close_names
 from ..invariance._packed import PackedRunner
 from ..invariance._tokens import TokenModelRule, TokenRunner
 from ..invariance.rules import rule_for
@@ -160,8 +161,8 @@ class TimmBackbone(BackboneAdapter):
         frozen_stages = check_freeze_args(train_backbone, frozen_stages, frozen_batch_norm)
         in_chans = check_int(in_chans, "in_chans", minimum=1)
         if not timm.is_model(model_name):
-            close = timm.list_models(f"*{model_name.split('.')[0][:6]}*")[:10]
-            raise ValueError(f"model_name {model_name!r} is not a timm model; similar names: {close}")
+            close = close_names(model_name.split(".")[0], timm.list_models())  # nearest first
+            raise ValueError(f"model_name {model_name!r} is not a timm model; nearest names: {close}")
         extra: dict[str, Any] = {**_family_kwargs(model_name), **model_kwargs}
         if pretrained:  # from the local cache only: timm alone would retry the network for ~50 s
             extra["pretrained_cfg_overlay"] = {"file": cached_timm_weights(model_name), "source": "timm"}

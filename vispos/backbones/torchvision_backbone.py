@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from .._checks import check_bool
+from .._suggest import close_names
 from ._freezing import check_freeze_args
 from ._graph import GraphBackbone, ReturnNodes, check_return_nodes
 from ._pretrained import cached_torchvision_weights
@@ -139,10 +140,9 @@ class TorchvisionBackbone(GraphBackbone):
         if isinstance(name_or_model, str):
             names = torchvision.models.list_models(module=torchvision.models)
             if name_or_model not in names:
-                close = [n for n in names if n.startswith(name_or_model[:4])][:10]
                 raise ValueError(
                     f"name_or_model {name_or_model!r} is not a torchvision classification model; "
-                    f"similar names: {close}"
+                    f"nearest names: {close_names(name_or_model, names)}"
                 )
             if dilation:
                 kwargs["replace_stride_with_dilation"] = [False, False, True]
