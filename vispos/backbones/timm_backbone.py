@@ -12,10 +12,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from torch.fx.proxy import TraceError
+
 from .._checks import as_sequence, check_bool, check_int, describe
 from .._suggest import close_names
 from ..invariance._packed import PackedRunner
-from ..invariance._tokens import TokenModelRule, TokenRunner
+from ..invariance._tokens import TokenModelRule, TokenRunner, no_rule_message
 from ..invariance.rules import rule_for
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
@@ -39,7 +41,10 @@ class TimmBackbone(BackboneAdapter):
         out_indices (sequence of int, optional): feature levels to return, timm's indices (for
             ResNets ``0`` is the stem at stride 2 and ``1..4`` are strides 4..32; for a ViT / EVA /
             DINOv3 / SAM ViT, the blocks; for Swin, the stages); negative indices count from the
-            last. Default None: the model's last level, as DETR uses (``4`` for ResNets, the last
+            last. The levels come back in block order, each once, whatever order this lists them
+            in (as timm's ``features_only`` model returns them: ``(2, 0)`` gives levels 0 and 2,
+            ``(1, 1)`` one level), in every mode; ``self.out_indices`` and the metadata follow that
+            order. Default None: the model's last level, as DETR uses (``4`` for ResNets, the last
             block of a ViT, the last stage of Swin).
         pretrained (bool): load timm's pretrained weights from where timm caches them on this
             machine (the Hugging Face hub cache, or the torch hub cache for weights timm fetches
@@ -86,6 +91,8 @@ class TimmBackbone(BackboneAdapter):
             the patch padded with zeros; timm alone refuses such a size) unless this says otherwise. Not modified. Default None.
 
     Attributes:
+        out_indices (tuple[int, ...]): the returned levels' feature indices, non-negative, in block
+            order, each once.
         num_channels (list[int]): channels of each returned level.
         strides (list[int]): reduction factor of each returned level.
         num_axes (int): 2.
@@ -99,17 +106,22 @@ class TimmBackbone(BackboneAdapter):
 
     Raises:
         TypeError: ``model_name`` is not a str; ``out_indices`` is not a sequence of ints;
-            ``model_kwargs`` is not a dict with str keys; a
-            non-int ``in_chans`` / ``frozen_stages``; a non-bool ``pretrained`` /
+            ``model_kwargs`` is not a dict with str keys, or holds a keyword the model does not
+            take (timm's own error); a non-int ``in_chans`` / ``frozen_stages``; a non-bool ``pretrained`` /
             ``train_backbone`` / ``frozen_batch_norm``; ``forward`` is given anything but a
             NestedTensor.
         ValueError: an unknown model name; an empty ``out_indices`` or one not supported by the
-            model; ``in_chans`` <= 0; an input on another device than the weights; a corrupt
+            model; a ``model_kwargs`` value timm's constructor refuses (timm's ``ValueError`` /
+            ``AssertionError``, its message kept);
+            ``in_chans`` <= 0; an input on another device than the weights; a corrupt
             checkpoint; ``frozen_stages`` < -1 or beyond the model's stages; input channels other
             than ``in_chans``; the checkpoint lacks weights the backbone needs or has wrong shapes;
             ``pretrained=True`` for a model timm has no weights for; with ``padding_invariant=True``,
-            a layer that cannot be made exact or that torch.fx cannot trace (named), a traced
-            graph that returns fewer levels than ``out_indices`` asks, and at ``forward`` an
+            a token model (a vision transformer timm runs through ``forward_intermediates``: BEiT,
+            CaiT, XCiT, MViTv2, CrossViT, ...) whose class has no token-model rule (named, with
+            the classes that have one), a layer that cannot be made exact or that torch.fx cannot
+            trace (named), a traced graph that returns fewer levels than ``out_indices`` asks,
+            and at ``forward`` an
             arbitrary (non-box) mask or an item too small for the model.
         FileNotFoundError: ``checkpoint_path`` does not exist; ``pretrained=True`` and timm's
             weights for ``model_name`` are not cached on this machine.
@@ -176,13 +188,17 @@ class TimmBackbone(BackboneAdapter):
                 **extra,
             )
         except (IndexError, AssertionError, ValueError) as exc:
+            if _from_feature_selection(exc):
+                raise ValueError(
+                    f"out_indices {tuple(out_indices)} are not available for {model_name!r}: {exc}"
+                ) from exc
             raise ValueError(
-                f"out_indices {tuple(out_indices)} are not available for {model_name!r}: {exc}"
+                f"timm.create_model({model_name!r}, features_only=True, out_indices={tuple(out_indices)}, "
+                f"in_chans={in_chans}, **{model_kwargs!r}) failed: {type(exc).__name__}: {exc}"
             ) from exc
         self.model_name = model_name
         self.model_kwargs = dict(model_kwargs)
-        count = len(self.body.feature_info.info)
-        self.out_indices = tuple(int(i) if i >= 0 else count + int(i) for i in self.body.feature_info.out_indices)
+        self.out_indices = _in_block_order(self.body)
         self.pretrained = pretrained
         self.checkpoint_path = checkpoint_path
         self.in_chans = in_chans
@@ -207,8 +223,13 @@ class TimmBackbone(BackboneAdapter):
                     rule.check(model)
                 self._invariant = TokenRunner(rule, self.out_indices, _token_model)
             else:
-                self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
-                self._invariant = make_invariant(self.body, n_spatial=2)
+                try:
+                    self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
+                    self._invariant = make_invariant(self.body, n_spatial=2)
+                except (ValueError, TraceError) as exc:
+                    if model is None:  # a CNN's own refusal names its layer
+                        raise
+                    raise ValueError(no_rule_message(model, model_name, exc)) from exc
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""
@@ -281,6 +302,36 @@ def _family_kwargs(model_name: str) -> dict[str, Any]:
 
     module = model_entrypoint(split_model_name_tag(model_name)[0]).__module__
     return dict(_FAMILY_KWARGS.get(module, {}))
+
+
+def _from_feature_selection(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by timm's feature selection (``timm/models/_features*.py``:
+    an out-of-range ``out_indices``) rather than by the model's own constructor (a bad
+    ``model_kwargs`` value)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        parts = tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/")
+        if parts[-2:-1] == ["models"] and parts[-1].startswith("_features") and "timm" in parts:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _in_block_order(body: Any) -> tuple[int, ...]:
+    """The feature indices ``body`` returns, non-negative, in block order, each once: timm's
+    ``features_only`` wrappers return their levels so (``forward_intermediates`` takes its indices
+    as a set; the hook and graph wrappers collect in module order) whatever order ``out_indices``
+    lists them in. ``body.feature_info`` (and a getter wrapper's ``out_indices``) is set to that
+    order, so that the channels and strides it reports are those of the levels it returns."""
+    from timm.models._features import FeatureGetterNet
+
+    info = body.feature_info
+    count = len(info.info)
+    order = sorted({int(i) % count for i in info.out_indices})
+    body.feature_info = info.from_other(order)
+    if isinstance(body, FeatureGetterNet):
+        body.out_indices = list(order)
+    return tuple(order)
 
 
 def _token_model(body: Any) -> Any:

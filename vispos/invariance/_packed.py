@@ -38,7 +38,7 @@ from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._stem import is_patch_projection, stem_tokens
-from ._tokens import TokenModelRule, item_grids, refuse_inline_hooks
+from ._tokens import TokenModelRule, block_order, item_grids, refuse_inline_hooks
 from .rules import rule_for
 
 __all__ = ["PackedRunner", "check_packed", "packed_levels"]
@@ -168,7 +168,8 @@ def packed_levels(
             the origin, or the items themselves.
         padding (Padding): the items' boxes (``"none"`` or ``"rectangular"`` at the origin; for a
             list, ``Padding.from_sizes`` of the items' sizes on the largest canvas).
-        indices (tuple of int): block indices to return, non-negative.
+        indices (tuple of int): block indices to return, non-negative; the levels come back in
+            block order, each index once (as timm's ``forward_intermediates``).
         position_embedding (nn.Module, optional): a vispos spatial embedding (e.g.
             :class:`~vispos.PositionEmbeddingSine`, :class:`~vispos.PositionEmbeddingRandom`)
             called on each item's token grid as an all-valid bool mask ``Tensor[1, h, w]``; its
@@ -195,8 +196,8 @@ def packed_levels(
     tokens = torch.cat([t for t, _ in embedded], dim=1)
     ropes = [rope for _, rope in embedded]
     mixed = getattr(model, "rope_mixed", False)
-    wanted, out = set(indices), {}
-    for depth, block in enumerate(model.blocks[: max(indices) + 1]):
+    wanted, out = block_order(indices), {}
+    for depth, block in enumerate(model.blocks[: wanted[-1] + 1]):
         item_ropes = None if ropes[0] is None else ([r[depth] for r in ropes] if mixed else ropes)
         if model.grad_checkpointing and torch.is_grad_enabled():  # as timm and the padded rule do
             tokens = checkpoint(_block, block, tokens, lengths, item_ropes, use_reentrant=False)
@@ -209,7 +210,7 @@ def packed_levels(
         level_padding = Padding.none(padding.batch, canvas, tokens.device)
     else:
         level_padding = Padding.from_sizes(grids, canvas, device=tokens.device)
-    return [_unpack(out[i], lengths, grids, model.num_prefix_tokens, level_padding) for i in indices]
+    return [_unpack(out[i], lengths, grids, model.num_prefix_tokens, level_padding) for i in wanted]
 
 
 def _unpack(tokens: Tensor, lengths: list[int], grids: list[tuple[int, int]], prefix: int,
@@ -230,7 +231,8 @@ class PackedRunner:
 
     Args:
         rule (TokenModelRule): the model's rule; its ``packed`` is called.
-        indices (sequence of int): the block indices to return.
+        indices (sequence of int): the block indices to return, non-negative (levels in block
+            order, each once).
         unwrap (callable): ``unwrap(body) -> nn.Module``, the timm model inside the backbone's body.
 
     Shape:
@@ -248,7 +250,7 @@ class PackedRunner:
     """
 
     def __init__(self, rule: TokenModelRule, indices: Sequence[int], unwrap: Callable[[nn.Module], nn.Module]) -> None:
-        self.rule, self.indices, self.unwrap = rule, tuple(int(i) for i in indices), unwrap
+        self.rule, self.indices, self.unwrap = rule, block_order(indices), unwrap
 
     @classmethod
     def for_model(cls, model: nn.Module | None, name: str, indices: Sequence[int],

@@ -14,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -107,12 +108,39 @@ class InvariantRunner:
         if padding.kind == "none":
             out = body(x.tensors)
             return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
+        if _tracing.compiling():
+            # the host work (convolution arithmetic on the boxes, the masks) runs outside the graph,
+            # and the graph sees each map's padding as its mask alone: a new mix of item sizes on
+            # the same canvas is new data for the same graph, not a recompile
+            paddings, masks = _compiled_inputs(self, padding)
+            return _levels(self, body.training, body(x.tensors, masks), paddings)
         paddings = self.paddings(padding)
-        out = pytree.tree_leaves(body(x.tensors, tuple(paddings)))
-        output_ids = self.outputs.get("any") or self.outputs["train" if body.training else "eval"]
-        levels = []
-        for t, geometry_id in zip(out, output_ids):
-            level = paddings[geometry_id]
-            assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
-            levels.append(NestedTensor(t, level))
-        return levels
+        return _levels(self, body.training, body(x.tensors, tuple(paddings)), paddings)
+
+
+def _levels(runner: InvariantRunner, training: bool, out, paddings: list[Padding]) -> list[NestedTensor]:
+    """Each output of the graph with the padding of its geometry id."""
+    output_ids = runner.outputs.get("any") or runner.outputs["train" if training else "eval"]
+    levels = []
+    for t, geometry_id in zip(pytree.tree_leaves(out), output_ids):
+        level = paddings[geometry_id]
+        assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
+        levels.append(NestedTensor(t, level))
+    return levels
+
+
+_levels = torch.compiler.disable(_levels)
+
+
+@torch.compiler.disable
+def _compiled_inputs(runner: InvariantRunner, padding: Padding) -> tuple[list[Padding], tuple[Padding, ...]]:
+    """Outside a compiled graph: every map's padding (boxes on the host, masks built at once), and
+    the same cells as arbitrary paddings of their masks alone (what the graph reads: tensors whose
+    values change between batches, no host ints to guard on), the same object where the padding
+    is the same."""
+    paddings = runner.paddings(padding)
+    as_masks: dict[int, Padding] = {}
+    for p in paddings:
+        if id(p) not in as_masks:
+            as_masks[id(p)] = Padding._make("arbitrary", p.batch, p.spatial, p.device, mask=p.mask)
+    return paddings, tuple(as_masks[id(p)] for p in paddings)

@@ -39,11 +39,12 @@ from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
+from . import rules as _rules
 from .rules import InvarianceRule
 
 __all__ = [
-    "TokenModelRule", "TokenRunner", "has_hooks", "item_grids", "item_pos_embeds", "item_rope_embeds", "on_canvas",
-    "key_padding_keep", "refuse_inline_hooks", "token_level",
+    "TokenModelRule", "TokenRunner", "block_order", "has_hooks", "item_grids", "item_pos_embeds", "item_rope_embeds",
+    "on_canvas", "key_padding_keep", "no_rule_message", "refuse_inline_hooks", "token_level", "token_model_classes",
 ]
 
 #: ``levels(model, x, padding, indices) -> list[NestedTensor]``
@@ -64,9 +65,11 @@ class TokenModelRule(InvarianceRule):
             ``Tensor[B, C, H, W]`` with items at the origin, ``padding`` its
             :class:`~vispos.Padding` (``"none"`` or ``"rectangular"``), ``indices`` timm's block
             indices to return (non-negative, as ``forward_intermediates(indices=...)`` takes them).
-            Returns one NestedTensor ``(B, C_l, h_l, w_l)`` per index, whose padding (True =
-            padding) marks the cells outside each item's own token map, and whose tensors equal on
-            each item's cells what ``model.forward_intermediates`` gives the item alone.
+            Returns one NestedTensor ``(B, C_l, h_l, w_l)`` per distinct index, in block order
+            (as ``forward_intermediates`` returns them, whatever order ``indices`` lists them in),
+            whose padding (True = padding) marks the cells outside each item's own token map, and
+            whose tensors equal on each item's cells what ``model.forward_intermediates`` gives the
+            item alone.
         check (callable, optional): ``check(model) -> None``, raises ``ValueError`` naming what the
             rule cannot make exact in this model's configuration (called when the backbone is
             built). Default None: nothing to check.
@@ -110,7 +113,8 @@ class TokenRunner:
 
     Args:
         rule (TokenModelRule): the model's rule.
-        indices (sequence of int): the block indices to return.
+        indices (sequence of int): the block indices to return, non-negative; the levels come back
+            in block order, each index once (as timm's ``forward_intermediates`` returns them).
         unwrap (callable): ``unwrap(body) -> nn.Module``, the timm model inside the backbone's body.
 
     Raises:
@@ -119,7 +123,7 @@ class TokenRunner:
     """
 
     def __init__(self, rule: TokenModelRule, indices: Sequence[int], unwrap: Callable[[nn.Module], nn.Module]) -> None:
-        self.rule, self.indices, self.unwrap = rule, tuple(int(i) for i in indices), unwrap
+        self.rule, self.indices, self.unwrap = rule, block_order(indices), unwrap
 
     def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
         padding = x.padding
@@ -138,6 +142,35 @@ class TokenRunner:
         if self.rule.inline is not None:
             refuse_inline_hooks(self.rule.inline(model), "padding_invariant=True")
         return self.rule.levels(model, x.tensors, padding, self.indices)
+
+
+def block_order(indices: Sequence[int]) -> tuple[int, ...]:
+    """Non-negative block indices in block order, each once: the levels timm's
+    ``forward_intermediates`` returns for them (it takes its indices as a set)."""
+    return tuple(sorted({int(i) for i in indices}))
+
+
+def token_model_classes() -> list[str]:
+    """The class names that have a :class:`TokenModelRule` (a whole-model padding-invariance
+    rule), sorted."""
+    names = {key if isinstance(key, str) else f"{key.__module__}.{key.__qualname__}"
+             for key, rule in list(_rules._RULES.items()) if isinstance(rule, TokenModelRule)}
+    return sorted(name.rsplit(".", 1)[-1] for name in names)
+
+
+def no_rule_message(model: nn.Module, model_name: str, why: BaseException) -> str:
+    """The refusal of a timm model that runs through its own ``forward_intermediates`` (a token
+    model, as timm's ``features_only`` getter wrapper calls it) but has no token-model rule: it
+    names the class, what is covered, and why tracing it layer by layer failed too."""
+    cls = type(model)
+    return (
+        f"padding_invariant=True: no padding-invariance rule covers {cls.__name__} ({model_name!r}, "
+        f"{cls.__module__}). A token model (vision transformer) is made exact as a whole by a rule for its "
+        f"class, with each item's positions and an attention mask: vispos has rules for "
+        f"{', '.join(token_model_classes())} (and their subclasses that keep their forward); register one "
+        f"with vispos.register_invariance_rule({cls.__name__}, TokenModelRule(levels, check)), or use "
+        f"padding_invariant=False (DETR's behaviour). Traced layer by layer as a CNN instead, it stops at: {why}"
+    )
 
 
 def has_hooks(module: nn.Module) -> bool:

@@ -29,7 +29,8 @@ from ..padding import Padding
 from ._packed import packed_levels
 from ._stem import _refuse, check_stem, is_patch_projection, stem_tokens
 from ._tokens import (
-    TokenModelRule, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas, token_level,
+    TokenModelRule, block_order, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas,
+    token_level,
 )
 from .rules import register_invariance_rule
 
@@ -149,15 +150,16 @@ def _run_block(model: nn.Module, blk: nn.Module, x: Tensor, **kwargs) -> Tensor:
 def _blocks_to_levels(model: nn.Module, x: Tensor, token_padding: Padding, indices: tuple[int, ...],
                       block_kwargs) -> list[NestedTensor]:
     """Runs ``model.blocks`` up to the last wanted index with the key mask of ``token_padding``
-    (``block_kwargs(i)`` adds block ``i``'s own arguments) and returns the wanted levels."""
+    (``block_kwargs(i)`` adds block ``i``'s own arguments) and returns the wanted levels in block
+    order, each once (as timm's ``forward_intermediates``)."""
     npt = model.num_prefix_tokens
     mask = None if token_padding.kind == "none" else key_padding_keep(token_padding, npt)
-    wanted, out = set(indices), {}
-    for i, blk in enumerate(model.blocks[: max(indices) + 1]):
+    wanted, levels = block_order(indices), []
+    for i, blk in enumerate(model.blocks[: wanted[-1] + 1]):
         x = _run_block(model, blk, x, attn_mask=mask, **block_kwargs(i))
         if i in wanted:
-            out[i] = token_level(x, npt, token_padding)
-    return [out[i] for i in indices]
+            levels.append(token_level(x, npt, token_padding))
+    return levels
 
 
 def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
@@ -168,10 +170,11 @@ def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
         model (nn.Module): a timm ``VisionTransformer`` built with ``dynamic_img_size=True``.
         x (Tensor[B, C, H, W]): the padded batch, items at the origin.
         padding (Padding): ``x``'s padding (``"none"`` or ``"rectangular"``).
-        indices (tuple of int): block indices to return.
+        indices (tuple of int): block indices to return, non-negative.
 
     Returns:
-        list of NestedTensor ``(B, embed_dim, gh, gw)``: each item's tokens on its own grid
+        list of NestedTensor ``(B, embed_dim, gh, gw)``, one per distinct index in block order (as
+        timm's ``forward_intermediates``): each item's tokens on its own grid
         (``PatchEmbed.dynamic_feat_size`` of its size), zeros on the padding.
 
     Raises:
@@ -194,10 +197,11 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
         model (nn.Module): a timm ``Eva`` built with ``dynamic_img_size=True``.
         x (Tensor[B, C, H, W]): the padded batch, items at the origin.
         padding (Padding): ``x``'s padding (``"none"`` or ``"rectangular"``).
-        indices (tuple of int): block indices to return.
+        indices (tuple of int): block indices to return, non-negative.
 
     Returns:
-        list of NestedTensor ``(B, embed_dim, gh, gw)``, zeros on the padding.
+        list of NestedTensor ``(B, embed_dim, gh, gw)``, one per distinct index in block order (as
+        timm's ``forward_intermediates``), zeros on the padding.
 
     Raises:
         ValueError: an item smaller than one patch.
