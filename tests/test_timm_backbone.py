@@ -35,13 +35,17 @@ def _build(spec, out_indices, **options):
     return bb.double().eval()
 
 
-def _reference(spec, stock, x, blocks):
-    """timm's own unpruned model, with the stock backbone's weights: forward_intermediates."""
+def _reference(spec, stock, x, out_indices):
+    """timm's own unpruned model with the stock backbone's weights: its forward_intermediates for
+    ``out_indices`` as listed."""
     name, kwargs = spec
     model = timm.create_model(name, pretrained=False, dynamic_img_size=True, dynamic_img_pad=True, **kwargs)
-    model.load_state_dict(stock.body.model.state_dict(), strict=False)
+    report = model.load_state_dict(stock.body.model.state_dict(), strict=False)
+    last = max(i % len(model.blocks) for i in out_indices)  # the stock backbone drops the blocks after it
+    assert not report.unexpected_keys
+    assert all(k.startswith(("norm.", "head.")) or int(k.split(".")[1]) > last for k in report.missing_keys)
     with torch.no_grad():
-        return model.double().eval().forward_intermediates(x, indices=blocks, intermediates_only=True)
+        return model.double().eval().forward_intermediates(x, indices=list(out_indices), intermediates_only=True)
 
 
 @pytest.mark.parametrize("spec", [VIT, EVA], ids=["vit", "eva"])
@@ -49,8 +53,8 @@ def _reference(spec, stock, x, blocks):
 def test_vit_levels_in_block_order_without_duplicates_in_every_mode(spec, out_indices, blocks):
     stock = _build(spec, out_indices)
     x = nested_tensor_from_tensor_list([_image()])
-    reference = _reference(spec, stock, x.tensors, blocks)
-    assert len(reference) == len(blocks)
+    reference = _reference(spec, stock, x.tensors, out_indices)
+    assert len(reference) == len(blocks)  # timm: block order, each block once
     for mode in ("padding_invariant", "packed", "stock"):
         bb = stock if mode == "stock" else _build(spec, out_indices, **{mode: True})
         bb.load_state_dict(stock.state_dict())
