@@ -21,7 +21,9 @@ def _valid_cells(x: torch.Tensor, padding: Padding) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("padding", [PADDING, SYMMETRIC, ARBITRARY], ids=["origin", "symmetric", "arbitrary"])
-def test_box_fill_writes_exactly_the_padding(padding):
+@pytest.mark.parametrize("strips", [False, True], ids=["masked", "strips"])
+def test_box_fill_writes_exactly_the_padding(padding, strips, monkeypatch):
+    monkeypatch.setattr(pools, "_STRIPS_FROM", 0 if strips else 1 << 40)
     x = torch.randn(padding.batch, 4, *padding.spatial)
     got = pools.fill(x.clone(), padding, -3.0)
     torch.testing.assert_close(got, x.masked_fill(padding.mask.unsqueeze(1), -3.0), rtol=0, atol=0)

@@ -162,8 +162,10 @@ def test_global_pools_and_counts_equal_each_item_alone(name, padding, mode):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("strips", [False, True], ids=["masked", "strips"])
 @pytest.mark.parametrize("name, padding", PADDINGS, ids=IDS)
-def test_fill_under_autograd_is_one_node_with_a_masked_gradient(name, padding):
+def test_fill_under_autograd_is_one_node_with_a_masked_gradient(name, padding, strips, monkeypatch):
+    monkeypatch.setattr(pools, "_STRIPS_FROM", 0 if strips else 1 << 40)
     x = torch.randn(padding.batch, 3, *padding.spatial, dtype=torch.float64, requires_grad=True)
     y = pools.fill(x * 2, padding, -7.0)
     assert type(y.grad_fn).__name__ == "_FillPaddingBackward"  # one node, one masked write
