@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from monai.data import MetaTensor
@@ -29,7 +30,7 @@ from torch import Tensor, nn
 
 from .._checks import as_int, check_bool, check_choice, describe, is_int
 from .._sincos import check_temperature, sincos_embed
-from .._tracing import tracing
+from .._tracing import host_arrays, tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
 from ..invariance._tokens import has_hooks
@@ -108,10 +109,19 @@ class _Input(NamedTuple):
 
 
 def _roll_items(t: Tensor, shifts: Any, first: int) -> Tensor:
-    """``t`` with item ``b`` rolled by ``shifts[b]`` along the axes from ``first`` on (a
-    per-item ``torch.roll``: differentiable, nothing read on the device)."""
-    dims = tuple(range(first, first + len(shifts[0])))
-    return torch.stack([torch.roll(t[b], tuple(shifts[b]), tuple(d - 1 for d in dims)) for b in range(t.shape[0])])
+    """``t`` with item ``b`` rolled by ``shifts[b]`` along the axes from ``first`` on, as a
+    per-item ``torch.roll``, for the whole batch in one gather: each axis's source index
+    ``(i - shift) mod S`` is built on the host per item and sent in one transfer (differentiable,
+    nothing read on the device, no loop over items)."""
+    n = len(shifts[0])
+    batch, sizes = t.shape[0], t.shape[first : first + n]
+    moved = torch.as_tensor(shifts, dtype=torch.int64).view(batch, n).numpy()
+    tables = [(np.arange(size)[None, :] - moved[:, axis : axis + 1]) % size for axis, size in enumerate(sizes)]
+    index = [torch.arange(batch, device=t.device).view(batch, *(1,) * n)]
+    for axis, table in enumerate(host_arrays(tables, t.device)):
+        index.append(table.view(batch, *(size if j == axis else 1 for j, size in enumerate(sizes))))
+    rolled = t.movedim(tuple(range(first, first + n)), tuple(range(1, n + 1)))  # (B, *S, ...)
+    return rolled[tuple(index)].movedim(tuple(range(1, n + 1)), tuple(range(first, first + n)))
 
 
 def _check_on_grid(mask: Tensor, patch: tuple[int, ...], name: str) -> None:
