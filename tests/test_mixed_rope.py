@@ -269,7 +269,7 @@ def test_constructor_errors(kwargs, exc, match):
         (lambda r: r(torch.zeros(1, 32, 3, 3), 2), IndexError, "block_index"),
         (lambda r: r(torch.zeros(1, 32, 3, 3), 0.5), TypeError, "block_index"),
         (lambda r: r(torch.zeros(1, 16, 3, 3)), ValueError, "dim=32"),
-        (lambda r: r(torch.zeros(2, 32, 3, 3), mask=torch.zeros(1, 3, 3, dtype=torch.bool)), ValueError, "1 items"),
+        (lambda r: r(torch.zeros(2, 32, 3, 3), mask=torch.zeros(1, 3, 3, dtype=torch.bool)), ValueError, "mask has 1 item but x has 2"),
         (lambda r: r.get_batch_embeds([(3, 3)], seq_len=4), ValueError, "seq_len"),
     ],
 )

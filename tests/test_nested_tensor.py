@@ -63,7 +63,7 @@ def test_no_mask():
         (torch.randn(2, 3, 4, 4), TypeError, "list or tuple"),
         ([torch.randn(3, 4, 4), "x"], TypeError, r"tensors\[1\] must be a torch.Tensor"),
         ([torch.randn(3, 4, 4), torch.randn(3, 2, 4, 4)], ValueError, r"tensors\[1\] has shape \(3, 2, 4, 4\)"),
-        ([torch.randn(3, 4, 4), torch.randn(1, 4, 4)], ValueError, r"tensors\[1\] has 1 channels"),
+        ([torch.randn(3, 4, 4), torch.randn(1, 4, 4)], ValueError, r"tensors\[1\] has 1 channel \("),
         ([torch.randn(3, 4, 4), torch.randn(3, 4, 4).double()], ValueError, r"tensors\[1\] has dtype"),
         ([torch.randn(3, 0, 4)], ValueError, "zero-size"),
         ([torch.randn(4)], ValueError, r"tensors\[0\] must have shape"),
@@ -235,7 +235,7 @@ def test_padded_collate_errors():
         collate_fn([(img, None), (img, None, None)])
     with pytest.raises(TypeError, match=r"batch\[0\]\[0\] \(the image\) must be a torch.Tensor"):
         collate_fn([("image.png", None)])
-    with pytest.raises(ValueError, match=r"tensors\[1\] has 1 channels"):
+    with pytest.raises(ValueError, match=r"tensors\[1\] has 1 channel \("):
         collate_fn([(img, None), (torch.zeros(1, 4, 4), None)])
 
 
@@ -407,9 +407,9 @@ def test_size_divisibility_that_cannot_fit_is_refused_before_allocating(monkeypa
     ):
         with pytest.raises(ValueError, match=r"size_divisibility=1000000000 pads the batch to \(1000000000, 1000000000\) cells.*use a smaller size_divisibility"):
             call()
-    import vispos.batching as batching
+    import vispos._checks as checks
 
-    monkeypatch.setattr(batching, "_memory_bytes", lambda device: 2**20)  # a 1 MiB machine
+    monkeypatch.setattr(checks, "memory_bytes", lambda device: 2**20)  # a 1 MiB machine (the one guard)
     with pytest.raises(ValueError, match=r"size_divisibility=512 pads the batch to \(512, 512\) cells: 2 x 3 channels of torch.float32 need 6.5 MiB, more than the 1.0 MiB of cpu"):
         nested_tensor_from_tensor_list(items, size_divisibility=512)
     with pytest.raises(ValueError, match=r"tensors \(largest item \(600, 600\)\) pads the batch .* use smaller items"):

@@ -44,15 +44,19 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_dropout",
+    "check_fits",
+    "check_output_fits",
     "check_file",
     "check_float_dtype",
     "check_int",
     "check_multiple",
     "check_number",
     "check_sizes",
+    "count",
     "describe",
     "is_int",
     "as_int",
+    "memory_bytes",
     "as_real",
 ]
 
@@ -68,6 +72,13 @@ _REPR = reprlib.Repr()  # a bounded repr: its cost does not grow with the value
 _REPR.maxstring = _REPR.maxother = 60
 _REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
 _REPR.maxlevel = 3
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """A number and its noun, singular or plural as the number asks: ``count(1, "item")`` is
+    ``"1 item"``, ``count(3, "item")`` ``"3 items"`` (``plural`` for an irregular noun). Messages
+    say counts through it, never ``f"{n} items"``."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
 
 
 def describe(value: Any) -> str:
@@ -362,18 +373,72 @@ def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[
         value = (as_int(value),) * n
     entries = as_sequence(value)
     if entries is None:
-        want = f"an int or a sequence of {n} ints" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"
+        want = f"an int or a sequence of {count(n, 'int')}" if n is not None else f"a sequence of {' or '.join(map(str, ranks))} ints"
         raise TypeError(f"{name} must be {want}, got {describe(value)}")
     sizes = tuple(as_int(s) for s in entries)
     if any(s is None for s in sizes):
         raise TypeError(f"{name} must hold ints, got {describe(value)}")
     if n is not None and len(sizes) != n:
-        raise ValueError(f"{name} must be an int or a sequence of {n} ints, got {sizes}")
+        raise ValueError(f"{name} must be an int or a sequence of {count(n, 'int')}, got {sizes}")
     if n is None and len(sizes) not in ranks:
         raise ValueError(f"{name} must hold {' or '.join(map(str, ranks))} ints, got {sizes}")
     if any(s <= 0 for s in sizes):
         raise ValueError(f"{name} must hold positive ints, got {sizes}")
     return sizes
+
+
+#: the most bytes one tensor may span: beyond, torch's size arithmetic overflows int64
+_ADDRESSABLE = 2**62
+
+
+def memory_bytes(device: torch.device) -> int | None:
+    """Total memory of ``device`` (host RAM for CPU), or None when unknown. Reads no tensor."""
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+            return None
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return None
+
+
+def _bytes(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.4g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def check_fits(need: int, device: torch.device, what: str, hint: str) -> None:
+    """The one allocation guard: refuses, before allocating, ``need`` bytes that no machine of
+    this kind could hold (more than ``device``'s total memory, :func:`memory_bytes`, or than a
+    tensor can span), instead of torch's allocator error after the work before it.
+
+    Args:
+        need (int): bytes the allocation would take.
+        device (torch.device): where.
+        what (str): the message's start, naming what needs the bytes (``"... of float32"``).
+        hint (str): the message's end: what to do instead.
+
+    Raises:
+        ValueError: ``"{what} need 87.17 GiB, more than the 23.54 GiB of cpu; {hint}"``.
+    """
+    limit = memory_bytes(device)
+    if need < _ADDRESSABLE and (limit is None or need <= limit):
+        return
+    where = "the largest tensor torch can address" if limit is None or need >= _ADDRESSABLE else f"the {_bytes(limit)} of {device}"
+    raise ValueError(f"{what} need {_bytes(need)}, more than {where}; {hint}")
+
+
+def check_output_fits(owner: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> None:
+    """:func:`check_fits` for an encoder's output ``Tensor[shape]`` of ``dtype``: a grid that no
+    machine of this kind holds (``Padding.none(1, (100000, 100000))``) is refused by name
+    before anything is computed. Python ints only: call it where host facts may be used.
+
+    Raises:
+        ValueError: the output cannot fit (the message names ``owner``, the shape and dtype).
+    """
+    need = math.prod(int(s) for s in shape) * dtype.itemsize
+    check_fits(need, device, f"{owner}: an output of shape {tuple(int(s) for s in shape)} and dtype {dtype} would",
+               "embed a smaller grid or fewer items")
 
 
 def check_index(index: Any, length: int, name: str = "index") -> int:
@@ -393,5 +458,5 @@ def check_index(index: Any, length: int, name: str = "index") -> int:
             "numpy integers, 0-d integer tensors)"
         ) from None
     if not -length <= i < length:
-        raise IndexError(f"{name} {i} is out of range for a batch of {length} items")
+        raise IndexError(f"{name} {i} is out of range for a batch of {count(length, 'item')}")
     return i % length

@@ -14,14 +14,15 @@ References:
 from __future__ import annotations
 
 import math
-import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._checks import MAX_SPATIAL, check_choice, check_int, check_number
+from . import _tracing
+from ._checks import MAX_SPATIAL, check_choice, check_fits, check_int, check_number, count
 from .nested_tensor import NestedTensor
 from .padding import Padding
 
@@ -50,38 +51,45 @@ def _check_pad_value(pad_value: Any, dtype: torch.dtype) -> None:
         raise ValueError(f"pad_value={pad_value!r} cannot be stored in the items' dtype {dtype}: expected {want}")
 
 
-def _memory_bytes(device: torch.device) -> int | None:
-    """Total memory of ``device`` (host RAM for CPU), or None when unknown."""
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-            return None
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return None
+def _channels_last_hint(*items: Tensor) -> str:
+    """A hint for an image or volume that looks channels-last (its last axis 1, 3 or 4, its
+    first not): items are channels-first ``(C, H, W)`` / ``(C, D, H, W)``."""
+    for t in items:
+        if t.dim() >= 3 and t.shape[-1] in (1, 3, 4) and t.shape[0] not in (1, 3, 4):
+            return (f"; items are channels-first (C, H, W) or (C, D, H, W), and shape {tuple(t.shape)} looks "
+                    "channels-last: pass t.movedim(-1, 0) (for an (H, W, C) image: t.permute(2, 0, 1))")
+    return ""
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.4g} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+def _warn_nan(tensors: Sequence[Tensor]) -> None:
+    """Warns (``UserWarning``, once per call site under Python's default filter) when a floating
+    item holds NaN: the batch would carry it into the model (the mask marks padding, not NaN).
+    The values are read on the host only (CPU items, outside tracing), where the read costs one
+    pass over the items and no synchronisation; items on an accelerator are not read."""
+    first = tensors[0]
+    if not first.is_floating_point() or not _tracing.host_side(first.device) or _tracing.tracing():
+        return
+    for i, t in enumerate(tensors):
+        if bool(torch.isnan(t).any()):
+            warnings.warn(
+                f"tensors[{i}] (shape {tuple(t.shape)}, {t.dtype}) holds NaN values: the padded batch carries "
+                "them into the model (padding is marked by the mask, not by NaN); replace them first, e.g. "
+                "torch.nan_to_num(t)",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
 
 
 def _check_fits(padded: Sequence[int], first: Tensor, batch: int, divisor: int, sizes: Sequence) -> None:
-    """Refuses, before allocating, a batch that no machine of this kind could hold."""
-    cells = batch * math.prod(padded)
-    need = cells * (first.shape[0] * first.element_size() + 1)  # tensors + the bool mask
-    limit = _memory_bytes(first.device)
-    if need < 2**62 and (limit is None or need <= limit):
-        return
+    """Refuses, before allocating, a batch that no machine of this kind could hold
+    (:func:`vispos._checks.check_fits`, the guard the encoders' outputs share)."""
+    need = batch * math.prod(padded) * (first.shape[0] * first.element_size() + 1)  # tensors + the bool mask
     unrounded = [max(axis) for axis in zip(*sizes)]
     culprit = "size_divisibility" if divisor > 1 and padded != unrounded else "tensors"
     value = f"size_divisibility={divisor}" if culprit == "size_divisibility" else f"tensors (largest item {tuple(unrounded)})"
-    where = "the largest tensor torch can address" if limit is None or need >= 2**62 else f"the {_size(limit)} of {first.device}"
-    raise ValueError(
-        f"{value} pads the batch to {tuple(padded)} cells: {batch} x {first.shape[0]} channels of "
-        f"{first.dtype} need {_size(need)}, more than {where}; "
-        + ("use a smaller size_divisibility" if culprit == "size_divisibility" else "use smaller items")
-    )
+    check_fits(need, first.device, f"{value} pads the batch to {tuple(padded)} cells: {batch} x {count(first.shape[0], 'channel')} of "
+               f"{first.dtype}", "use a smaller size_divisibility" if culprit == "size_divisibility" else "use smaller items")
 
 
 def nested_tensor_from_tensor_list(
@@ -118,7 +126,12 @@ def nested_tensor_from_tensor_list(
             item 0; a zero-size axis; negative ``size_divisibility``; ``pad_value`` cannot be
             stored in the items' dtype (e.g. -1, 0.5 or 300 for ``uint8``, 1e6 for ``float16``);
             ``size_divisibility`` (or the items) make a batch larger than the device's memory or
-            than torch can address (checked before allocating); an unknown ``method``.
+            than torch can address (checked before allocating); an unknown ``method``. An item
+            of another channel count that looks channels-last (``(H, W, 3)``) gets a hint.
+
+    Warns:
+        UserWarning: a floating item holds NaN (checked on the CPU only, where reading the
+            values costs one pass and no synchronisation; once per call site).
 
     References:
         DETR ``util/misc.py`` (``nested_tensor_from_tensor_list``); detectron2 ``ImageList``;
@@ -152,8 +165,8 @@ def nested_tensor_from_tensor_list(
             )
         if t.shape[0] != first.shape[0]:
             raise ValueError(
-                f"tensors[{i}] has {t.shape[0]} channels (shape {tuple(t.shape)}) but tensors[0] "
-                f"has {first.shape[0]} (shape {tuple(first.shape)})"
+                f"tensors[{i}] has {count(t.shape[0], 'channel')} (shape {tuple(t.shape)}) but tensors[0] "
+                f"has {first.shape[0]} (shape {tuple(first.shape)}){_channels_last_hint(t, first)}"
             )
         if t.dtype != first.dtype:
             raise ValueError(f"tensors[{i}] has dtype {t.dtype} but tensors[0] has {first.dtype}")
@@ -162,6 +175,7 @@ def nested_tensor_from_tensor_list(
         if any(s == 0 for s in t.shape[1:]):
             raise ValueError(f"tensors[{i}] has a zero-size spatial axis: shape {tuple(t.shape)}")
 
+    _warn_nan(tensors)
     sizes = [tuple(t.shape[1:]) for t in tensors]
     padded = [max(axis) for axis in zip(*sizes)]
     if divisor > 1:

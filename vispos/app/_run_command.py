@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import caching
+from .._checks import count
 from ..config import build_from_config, load_config
 from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
@@ -146,7 +147,7 @@ def check_batch(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> None
         while hint > 1 and values([(s[0], *shrunk_size(s[1:], hint)) for s in shapes]) > MAX_BATCH_VALUES:
             hint -= 1
         raise CLIError(
-            f"the {len(shapes)} {'inputs make' if len(shapes) > 1 else 'input makes'} a padded batch of {len(shapes)}x{max(s[0] for s in shapes)}x"
+            f"the {count(len(shapes), 'input')} make{'s' if len(shapes) == 1 else ''} a padded batch of {len(shapes)}x{max(s[0] for s in shapes)}x"
             f"{_fmt_size(padded)} = {total:,} values ({total * 4 / 2**30:.1f} GiB as float32), more "
             f"than {MAX_BATCH_VALUES:,}; give --max-size {hint} or less, or fewer inputs"
         )
@@ -228,9 +229,9 @@ def _run(args: argparse.Namespace, model: Any, device: torch.device, items: list
 
 def _report(args: argparse.Namespace, cfg: dict[str, Any], names: list[str], run: _Run, device: torch.device) -> None:
     """Prints the run's summary (the CLI owns the terminal)."""
-    kind = "volumes" if is_volume(args) else "images"
+    kind = "volume" if is_volume(args) else "image"
     batch = run.batch
-    print(f"vispos {args.command}: {len(names)} {kind} -> batch {tuple(batch.tensors.shape)}, "
+    print(f"vispos {args.command}: {count(len(names), kind)} -> batch {tuple(batch.tensors.shape)}, "
           f"padding {float(batch.mask.float().mean()):.1%} of the cells")
     for name, size in zip(names, batch.image_sizes):
         print(f"  {name}: {_fmt_size(size)}")

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import _deprecation
-from .._checks import check_bool, check_int
+from .._checks import check_bool, check_int, count
 from ..encodings.grid import _GridEncoding
 from ..levels import FlatLevels, flatten_levels, unflatten_levels
 from ..nested_tensor import NestedTensor
@@ -182,7 +182,7 @@ class Joiner(nn.Module):
             if num_feature_levels is not None and num_feature_levels != n_back:
                 raise ValueError(
                     f"num_feature_levels={num_feature_levels} needs hidden_dim (extra levels are "
-                    f"projected); the backbone gives {n_back} levels"
+                    f"projected); the backbone gives {count(n_back, 'level')}"
                 )
             if level_embed:
                 raise ValueError("level_embed=True needs hidden_dim (the level embedding's width)")
@@ -192,7 +192,7 @@ class Joiner(nn.Module):
                 raise ValueError("hidden_dim needs a backbone with num_channels (one per level)")
             if n_levels < n_back:
                 raise ValueError(
-                    f"num_feature_levels={n_levels} is fewer than the backbone's {n_back} levels; "
+                    f"num_feature_levels={n_levels} is fewer than the backbone's {count(n_back, 'level')}; "
                     "choose the backbone's levels with its out_indices / return_nodes instead"
                 )
             if n_levels > n_back and not input_proj:
@@ -319,7 +319,7 @@ class Joiner(nn.Module):
             n_back = len(levels)
             if n_back != len(self.backbone.num_channels):
                 raise ValueError(
-                    f"backbone returned {n_back} levels but reports {len(self.backbone.num_channels)} channels"
+                    f"backbone returned {count(n_back, 'level')} but reports {count(len(self.backbone.num_channels), 'channel count')}"
                 )
             if self.padding_invariant:
                 features = self._project_invariant(levels)

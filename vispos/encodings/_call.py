@@ -29,6 +29,7 @@ from .. import _deprecation, _tracing
 from .._checks import as_sequence, describe
 from ..nested_tensor import NestedTensorLike
 from ..padding import Padding
+from ..padding._mask_checks import padding_from_pixel_mask
 
 __all__ = ["check_spacing", "read_masks", "spacing_tensor", "warn_suspect_input"]
 
@@ -56,7 +57,8 @@ def read_masks(owner: str, x: Any, mask: Any, pixel_mask: Any, dtype: Any) -> tu
         TypeError: ``mask`` not a bool tensor (a hint names ``pixel_mask=``); both masks, or a
             mask for an ``x`` that carries its own (a NestedTensor or a mask); ``dtype`` twice;
             ``pixel_mask`` not a tensor; ``x`` not a tensor while a mask is given.
-        ValueError: a mask whose shape is not ``(B, *S)`` of ``x``, or on another device.
+        ValueError: a mask whose shape is not ``(B, *S)`` of ``x``, or on another device; a CPU
+            ``pixel_mask`` with a value other than 0 and 1 (NaN, 2).
     """
     if isinstance(mask, torch.dtype):
         if dtype is not None:
@@ -82,9 +84,7 @@ def read_masks(owner: str, x: Any, mask: Any, pixel_mask: Any, dtype: Any) -> tu
             )
         name, padding = "mask", mask
     else:
-        if not isinstance(pixel_mask, Tensor):
-            raise TypeError(f"pixel_mask must be a Tensor (B, *S) with 1 marking valid cells, got {describe(pixel_mask)}")
-        name, padding = "pixel_mask", pixel_mask == 0
+        name, padding = "pixel_mask", padding_from_pixel_mask(pixel_mask)  # values checked on the CPU
     carried = isinstance(x, Tensor) and x.dtype == torch.bool
     if carried or (not isinstance(x, Tensor) and isinstance(x, NestedTensorLike)):
         what = "a mask" if carried else "a batch with its own mask"

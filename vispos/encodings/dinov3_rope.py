@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, check_sizes
+from .._checks import check_bool, check_choice, check_float_dtype, check_int, check_multiple, check_number, check_sizes, count
 from .._sincos import check_temperature, frequency_divisors, sincos_table
 from . import _rope_grid as grid
 from ._vision_rope import VisionRope
@@ -327,7 +327,7 @@ class DinoV3RotaryEmbedding(VisionRope):
         else:
             embed = self.get_embed(list(x.shape[2:]), mask=mask)
             if embed.shape[0] != x.shape[0]:
-                raise ValueError(f"mask has {embed.shape[0]} items but x has {x.shape[0]}")
+                raise ValueError(f"mask has {count(embed.shape[0], 'item')} but x has {x.shape[0]}")
         flat = x.flatten(2).transpose(1, 2)  # (B, N, C)
         out = apply_rot_embed_cat(flat, embed, half=self.rotate_half)
         return out.transpose(1, 2).reshape(x.shape)

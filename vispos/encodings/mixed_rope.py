@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._checks import check_bool, check_choice, check_float_dtype, check_index, check_int, check_number, check_sizes
+from .._checks import check_bool, check_choice, check_float_dtype, check_index, check_int, check_number, check_sizes, count
 from .._sincos import sincos_inplace
 from . import _rope_grid as grid
 from ._vision_rope import VisionRope
@@ -364,7 +364,7 @@ class MixedRotaryEmbedding(VisionRope):
         block_index = check_index(block_index, self.depth, "block_index")
         spatial, boxes = self._resolve(list(x.shape[2:]), mask)
         if boxes is not None and boxes.batch != x.shape[0]:
-            raise ValueError(f"mask has {boxes.batch} items but x has {x.shape[0]}")
+            raise ValueError(f"mask has {count(boxes.batch, 'item')} but x has {x.shape[0]}")
         embed = self._create_embed(spatial, boxes, None, self.freqs[:, block_index : block_index + 1])[0]
         b, heads = x.shape[0], self.num_heads
         xh = x.reshape(b, heads, self.dim // heads, -1).transpose(-2, -1)  # (B, heads, N, hd)

@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from .. import _deprecation, _tracing
 from .._checks import (
-    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_sizes, describe,
+    MAX_SPATIAL, as_int, check_bool, check_choice, check_float_dtype, check_int, check_number, check_output_fits,
+    check_sizes, describe,
 )
 from .._positions import item_boxes
 from ..nested_tensor import float_mask_hint, parse_spatial_input
@@ -236,7 +237,7 @@ class PositionEmbeddingRandom(nn.Module):
     def forward(
         self,
         size: Sequence[int] | object,
-        *,
+        *extra: object,
         spacing: Tensor | None = None,
         dtype: torch.dtype | None = None,
     ) -> Tensor:
@@ -256,14 +257,26 @@ class PositionEmbeddingRandom(nn.Module):
             empty tensor of that shape).
 
         Raises:
-            TypeError, ValueError: see the class docstring.
+            TypeError: a second positional argument (DETR's ``(x, mask)`` call; the message says
+                what this call takes); and see the class docstring.
+            ValueError: see the class docstring.
         """
+        if extra:
+            got = ", ".join(describe(v) for v in (size, *extra))
+            raise TypeError(
+                f"{type(self).__name__}.forward takes one input (SAM's signature): a size (H, W) for the "
+                f"dense grid, or one batch (a NestedTensor, a Padding, a bool mask (B, *S) or a feature map "
+                f"(B, C, *S)); got {1 + len(extra)} positional arguments ({got}). For a feature map and "
+                "its mask pass NestedTensor(x, mask), or the mask alone; for points call "
+                "forward_with_coords(coords, image_size)"
+            )
         out_dtype = torch.float32 if dtype is None else check_float_dtype(dtype)
         device = self._matrix.device
         if as_int(size) is not None or isinstance(size, Sequence) and not isinstance(size, (str, bytes)):
             if spacing is not None:
                 raise ValueError("spacing is per item: pass a batch (NestedTensor, Padding or mask), not a size")
             spatial = check_sizes(size, "size", n=self.num_axes)
+            check_output_fits(type(self).__name__, (self.out_channels(), *spatial), out_dtype, device)
             table = self._embed(spatial, 1, None, None, device)[0]
             return table.to(out_dtype)
         padding, host = parse_spatial_input(size, self.num_axes)
@@ -276,6 +289,8 @@ class PositionEmbeddingRandom(nn.Module):
             )
         if batch == 0 or 0 in spatial:
             return torch.zeros((batch, self.out_channels(), *spatial), dtype=out_dtype, device=device)
+        if host:  # refused by size before anything is computed (the one allocation guard)
+            check_output_fits(type(self).__name__, (batch, self.out_channels(), *spatial), out_dtype, device)
         spacing, _ = _check_spacing(spacing, batch, len(spatial), device)
         boxes = item_boxes(padding, host) if self.frame == "item" else None
         if self.extent is None:

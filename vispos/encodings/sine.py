@@ -27,7 +27,7 @@ from .. import _deprecation, _tracing
 from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
-from .._checks import check_bool, check_float_dtype, check_int, check_number, describe
+from .._checks import check_bool, check_float_dtype, check_int, check_number, check_output_fits, describe
 from .._positions import (
     PositionRule,
     cumulative_positions,
@@ -218,6 +218,8 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, _deprecation.RenamedAttribut
                 "or drop spacing for DETR's per-line fractions"
             )
         channels = self.out_channels(len(spatial))
+        if out is None and host:  # refused by size before anything is computed (the one allocation guard)
+            check_output_fits(type(self).__name__, (batch, channels, *spatial), out_dtype, device)
         if out is not None:
             check_out(out, (batch, channels, *spatial), out_dtype, device)
         if batch == 0 or 0 in spatial:  # nothing to embed: a well-defined empty result

@@ -196,7 +196,9 @@ class NestedPadCollate(InvertibleTransform):
           for each of ``keys``; other keys as ``list_data_collate`` returns them.
 
     Raises:
-        TypeError: (construction) ``keys`` not strings; a non-int ``size_divisibility``; (call)
+        TypeError: (construction) ``keys`` not strings (a number, e.g. ``NestedPadCollate(32)``
+            meant as :class:`~vispos.PaddedCollate`'s ``size_divisibility``, is named as such);
+            a non-int ``size_divisibility``; (call)
             ``batch`` not a sequence of mappings; a value of ``keys`` that is not an array.
         ValueError: (construction) ``method`` not ``"end"`` / ``"symmetric"``; negative
             ``size_divisibility``; (call) an empty batch; a missing key; items of one key with
@@ -216,6 +218,13 @@ class NestedPadCollate(InvertibleTransform):
         size_divisibility: int = 0,
         **pad_kwargs: Any,
     ) -> None:
+        if isinstance(keys, (int, float)) and not isinstance(keys, bool):
+            raise TypeError(
+                f"keys must be the image key(s) of MONAI dict samples (default 'image'), got {keys!r} "
+                f"({type(keys).__name__}): NestedPadCollate's first argument is keys, as in MONAI's dict "
+                f"transforms; pass size_divisibility={keys!r} by keyword (PaddedCollate({keys!r}), which "
+                "collates (image, target) pairs, takes it first)"
+            )
         keys = (keys,) if isinstance(keys, str) else keys
         if not isinstance(keys, Sequence) or not keys or any(not isinstance(k, Hashable) or isinstance(k, bool) for k in keys):
             raise TypeError(f"keys must be a key or a non-empty sequence of keys, got {keys!r}")

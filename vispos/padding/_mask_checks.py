@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from .._checks import MAX_SPATIAL, as_sequence, check_int, describe, is_int
+from .._tracing import host_facts, host_side
 
-__all__ = ["Spans", "check_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
+__all__ = ["Spans", "check_mask", "padding_from_pixel_mask", "check_spatial_mask", "check_spatial_size", "check_spans"]
 
 Spans = tuple[tuple[int, ...], ...]  # per item, one int per axis
 
@@ -51,6 +52,38 @@ def check_mask(mask: Any, name: str = "mask", peer: str = "pixel_mask", cells: s
             f"transformers-style {peer} where 1 marks valid {cells}."
         )
     return mask
+
+
+def padding_from_pixel_mask(pixel_mask: Any, name: str = "pixel_mask") -> Tensor:
+    """transformers' ``pixel_mask`` (1 = valid cell, 0 = padding, any dtype) as DETR's padding mask.
+
+    The values are checked where reading them costs nothing: a CPU tensor, outside tracing and
+    CUDA-graph capture (:func:`vispos._tracing.host_side`, :func:`~vispos._tracing.host_facts`).
+    A mask on an accelerator is converted unread (no host synchronisation in ``forward``): there a
+    value other than 0 counts as valid.
+
+    Args:
+        pixel_mask (Tensor[B, *S]): 1 marks valid cells, 0 padding (bool, integer or float).
+        name (str): the parameter's name in messages.
+
+    Returns:
+        Tensor[B, *S], bool: True marks padding (``pixel_mask == 0``).
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: (CPU) a value other than 0 and 1 (NaN, 2, 0.5); the message gives the
+            shape and dtype, never the values.
+    """
+    if not isinstance(pixel_mask, Tensor):
+        raise TypeError(f"{name} must be a Tensor (B, *S) with 1 marking valid cells, got {describe(pixel_mask)}")
+    if pixel_mask.dtype != torch.bool and host_side(pixel_mask.device) and host_facts(pixel_mask.device):
+        if not bool(((pixel_mask == 0) | (pixel_mask == 1)).all()):
+            raise ValueError(
+                f"{name} must hold only 0 and 1 (1 = valid, transformers' convention), got a "
+                f"{describe(pixel_mask)} with other values (NaN or neither 0 nor 1); threshold it first "
+                f"(e.g. `{name} > 0.5`), or pass DETR's bool mask (True = padding) as mask"
+            )
+    return pixel_mask == 0
 
 
 def check_spatial_mask(mask: Any, name: str = "mask") -> Tensor:
