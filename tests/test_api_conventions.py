@@ -430,3 +430,19 @@ def test_vocabulary_test_fails_on_a_stray_synonym():
     assert found == [("Stray", "grid_shape"), ("Stray", "n_spatial"), ("Stray", "spatial_dims")]
     assert _strays({"Stray": Stray}, {"Stray": {"grid_shape", "n_spatial", "spatial_dims"}}) == []
     assert _non_bool_normalize({"Stray": Stray, "stray": stray}) == ["stray"]
+
+
+def test_a_documented_name_not_in_vispos_says_where_it_is_imported_from():
+    """Every name of the encoder table, and ``parse_spatial_input`` in concepts.md, is importable
+    from ``vispos`` or its page says ``from HOME import NAME`` (and that import works). Before:
+    both were documented bare, and ``vispos.cumulative_positions`` is an AttributeError."""
+    pages = {DOC: sorted(_encoder_rows()), DOC.parent / "concepts.md": ["parse_spatial_input"]}
+    for page, names in pages.items():
+        text = page.read_text()
+        for name in names:
+            if name in vispos.__all__:
+                continue
+            homes = re.findall(rf"from (vispos[\w.]*) import {name}\b", text)
+            assert homes, f"{page.name}: {name} is not in vispos.__all__ and the page does not say where it lives"
+            for home in homes:
+                assert callable(getattr(importlib.import_module(home), name)), (page.name, home, name)

@@ -502,3 +502,54 @@ def test_runner_kills_a_hanging_block_with_its_children(tmp_path, pkg_dir):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid)
+
+
+def _undefined_names(code: str) -> list[str]:
+    """Names ``code`` reads that it never binds (imports, assignments, definitions, arguments)
+    and that are not builtins: what a block pasted alone would fail on. Scopes are not told
+    apart (a name bound anywhere counts as bound), so it errs towards passing."""
+    import builtins
+
+    tree = ast.parse(code)
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+    return sorted(n for n in read - bound if not hasattr(builtins, n))
+
+
+def test_blocks_pasted_alone_import_what_they_use_and_continued_ones_say_so():
+    """A block that continues an earlier one says so on its first line (``# continues the block
+    above...``: the ``docs-test`` marker is an HTML comment no reader sees); every other block,
+    skipped or not, binds or imports every name it reads. Before: the rotary page's second block
+    used ``torch``, ``vispos`` and ``model`` from the first with no word of it."""
+    problems = []
+    for page in markdown_files():
+        blocks, _ = parse_blocks(page.read_text(), page.relative_to(ROOT).as_posix())
+        for block in blocks:
+            first = next((line for line in block.code.splitlines() if line.strip()), "")
+            if block.continues:
+                if not first.startswith("# continues"):
+                    problems.append(f"{block.id}: continues an earlier block but its first line, {first!r}, "
+                                    "does not say so (start it with '# continues the block above: ...')")
+                continue
+            try:
+                missing = _undefined_names(block.code)
+            except SyntaxError:
+                continue  # test_block_runs_as_pasted reports it
+            if missing:
+                problems.append(f"{block.id}: uses {missing} without importing or defining them")
+    assert problems == []
+
+
+def test_undefined_names_finds_what_a_block_does_not_import():
+    assert _undefined_names("x = torch.zeros(3)\nprint(x, y)") == ["torch", "y"]
+    assert _undefined_names("import torch\nfrom a.b import c as d\ndef f(v):\n    return d(v)\nf(torch)") == []
