@@ -74,3 +74,37 @@ def test_compiled_invariant_backbone_recompiles_once_for_a_new_canvas_then_never
         frames.append(counter.frame_count)
     assert frames[0] == frames[1], frames  # a new mix on the same canvas: no recompile
     assert frames[2] == frames[-1], frames  # after the second canvas (dynamic shapes): none
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "vit_small_patch16_rope_224"])
+def test_compiled_invariant_vit_training_step_compiles_once_for_eight_mixes_of_item_grids(name):
+    kwargs = dict(out_indices=(1, 3), padding_invariant=True,
+                  model_kwargs={"dynamic_img_size": True, "depth": 4, "embed_dim": 64, "num_heads": 2})
+    torch.manual_seed(0)
+    model = TimmBackbone(name, **kwargs).train()
+    eager = TimmBackbone(name, **kwargs).train()
+    eager.load_state_dict(model.state_dict())
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    g = torch.Generator().manual_seed(0)
+    frames = []
+    for _ in range(8):
+        sizes = [(64, 64)] + [tuple(16 * int(v) for v in torch.randint(1, 5, (2,), generator=g)) for _ in range(2)]
+        batch = vispos.nested_tensor_from_tensor_list([torch.randn(3, *s, generator=g) for s in sizes])
+        torch.manual_seed(1)  # the same dropout / coordinate draws in both
+        got = compiled(batch)
+        torch.manual_seed(1)
+        want = eager(batch)
+        for a, b in zip(got, want):
+            assert a.padding == b.padding
+            torch.testing.assert_close(a.tensors, b.tensors)
+        sum(level.tensors.sum() for level in got).backward()
+        sum(level.tensors.sum() for level in want).backward()
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            if q.grad is not None:
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * float(q.grad.abs().max()), msg=n)
+        model.zero_grad()
+        eager.zero_grad()
+        frames.append(counter.frame_count)
+    assert frames[0] == frames[-1], frames

@@ -34,9 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import _tracing
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from . import rules as _rules
@@ -234,11 +236,14 @@ def item_grids(patch_embed: nn.Module, padding: Padding) -> list[tuple[int, int]
 
 
 def on_canvas(tables: Sequence[Tensor], grids: Sequence[tuple[int, int]], canvas: tuple[int, int]) -> Tensor:
-    """Per-item token tables placed on the canvas's token grid, row-major, zeros elsewhere.
+    """Per-item token tables placed on the canvas's token grid, row-major, zeros elsewhere: the
+    distinct tables (the same tensor object given for several items counts once) and a zero row
+    concatenated, then one gather for the whole batch, whose indices are built on the host and sent
+    in one transfer (no work per item on the device).
 
     Args:
         tables (sequence of Tensor[..., h_b * w_b, D]): item ``b``'s table over its own grid,
-            row-major; every table has the same leading shape.
+            row-major; every table has the same leading shape, dtype and device.
         grids (sequence of (int, int)): ``(h_b, w_b)``.
         canvas (int, int): the canvas's token grid ``(gh, gw)``, ``>=`` every grid.
 
@@ -246,14 +251,23 @@ def on_canvas(tables: Sequence[Tensor], grids: Sequence[tuple[int, int]], canvas
         Tensor[B, ..., gh * gw, D]: in the tables' dtype and device.
     """
     gh, gw = canvas
-    out = []
-    for table, (h, w) in zip(tables, grids):
-        lead, dim = table.shape[:-2], table.shape[-1]
-        grid = table.reshape(*lead, h, w, dim)
-        if (h, w) != (gh, gw):
-            grid = torch.nn.functional.pad(grid, (0, 0, 0, gw - w, 0, gh - h))
-        out.append(grid.reshape(*lead, gh * gw, dim))
-    return torch.stack(out)
+    first: dict[int, int] = {}  # id(table) -> its first row in the concatenation
+    distinct, rows = [], 0
+    for table in tables:
+        if id(table) not in first:
+            first[id(table)] = rows
+            distinct.append(table)
+            rows += table.shape[-2]
+    lead, dim = tables[0].shape[:-2], tables[0].shape[-1]
+    source = torch.cat(distinct + [tables[0].new_zeros(*lead, 1, dim)], dim=-2)
+    cells = np.arange(gh * gw)
+    row, col = cells // gw, cells % gw
+    offset = np.array([first[id(table)] for table in tables], dtype=np.int64)[:, None]
+    h, w = (np.array([g[axis] for g in grids], dtype=np.int64)[:, None] for axis in (0, 1))
+    index = np.where((row < h) & (col < w), offset + row * w + col, rows)  # (B, gh * gw)
+    (index_t,) = _tracing.host_arrays([index.reshape(-1)], source.device)
+    out = source.index_select(source.dim() - 2, index_t)  # (..., B * gh * gw, D)
+    return out.view(*lead, len(tables), gh * gw, dim).movedim(len(lead), 0)
 
 
 def item_pos_embeds(model: nn.Module, grids: Sequence[tuple[int, int]]) -> list[Tensor]:

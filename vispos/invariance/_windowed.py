@@ -246,8 +246,8 @@ def sam_forward_intermediates(model: nn.Module, x: Tensor, padding: Padding, ind
         done: dict[tuple[int, int], Tensor] = {}
         for grid in grids:
             if grid not in done:
-                done[grid] = resample_abs_pos_embed_nhwc(model.pos_embed, list(grid))
-        tables = [done[grid].flatten(1, 2) for grid in grids]
+                done[grid] = resample_abs_pos_embed_nhwc(model.pos_embed, list(grid)).flatten(1, 2)
+        tables = [done[grid] for grid in grids]  # one object per grid: placed by one gather
         x = x + on_canvas(tables, grids, canvas).reshape(x.shape[0], *canvas, -1).to(x.dtype)
     x = model.norm_pre(model.patch_drop(model.pos_drop(x)))
     valid = ~token_padding.mask
