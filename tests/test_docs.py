@@ -120,3 +120,12 @@ def test_hook_strips_sphinx_roles():
     spec.loader.exec_module(hooks)
     html_in = "see :func:<code>cumulative_positions</code> and :class:<code>~vispos.backbones.Joiner</code>."
     assert hooks.on_page_content(html_in) == "see <code>cumulative_positions</code> and <code>Joiner</code>."
+
+
+def test_readme_setup_says_a_second_clone_takes_over_the_command():
+    """The setup puts one editable venv at ``~/.cache/vispos/venv``: the paragraph before its
+    commands says that installing a second clone there moves ``vispos`` to that clone."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        setup = f.read().split("```bash", 1)[0]
+    prose = " ".join(setup.split())
+    assert "`~/.cache/vispos/venv`" in prose and "second clone" in prose, "README setup paragraph"
