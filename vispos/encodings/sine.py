@@ -28,14 +28,8 @@ from .._cache import DEFAULT_MAX_BYTES, TensorCache, check_max_bytes
 from .._cache_owner import CacheOwner, expand_batch
 from .._derived import DerivedBuffers
 from .._checks import check_bool, check_float_dtype, check_int, check_number, check_output_fits, describe
-from .._positions import (
-    PositionRule,
-    cumulative_positions,
-    detr_positions,
-    distinct_positions,
-    grid_positions,
-    line_table,
-)
+from .._positions import PositionRule, cumulative_positions, detr_positions, distinct_positions, grid_positions
+from .._positions import line_table
 from .._sincos import (
     _embed_axis,
     check_num_feats,
@@ -49,6 +43,7 @@ from ..nested_tensor import NestedTensor, NestedTensorLike, float_mask_hint, par
 from ..padding import Padding, is_rectangular, rectangular_sizes
 from ._call import check_spacing as _check_spacing  # also random_fourier's
 from ._call import read_masks, warn_suspect_input
+from . import _sine_op
 
 # ``cumulative_positions`` lives in :mod:`vispos._positions`, ``is_rectangular`` and
 # ``rectangular_sizes`` in :mod:`vispos.padding`; re-exported here, their earlier home.
@@ -455,12 +450,15 @@ class PositionEmbeddingSine(SineEmbeddingBase):
         out: Tensor | None = None,
         spacing: Tensor | None = None,
     ) -> Tensor:
-        """Boxes and no padding: the separable line-table path (:func:`sincos_embed_lines`);
-        any mask: DETR's cumulative counts, cell by cell (:meth:`_counts`)."""
+        """On CUDA one Triton kernel (:mod:`vispos.encodings._sine_op`). Elsewhere boxes and no
+        padding: the separable line-table path (:func:`sincos_embed_lines`); any mask: DETR's
+        cumulative counts, cell by cell (:meth:`_counts`)."""
         kind, spatial, device = padding.kind, padding.spatial, padding.device
+        div = self._divisors(device)
+        if _sine_op.takes_kernel(div):
+            return _sine_op.embed(padding, self._rule(), div, dtype, host, out, spacing)
         if kind == "arbitrary" or (kind == "rectangular" and not host and not padding.at_origin):
             return self._counts(padding.mask, dtype, host, out, spacing)
-        div = self._divisors(device)
         if kind == "none" and not host and spacing is None:  # sizes stay symbolic: broadcast arange
             positions = grid_positions(spatial, device, self._rule())
             table = sincos_embed(
