@@ -1,0 +1,358 @@
+"""vispos.invariance._norm_ops and its Triton kernels: the kernels (run by Triton's interpreter on the
+CPU) against the torch code they replace on CUDA, whole tensors: outputs (padding included),
+statistics, running statistics, gradients of the input and the affine map; 1 to 3 spatial axes,
+float32 / bfloat16 / float64, channels first and channels last, with and without padding, NaN and
++-inf in the padding, boxes and an arbitrary mask. Also: each op launches the kernels it declares
+and nothing else on the device, its fake implementation matches it (``torch.library.opcheck``),
+the ops compose with ``torch.compile(fullgraph=True)`` and ``torch.export``, a second derivative
+is refused, and vispos works without Triton.
+
+Every test name holds ``triton`` (``pytest -k triton``); the file is skipped without Triton."""
+
+import contextlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+pytest.importorskip("triton")
+
+from vispos import Padding, _triton  # noqa: E402
+from vispos.invariance import _norm_kernels as geometry  # noqa: E402
+from vispos.invariance import _norm_ops as ops  # noqa: E402
+from vispos.invariance import _norms as norms  # noqa: E402
+
+BN, BN_BACKWARD = torch.ops.vispos.valid_batch_norm.default, torch.ops.vispos.valid_batch_norm_backward.default
+GN, GN_BACKWARD = torch.ops.vispos.valid_group_norm.default, torch.ops.vispos.valid_group_norm_backward.default
+
+
+@pytest.fixture(autouse=True)
+def _small_tiles(monkeypatch):
+    """Tiles of 16 cells (8 in channels last, 2 channels wide) and up to 4 chunks per reduction, so
+    tiny maps run several chunks, blocks and channel blocks, with partial ones at the ends."""
+    monkeypatch.setattr(geometry, "BLOCK_CELLS", 16)
+    monkeypatch.setattr(geometry, "BLOCK_CHANNELS_LAST", 2)
+    monkeypatch.setattr(geometry, "MIN_CHUNK_BLOCKS", 1)
+    monkeypatch.setattr(geometry, "MAX_SPLIT", 4)
+
+
+#: (name, canvas, item sizes or None for an arbitrary mask)
+PADDINGS = {
+    "1d": ((11,), [(11,), (6,), (3,)]),
+    "2d": ((5, 6), [(5, 6), (3, 4), (2, 6)]),
+    "2d-empty-item": ((4, 5), [(4, 5), (0, 0), (3, 2)]),
+    "2d-unpadded": ((4, 5), [(4, 5), (4, 5)]),
+    "3d": ((3, 4, 5), [(3, 4, 5), (2, 3, 2)]),
+    "2d-arbitrary": ((5, 6), None),
+}
+
+
+def _padding(name: str) -> Padding:
+    canvas, sizes = PADDINGS[name]
+    if sizes is None:
+        g = torch.Generator().manual_seed(7)
+        mask = torch.rand(3, *canvas, generator=g) < 0.4
+        return Padding.from_mask(mask, classify=False)
+    return Padding.from_sizes(sizes, canvas)
+
+
+def _inputs(padding: Padding, channels: int, dtype: torch.dtype, layout: str, seed: int = 0):
+    """``x`` with NaN / +-inf in its padding, the affine map, and an output gradient that holds
+    values in the padding too (the bias's gradient reads them without zero_padding)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = padding.mask.unsqueeze(1)
+    shape = (padding.batch, channels, *padding.spatial)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2 + 1
+    junk = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=torch.float64)
+    x = torch.where(mask, junk[torch.randint(0, 3, shape, generator=g)], x).to(dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    w = (torch.rand(channels, generator=g, dtype=torch.float64) + 0.5).to(dtype)
+    b = torch.randn(channels, generator=g, dtype=torch.float64).to(dtype)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    return x, w, b, dy
+
+
+def _run_both(fn):
+    """``fn()`` on the Triton path (interpreted) and on the torch path: two tuples of tensors."""
+    with _triton.interpreted():
+        got = fn()
+    return got, fn()
+
+
+def _assert_all_close(got, want, names):
+    for name, a, b in zip(names, got, want):
+        if a is None or b is None:
+            assert a is None and b is None, name
+            continue
+        torch.testing.assert_close(a, b, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
+
+
+# (padding, channels, dtype, layout, zero_padding, affine, momentum)
+BN_CASES = [
+    ("2d", 3, torch.float32, "contiguous", False, True, 0.1),
+    ("2d", 3, torch.float32, "channels_last", True, True, None),
+    ("2d", 3, torch.bfloat16, "contiguous", True, True, 0.1),
+    ("2d", 3, torch.bfloat16, "channels_last", False, False, 0.1),
+    ("2d", 3, torch.float64, "contiguous", False, True, None),
+    ("1d", 3, torch.float32, "contiguous", True, False, 0.1),
+    ("3d", 3, torch.float32, "channels_last", False, True, 0.1),
+    ("3d", 2, torch.float64, "contiguous", True, True, None),
+    ("2d-empty-item", 2, torch.float32, "contiguous", False, True, 0.1),
+    ("2d-unpadded", 2, torch.float32, "channels_last", False, True, 0.1),
+    ("2d-arbitrary", 3, torch.float32, "contiguous", True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", BN_CASES, ids=lambda c: f"{c[0]}-{str(c[2])[6:]}-{c[3]}-zp{int(c[4])}-aff{int(c[5])}-m{c[6]}")
+def test_triton_batch_norm_equals_the_torch_code(case):
+    """Through the public call (a Padding's boxes give the count on the host, an arbitrary mask's
+    is counted on the device): the output (padding included), the running statistics and
+    ``num_batches_tracked``, the gradients of x, weight and bias; the op's mean and inverse
+    deviation; the input unchanged."""
+    name, c, dtype, layout, zero_padding, affine, momentum = case
+    padding = _padding(name)
+    if name == "2d-arbitrary":
+        padding = padding.mask.unsqueeze(1)  # a bare mask: the count on the device
+    mask = padding if isinstance(padding, torch.Tensor) else padding.mask.unsqueeze(1)
+    x, w, b, dy = _inputs(padding if isinstance(padding, Padding) else _padding(name), c, dtype, layout)
+    stat = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def call():
+        xx = x.clone().requires_grad_()
+        ww, bb = (w.clone().requires_grad_(), b.clone().requires_grad_()) if affine else (None, None)
+        rm, rv = torch.zeros(c, dtype=stat), torch.ones(c, dtype=stat)
+        tracked = torch.tensor(4)
+        y = norms.batch_norm(xx, padding, rm, rv, ww, bb, True, momentum, 1e-5, tracked, zero_padding)
+        y.backward(dy)
+        _, mean, invstd, _ = BN(x, w if affine else None, b if affine else None, ~mask, 0, 1e-5, zero_padding,
+                                momentum, None, None, None)
+        return (y.detach(), rm, rv, tracked, xx.grad, ww.grad if affine else None, bb.grad if affine else None,
+                mean, invstd, xx.detach())
+
+    got, want = _run_both(call)
+    _assert_all_close(got, want, ["y", "running_mean", "running_var", "num_batches_tracked", "grad_x", "grad_weight",
+                                  "grad_bias", "mean", "invstd", "x"])
+    torch.testing.assert_close(got[-1], x, rtol=0, atol=0, equal_nan=True)  # the input is not modified
+    assert got[0].stride() == x.stride() and got[4].stride() == x.stride()  # the input's layout kept
+    assert not got[4].masked_select(mask.expand_as(x)).any()  # no gradient into the padding
+
+
+# (padding, channels, groups, dtype, layout, affine)
+GN_CASES = [
+    ("2d", 4, 2, torch.float32, "contiguous", True),
+    ("2d", 4, 4, torch.float32, "channels_last", True),
+    ("2d", 6, 3, torch.bfloat16, "channels_last", True),
+    ("2d", 4, 1, torch.float64, "contiguous", False),
+    ("1d", 4, 2, torch.float32, "contiguous", True),
+    ("3d", 4, 2, torch.float32, "channels_last", True),
+    ("2d-empty-item", 2, 2, torch.float32, "contiguous", True),
+    ("2d-unpadded", 4, 2, torch.bfloat16, "contiguous", True),
+    ("2d-arbitrary", 4, 2, torch.float32, "contiguous", True),
+]
+
+
+@pytest.mark.parametrize("case", GN_CASES, ids=lambda c: f"{c[0]}-g{c[2]}-{str(c[3])[6:]}-{c[4]}-aff{int(c[5])}")
+def test_triton_group_norm_equals_the_torch_code(case):
+    """Through the public call: the output (zeros in the padding), the gradients of x, weight and
+    bias; the op's per-item, per-group mean and inverse deviation."""
+    name, c, groups, dtype, layout, affine = case
+    padding = _padding(name)
+    x, w, b, dy = _inputs(padding, c, dtype, layout, seed=1)
+    valid = ~padding.mask.unsqueeze(1)
+
+    def call():
+        xx = x.clone().requires_grad_()
+        ww, bb = (w.clone().requires_grad_(), b.clone().requires_grad_()) if affine else (None, None)
+        y = norms.group_norm(xx, padding, groups, ww, bb, 1e-5)
+        y.backward(dy)
+        _, mean, rstd, _ = GN(x, w if affine else None, b if affine else None, valid, groups, 1e-5)
+        return y.detach(), xx.grad, ww.grad if affine else None, bb.grad if affine else None, mean, rstd
+
+    got, want = _run_both(call)
+    _assert_all_close(got, want, ["y", "grad_x", "grad_weight", "grad_bias", "mean", "rstd"])
+    assert not got[0].masked_select(~valid.expand_as(x)).any()
+
+
+def test_triton_gradients_asked_for_alone():
+    """Each backward op computes only the gradients asked for (the others are empty tensors), and
+    each one equals the torch code's; a map without padding on either path equals torch's norms."""
+    padding = _padding("2d")
+    x, w, b, dy = _inputs(padding, 3, torch.float32, "contiguous", seed=2)
+    valid = ~padding.mask.unsqueeze(1)
+    for need in ((True, False, False), (False, True, False), (False, False, True)):
+        def call(need=need):
+            _, mean, invstd, xc = BN(x, w, b, valid, 0, 1e-5, False, 0.1, None, None, None)
+            bn = BN_BACKWARD(dy, x if xc.numel() == 0 else None, xc, valid, w, mean, invstd, 0, False, *need)
+            _, mean, rstd, centred = GN(x, w, b, valid, 3, 1e-5)
+            gn = GN_BACKWARD(dy, x if centred.numel() == 0 else None, centred, valid, w, mean, rstd, 3, *need)
+            return (*bn, *gn)
+
+        got, want = _run_both(call)
+        for a, b_, asked in zip(got, want, need * 2):
+            assert (a.numel() > 0) == asked and (b_.numel() > 0) == asked
+        _assert_all_close(got, want, ["bn_x", "bn_w", "bn_b", "gn_x", "gn_w", "gn_b"])
+    clean = torch.randn(2, 3, 4, 5)
+    with _triton.interpreted():
+        y_bn = ops.batch_norm(clean, None, None, torch.ones(2, 1, 4, 5, dtype=torch.bool), 0, 1e-5, False, 0.1,
+                              None, None, None)
+        y_gn = ops.group_norm(clean, None, None, torch.ones(2, 1, 4, 5, dtype=torch.bool), 3, 1e-5)
+    torch.testing.assert_close(y_bn, torch.nn.functional.batch_norm(clean, None, None, training=True))
+    torch.testing.assert_close(y_gn, torch.nn.functional.group_norm(clean, 3))
+
+
+def test_triton_each_op_launches_the_kernels_it_declares():
+    """Under the interpreter, one call of each op launches exactly ``_triton.launches(op)`` kernels
+    (two), whatever the options (running statistics or not, gradients asked for or not)."""
+    padding = _padding("2d")
+    x, w, b, dy = _inputs(padding, 3, torch.float32, "contiguous")
+    valid = ~padding.mask.unsqueeze(1)
+    rm, rv, tracked = torch.zeros(3), torch.ones(3), torch.tensor(0)
+    stats = torch.ones(3, 3)  # (B, G)
+    with _triton.interpreted():
+        for name, call in [
+            ("valid_batch_norm", lambda: BN(x, w, b, valid, 0, 1e-5, False, None, rm, rv, tracked)),
+            ("valid_batch_norm", lambda: BN(x, None, None, valid, 0, 1e-5, True, 0.1, None, None, None)),
+            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], valid, w, rm, rv, 0, False, True, True,
+                                                              True)),
+            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], valid, w, rm, rv, 0, True, False, True,
+                                                              False)),
+            ("valid_group_norm", lambda: GN(x, w, b, valid, 3, 1e-5)),
+            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], valid, w, stats, stats, 3, True, True,
+                                                              True)),
+            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], valid, None, stats, stats, 3, False,
+                                                              False, True)),
+        ]:
+            with _triton.launch_tally() as tally:
+                call()
+            assert sum(tally.values()) == _triton.launches(f"vispos::{name}") == 2, (name, dict(tally))
+            assert all(count == 1 for count in tally.values()), (name, dict(tally))
+
+
+class _AtenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+#: aten ops that launch nothing on a GPU: allocation and metadata
+_NO_LAUNCH = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "view", "_unsafe_view",
+              "reshape", "alias", "as_strided", "detach", "slice", "unsqueeze", "expand"}
+
+
+def test_triton_path_runs_no_torch_compute_op(monkeypatch):
+    """The Triton path's host code dispatches allocations and views only (the kernels stubbed out):
+    on a GPU the op's kernels are its only launches, running statistics included."""
+    launched = []
+    monkeypatch.setattr(_triton._Kernel, "__getitem__", lambda self, grid: lambda *a, **k: launched.append(self.__name__))
+    padding = _padding("2d")
+    x, w, b, dy = _inputs(padding, 3, torch.float32, "channels_last")
+    valid = ~padding.mask.unsqueeze(1)
+    rm, rv, tracked = torch.zeros(3), torch.ones(3), torch.tensor(0)
+    with _triton.interpreted(), _AtenOps() as seen:
+        _, mean, invstd, xc = ops._bn(x, w, b, valid, 0, 1e-5, False, None, rm, rv, tracked)
+        ops._bn_bwd(dy, x, xc, valid, w, mean, invstd, 0, False, True, True, True)
+        _, mean, rstd, centred = ops._gn(x, w, b, valid, 3, 1e-5)
+        ops._gn_bwd(dy, x, centred, valid, w, mean, rstd, 3, True, True, True)
+    assert launched == ["_bn_stats", "_bn_apply", "_bn_grad_sums", "_bn_grad_apply", "_gn_stats", "_gn_apply",
+                        "_gn_grad_sums", "_gn_grad_apply"]
+    assert set(seen.names) <= _NO_LAUNCH, sorted(set(seen.names) - _NO_LAUNCH)
+
+
+def test_triton_second_derivative_is_refused():
+    padding = _padding("2d")
+    x, w, b, _ = _inputs(padding, 3, torch.float64, "contiguous")
+    x = x.nan_to_num(0.0, 0.0, 0.0).requires_grad_()
+    with _triton.interpreted():
+        for fn in (lambda t: norms.batch_norm(t, padding, None, None, w, b, True, 0.1, 1e-5),
+                   lambda t: norms.group_norm(t, padding, 3, w, b, 1e-5)):
+            (gx,) = torch.autograd.grad(fn(x).square().sum(), x, create_graph=True)
+            with pytest.raises(RuntimeError, match="once_differentiable"):
+                gx.sum().backward()
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_triton_ops_pass_opcheck(path):
+    """``torch.library.opcheck``: schema (declared mutations), fake implementation (shapes,
+    strides, dtypes) and dynamic-shape tracing, on the torch path and on the interpreted Triton
+    path (no autograd formula is registered on the ops: their autograd is a Function)."""
+    padding = _padding("2d")
+    x, w, b, dy = _inputs(padding, 4, torch.float32, "channels_last")
+    x = x.nan_to_num(0.0, 0.0, 0.0)
+    valid = ~padding.mask.unsqueeze(1)
+    tests = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    with _triton.interpreted() if path == "triton" else contextlib.nullcontext():
+        _, mean, invstd, xc = BN(x, w, b, valid, 0, 1e-5, False, 0.1, None, None, None)
+        keep = x if xc.numel() == 0 else None
+        torch.library.opcheck(BN, (x, w, b, valid, 0, 1e-5, True, None, torch.zeros(4), torch.ones(4),
+                                   torch.tensor(1)), test_utils=tests)
+        torch.library.opcheck(BN_BACKWARD, (dy, keep, xc, valid, w, mean, invstd, 0, False, True, True, True),
+                              test_utils=tests)
+        _, mean, rstd, centred = GN(x, w, b, valid, 2, 1e-5)
+        keep = x if centred.numel() == 0 else None
+        torch.library.opcheck(GN, (x, w, None, valid, 2, 1e-5), test_utils=tests)
+        torch.library.opcheck(GN_BACKWARD, (dy, keep, centred, valid, w, mean, rstd, 2, True, True, False),
+                              test_utils=tests)
+
+
+def test_triton_ops_compose_with_compile_and_export():
+    """On the CPU (the torch path): ``torch.compile(fullgraph=True)`` of forward + backward with
+    both norms (running statistics updated in the compiled graph) equals eager, and
+    ``torch.export`` keeps each norm as one op."""
+    padding = _padding("2d")
+    mask = padding.mask.unsqueeze(1)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm2d(4, momentum=None)
+            self.gn = torch.nn.GroupNorm(2, 4)
+
+        def forward(self, x, mask):
+            y = norms.batch_norm_module(x, mask, self.bn, zero_padding=True)
+            return norms.group_norm(y, mask, 2, self.gn.weight, self.gn.bias, 1e-5)
+
+    x, _, _, _ = _inputs(padding, 4, torch.float32, "contiguous")
+    x = x.nan_to_num(0.0, 0.0, 0.0)
+    eager, compiled = Net().train(), Net().train()
+    compiled.load_state_dict(eager.state_dict())
+    fn = torch.compile(compiled, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ye, yc = eager(xe, mask), fn(xc, mask)
+        ye.square().sum().backward()
+        yc.square().sum().backward()
+        torch.testing.assert_close(yc, ye)
+        torch.testing.assert_close(xc.grad, xe.grad)
+    for (name, a), (_, b) in zip(compiled.state_dict().items(), eager.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    program = torch.export.export(Net().train(), (x, mask))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert {"vispos.valid_batch_norm.default", "vispos.valid_group_norm.default"} <= targets, targets
+
+
+def test_triton_absent_leaves_the_norms_working():
+    """Without Triton (CPU-only torch wheels; here ``import triton`` made to fail), ``import vispos``
+    works and both norms run forward and backward on their torch code; the kernels' modules are
+    imported only by a call that runs them."""
+    code = ("import sys\n"
+            "sys.modules['triton'] = None  # import triton fails, find_spec finds nothing\n"
+            "import torch, vispos\n"
+            "from vispos import _triton\n"
+            "from vispos.invariance import _norms\n"
+            "assert not _triton.available()\n"
+            "x = torch.randn(2, 3, 4, 4, requires_grad=True)\n"
+            "m = torch.zeros(2, 1, 4, 4, dtype=torch.bool); m[1, :, 2:] = True\n"
+            "y = _norms.batch_norm(x, m, torch.zeros(3), torch.ones(3), None, None, True, 0.1, 1e-5)\n"
+            "(y + _norms.group_norm(x, m, 3, None, None, 1e-5)).sum().backward()\n"
+            "assert x.grad is not None\n"
+            "kernels = [n for n in sys.modules if n.endswith('norm_kernels')]\n"
+            "assert not kernels, kernels\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

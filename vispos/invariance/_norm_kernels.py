@@ -1,0 +1,92 @@
+"""How the masked norms' Triton kernels read a feature map and cut their work: strides with the
+spatial axes flattened, tile sizes per memory format, and the split of each reduction in chunks.
+
+The kernels (:mod:`._batch_norm_kernels`, :mod:`._group_norm_kernels`) read ``Tensor[B, C, *S]``
+through its batch, channel and spatial strides, the spatial axes flattened to one stride: any
+memory format where they flatten (channels first or channels last, 1 to 3 spatial axes, an
+expanded gradient), a contiguous copy otherwise. Each norm runs two kernels per direction: the
+first cuts every reduction (a channel for batch norm, an item and group for group norm) into
+``SPLIT`` chunks of ``CHUNK`` cells, one program each, and writes per-chunk partial results; the
+second merges its rows' chunks (a few values) and writes its block of the output.
+
+This module and the kernels are imported only when a call takes the Triton path
+(:func:`vispos._triton.use_triton`), so ``import vispos`` works without Triton.
+
+References:
+    Liger-Kernel and inductor's Triton norms (a statistics kernel, then an elementwise one).
+"""
+
+import math
+
+import torch
+import triton.language as tl
+
+__all__ = ["p2", "cdiv", "flat", "tiles", "split", "stat_types", "valid_rows"]
+
+#: cells per block along the flattened spatial axis, and channels per block in channels last;
+#: tests lower them to run several chunks and blocks on tiny maps
+BLOCK_CELLS = 1024
+BLOCK_CHANNELS_LAST = 32
+#: aim for at least this many programs in a statistics kernel, with chunks of at least this many
+#: blocks, and at most this many chunks per reduction
+TARGET_PROGRAMS = 512
+MIN_CHUNK_BLOCKS = 4
+MAX_SPLIT = 64
+
+
+def p2(n: int) -> int:
+    """The smallest power of two >= ``n`` (at least 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for positive ints."""
+    return -(-a // b)
+
+
+def flat(t: torch.Tensor) -> tuple[torch.Tensor, int, tuple[int, int, int]]:
+    """``t`` (Tensor[B, C, *S]) with its spatial axes read as one: ``(t, S1 * S2 * ..., (batch,
+    channel, spatial) strides)``; ``t.contiguous()`` when its spatial axes do not flatten to one
+    stride (each axis's stride the next one's times that one's size, axes of size 1 aside)."""
+    step, inner = None, 1
+    for axis in range(t.dim() - 1, 1, -1):
+        size = t.shape[axis]
+        if size == 1:
+            continue
+        if step is None:
+            step = t.stride(axis)
+        elif t.stride(axis) != step * inner:
+            t, step = t.contiguous(), 1
+            break
+        inner *= size
+    return t, math.prod(t.shape[2:]), (t.stride(0), t.stride(1), 1 if step is None else step)
+
+
+def tiles(t: torch.Tensor, channels: int) -> tuple[int, int]:
+    """``(BLOCK_C, BLOCK_N)``: a tile of channels by cells, wide along the contiguous axis (one
+    channel by :data:`BLOCK_CELLS` cells in channels first; up to :data:`BLOCK_CHANNELS_LAST`
+    channels in channels last)."""
+    if t.stride(1) == 1 and channels > 1:
+        return min(BLOCK_CHANNELS_LAST, p2(channels)), max(BLOCK_CELLS // BLOCK_CHANNELS_LAST, 1)
+    return 1, BLOCK_CELLS
+
+
+def split(rows: int, cells: int, block_n: int) -> tuple[int, int]:
+    """``(SPLIT, CHUNK)``: each of ``rows`` reductions over ``cells`` cells cut into ``SPLIT``
+    chunks of ``CHUNK`` cells (a multiple of ``block_n``), enough programs to fill a GPU."""
+    want = min(MAX_SPLIT, cdiv(TARGET_PROGRAMS, max(rows, 1)), cdiv(cells, MIN_CHUNK_BLOCKS * block_n))
+    chunk = cdiv(cdiv(cells, max(want, 1)), block_n) * block_n
+    return cdiv(cells, chunk), chunk
+
+
+def stat_types(dtype: torch.dtype) -> tuple[torch.dtype, object]:
+    """The statistics' torch and Triton dtypes for inputs of ``dtype``: float64 for float64, else
+    float32."""
+    return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
+
+
+def valid_rows(valid: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor, int, int]:
+    """The valid map ``Tensor[B, 1, *S]`` as ``Tensor[B, S]`` (a view where it can be) and its two
+    strides."""
+    rows = valid.reshape(batch, cells)
+    return rows, rows.stride(0), rows.stride(1)
