@@ -175,6 +175,35 @@ def test_triton_path_keeps_the_cache_and_hands_out_owned_results():
     torch.testing.assert_close(results[2], PositionEmbeddingSine(8, normalize=True, cache_size=0)(x))
 
 
+@needs_triton
+@pytest.mark.parametrize("n, mode, out, angles", [
+    (2, 1, "*fp32", "*fp32"), (3, 2, "*fp32", "*fp32"), (1, 0, "*bf16", "*fp64"), (1, 2, "*fp16", "*fp32"),
+], ids=["2D boxes", "3D counts", "1D none bf16 float64 angles", "1D counts fp16"])
+def test_triton_kernel_compiles_for_a_gpu_with_precise_maths(n, mode, out, angles):
+    """The compiled (not interpreted) kernel builds for an H100 / H200 (sm_90) on this CPU, and its
+    maths are the precise ones torch's CUDA kernels use: correctly rounded divisions and libdevice's
+    sin / cos (no ``.approx`` instruction), so a GPU gives the torch path's numbers."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from vispos.encodings._sine_kernel import sine_embed_kernel
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("Triton without its NVIDIA backend")
+    signature = {name: "i32" for name in triton.jit(sine_embed_kernel).arg_names}
+    signature.update({name: "*i32" for name in ("boxes_ptr", "counts0_ptr", "counts1_ptr", "counts2_ptr")})
+    signature.update(out_ptr=out, div_ptr=angles, spacing_ptr="*fp32")
+    signature.update({name: "fp32" for name in ("offset", "eps", "scale", "extent")})
+    constexprs = dict(N_AXES=n, MODE=mode, NORMALIZE=True, HAS_OFFSET=True, HAS_SPACING=n == 3, HAS_EXTENT=False,
+                      ANGLES_64=angles == "*fp64", BLOCK_R=1 if n == 1 else 16, BLOCK_W=64, KC=8)
+    signature.update({name: "constexpr" for name in constexprs})
+    source = ASTSource(fn=triton.jit(sine_embed_kernel), signature=signature, constexprs=constexprs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    assert "div.rn.f32" in ptx or "div.rn.f64" in ptx
+    assert "approx" not in ptx and "div.full" not in ptx
+
+
 # --------------------------------------------------------------------- the ops' torch code
 
 @pytest.mark.parametrize("rule", list(RULES))

@@ -279,6 +279,9 @@ def _launch(
     grid = (-(-rows // block_r) * -(-width // block_w), batch, -(-half // _FREQUENCIES))
     dummy = divisors  # a pointer the kernel does not read in this mode
     planes = list(counts) + [dummy] * (3 - len(counts))
+    if out.is_cuda and out.device.index != torch.cuda.current_device():  # Triton launches on the current one
+        with torch.cuda.device(out.device):
+            return _launch(out, mode, boxes, counts, divisors, spacing, rule)
     _kernel()[grid](
         out, dummy if boxes is None else boxes, *planes, divisors, divisors.stride(0),
         dummy if spacing is None else spacing,
