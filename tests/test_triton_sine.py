@@ -286,7 +286,7 @@ def _c5(batch=2, size=(25, 34)):
 def test_triton_c5_launches_on_the_cuda_path(make_input, most, offset):
     """Kernels a GPU would launch for DETR's C5 (B x 256 x 25 x 34), counted on the CPU with the
     CUDA code paths chosen (``count_device_ops``: host-to-device copies included, allocations
-    excluded, a custom op weighed by its declared launches). The torch path launched 7 (nested)
+    excluded, a custom op weighed by its declared launches). The torch path launched 6 (nested)
     and 15 (bool mask). The count does not grow with the batch."""
     pe, x = PositionEmbeddingSine(128, normalize=True, offset=offset, cache_size=0), make_input()
     n, ops = count_device_ops(lambda: pe(x), launches=True)
