@@ -312,3 +312,61 @@ def test_packed_under_torch_compile(key):
                     torch.testing.assert_close(a, b)
     finally:
         torch._dynamo.reset()
+
+
+def _reference_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, **_):
+    """FlashAttention's variable-length contract, from its docstring: ``(T, H, D)`` tensors, each
+    span of ``cu_seq_q`` attending within itself (a slow reference for the CPU)."""
+    assert cu_seq_q.dtype == torch.int32 and torch.equal(cu_seq_q, cu_seq_k)
+    bounds = cu_seq_q.tolist()
+    assert max_q == max_k == max(b - a for a, b in zip(bounds, bounds[1:]))
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        q, k, v = (t[a:b].transpose(0, 1) for t in (query, key, value))
+        out.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("key", ["vit", "vit_reg"])
+def test_block_diagonal_attention_through_the_variable_length_kernel(key, monkeypatch):
+    """The path CUDA takes in float16 / bfloat16 (one variable-length attention call per block for
+    every item), its kernel replaced by a slow reference of its contract: the same levels and
+    gradients as one attention call per item."""
+    import torch.nn.attention.varlen as varlen
+
+    from vispos.invariance import _packed
+
+    packed, _ = _pair(key, dtype=torch.float64)
+    images = _images(SIZES["apart"] + SIZES["odd"])
+    want = packed(images)
+    want_grads = torch.autograd.grad(sum(level.tensors.sum() for level in want), list(packed.parameters()))
+    calls = []
+
+    def kernel(*args, **kwargs):
+        calls.append(args[0].shape)
+        return _reference_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(varlen, "varlen_attn", kernel)
+    monkeypatch.setattr(_packed, "_varlen_ok", lambda q, dropout_p: dropout_p == 0.0)
+    got = packed(images)
+    got_grads = torch.autograd.grad(sum(level.tensors.sum() for level in got), list(packed.parameters()))
+    assert len(calls) == 2  # one call per block (depth 2) for all six items
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.tensors, b.tensors, rtol=1e-10, atol=1e-10)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_bfloat16_on_cuda_equals_padded_invariant():
+    """FlashAttention's variable-length kernel on the GPU: the packed levels in bfloat16 autocast
+    equal the padded invariant mode's (bfloat16 rounding)."""
+    packed, invariant = _pair("vit", dtype=torch.float32, mode="invariant")
+    packed, invariant = packed.cuda().eval(), invariant.cuda().eval()
+    batch = nested_tensor_from_tensor_list([i.cuda() for i in _images(SIZES["apart"] + SIZES["odd"],
+                                                                       dtype=torch.float32)])
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        got, want = packed(batch), invariant(batch)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.tensors.float(), b.tensors.float(), rtol=2e-2, atol=2e-2)

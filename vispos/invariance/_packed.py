@@ -1,25 +1,27 @@
 """Packed (padding-free) runs of timm's ViT and EVA token models: every item's tokens in one sequence.
 
 A padded batch spends its compute on the canvas; a packed run spends it on the items' own tokens
-only. Each item is embedded alone, by the model's own modules: its patch embedding, and its
-``_pos_embed`` (the learned table resampled to the item's grid, the RoPE table of the item's grid,
-the class and register tokens per item); a caller's vispos position embedding (sine, random
-Fourier, ...) is computed on the item's token grid too. The tokens of all items are concatenated
-into one sequence ``(1, N_1 + ... + N_B, C)`` and every block runs on it: the token-wise layers
-(norms, MLP, layer scale) on all tokens at once, attention block-diagonally, as one call of the
-block's own attention module per item (timm's code: QK norm, RoPE, gates, fused SDPA), stochastic
-depth drawn per item. The requested blocks come back as the padded mode's levels (see
+only. The batch is embedded on its canvas exactly as the padded invariant mode embeds it (zeros
+outside each item, each item's own learned table and class / register tokens; a caller's vispos
+position embedding computed on each distinct item grid), then every item's tokens are gathered
+into one sequence ``(1, N_1 + ... + N_B, C)`` by one gather (indices built on the host for the
+whole batch, one transfer), and every block runs on it: the token-wise layers (norms, MLP, layer
+scale) on all tokens at once, attention block-diagonally, stochastic depth drawn per item. timm's
+plain ``Attention`` runs once on all tokens with its one SDPA call made block-diagonal: on CUDA in
+float16 / bfloat16 one FlashAttention variable-length call (``cu_seqlens``) per block for every
+item; in float32 and on the CPU one SDPA call per item. EVA's rotary attention runs once per item.
+The requested blocks come back, by one more gather, as the padded mode's levels (see
 :class:`~vispos.invariance.TokenModelRule`): ``NestedTensor`` ``(B, C, gh, gw)``, each item's grid
 at the origin, zeros and mask True elsewhere.
 
-The block-diagonal attention was chosen by measurement (``benchmarks/bench_packed.py
---attention``, ``benchmarks/results_packed.md``): on CPU the per-item call is exact and the fastest
-of SDPA with a block-diagonal boolean mask, FlexAttention with a document mask (eager and compiled;
-it has no backward on CPU) and nested jagged tensors.
+On the CPU, one SDPA call per item was measured the fastest exact block-diagonal attention
+(``benchmarks/bench_packed.py --attention``, ``benchmarks/results_packed.md``: against SDPA with a
+block-diagonal boolean mask, FlexAttention with a document mask and nested jagged tensors).
 
 References:
     Dehghani et al., Patch n' Pack: NaViT, a Vision Transformer for any Aspect Ratio and
-    Resolution, NeurIPS 2023 (sequence packing, per-image attention); Wightman, timm
+    Resolution, NeurIPS 2023 (sequence packing, per-image attention); Dao, FlashAttention-2, 2023
+    (variable-length attention, ``torch.nn.attention.varlen``); Wightman, timm
     ``models/vision_transformer.py`` and ``models/eva.py`` (``_pos_embed``,
     ``forward_intermediates``), ``models/naflexvit.py``.
 """
@@ -29,16 +31,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
+from .. import _tracing
 from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
-from ._stem import is_patch_projection, stem_tokens
-from ._tokens import TokenModelRule, block_order, item_grids, refuse_inline_hooks
+from ._token_batch import add_item_positions, as_levels, batch_facts, canvas_tokens
+from ._tokens import TokenModelRule, block_order, item_rope_embeds, on_canvas, refuse_inline_hooks
 from .rules import rule_for
 
 __all__ = ["PackedRunner", "check_packed", "packed_levels"]
@@ -104,17 +109,84 @@ def _drop_path(module: nn.Module, y: Tensor, lengths: list[int]) -> Tensor:
     return y * keep.repeat_interleave(counts, dim=0, output_size=sum(lengths))[None]
 
 
-def _attention(block: nn.Module, y: Tensor, lengths: list[int], ropes: list[Any] | None) -> Tensor:
-    """Block-diagonal attention: the block's own attention module on each item's tokens."""
+def _attention(block: nn.Module, y: Tensor, lengths: list[int], ropes: list[Any] | None,
+               cu_seqlens: Tensor) -> Tensor:
+    """Block-diagonal attention over a packed sequence ``(1, N, C)``. timm's ``Attention`` (no
+    rotary table, fused SDPA) runs once on every token, its one SDPA call made block-diagonal
+    (:class:`_BlockDiagonalSDPA`); any other attention (EVA's, with each item's rotary table), and
+    any attention while Dynamo traces (it does not trace the mode's redirect), runs once per item."""
+    attn = block.attn
+    if ropes is None and _plain_attention(attn) and not _tracing.compiling():
+        with _BlockDiagonalSDPA(lengths, cu_seqlens) as sdpa:
+            out = attn(y)
+        if sdpa.calls != 1:  # pragma: no cover - timm's Attention calls SDPA exactly once
+            raise RuntimeError(f"packed=True: {type(attn).__name__} made {sdpa.calls} SDPA calls, expected 1")
+        return out
     parts = torch.split(y, lengths, dim=1)
     if ropes is None:
-        return torch.cat([block.attn(part) for part in parts], dim=1)
-    return torch.cat([block.attn(part, rope=rope) for part, rope in zip(parts, ropes)], dim=1)
+        return torch.cat([attn(part) for part in parts], dim=1)
+    return torch.cat([attn(part, rope=rope) for part, rope in zip(parts, ropes)], dim=1)
 
 
-def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | None) -> Tensor:
+def _plain_attention(attn: nn.Module) -> bool:
+    """timm's ``Attention`` with its own forward and fused SDPA: every layer but SDPA is per token."""
+    from timm.layers import Attention
+
+    return type(attn).forward is Attention.forward and bool(getattr(attn, "fused_attn", False))
+
+
+class _BlockDiagonalSDPA(TorchFunctionMode):
+    """Inside it (this thread only), ``F.scaled_dot_product_attention`` on a packed sequence
+    ``q, k, v`` ``(1, H, N, D)`` attends within each item's span: FlashAttention's variable-length
+    kernel (``torch.nn.attention.varlen.varlen_attn``, cumulative lengths ``cu_seqlens``) on CUDA in
+    float16 / bfloat16 without dropout, one SDPA call per item otherwise (float32, the CPU)."""
+
+    def __init__(self, lengths: list[int], cu_seqlens: Tensor) -> None:
+        super().__init__()
+        self.lengths, self.cu_seqlens, self.calls, self._inside = lengths, cu_seqlens, 0, False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention or self._inside:  # (Dynamo re-enters the mode)
+            return func(*args, **kwargs)
+        self.calls += 1
+        self._inside = True
+        try:
+            return self._attend(*args, **kwargs)
+        finally:
+            self._inside = False
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0,
+                is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> Tensor:
+        if attn_mask is not None or is_causal or enable_gqa:  # pragma: no cover - not what timm's Attention passes
+            raise RuntimeError("packed=True: block-diagonal attention takes no mask, causality or GQA")
+        if _varlen_ok(q, dropout_p):
+            from torch.nn.attention.varlen import varlen_attn
+
+            longest = max(self.lengths)
+            out = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), self.cu_seqlens,
+                              self.cu_seqlens, longest, longest, scale=scale)  # (N, H, D)
+            return out.transpose(0, 1)[None]
+        parts = zip(*(t.split(self.lengths, dim=2) for t in (q, k, v)))
+        return torch.cat([F.scaled_dot_product_attention(qi, ki, vi, dropout_p=dropout_p, scale=scale)
+                          for qi, ki, vi in parts], dim=2)
+
+
+def _varlen_ok(q: Tensor, dropout_p: float) -> bool:
+    """Whether FlashAttention's variable-length kernel takes this call: CUDA, float16 / bfloat16,
+    no dropout, and a torch that has it."""
+    if not (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout_p == 0.0):
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:  # pragma: no cover - an older torch
+        return False
+    return True
+
+
+def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | None, cu_seqlens: Tensor) -> Tensor:
     """timm ``Block.forward`` / ``EvaBlock.forward`` on a packed sequence ``(1, N, C)``."""
-    y = _attention(block, block.norm1(x), lengths, ropes)
+    y = _attention(block, block.norm1(x), lengths, ropes, cu_seqlens)
     y = block.ls1(y) if hasattr(block, "ls1") else (y if block.gamma_1 is None else block.gamma_1 * y)
     x = x + _drop_path(block.drop_path1, y, lengths)
     y = block.mlp(block.norm2(x))
@@ -122,33 +194,31 @@ def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | N
     return x + _drop_path(block.drop_path2, y, lengths)
 
 
-def _embed(model: nn.Module, patches: Tensor, position_embedding: nn.Module | None) -> tuple[Tensor, Any]:
-    """One item's tokens ``(1, P + h * w, C)`` from its patch tokens ``(1, h, w, C)`` as the model
-    embeds it alone (``_pos_embed``, ``patch_drop``, ``norm_pre``), and its rotary table (EVA;
-    else None)."""
-    tokens = patches
-    if position_embedding is not None:
-        mask = torch.zeros(tokens.shape[:3], dtype=torch.bool, device=tokens.device)
-        tokens = tokens + position_embedding(mask).permute(0, 2, 3, 1).to(tokens.dtype)
-    out = model._pos_embed(tokens)
-    tokens, rope = out if isinstance(out, tuple) else (model.patch_drop(out), None)
-    return model.norm_pre(tokens), rope
-
-
-def _patch_tokens(model: nn.Module, x: Tensor | Sequence[Tensor], padding: Padding, sizes, grids) -> list[Tensor]:
-    """Each item's patch tokens ``(1, h, w, C)``: the item alone through ``patch_embed`` (one
-    patch-sized convolution per token), or, for a convolutional stem, the padded batch through
-    the rule book's stem, as the padded mode runs it (zeros outside each item, statistics over
-    every item's valid cells: a batch norm's are the batch's), cut to each item's grid."""
-    if is_patch_projection(model.patch_embed):
-        return [model.patch_embed(x[b][:, : s[0], : s[1]][None]) for b, s in enumerate(sizes)]
-
-    if isinstance(x, Tensor):
-        canvas = x if padding.kind == "none" else x.masked_fill(padding.mask[:, None], 0)
-    else:  # the list on the largest size (what _inputs took as the padding's canvas), zeros around each item
-        canvas = nested_tensor_from_tensor_list(x).tensors
-    tokens = stem_tokens(model.patch_embed, canvas, padding, grids)  # (B, gh, gw, C)
-    return [tokens[b : b + 1, : g[0], : g[1]].contiguous() for b, g in enumerate(grids)]
+@torch.compiler.disable
+def _pack_tables(grids: list[tuple[int, int]], prefix: int, canvas: tuple[int, int],
+                 device: torch.device) -> tuple[list[int], Tensor, Tensor, Tensor]:
+    """The packing of a batch's tokens, built on the host for the whole batch and sent in one
+    transfer (outside a compiled graph): each item's length ``P + h * w``; ``pack``, the row of
+    every packed token in the canvas sequence ``(B * (P + gh * gw), C)``; ``unpack``, for every
+    cell of the levels ``(B * gh * gw)``, the packed row of its token (the zero row ``N`` on the
+    padding); ``cu_seqlens`` ``(B + 1,)`` int32, the items' cumulative lengths."""
+    gh, gw = canvas
+    row_len = prefix + gh * gw
+    h = np.array([g[0] for g in grids], dtype=np.int64)
+    w = np.array([g[1] for g in grids], dtype=np.int64)
+    lengths = prefix + h * w
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    # pack: within item b, position j < P is prefix token j, else patch token (j - P) of its h x w grid
+    item = np.repeat(np.arange(len(grids)), lengths)
+    j = np.arange(int(starts[-1])) - starts[item]
+    patch = np.maximum(j - prefix, 0)
+    pack = item * row_len + np.where(j < prefix, j, prefix + (patch // w[item]) * gw + patch % w[item])
+    # unpack: canvas cell (b, r, c) reads packed row starts[b] + P + r * w_b + c inside the item's grid
+    r, c = np.divmod(np.arange(gh * gw), gw)
+    inside = (r[None] < h[:, None]) & (c[None] < w[:, None])
+    unpack = np.where(inside, starts[:-1, None] + prefix + r[None] * w[:, None] + c[None], starts[-1])
+    moved = _tracing.host_arrays([pack, unpack.reshape(-1), starts.astype(np.int32)], device)
+    return [int(n) for n in lengths], moved[0], moved[1], moved[2]
 
 
 def packed_levels(
@@ -162,6 +232,12 @@ def packed_levels(
     ``VisionTransformer`` / ``Eva`` on packed tokens: the levels of the padded invariant mode,
     computed without padding tokens (see the module docstring).
 
+    The batch is embedded on its canvas as the padded mode embeds it (zeros outside each item, each
+    item's own position table), every item's tokens are gathered into one sequence by one gather,
+    the blocks run on it, and each wanted block is scattered back to the canvas by another: no work
+    per item but timm's attention of other families than the plain ``Attention`` (EVA's rotary
+    attention), which runs per item.
+
     Args:
         model (nn.Module): timm ``VisionTransformer`` or ``Eva``, ``dynamic_img_size=True``.
         x (Tensor[B, C, H, W] | sequence of B Tensor[C, H_b, W_b]): a padded batch with items at
@@ -172,9 +248,9 @@ def packed_levels(
             block order, each index once (as timm's ``forward_intermediates``).
         position_embedding (nn.Module, optional): a vispos spatial embedding (e.g.
             :class:`~vispos.PositionEmbeddingSine`, :class:`~vispos.PositionEmbeddingRandom`)
-            called on each item's token grid as an all-valid bool mask ``Tensor[1, h, w]``; its
-            output ``Tensor[1, C, h, w]`` is added to the item's patch tokens before the model's own
-            position step. Default None.
+            called once per distinct item grid as an all-valid bool mask ``Tensor[1, h, w]``; its
+            output ``Tensor[1, C, h, w]`` is added to each such item's patch tokens before the
+            model's own position step. Default None.
 
     Returns:
         list of NestedTensor ``(B, embed_dim, gh, gw)`` in the model's dtype: ``(gh, gw)`` the token
@@ -186,43 +262,45 @@ def packed_levels(
             of it.
 
     References:
-        Dehghani et al., NaViT, NeurIPS 2023; timm ``forward_intermediates``.
+        Dehghani et al., NaViT, NeurIPS 2023; timm ``forward_intermediates``; Dao, FlashAttention-2,
+        2023 (variable-length attention over cumulative sequence lengths).
     """
-    grids = item_grids(model.patch_embed, padding)
-    sizes = [tuple(padding.spatial)] * padding.batch if padding.kind == "none" else list(padding.sizes)
-    patches = _patch_tokens(model, x, padding, sizes, grids)
-    embedded = [_embed(model, p, position_embedding) for p in patches]
-    lengths = [int(t.shape[1]) for t, _ in embedded]
-    tokens = torch.cat([t for t, _ in embedded], dim=1)
-    ropes = [rope for _, rope in embedded]
+    if not isinstance(x, Tensor):  # the items on the largest size, zeros around each
+        x = nested_tensor_from_tensor_list(list(x)).tensors
+    facts = batch_facts(model, x, padding, rope=False)
+    tokens = canvas_tokens(model, x, padding, facts)  # (B, gh, gw, C)
+    batch, gh, gw, dim = tokens.shape
+    if position_embedding is not None:  # each distinct grid's embedding, as alone, placed by one gather
+        tables = {}
+        for grid in facts.grids:
+            if grid not in tables:
+                alone = torch.zeros((1, *grid), dtype=torch.bool, device=tokens.device)
+                tables[grid] = position_embedding(alone)[0].flatten(1).t()  # (h * w, C)
+        pos = on_canvas([tables[grid] for grid in facts.grids], facts.grids, (gh, gw))
+        tokens = tokens + pos.view(batch, gh, gw, -1).to(tokens.dtype)
+    seq = model.pos_drop(add_item_positions(model, tokens, facts.pos))
+    if getattr(model, "patch_drop", None) is not None:  # an identity (check_packed refuses dropout)
+        seq = model.patch_drop(seq)
+    seq = model.norm_pre(seq)  # (B, P + gh * gw, C)
+    prefix = model.num_prefix_tokens
+    lengths, pack, unpack, cu_seqlens = _pack_tables(facts.grids, prefix, (gh, gw), tokens.device)
+    packed = seq.reshape(-1, dim).index_select(0, pack)[None]  # (1, N, C)
+    ropes = None
+    if getattr(model, "rope", None) is not None:
+        ropes = item_rope_embeds(model.rope, facts.grids)
     mixed = getattr(model, "rope_mixed", False)
-    wanted, out = block_order(indices), {}
+    wanted, maps = block_order(indices), []
     for depth, block in enumerate(model.blocks[: wanted[-1] + 1]):
-        item_ropes = None if ropes[0] is None else ([r[depth] for r in ropes] if mixed else ropes)
+        item_ropes = None if ropes is None else ([r[depth] for r in ropes] if mixed else ropes)
         if model.grad_checkpointing and torch.is_grad_enabled():  # as timm and the padded rule do
-            tokens = checkpoint(_block, block, tokens, lengths, item_ropes, use_reentrant=False)
+            packed = checkpoint(_block, block, packed, lengths, item_ropes, cu_seqlens, use_reentrant=False)
         else:
-            tokens = _block(block, tokens, lengths, item_ropes)
+            packed = _block(block, packed, lengths, item_ropes, cu_seqlens)
         if depth in wanted:
-            out[depth] = tokens
-    canvas = tuple(int(g) for g in model.patch_embed.dynamic_feat_size(tuple(padding.spatial)))
-    if padding.kind == "none":
-        level_padding = Padding.none(padding.batch, canvas, tokens.device)
-    else:
-        level_padding = Padding.from_sizes(grids, canvas, device=tokens.device)
-    return [_unpack(out[i], lengths, grids, model.num_prefix_tokens, level_padding) for i in wanted]
-
-
-def _unpack(tokens: Tensor, lengths: list[int], grids: list[tuple[int, int]], prefix: int,
-            padding: Padding) -> NestedTensor:
-    """A packed block output ``(1, N, C)`` as a level ``(B, C, gh, gw)``: each item's patch tokens
-    (prefix tokens dropped) on its grid at the origin, zeros elsewhere."""
-    gh, gw = padding.spatial
-    maps = []
-    for part, (h, w) in zip(torch.split(tokens, lengths, dim=1), grids):
-        grid = part[0, prefix:].reshape(h, w, -1).permute(2, 0, 1)
-        maps.append(F.pad(grid, (0, gw - w, 0, gh - h)))
-    return NestedTensor(torch.stack(maps), padding)
+            rows = torch.cat([packed[0], packed.new_zeros(1, dim)])  # the zero row for the padding
+            grid = rows.index_select(0, unpack).view(batch, gh, gw, dim).permute(0, 3, 1, 2)
+            maps.append(grid.contiguous())
+    return as_levels(maps, facts.token_padding)
 
 
 class PackedRunner:

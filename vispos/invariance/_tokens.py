@@ -46,7 +46,7 @@ from .rules import InvarianceRule
 
 __all__ = [
     "TokenModelRule", "TokenRunner", "block_order", "has_hooks", "item_grids", "item_pos_embeds", "item_rope_embeds",
-    "on_canvas", "key_padding_keep", "no_rule_message", "refuse_inline_hooks", "token_level", "token_model_classes",
+    "on_canvas", "key_padding_keep", "no_rule_message", "refuse_inline_hooks", "token_model_classes",
 ]
 
 #: ``levels(model, x, padding, indices) -> list[NestedTensor]``
@@ -331,14 +331,3 @@ def key_padding_keep(token_padding: Padding, num_prefix_tokens: int) -> Tensor:
     if num_prefix_tokens:
         keep = torch.cat([keep.new_ones(keep.shape[0], num_prefix_tokens), keep], dim=1)
     return keep[:, None, None, :]
-
-
-def token_level(tokens: Tensor, num_prefix_tokens: int, token_padding: Padding) -> NestedTensor:
-    """A block's output ``Tensor[B, P + gh * gw, C]`` as a level: prefix tokens dropped, the grid
-    ``(B, C, gh, gw)``, zeros on the padding cells (no gradient reaches a parameter through them)."""
-    batch, _, dim = tokens.shape
-    gh, gw = token_padding.spatial
-    grid = tokens[:, num_prefix_tokens:].reshape(batch, gh, gw, dim).permute(0, 3, 1, 2)
-    if token_padding.kind != "none":
-        grid = grid.masked_fill(token_padding.mask[:, None], 0)
-    return NestedTensor(grid.contiguous(), token_padding)

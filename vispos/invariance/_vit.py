@@ -19,20 +19,17 @@ References:
 from __future__ import annotations
 
 import inspect
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .. import _tracing
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._packed import packed_levels
-from ._stem import _refuse, check_stem, is_patch_projection, stem_tokens
-from ._tokens import (
-    TokenModelRule, block_order, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas,
-)
+from ._stem import _refuse, check_stem, is_patch_projection
+from ._token_batch import TokenFacts, add_item_positions, as_levels, batch_facts, canvas_tokens
+from ._tokens import TokenModelRule, block_order
 from .rules import register_invariance_rule
 
 __all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva"]
@@ -95,110 +92,13 @@ def check_eva(model: nn.Module) -> None:
     _check_common(model, "timm.models.eva.Eva")
 
 
-class _Facts(NamedTuple):
-    """What a padded batch's items are, for the token graph: each item's grid, the token padding of
-    the levels, and the tensors the graph reads (the pixel and token masks, the key mask, each
-    item's position table and rotary table placed on the canvas). Built on the host side of the
-    graph (:func:`_facts`)."""
-
-    grids: list[tuple[int, int]]
-    token_padding: Padding
-    pixel_mask: Tensor | None  # Tensor[B, H, W] bool, True = padding (None: no padding)
-    token_mask: Tensor | None  # Tensor[B, gh, gw] bool
-    keep: Tensor | None  # Tensor[B, 1, 1, P + gh * gw] bool, True = attend
-    pos: Tensor | None  # Tensor[B, N, C]: the table to add (N with or without the prefix tokens)
-    rope: Tensor | None  # Tensor[B, 1, gh * gw, D], or [depth, B, heads, gh * gw, D] (mixed)
-
-
-def _facts(model: nn.Module, x: Tensor, padding: Padding, rope: bool) -> _Facts:
-    """The per-item facts of a batch (:class:`_Facts`): grids from the boxes on the host, each
-    item's position table resampled to its grid and placed on the canvas (differentiable: the
-    model's ``pos_embed`` gets its gradient through it), its rotary table with ``rope``."""
-    grids = item_grids(model.patch_embed, padding)
-    canvas = tuple(int(g) for g in model.patch_embed.dynamic_feat_size(tuple(x.shape[2:])))
-    batch, npt = x.shape[0], model.num_prefix_tokens
-    if padding.kind == "none":
-        token_padding = Padding.none(batch, canvas, x.device)
-        pixel_mask = token_mask = keep = None
-    else:
-        token_padding = Padding.from_sizes(grids, canvas, device=x.device)
-        pixel_mask, token_mask = padding.mask, token_padding.mask
-        keep = key_padding_keep(token_padding, npt)
-    pos = None
-    if model.pos_embed is not None:
-        skip = 0 if model.no_embed_class else npt
-        tables = item_pos_embeds(model, grids)  # one object per distinct grid
-        views = {id(t): t[0, skip:] for t in tables}
-        pos = on_canvas([views[id(t)] for t in tables], grids, canvas)
-        if skip:
-            pos = torch.cat([tables[0][:, :skip].expand(batch, -1, -1), pos], dim=1)
-    rotary = None
-    if rope and model.rope is not None:
-        rotary = on_canvas(item_rope_embeds(model.rope, grids), grids, canvas)
-        # (B, N, D) -> (B, 1, N, D) broadcast over heads; mixed (B, depth, heads, N, D) -> (depth, B, heads, N, D)
-        rotary = rotary.transpose(0, 1) if getattr(model, "rope_mixed", False) else rotary[:, None]
-    return _Facts(grids, token_padding, pixel_mask, token_mask, keep, pos, rotary)
-
-
-_facts_outside_graph = torch.compiler.disable(_facts)
-
-
-def _batch_facts(model: nn.Module, x: Tensor, padding: Padding, rope: bool) -> _Facts:
-    """:func:`_facts`; under ``torch.compile`` run outside the graph, which then reads only tensors:
-    a new mix of item grids on the same canvas is new data for one graph, not a recompile."""
-    if _tracing.compiling() and is_patch_projection(model.patch_embed):
-        return _facts_outside_graph(model, x, padding, rope)
-    return _facts(model, x, padding, rope)
-
-
-def _tokens(model: nn.Module, x: Tensor, padding: Padding, facts: _Facts) -> Tensor:
-    """Patch tokens ``(B, gh, gw, C)`` of the zero-filled canvas (what ``dynamic_img_pad`` pads an
-    item with alone)."""
-    if facts.pixel_mask is not None:
-        x = x.masked_fill(facts.pixel_mask[:, None], 0)
-    if is_patch_projection(model.patch_embed):
-        return model.patch_embed(x)
-    return stem_tokens(model.patch_embed, x, padding, facts.grids)
-
-
-def _prefix(model: nn.Module, batch: int) -> list[Tensor]:
-    to_cat = []
-    if model.cls_token is not None:
-        to_cat.append(model.cls_token.expand(batch, -1, -1))
-    if model.reg_token is not None:
-        to_cat.append(model.reg_token.expand(batch, -1, -1))
-    return to_cat
-
-
-def _add_pos(model: nn.Module, tokens: Tensor, pos: Tensor | None) -> Tensor:
-    """``_pos_embed`` of timm's ViT / Eva with each item's table ``pos`` (:func:`_facts`):
-    ``Tensor[B, P + gh * gw, C]`` (before ``pos_drop``)."""
-    batch, dim = tokens.shape[0], tokens.shape[-1]
-    x = tokens.reshape(batch, -1, dim)
-    to_cat = _prefix(model, batch)
-    if pos is None:
-        return torch.cat(to_cat + [x], dim=1)
-    if model.no_embed_class:
-        x = x + pos
-        return torch.cat(to_cat + [x], dim=1) if to_cat else x
-    if to_cat:
-        x = torch.cat(to_cat + [x], dim=1)
-    return x + pos
-
-
 def _run_block(model: nn.Module, blk: nn.Module, x: Tensor, **kwargs) -> Tensor:
     if model.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting():
         return checkpoint(blk, x, use_reentrant=False, **kwargs)
     return blk(x, **kwargs)
 
 
-@torch.compiler.disable
-def _as_levels(grids: list[Tensor], token_padding: Padding) -> list[NestedTensor]:
-    """The levels' maps with their padding (outside a compiled graph: a padding is a host value)."""
-    return [NestedTensor(grid, token_padding) for grid in grids]
-
-
-def _blocks_to_levels(model: nn.Module, x: Tensor, facts: _Facts, indices: tuple[int, ...],
+def _blocks_to_levels(model: nn.Module, x: Tensor, facts: TokenFacts, indices: tuple[int, ...],
                       block_kwargs) -> list[NestedTensor]:
     """Runs ``model.blocks`` up to the last wanted index with the key mask of the facts
     (``block_kwargs(i)`` adds block ``i``'s own arguments) and returns the wanted levels in block
@@ -214,7 +114,7 @@ def _blocks_to_levels(model: nn.Module, x: Tensor, facts: _Facts, indices: tuple
             if facts.token_mask is not None:
                 grid = grid.masked_fill(facts.token_mask[:, None], 0)
             maps.append(grid.contiguous())
-    return _as_levels(maps, facts.token_padding)
+    return as_levels(maps, facts.token_padding)
 
 
 def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
@@ -237,8 +137,8 @@ def vit_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     Raises:
         ValueError: an item smaller than one patch.
     """
-    facts = _batch_facts(model, x, padding, rope=False)
-    x = _add_pos(model, _tokens(model, x, padding, facts), facts.pos)
+    facts = batch_facts(model, x, padding, rope=False)
+    x = add_item_positions(model, canvas_tokens(model, x, padding, facts), facts.pos)
     if model.pos_embed is not None:
         x = model.pos_drop(x)
     return _blocks_to_levels(model, model.norm_pre(model.patch_drop(x)), facts, indices, lambda i: {})
@@ -264,8 +164,8 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     Raises:
         ValueError: an item smaller than one patch.
     """
-    facts = _batch_facts(model, x, padding, rope=True)
-    x = model.pos_drop(_add_pos(model, _tokens(model, x, padding, facts), facts.pos))
+    facts = batch_facts(model, x, padding, rope=True)
+    x = model.pos_drop(add_item_positions(model, canvas_tokens(model, x, padding, facts), facts.pos))
     rope, mixed = facts.rope, getattr(model, "rope_mixed", False)
     return _blocks_to_levels(model, model.norm_pre(x), facts, indices,
                              lambda i: {"rope": rope[i] if mixed and rope is not None else rope})
