@@ -25,7 +25,6 @@ References:
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 import threading
@@ -42,14 +41,16 @@ _LOCK = threading.Lock()
 _STATE = threading.local()  # .forced (bool): CPU tensors take the Triton path; .tally (Counter or None)
 
 
-@functools.cache
+_AVAILABLE = importlib.util.find_spec("triton") is not None  # a plain global: Dynamo reads it as a constant
+
+
 def available() -> bool:
     """True when Triton can be imported (CUDA wheels of torch bring it; CPU wheels do not).
 
     Raises:
         Nothing.
     """
-    return importlib.util.find_spec("triton") is not None
+    return _AVAILABLE
 
 
 def use_triton(t: torch.Tensor) -> bool:
