@@ -10,6 +10,12 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+# Without a GPU the Triton kernels are tested on the CPU through Triton's interpreter. Triton builds
+# its own library functions (tl.sum, tl.cdiv, ...) compiled or interpreted once, when it is first
+# imported (importing vispos imports it): the interpreter is chosen before that, for the whole run.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # CUDA results are compared with the CPU's at float32 tolerances: cuDNN's default TensorFloat-32
 # convolutions (10-bit mantissa on Ampere and later) would move them by about 1e-3 relative.
 torch.backends.cudnn.allow_tf32 = False

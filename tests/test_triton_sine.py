@@ -179,10 +179,11 @@ def test_triton_path_keeps_the_cache_and_hands_out_owned_results():
 @pytest.mark.parametrize("n, mode, out, angles", [
     (2, 1, "*fp32", "*fp32"), (3, 2, "*fp32", "*fp32"), (1, 0, "*bf16", "*fp64"), (1, 2, "*fp16", "*fp32"),
 ], ids=["2D boxes", "3D counts", "1D none bf16 float64 angles", "1D counts fp16"])
-def test_triton_kernel_compiles_for_a_gpu_with_precise_maths(n, mode, out, angles):
+def test_triton_kernel_compiles_for_a_gpu_with_precise_maths(n, mode, out, angles, monkeypatch):
     """The compiled (not interpreted) kernel builds for an H100 / H200 (sm_90) on this CPU, and its
     maths are the precise ones torch's CUDA kernels use: correctly rounded divisions and libdevice's
     sin / cos (no ``.approx`` instruction), so a GPU gives the torch path's numbers."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # triton.jit compiles (the tests' default interprets)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -76,6 +76,9 @@ def use_triton(t: torch.Tensor) -> bool:
 def interpreted() -> Iterator[None]:
     """Inside it, CPU tensors take the Triton path through Triton's interpreter
     (``TRITON_INTERPRET=1`` is set for its duration): how the tests run every kernel without a GPU.
+    Triton builds its own library functions (``tl.sum``, ``tl.cdiv``, ...) compiled or interpreted
+    once, when it is first imported: a kernel that calls them runs interpreted only in a process
+    that had ``TRITON_INTERPRET=1`` set before that (the tests' ``conftest.py`` sets it without CUDA).
 
     Raises:
         RuntimeError: Triton is not installed.
