@@ -1,6 +1,6 @@
 """One GPU command: CUDA against CPU, host syncs, CUDA graphs, torch.compile and timings, one table.
 
-Run on a machine with one CUDA device (about 3 minutes, imports and compilation included):
+Run on a machine with one CUDA device (about 8 minutes, imports and compilation included):
 
     python benchmarks/gpu_check.py --out benchmarks/results_gpu.md
 
@@ -24,6 +24,10 @@ every row, so a run cut short still leaves what it measured. Sections, in this o
    defaults leave it).
 5. **torch.compile**: the sine embedding (``fullgraph=True``) and the invariant backbones
    (default mode; graph breaks counted), compared with eager, with the compile time.
+6. **Invariance cost** (``_gpu_invariance.py``): the invariant / stock time ratio of one step for
+   ResNet-50 (trainable and frozen batch norm), ConvNeXt-T, ViT-S/16 padded and packed and r3d_18,
+   at B = 8 and 32, eval and train, float32 and bfloat16 autocast; then the compiled training
+   step of ResNet-50 and ViT-S.
 
 Every section has a time budget (and the whole run ``--budget`` seconds, with a watchdog that
 ends the process after it); an error or a timeout goes into its row and the run goes on. Without
@@ -54,6 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vispos  # noqa: E402
 import bench_position_embedding as bench_pe  # noqa: E402
+from _gpu_invariance import compiled_rows as invariance_compiled_rows, invariance_rows  # noqa: E402
 from _gpu_cases import BACKBONES, FAMILIES, c5_level, flat, item_alone, on, padded_items, valid_cells  # noqa: E402
 from _measure import time_sample  # noqa: E402
 from vispos import nested_tensor_from_tensor_list  # noqa: E402
@@ -422,7 +427,7 @@ def main(argv=None, started: float | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the markdown table here (rewritten after every row)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small workloads, fewer repeats, no ResNet-50 on CPU")
-    parser.add_argument("--budget", type=float, default=210.0, help="seconds for the whole run, imports included")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run, imports included")
     parser.add_argument("--repeats", type=int, default=None, help="timed samples per row (default 11, quick 3)")
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
@@ -448,6 +453,8 @@ def main(argv=None, started: float | None = None) -> int:
         ("embedding timings", 45, lambda: embedding_timings(table, dev, args.quick, repeats)),
         ("ResNet-50 timings", 40, lambda: resnet50_ratio(table, dev, args.quick, repeats)),
         ("torch.compile", 150, lambda: compiled_rows(table, dev, args.quick)),
+        ("invariance cost", 200, lambda: invariance_rows(table, dev, args.quick, min(repeats, 5))),
+        ("invariance cost, compiled", 150, lambda: invariance_compiled_rows(table, dev, min(repeats, 5))),
     ]
     for name, budget, fn in sections:
         left = deadline - time.monotonic()

@@ -16,7 +16,9 @@ def test_command_writes_one_table_with_cuda_rows_skipped(tmp_path):
     assert f"torch {torch.__version__}" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| section")]
     sections = {row.split(" | ")[0][2:] for row in rows}
-    assert sections == {"CUDA = CPU", "padding invariance", "no host sync", "CUDA graph", "timing", "torch.compile"}
+    assert sections == {"CUDA = CPU", "padding invariance", "no host sync", "CUDA graph", "timing", "torch.compile",
+                        "invariance cost", "invariance cost, compiled"}
+    assert all(gpu_check.NO_CUDA in r for r in rows if r.startswith("| invariance cost"))
     for name in gpu_check.FAMILIES:
         assert f"| CUDA = CPU | {name} | {gpu_check.NO_CUDA} |" in text
         assert f"| no host sync | {name} | {gpu_check.NO_CUDA} |" in text
@@ -44,3 +46,17 @@ def test_compare_and_section_budget():
         with gpu_check.time_limit(0.05):
             while True:
                 pass
+
+
+def test_invariance_cost_rows_run(monkeypatch):
+    """The invariance-cost rows' code runs (on the CPU, small items, one row per precision): a
+    ratio of the invariant to the stock step is measured."""
+    import benchmarks._gpu_invariance as rows
+
+    monkeypatch.setattr(rows, "EAGER", (("resnet50", ("eval",)),))
+    monkeypatch.setattr(rows, "SIDES", {2: (32, 48), 3: (16, 24)})
+    table = gpu_check.Table(None, [], None)
+    rows.invariance_rows(table, torch.device("cpu"), small=True, repeats=1)
+    assert [r[1] for r in table.rows] == ["resnet50 eval, B = 8, float32", "resnet50 eval, B = 8, bfloat16"]
+    for _, _, result, value, _ in table.rows:
+        assert result == "measured" and "x (" in value, value
