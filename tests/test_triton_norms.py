@@ -10,6 +10,7 @@ is refused, and vispos works without Triton.
 Every test name holds ``triton`` (``pytest -k triton``); the file is skipped without Triton."""
 
 import contextlib
+import os
 import subprocess
 import sys
 
@@ -335,6 +336,46 @@ def test_triton_ops_compose_with_compile_and_export():
     program = torch.export.export(Net().train(), (x, mask))
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert {"vispos.valid_batch_norm.default", "vispos.valid_group_norm.default"} <= targets, targets
+
+
+_COMPILE = """
+import sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vispos.invariance import _batch_norm_kernels as bn, _group_norm_kernels as gn
+
+if "nvidia" not in triton.backends.backends:
+    sys.exit(3)
+pointers = dict(valid_ptr="*i1", nbt_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32",
+                gw_ptr="*fp32", gb_ptr="*fp32")
+on = dict(HAS_W=True, HAS_B=True, NEED_X=True, NEED_W=True, NEED_B=True, ALL_DY=True, ZERO_PAD=False, UPDATE=True,
+          CUMULATIVE=True, BUMP=True, SPLIT_BLOCK=8, BLOCK_C=32, BLOCK_N=32)
+for data, stat in (("*bf16", "fp32"), ("*fp64", "fp64")):
+    for kernel in (bn._bn_stats, bn._bn_apply, bn._bn_grad_sums, bn._bn_grad_apply, gn._gn_stats, gn._gn_apply,
+                   gn._gn_grad_sums, gn._gn_grad_apply):
+        fn = triton.jit(kernel.fn)
+        constexprs = {k: v for k, v in on.items() if k in fn.arg_names}
+        constexprs["STAT"] = tl.float32 if stat == "fp32" else tl.float64
+        types = {**dict(x_ptr=data, y_ptr=data, dy_ptr=data, gx_ptr=data), **pointers}
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "*" + stat) if n.endswith("_ptr")
+                     else "fp32" if n in ("eps", "momentum") else "i32" for n in fn.arg_names}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        assert triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"], kernel.__name__
+"""
+
+
+def test_triton_kernels_compile_for_a_gpu():
+    """The compiled (not interpreted) kernels build for an H100 / H200 (sm_90) on this CPU, PTX and
+    ptxas, every option on, channels-last tiles: bfloat16 maps with float32 statistics and float64
+    maps with float64 ones (the interpreter does not check what the compiler checks). In a process
+    of its own: Triton builds its library functions interpreted or compiled once, at its import."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env)
+    if out.returncode == 3:
+        pytest.skip("Triton without its NVIDIA backend")
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 def test_triton_absent_leaves_the_norms_working():

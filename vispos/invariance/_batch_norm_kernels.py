@@ -1,7 +1,10 @@
-"""Triton kernels of the masked batch norm: statistics over every item's valid cells in two
-kernels forward (``_bn_stats``: per-chunk count, mean and centred sum of squares; ``_bn_apply``: the
-output, and from its first block per channel the mean, the inverse deviation and the running
-statistics) and two backward (``_bn_grad_sums``, ``_bn_grad_apply``).
+"""Triton kernels of the masked batch norm: statistics over every item's valid cells, two kernels
+each way.
+
+Forward, ``_bn_stats`` writes each chunk's count, mean and centred sum of squares; ``_bn_apply``
+writes the output and, from its first block per channel, the mean, the inverse deviation and the
+running statistics. Backward, ``_bn_grad_sums`` writes each chunk's sums; ``_bn_grad_apply`` the
+input's gradient and, from its first block per channel, the parameters'.
 
 The reference is :mod:`._norm_torch` (``batch_norm_forward``, ``batch_norm_backward``,
 ``update_running_stats``); the launch geometry is :mod:`._norm_kernels`'. Values are loaded under

@@ -1,6 +1,6 @@
-"""Triton kernels of the masked group norm (instance norm with one channel per group): each item's
-statistics over its own valid cells in two kernels forward (``_gn_stats``, ``_gn_apply``) and two
-backward (``_gn_grad_sums``, ``_gn_grad_apply``).
+"""Triton kernels of the masked group norm (instance norm: one channel per group): each item's
+statistics over its own valid cells, two kernels each way (``_gn_stats``, ``_gn_apply``;
+``_gn_grad_sums``, ``_gn_grad_apply``).
 
 The reference is :mod:`._norm_torch` (``group_norm_forward``, ``group_norm_backward``); the launch
 geometry is :mod:`._norm_kernels`'. ``_gn_stats`` runs one program per item, group and chunk of

@@ -1,5 +1,5 @@
-"""How the masked norms' Triton kernels read a feature map and cut their work: strides with the
-spatial axes flattened, tile sizes per memory format, and the split of each reduction in chunks.
+"""The masked norms' Triton launch geometry: strides with the spatial axes flattened, tiles per
+memory format, chunks per reduction.
 
 The kernels (:mod:`._batch_norm_kernels`, :mod:`._group_norm_kernels`) read ``Tensor[B, C, *S]``
 through its batch, channel and spatial strides, the spatial axes flattened to one stride: any

@@ -1,11 +1,11 @@
-"""The masked norms' torch code: batch and group norm over valid cells, forward and closed-form
-backward, the CPU implementation of their custom ops and the reference of their Triton kernels.
+"""The masked norms in plain torch: the CPU path of their custom ops, the reference of their kernels.
 
-Each function is one masked computation over the whole batch (no loop over items, no read of the
-device). A select keeps the padding's values out of every statistic (whatever it holds, NaN and
-+-inf included, is never read); statistics are taken in float32 for 16-bit inputs (float64 stays
-float64). The ops in :mod:`._norm_ops` call these on the CPU (and wherever Triton does not run);
-the tests compare the kernels of :mod:`._norm_kernels` against them.
+Batch and group norm over valid cells, forward and closed-form backward. Each function is one
+masked computation over the whole batch (no loop over items, no read of the device). A select keeps
+the padding's values out of every statistic (whatever it holds, NaN and +-inf included, is never
+read); statistics are taken in float32 for 16-bit inputs (float64 stays float64). The ops of
+:mod:`._norm_ops` run these on the CPU (and wherever Triton does not run); the tests compare the
+kernels of :mod:`._batch_norm_kernels` and :mod:`._group_norm_kernels` against them.
 
 References:
     Ioffe and Szegedy, Batch Normalization, ICML 2015 (statistics, backward; unbiased running
@@ -87,20 +87,25 @@ def _select_bits(valid: Tensor, dtype: torch.dtype) -> Tensor | None:
     return None if bits is None else valid.to(bits).neg_()
 
 
-def _valid_part(t: Tensor, valid: Tensor, bits: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """``torch.where(valid, t.to(dtype), 0)`` bit for bit (whatever the padding holds, NaN
-    included, is never read), and its per-channel sums ``Tensor[C]``.
+def _select(t: Tensor, valid: Tensor, bits: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """``torch.where(valid, t.to(dtype), 0)`` bit for bit: whatever the padding holds, NaN
+    included, is never read.
 
     In float32 / float64 the select is a bitwise and of ``t``'s bits with ``bits``
     (:func:`_select_bits`; +0.0 in the padding): torch's ``where`` with a mask broadcast over the
     channels is 4-5x slower on the CPU, a bitwise and as fast as a product."""
     if bits is None:
-        zeroed = torch.where(valid, t.to(dtype), 0.0)
-    elif t.dtype == dtype:
-        zeroed = torch.bitwise_and(t.view(bits.dtype), bits).view(dtype)
-    else:
-        zeroed = t.to(dtype)
-        zeroed.view(bits.dtype).bitwise_and_(bits)
+        return torch.where(valid, t.to(dtype), 0.0)
+    if t.dtype == dtype:
+        return torch.bitwise_and(t.view(bits.dtype), bits).view(dtype)
+    zeroed = t.to(dtype)
+    zeroed.view(bits.dtype).bitwise_and_(bits)
+    return zeroed
+
+
+def _valid_part(t: Tensor, valid: Tensor, bits: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """:func:`_select` and its per-channel sums ``Tensor[C]``."""
+    zeroed = _select(t, valid, bits, dtype)
     return zeroed, _channel_sums(zeroed)
 
 
@@ -157,7 +162,7 @@ def batch_norm_centred(x: Tensor, valid: Tensor, mean: Tensor) -> Tensor:
     """``x - mean`` on valid cells, zeros in the padding (never read), in the statistics' dtype:
     the ``xc`` of :func:`batch_norm_forward` from its ``mean`` (``Tensor[C]``)."""
     dtype = mean.dtype
-    xc, _ = _valid_part(x, valid, _select_bits(valid, dtype), dtype)
+    xc = _select(x, valid, _select_bits(valid, dtype), dtype)
     return xc.addcmul_(valid.to(dtype), mean.view(_shape(x)), value=-1)
 
 
