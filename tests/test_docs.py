@@ -129,3 +129,21 @@ def test_readme_setup_says_a_second_clone_takes_over_the_command():
         setup = f.read().split("```bash", 1)[0]
     prose = " ".join(setup.split())
     assert "`~/.cache/vispos/venv`" in prose and "second clone" in prose, "README setup paragraph"
+
+
+def test_one_test_command_in_readme_getting_started_and_ci():
+    """README's test command (its second fresh-machine command) is the source: ``.ci/run`` runs it
+    verbatim and docs/getting-started.md shows it verbatim (the page once lacked ``-n 2``)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
+    assert len(commands) == 2, "README's 'Two commands' section should hold two bash blocks"
+    command = commands[1].strip()
+    assert "pytest" in command and "\n" not in command, command
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci_lines = [line.strip() for line in f]
+    assert command in ci_lines, ".ci/run does not run README's test command verbatim"
+    with open(os.path.join(ROOT, "docs", "getting-started.md")) as f:
+        page_lines = [line.strip() for line in f]
+    assert command in page_lines, "docs/getting-started.md does not show README's test command verbatim"
