@@ -107,7 +107,12 @@ BN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", BN_CASES, ids=lambda c: f"{c[0]}-{str(c[2])[6:]}-{c[3]}-zp{int(c[4])}-aff{int(c[5])}-m{c[6]}")
+def _bn_id(case) -> str:
+    name, _, dtype, layout, zero_padding, affine, momentum = case
+    return f"{name}-{str(dtype)[6:]}-{layout}-zp{int(zero_padding)}-aff{int(affine)}-m{momentum}"
+
+
+@pytest.mark.parametrize("case", BN_CASES, ids=_bn_id)
 def test_triton_batch_norm_equals_the_torch_code(case):
     """Through the public call (a Padding's boxes give the count on the host, an arbitrary mask's
     is counted on the device): the output (padding included), the running statistics and
@@ -251,7 +256,8 @@ def test_triton_path_runs_no_torch_compute_op(monkeypatch):
     """The Triton path's host code dispatches allocations and views only (the kernels stubbed out):
     on a GPU the op's kernels are its only launches, running statistics included."""
     launched = []
-    monkeypatch.setattr(_triton._Kernel, "__getitem__", lambda self, grid: lambda *a, **k: launched.append(self.__name__))
+    stub = lambda self, grid: lambda *args, **kwargs: launched.append(self.__name__)  # noqa: E731
+    monkeypatch.setattr(_triton._Kernel, "__getitem__", stub)
     padding = _padding("2d")
     x, w, b, dy = _inputs(padding, 3, torch.float32, "channels_last")
     valid = ~padding.mask.unsqueeze(1)
