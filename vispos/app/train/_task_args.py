@@ -12,8 +12,8 @@ import argparse
 from .._flags import int_at_least, positive_float
 from ._args import TaskFlags
 
-__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "VIT", "VIT_POS", "VOLUMES",
-           "TRAIN_VOLUMES", "HELDOUT_VOLUMES"]
+__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "MAX_VIT_REGISTERS", "VIT", "VIT_POS",
+           "VOLUMES", "TRAIN_VOLUMES", "HELDOUT_VOLUMES"]
 
 # ---------------------------------------------------------------------------------------- 2D
 #: scikit-image sample photographs used as training backgrounds (all shipped, no download)
@@ -37,6 +37,9 @@ VIT_POS = ("none", "sincos", "learned", "rope")
 #: convolutions help transformers see better, NeurIPS 2021); ``patch``, ViT's one patch-sized
 #: convolution per token
 VIT_STEMS = ("conv", "patch")
+#: ``--vit-registers``: the most register tokens (Darcet et al., Vision transformers need registers,
+#: ICLR 2024, use 4 to 16)
+MAX_VIT_REGISTERS = 64
 
 
 def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
@@ -64,6 +67,10 @@ def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--vit-patch", type=pos1, default=None,
                    help=f"--backbone vit's patch size and stride (px; default {VIT['patch_size']}; a power of 2 "
                         "with --vit-stem conv)")
+    g.add_argument("--vit-registers", type=int_at_least(0), default=0, metavar="N",
+                   help="--backbone vit's register tokens: N learned prefix tokens beside the class token, "
+                        "attended to and kept per image like it (Darcet et al. 2024; timm's num_reg_tokens; "
+                        f"at most {MAX_VIT_REGISTERS}; default 0)")
     g.add_argument("--vit-stem", choices=VIT_STEMS, default=None,
                    help="--backbone vit's patch embedding: conv, 3x3 stride-2 convolutions with batch norm and "
                         "ReLU, then a 1x1 (Xiao et al. 2021; the default: the ViT from scratch learns the task "

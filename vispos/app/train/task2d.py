@@ -40,7 +40,7 @@ import vispos
 
 from ...backbones import TimmBackbone
 from ...invariance import rule_for
-from ._task_args import FLAGS_2D, MAX_SIDE, TRAIN_PHOTOS, VIT, VIT_POS, VIT_STEMS
+from ._task_args import FLAGS_2D, MAX_SIDE, MAX_VIT_REGISTERS, TRAIN_PHOTOS, VIT, VIT_POS, VIT_STEMS
 from .cli import run
 from .criterion import BOX_OPS_2D
 from .metrics import coco_map
@@ -70,10 +70,13 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
         error("--size-divisibility", f"must be <= the largest of --scales ({max(args.scales)}): a larger one "
               f"only adds padding, got {args.size_divisibility}")
     for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None)),
-                        ("--vit-stem", getattr(args, "vit_stem", None))):
+                        ("--vit-stem", getattr(args, "vit_stem", None)),
+                        ("--vit-registers", getattr(args, "vit_registers", 0) or None)):
         if args.backbone != VIT_NAME and value is not None:
             error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone "
                   f"{args.backbone}")
+    if getattr(args, "vit_registers", 0) > MAX_VIT_REGISTERS:
+        error("--vit-registers", f"must be <= {MAX_VIT_REGISTERS}, got {args.vit_registers}")
     if args.backbone == VIT_NAME:
         args.vit_pos = args.vit_pos or "learned"
         args.vit_patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
@@ -115,22 +118,27 @@ def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPh
     return train, held
 
 
-def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_size"]) -> dict:
+def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_size"], registers: int = 0) -> dict:
     """``timm.create_model`` options of ``--backbone vit`` (:data:`VIT`) with position arm ``vit_pos``.
 
     The model is timm's ``vit_small_patch16_rope_224`` (class ``Eva``) resized to :data:`VIT`, with
     ``img_size`` the side of its position table's grid (``img_size / patch`` cells, resampled to
     each image's grid), ``patch_size`` its patch (``--vit-patch``). ``none``: no table, no RoPE;
     ``sincos`` / ``learned``: a table (filled by :func:`build_backbone`); ``rope``: timm's axial
-    RoPE (temperature 100, patch coordinates), no table.
+    RoPE (temperature 100, patch coordinates), no table. ``registers`` (``--vit-registers``):
+    ``Eva``'s ``num_reg_tokens``, learned prefix tokens after the class token (no RoPE on them,
+    like the class token; a table has a row for each).
 
     Raises:
-        ValueError: ``vit_pos`` not in :data:`VIT_POS`.
+        ValueError: ``vit_pos`` not in :data:`VIT_POS`; ``registers`` negative.
     """
     if vit_pos not in VIT_POS:
         raise ValueError(f"vit_pos must be one of {VIT_POS}, got {vit_pos!r}")
-    return {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None,
-            "use_abs_pos_emb": vit_pos in ("sincos", "learned"), "use_rot_pos_emb": vit_pos == "rope"}
+    if not isinstance(registers, int) or registers < 0:
+        raise ValueError(f"registers must be an int >= 0, got {registers!r}")
+    kwargs = {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None,
+              "use_abs_pos_emb": vit_pos in ("sincos", "learned"), "use_rot_pos_emb": vit_pos == "rope"}
+    return {**kwargs, "num_reg_tokens": registers} if registers else kwargs
 
 
 def conv_stem(patch: int, embed_dim: int, in_chans: int = 3) -> nn.Sequential:
@@ -173,7 +181,9 @@ def _vit(args: argparse.Namespace, vit_pos: str, **options) -> TimmBackbone:
     weights, from the same random state); a padding-invariant or packed one is checked again once
     its stem is in (the rule book refuses what it cannot make exact, by name)."""
     patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
-    backbone = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs(vit_pos, max(args.scales), patch), **options)
+    registers = getattr(args, "vit_registers", 0) or 0
+    backbone = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs(vit_pos, max(args.scales), patch, registers),
+                            **options)
     if (getattr(args, "vit_stem", None) or VIT_STEMS[0]) == "conv":
         model = backbone.body.model
         model.patch_embed.proj = conv_stem(patch, model.embed_dim)
@@ -191,7 +201,8 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
     from the same random state (and leaves the random state as it does), less the table: the arms
     differ only in the position signal. With ``sincos`` the table is MAE's fixed 2D sin-cos
     (:func:`vispos.mae_sincos_2d`, zero for the class token) and is not trained. ``--vit-stem
-    conv`` puts :func:`conv_stem` in ``patch_embed.proj``.
+    conv`` puts :func:`conv_stem` in ``patch_embed.proj``; ``--vit-registers N`` gives the ViT ``N``
+    register tokens (their rows of a sin-cos table are zeros, as the class token's).
 
     Raises:
         ValueError: from :class:`~vispos.backbones.TimmBackbone` (a model ``padding_invariant`` or
@@ -216,10 +227,11 @@ def build_backbone(args: argparse.Namespace, padding_invariant: bool | None = No
             state = {k: v for k, v in state.items() if not k.endswith("pos_embed")}
         backbone.body.load_state_dict(state)
     if args.vit_pos == "sincos":
-        table = backbone.body.model.pos_embed  # (1, 1 + gh * gw, C), the class token's row first
-        grid = backbone.body.model.patch_embed.grid_size
-        with torch.no_grad():
-            table.copy_(vispos.mae_sincos_2d(table.shape[-1], grid, cls_token=True, dtype=table.dtype)[None])
+        vit = backbone.body.model
+        table = vit.pos_embed  # (1, P + gh * gw, C): the prefix tokens' rows first (class, registers)
+        sincos = vispos.mae_sincos_2d(table.shape[-1], vit.patch_embed.grid_size, cls_token=True, dtype=table.dtype)
+        with torch.no_grad():  # MAE's zero row for the class token, and one for each register
+            table.copy_(torch.cat([sincos.new_zeros(vit.num_prefix_tokens - 1, sincos.shape[-1]), sincos])[None])
         table.requires_grad_(False)
     return backbone
 
