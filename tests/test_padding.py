@@ -478,3 +478,15 @@ def test_host_box_reading_matches_the_torch_ops():
         sizes = _mask_origin.rectangular_sizes(mask)
         wrong = (mask == _mask_origin.origin_boxes(sizes, spatial)).flatten(1).any(1)
         assert origin_mismatch(mask, spatial) == (sizes.tolist(), wrong.tolist())
+
+
+def test_valid_is_the_mask_inverted_kept_once_and_follows_in_place_writes():
+    padding = Padding.from_sizes([(3, 4), (5, 2)], (5, 4))
+    valid = padding.valid
+    assert valid.dtype == torch.bool and torch.equal(valid, ~padding.mask)
+    assert padding.valid is valid  # derived once: no kernel per layer that reads it
+    mask = torch.zeros(2, 5, 4, dtype=torch.bool)
+    given = Padding.from_mask(mask)
+    before = given.valid
+    mask[1, 4:] = True  # the caller's mask is the truth from then on
+    assert given.valid is not before and torch.equal(given.valid, ~mask)

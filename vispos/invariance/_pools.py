@@ -40,8 +40,7 @@ def valid_cells(padding: Padding | Tensor, dtype: torch.dtype | None = None) -> 
         padding (Padding or Tensor[B, 1, *S] bool): a padding, or a mask with True = padding.
         dtype (torch.dtype, optional): the weights' dtype; None: bool.
     """
-    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
-    valid = ~mask
+    valid = ~padding if isinstance(padding, Tensor) else padding.valid.unsqueeze(1)
     return valid if dtype is None else valid.to(dtype)
 
 

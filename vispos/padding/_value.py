@@ -70,7 +70,8 @@ class Padding:
         (``image_sizes``); MONAI ``SpatialPad``.
     """
 
-    __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin", "_version")
+    __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin", "_version",
+                 "_valid")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("build a Padding with Padding.from_sizes, Padding.from_mask or Padding.none")
@@ -86,6 +87,7 @@ class Padding:
         # the mask's version counter when it was read (or built): a later in-place write to it
         # is noticed (see :meth:`_sync`); not read while TorchDynamo traces
         self._version = _version_of(mask)
+        self._valid = None  # (mask, its version, ~mask): see :attr:`valid`
         return self
 
     def _sync(self) -> None:
@@ -252,6 +254,19 @@ class Padding:
             if not _tracing.tracing():  # a traced tensor must not outlive its trace
                 self._mask, self._version = mask, _version_of(mask)
         return mask
+
+    @property
+    def valid(self) -> Tensor:
+        """Tensor[B, *S], bool: True marks valid cells, ``~mask``. Derived once per mask and kept (a
+        layer that reads it costs no kernel after the first), again after the mask is written in
+        place; never to be written to."""
+        mask = self.mask
+        if _tracing.tracing():  # a traced tensor must not outlive its trace
+            return ~mask
+        kept = self._valid
+        if kept is None or kept[0] is not mask or kept[1] != mask._version:
+            kept = self._valid = (mask, mask._version, ~mask)
+        return kept[2]
 
     @property
     def starts(self) -> Spans:
