@@ -12,7 +12,7 @@ import vispos
 from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.invariance import rules
 from vispos.invariance._rewrite import make_padding_invariant
-from vispos.backbones._trace import trace_dual
+from vispos.invariance._trace import trace_dual
 
 F64 = torch.float64
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vispos import NestedTensor, Padding
-from vispos.backbones._trace import trace_dual
+from vispos.invariance._trace import trace_dual
 from vispos.invariance._geometry import TransposedWindow
 from vispos.invariance._rewrite import make_padding_invariant
 

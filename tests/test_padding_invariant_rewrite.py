@@ -14,7 +14,7 @@ from torch import nn
 from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
 from vispos.invariance._rewrite import make_padding_invariant
-from vispos.backbones._trace import trace_dual
+from vispos.invariance._trace import trace_dual
 
 F64 = torch.float64
 

@@ -191,7 +191,7 @@ def test_subclass_setting_n_spatial_sets_num_axes():
 
 def test_rewrite_step_reports_num_axes():
     """A user's invariance rule reads ``step.num_axes`` (``step.n_spatial`` warns, same value)."""
-    from vispos.backbones._trace import trace_dual
+    from vispos.invariance._trace import trace_dual
     from vispos.invariance._rewrite import make_padding_invariant
 
     seen = {}

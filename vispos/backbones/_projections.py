@@ -27,8 +27,8 @@ from torch.utils import _pytree as pytree
 
 from ..invariance._stem import register_stem_tracer
 from ..nested_tensor import NestedTensor
-from ._mode_graphs import has_hooks, refuse_unrun_hooks, set_modes, unrun_hooks
-from ._trace import make_invariant, trace_features
+from ..invariance._mode_graphs import has_hooks, refuse_unrun_hooks, set_modes, unrun_hooks
+from ..invariance._trace import make_invariant, trace_features
 
 __all__ = ["InvariantProjection", "invariant_projections"]
 

@@ -34,7 +34,7 @@ from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
 from ..invariance._packed import PackedRunner
 from ..invariance._run import InvariantRunner
-from ._mode_graphs import check_graph_hooks
+from ..invariance._mode_graphs import check_graph_hooks
 
 __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
 

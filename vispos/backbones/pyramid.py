@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from .._checks import as_sequence, check_bool, check_int, describe
 from ..invariance.rules import CellWise, register_invariance_rule
 from ..nested_tensor import NestedTensor
-from ._mode_graphs import refuse_unrun_hooks
-from ._trace import PathTracer, make_invariant
+from ..invariance._mode_graphs import refuse_unrun_hooks
+from ..invariance._trace import PathTracer, make_invariant
 
 __all__ = ["ChannelLayerNorm", "SimpleFeaturePyramid"]
 

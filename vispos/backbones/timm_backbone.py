@@ -23,7 +23,7 @@ from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
 from ._pretrained import cached_timm_weights
-from ._trace import make_invariant, trace_dual
+from ..invariance._trace import make_invariant, trace_dual
 from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torchvision.models.feature_extraction import DualGraphModule
 
 from .._tracing import tracing
-from ..invariance._tokens import has_hooks
+from ._tokens import has_hooks
 
 __all__ = ["ModeGraphModule", "check_graph_hooks", "has_hooks", "refuse_unrun_hooks", "set_modes", "unrun_hooks"]
 

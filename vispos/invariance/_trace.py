@@ -5,7 +5,7 @@ as ``get_graph_node_names`` gives them), timm's ``features_only`` models (their 
 the models whose features come from forward hooks, the outputs of the hooked modules) and volume
 models. The model is traced once in training and once in eval mode (code that branches on
 ``self.training``, such as ``DropPath``, bakes its branch into each graph) into a
-:class:`~vispos.backbones._mode_graphs.ModeGraphModule`, which switches graphs with ``train()`` /
+:class:`~vispos.invariance._mode_graphs.ModeGraphModule`, which switches graphs with ``train()`` /
 ``eval()`` and keeps them through deep copies and pickles. The module hierarchy and so the
 ``state_dict`` keys stay those of the traced module.
 
@@ -38,8 +38,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torchvision.models.feature_extraction import NodePathTracer
 
-from ..invariance._rewrite import make_padding_invariant
-from ..invariance.rules import classify_module
+from ._rewrite import make_padding_invariant
+from .rules import classify_module
 from ._mode_graphs import ModeGraphModule
 
 __all__ = [

@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .._tracing import tracing
-from ..backbones._mode_graphs import ModeGraphModule, refuse_unrun_hooks, set_modes
-from ..backbones._trace import UntraceableLayer, make_invariant, trace_features
+from ..invariance._mode_graphs import ModeGraphModule, refuse_unrun_hooks, set_modes
+from ..invariance._trace import UntraceableLayer, make_invariant, trace_features
 from ..invariance._geometry import Window
 from ..padding import Padding
 
@@ -90,7 +90,7 @@ class InvariantDecoder:
 
     Raises:
         ValueError: a decoder layer that torch.fx cannot trace or the rule book cannot make exact
-            (named), as :func:`~vispos.backbones._trace.make_invariant`.
+            (named), as :func:`~vispos.invariance._trace.make_invariant`.
     """
 
     def __init__(self, unetr: nn.Module, patch_size: tuple[int, ...], owner: str) -> None:
