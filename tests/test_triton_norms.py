@@ -133,7 +133,7 @@ def test_triton_batch_norm_equals_the_torch_code(case):
         tracked = torch.tensor(4)
         y = norms.batch_norm(xx, padding, rm, rv, ww, bb, True, momentum, 1e-5, tracked, zero_padding)
         y.backward(dy)
-        _, mean, invstd, _ = BN(x, w if affine else None, b if affine else None, ~mask, 0, 1e-5, zero_padding,
+        _, mean, invstd, _ = BN(x, w if affine else None, b if affine else None, mask, 0, 1e-5, zero_padding,
                                 momentum, None, None, None)
         return (y.detach(), rm, rv, tracked, xx.grad, ww.grad if affine else None, bb.grad if affine else None,
                 mean, invstd, xx.detach())
@@ -167,19 +167,19 @@ def test_triton_group_norm_equals_the_torch_code(case):
     name, c, groups, dtype, layout, affine = case
     padding = _padding(name)
     x, w, b, dy = _inputs(padding, c, dtype, layout, seed=1)
-    valid = ~padding.mask.unsqueeze(1)
+    mask = padding.mask.unsqueeze(1)
 
     def call():
         xx = x.clone().requires_grad_()
         ww, bb = (w.clone().requires_grad_(), b.clone().requires_grad_()) if affine else (None, None)
         y = norms.group_norm(xx, padding, groups, ww, bb, 1e-5)
         y.backward(dy)
-        _, mean, rstd, _ = GN(x, w if affine else None, b if affine else None, valid, groups, 1e-5)
+        _, mean, rstd, _ = GN(x, w if affine else None, b if affine else None, mask, groups, 1e-5)
         return y.detach(), xx.grad, ww.grad if affine else None, bb.grad if affine else None, mean, rstd
 
     got, want = _run_both(call)
     _assert_all_close(got, want, ["y", "grad_x", "grad_weight", "grad_bias", "mean", "rstd"])
-    assert not got[0].masked_select(~valid.expand_as(x)).any()
+    assert not got[0].masked_select(mask.expand_as(x)).any()
 
 
 def test_triton_gradients_asked_for_alone():
@@ -187,13 +187,13 @@ def test_triton_gradients_asked_for_alone():
     each one equals the torch code's; a map without padding on either path equals torch's norms."""
     padding = _padding("2d")
     x, w, b, dy = _inputs(padding, 3, torch.float32, "contiguous", seed=2)
-    valid = ~padding.mask.unsqueeze(1)
+    mask = padding.mask.unsqueeze(1)
     for need in ((True, False, False), (False, True, False), (False, False, True)):
         def call(need=need):
-            _, mean, invstd, xc = BN(x, w, b, valid, 0, 1e-5, False, 0.1, None, None, None)
-            bn = BN_BACKWARD(dy, x if xc.numel() == 0 else None, xc, valid, w, mean, invstd, 0, False, *need)
-            _, mean, rstd, centred = GN(x, w, b, valid, 3, 1e-5)
-            gn = GN_BACKWARD(dy, x if centred.numel() == 0 else None, centred, valid, w, mean, rstd, 3, *need)
+            _, mean, invstd, xc = BN(x, w, b, mask, 0, 1e-5, False, 0.1, None, None, None)
+            bn = BN_BACKWARD(dy, x if xc.numel() == 0 else None, xc, mask, w, mean, invstd, 0, False, *need)
+            _, mean, rstd, centred = GN(x, w, b, mask, 3, 1e-5)
+            gn = GN_BACKWARD(dy, x if centred.numel() == 0 else None, centred, mask, w, mean, rstd, 3, *need)
             return (*bn, *gn)
 
         got, want = _run_both(call)
@@ -202,9 +202,9 @@ def test_triton_gradients_asked_for_alone():
         _assert_all_close(got, want, ["bn_x", "bn_w", "bn_b", "gn_x", "gn_w", "gn_b"])
     clean = torch.randn(2, 3, 4, 5)
     with _triton.interpreted():
-        y_bn = ops.batch_norm(clean, None, None, torch.ones(2, 1, 4, 5, dtype=torch.bool), 0, 1e-5, False, 0.1,
+        y_bn = ops.batch_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 0, 1e-5, False, 0.1,
                               None, None, None)
-        y_gn = ops.group_norm(clean, None, None, torch.ones(2, 1, 4, 5, dtype=torch.bool), 3, 1e-5)
+        y_gn = ops.group_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 3, 1e-5)
     torch.testing.assert_close(y_bn, torch.nn.functional.batch_norm(clean, None, None, training=True))
     torch.testing.assert_close(y_gn, torch.nn.functional.group_norm(clean, 3))
 
@@ -214,21 +214,21 @@ def test_triton_each_op_launches_the_kernels_it_declares():
     (two), whatever the options (running statistics or not, gradients asked for or not)."""
     padding = _padding("2d")
     x, w, b, dy = _inputs(padding, 3, torch.float32, "contiguous")
-    valid = ~padding.mask.unsqueeze(1)
+    mask = padding.mask.unsqueeze(1)
     rm, rv, tracked = torch.zeros(3), torch.ones(3), torch.tensor(0)
     stats = torch.ones(3, 3)  # (B, G)
     with _triton.interpreted():
         for name, call in [
-            ("valid_batch_norm", lambda: BN(x, w, b, valid, 0, 1e-5, False, None, rm, rv, tracked)),
-            ("valid_batch_norm", lambda: BN(x, None, None, valid, 0, 1e-5, True, 0.1, None, None, None)),
-            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], valid, w, rm, rv, 0, False, True, True,
+            ("valid_batch_norm", lambda: BN(x, w, b, mask, 0, 1e-5, False, None, rm, rv, tracked)),
+            ("valid_batch_norm", lambda: BN(x, None, None, mask, 0, 1e-5, True, 0.1, None, None, None)),
+            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], mask, w, rm, rv, 0, False, True, True,
                                                               True)),
-            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], valid, w, rm, rv, 0, True, False, True,
+            ("valid_batch_norm_backward", lambda: BN_BACKWARD(dy, x, x[:0], mask, w, rm, rv, 0, True, False, True,
                                                               False)),
-            ("valid_group_norm", lambda: GN(x, w, b, valid, 3, 1e-5)),
-            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], valid, w, stats, stats, 3, True, True,
+            ("valid_group_norm", lambda: GN(x, w, b, mask, 3, 1e-5)),
+            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], mask, w, stats, stats, 3, True, True,
                                                               True)),
-            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], valid, None, stats, stats, 3, False,
+            ("valid_group_norm_backward", lambda: GN_BACKWARD(dy, x, x[:0], mask, None, stats, stats, 3, False,
                                                               False, True)),
         ]:
             with _triton.launch_tally() as tally:
@@ -253,23 +253,33 @@ _NO_LAUNCH = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_st
 
 
 def test_triton_path_runs_no_torch_compute_op(monkeypatch):
-    """The Triton path's host code dispatches allocations and views only (the kernels stubbed out):
-    on a GPU the op's kernels are its only launches, running statistics included."""
+    """The Triton path dispatches allocations and views only besides its kernels (stubbed out here):
+    inside the ops, and around them from the public calls through autograd's backward (each op
+    once). On a GPU the ops' kernels are a norm's only launches, the running statistics' update
+    and the padding mask's reading included."""
     launched = []
     stub = lambda self, grid: lambda *args, **kwargs: launched.append(self.__name__)  # noqa: E731
     monkeypatch.setattr(_triton._Kernel, "__getitem__", stub)
     padding = _padding("2d")
+    mask = padding.mask.unsqueeze(1)  # built once per batch by the runner, not per layer
     x, w, b, dy = _inputs(padding, 3, torch.float32, "channels_last")
-    valid = ~padding.mask.unsqueeze(1)
     rm, rv, tracked = torch.zeros(3), torch.ones(3), torch.tensor(0)
-    with _triton.interpreted(), _AtenOps() as seen:
-        _, mean, invstd, xc = ops._bn(x, w, b, valid, 0, 1e-5, False, None, rm, rv, tracked)
-        ops._bn_bwd(dy, x, xc, valid, w, mean, invstd, 0, False, True, True, True)
-        _, mean, rstd, centred = ops._gn(x, w, b, valid, 3, 1e-5)
-        ops._gn_bwd(dy, x, centred, valid, w, mean, rstd, 3, True, True, True)
+    with _triton.interpreted(), _AtenOps() as inside:  # the ops' own code
+        _, mean, invstd, xc = ops._bn(x, w, b, mask, 0, 1e-5, False, None, rm, rv, tracked)
+        ops._bn_bwd(dy, x, xc, mask, w, mean, invstd, 0, False, True, True, True)
+        _, mean, rstd, centred = ops._gn(x, w, b, mask, 3, 1e-5)
+        ops._gn_bwd(dy, x, centred, mask, w, mean, rstd, 3, True, True, True)
+    assert set(inside.names) <= _NO_LAUNCH, sorted(set(inside.names) - _NO_LAUNCH)
+    leaves = [[t.clone().requires_grad_() for t in (x, w, b)] for _ in range(2)]
+    with _triton.interpreted(), _AtenOps() as around:  # the public calls, forward and backward
+        xx, ww, bb = leaves[0]
+        norms.batch_norm(xx, padding, rm, rv, ww, bb, True, None, 1e-5, tracked, True).backward(dy)
+        xx, ww, bb = leaves[1]
+        norms.group_norm(xx, padding, 3, ww, bb, 1e-5).backward(dy)
+    ours = ["valid_batch_norm", "valid_batch_norm_backward", "valid_group_norm", "valid_group_norm_backward"]
+    assert sorted(n for n in around.names if n not in _NO_LAUNCH) == ours, around.names
     assert launched == ["_bn_stats", "_bn_apply", "_bn_grad_sums", "_bn_grad_apply", "_gn_stats", "_gn_apply",
-                        "_gn_grad_sums", "_gn_grad_apply"]
-    assert set(seen.names) <= _NO_LAUNCH, sorted(set(seen.names) - _NO_LAUNCH)
+                        "_gn_grad_sums", "_gn_grad_apply"] * 2
 
 
 def test_triton_second_derivative_is_refused():
@@ -292,19 +302,19 @@ def test_triton_ops_pass_opcheck(path):
     padding = _padding("2d")
     x, w, b, dy = _inputs(padding, 4, torch.float32, "channels_last")
     x = x.nan_to_num(0.0, 0.0, 0.0)
-    valid = ~padding.mask.unsqueeze(1)
+    mask = padding.mask.unsqueeze(1)
     tests = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     with _triton.interpreted() if path == "triton" else contextlib.nullcontext():
-        _, mean, invstd, xc = BN(x, w, b, valid, 0, 1e-5, False, 0.1, None, None, None)
+        _, mean, invstd, xc = BN(x, w, b, mask, 0, 1e-5, False, 0.1, None, None, None)
         keep = x if xc.numel() == 0 else None
-        torch.library.opcheck(BN, (x, w, b, valid, 0, 1e-5, True, None, torch.zeros(4), torch.ones(4),
+        torch.library.opcheck(BN, (x, w, b, mask, 0, 1e-5, True, None, torch.zeros(4), torch.ones(4),
                                    torch.tensor(1)), test_utils=tests)
-        torch.library.opcheck(BN_BACKWARD, (dy, keep, xc, valid, w, mean, invstd, 0, False, True, True, True),
+        torch.library.opcheck(BN_BACKWARD, (dy, keep, xc, mask, w, mean, invstd, 0, False, True, True, True),
                               test_utils=tests)
-        _, mean, rstd, centred = GN(x, w, b, valid, 2, 1e-5)
+        _, mean, rstd, centred = GN(x, w, b, mask, 2, 1e-5)
         keep = x if centred.numel() == 0 else None
-        torch.library.opcheck(GN, (x, w, None, valid, 2, 1e-5), test_utils=tests)
-        torch.library.opcheck(GN_BACKWARD, (dy, keep, centred, valid, w, mean, rstd, 2, True, True, False),
+        torch.library.opcheck(GN, (x, w, None, mask, 2, 1e-5), test_utils=tests)
+        torch.library.opcheck(GN_BACKWARD, (dy, keep, centred, mask, w, mean, rstd, 2, True, True, False),
                               test_utils=tests)
 
 
@@ -354,7 +364,7 @@ from vispos.invariance import _batch_norm_kernels as bn, _group_norm_kernels as 
 
 if "nvidia" not in triton.backends.backends:
     sys.exit(3)
-pointers = dict(valid_ptr="*i1", nbt_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32",
+pointers = dict(mask_ptr="*i1", nbt_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", rm_ptr="*fp32", rv_ptr="*fp32",
                 gw_ptr="*fp32", gb_ptr="*fp32")
 on = dict(HAS_W=True, HAS_B=True, NEED_X=True, NEED_W=True, NEED_B=True, ALL_DY=True, ZERO_PAD=False, UPDATE=True,
           CUMULATIVE=True, BUMP=True, SPLIT_BLOCK=8, BLOCK_C=32, BLOCK_N=32)

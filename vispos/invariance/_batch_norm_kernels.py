@@ -8,7 +8,7 @@ input's gradient and, from its first block per channel, the parameters'.
 
 The reference is :mod:`._norm_torch` (``batch_norm_forward``, ``batch_norm_backward``,
 ``update_running_stats``); the launch geometry is :mod:`._norm_kernels`'. Values are loaded under
-the valid mask (``other=0``), so whatever the padding holds is never read; statistics are float32
+the padding mask (``other=0``), so whatever the padding holds is never read; statistics are float32
 (float64 for float64 inputs). Each chunk's statistics are a lane-wise Welford merged with Chan's
 formula, and the chunks merged again by the second kernel. ``num_batches_tracked`` is bumped by
 the first kernel and read by the second, so no program reads what another of its launch writes.
@@ -24,13 +24,13 @@ import torch
 import triton.language as tl
 
 from .. import _triton
-from ._norm_kernels import cdiv, flat, p2, split, stat_types, tiles, valid_rows
+from ._norm_kernels import cdiv, flat, mask_rows, p2, split, stat_types, tiles
 
 __all__ = ["batch_norm_forward", "batch_norm_backward"]
 
 
 @_triton.kernel
-def _bn_stats(x_ptr, valid_ptr, part_ptr, nbt_ptr, C, S, NS, CHUNK, SPLIT, sxb, sxc, sxs, svb, svs,
+def _bn_stats(x_ptr, mask_ptr, part_ptr, nbt_ptr, C, S, NS, CHUNK, SPLIT, sxb, sxc, sxs, smb, sms,
               BUMP: tl.constexpr, STAT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
     pc = tl.program_id(0)
     ps = tl.program_id(1)
@@ -46,7 +46,7 @@ def _bn_stats(x_ptr, valid_ptr, part_ptr, nbt_ptr, C, S, NS, CHUNK, SPLIT, sxb, 
         inb = idx < stop
         item = idx // S
         cell = idx - item * S
-        keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+        keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
         offs = item.to(tl.int64)[None, :] * sxb + ch.to(tl.int64)[:, None] * sxc + cell.to(tl.int64)[None, :] * sxs
         v = tl.load(x_ptr + offs, mask=cmask[:, None] & keep[None, :], other=0.0).to(STAT)
         w = keep[None, :].to(STAT)
@@ -68,8 +68,8 @@ def _bn_stats(x_ptr, valid_ptr, part_ptr, nbt_ptr, C, S, NS, CHUNK, SPLIT, sxb, 
 
 
 @_triton.kernel
-def _bn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_ptr, rm_ptr, rv_ptr, nbt_ptr,
-              C, S, NS, SPLIT, sxb, sxc, sxs, syb, syc, sysp, svb, svs, eps, momentum,
+def _bn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_ptr, rm_ptr, rv_ptr, nbt_ptr,
+              C, S, NS, SPLIT, sxb, sxc, sxs, syb, syc, sysp, smb, sms, eps, momentum,
               HAS_W: tl.constexpr, HAS_B: tl.constexpr, ZERO_PAD: tl.constexpr, UPDATE: tl.constexpr,
               CUMULATIVE: tl.constexpr, STAT: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
               BLOCK_N: tl.constexpr):
@@ -101,7 +101,7 @@ def _bn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_
     inb = idx < NS
     item = idx // S
     cell = idx - item * S
-    keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+    keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
     item64 = item.to(tl.int64)[None, :]
     cell64 = cell.to(tl.int64)[None, :]
     ch64 = ch.to(tl.int64)[:, None]
@@ -130,8 +130,8 @@ def _bn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_
 
 
 @_triton.kernel
-def _bn_grad_sums(dy_ptr, x_ptr, valid_ptr, mean_ptr, part_ptr, C, S, NS, CHUNK, SPLIT, sdb, sdc, sds,
-                  sxb, sxc, sxs, svb, svs, ALL_DY: tl.constexpr, STAT: tl.constexpr, BLOCK_C: tl.constexpr,
+def _bn_grad_sums(dy_ptr, x_ptr, mask_ptr, mean_ptr, part_ptr, C, S, NS, CHUNK, SPLIT, sdb, sdc, sds,
+                  sxb, sxc, sxs, smb, sms, ALL_DY: tl.constexpr, STAT: tl.constexpr, BLOCK_C: tl.constexpr,
                   BLOCK_N: tl.constexpr):
     pc = tl.program_id(0)
     ps = tl.program_id(1)
@@ -150,7 +150,7 @@ def _bn_grad_sums(dy_ptr, x_ptr, valid_ptr, mean_ptr, part_ptr, C, S, NS, CHUNK,
         inb = idx < stop
         item = idx // S
         cell = idx - item * S
-        keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+        keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
         item64 = item.to(tl.int64)[None, :]
         cell64 = cell.to(tl.int64)[None, :]
         valid2 = cmask[:, None] & keep[None, :]
@@ -170,8 +170,8 @@ def _bn_grad_sums(dy_ptr, x_ptr, valid_ptr, mean_ptr, part_ptr, C, S, NS, CHUNK,
 
 
 @_triton.kernel
-def _bn_grad_apply(dy_ptr, x_ptr, valid_ptr, mean_ptr, invstd_ptr, w_ptr, part_ptr, gx_ptr, gw_ptr, gb_ptr,
-                   C, S, NS, SPLIT, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, svb, svs,
+def _bn_grad_apply(dy_ptr, x_ptr, mask_ptr, mean_ptr, invstd_ptr, w_ptr, part_ptr, gx_ptr, gw_ptr, gb_ptr,
+                   C, S, NS, SPLIT, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, smb, sms,
                    HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
                    ALL_DY: tl.constexpr, STAT: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr,
                    BLOCK_N: tl.constexpr):
@@ -207,7 +207,7 @@ def _bn_grad_apply(dy_ptr, x_ptr, valid_ptr, mean_ptr, invstd_ptr, w_ptr, part_p
         inb = idx < NS
         item = idx // S
         cell = idx - item * S
-        keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+        keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
         item64 = item.to(tl.int64)[None, :]
         cell64 = cell.to(tl.int64)[None, :]
         ch64 = ch.to(tl.int64)[:, None]
@@ -220,7 +220,7 @@ def _bn_grad_apply(dy_ptr, x_ptr, valid_ptr, mean_ptr, invstd_ptr, w_ptr, part_p
                  mask=cmask[:, None] & inb[None, :])
 
 
-def batch_norm_forward(y, x, weight, bias, valid, eps, zero_padding, momentum, running_mean, running_var,
+def batch_norm_forward(y, x, weight, bias, mask, eps, zero_padding, momentum, running_mean, running_var,
                        num_batches_tracked):
     """The Triton batch norm over valid cells (see :func:`._norm_torch.batch_norm_forward` and
     :func:`._norm_torch.update_running_stats`, its reference): two launches, ``_bn_stats`` then
@@ -229,8 +229,8 @@ def batch_norm_forward(y, x, weight, bias, valid, eps, zero_padding, momentum, r
     Args:
         y (Tensor[B, C, *S]): the output, written (spatial axes that flatten to one stride).
         x (Tensor[B, C, *S]): features, non-empty. weight, bias (Tensor[C], optional).
-        valid (Tensor[B, 1, *S], bool). eps (float). zero_padding (bool). momentum (float,
-        optional): None: the cumulative average. running_mean, running_var (Tensor[C], optional),
+        mask (Tensor[B, 1, *S], bool): True = padding. eps (float). zero_padding (bool).
+        momentum (float, optional): None: the cumulative average. running_mean, running_var (Tensor[C], optional),
         num_batches_tracked (Tensor[], optional): updated in place.
 
     Returns:
@@ -240,7 +240,7 @@ def batch_norm_forward(y, x, weight, bias, valid, eps, zero_padding, momentum, r
     xf, cells, (sxb, sxc, sxs) = flat(x)
     yf, _, (syb, syc, sysp) = flat(y)
     assert yf is y, "the output's spatial axes flatten"
-    v, svb, svs = valid_rows(valid, batch, cells)
+    m, smb, sms = mask_rows(mask, batch, cells)
     dtype, stat = stat_types(x.dtype)
     block_c, block_n = tiles(xf, c)
     cblocks = cdiv(c, block_c)
@@ -252,19 +252,19 @@ def batch_norm_forward(y, x, weight, bias, valid, eps, zero_padding, momentum, r
     update = running_mean is not None and running_var is not None
     bump = update and num_batches_tracked is not None
     _bn_stats[(cblocks, nsplit)](
-        xf, v, part, num_batches_tracked if bump else part, c, cells, ns, chunk, nsplit, sxb, sxc, sxs, svb, svs,
+        xf, m, part, num_batches_tracked if bump else part, c, cells, ns, chunk, nsplit, sxb, sxc, sxs, smb, sms,
         BUMP=bump, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n)
     _bn_apply[(cdiv(ns, block_n), cblocks)](
-        xf, y, v, part, weight if weight is not None else part, bias if bias is not None else part, mean, invstd,
+        xf, y, m, part, weight if weight is not None else part, bias if bias is not None else part, mean, invstd,
         running_mean if update else part, running_var if update else part, num_batches_tracked if bump else part,
-        c, cells, ns, nsplit, sxb, sxc, sxs, syb, syc, sysp, svb, svs, float(eps),
+        c, cells, ns, nsplit, sxb, sxc, sxs, syb, syc, sysp, smb, sms, float(eps),
         0.0 if momentum is None else float(momentum),
         HAS_W=weight is not None, HAS_B=bias is not None, ZERO_PAD=bool(zero_padding), UPDATE=update,
         CUMULATIVE=bump and momentum is None, STAT=stat, SPLIT_BLOCK=p2(nsplit), BLOCK_C=block_c, BLOCK_N=block_n)
     return mean, invstd
 
 
-def batch_norm_backward(gx, dy, x, valid, weight, mean, invstd, zero_padding, need_weight, need_bias,
+def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight, need_bias,
                         param_dtype):
     """The Triton backward of :func:`batch_norm_forward` (reference:
     :func:`._norm_torch.batch_norm_backward`): two launches, ``_bn_grad_sums`` then
@@ -277,7 +277,7 @@ def batch_norm_backward(gx, dy, x, valid, weight, mean, invstd, zero_padding, ne
     batch, c = x.shape[:2]
     xf, cells, (sxb, sxc, sxs) = flat(x)
     df, _, (sdb, sdc, sds) = flat(dy)
-    v, svb, svs = valid_rows(valid, batch, cells)
+    m, smb, sms = mask_rows(mask, batch, cells)
     dtype, stat = stat_types(x.dtype)
     block_c, block_n = tiles(xf, c)
     cblocks = cdiv(c, block_c)
@@ -294,12 +294,12 @@ def batch_norm_backward(gx, dy, x, valid, weight, mean, invstd, zero_padding, ne
     gw = torch.empty(c, dtype=param_dtype, device=x.device) if need_weight else None
     gb = torch.empty(c, dtype=param_dtype, device=x.device) if need_bias else None
     _bn_grad_sums[(cblocks, nsplit)](
-        df, xf, v, mean, part, c, cells, ns, chunk, nsplit, sdb, sdc, sds, sxb, sxc, sxs, svb, svs,
+        df, xf, m, mean, part, c, cells, ns, chunk, nsplit, sdb, sdc, sds, sxb, sxc, sxs, smb, sms,
         ALL_DY=all_dy, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n)
     _bn_grad_apply[(cdiv(ns, block_n) if need_x else 1, cblocks)](
-        df, xf, v, mean, invstd, weight if weight is not None else part, part, gf,
+        df, xf, m, mean, invstd, weight if weight is not None else part, part, gf,
         gw if gw is not None else part, gb if gb is not None else part,
-        c, cells, ns, nsplit, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, svb, svs,
+        c, cells, ns, nsplit, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, smb, sms,
         HAS_W=weight is not None, NEED_X=bool(need_x), NEED_W=bool(need_weight), NEED_B=bool(need_bias),
         ALL_DY=all_dy, STAT=stat, SPLIT_BLOCK=p2(nsplit), BLOCK_C=block_c, BLOCK_N=block_n)
     return gw, gb

@@ -10,7 +10,7 @@ per-item, per-group mean and inverse deviation. Backward, ``_gn_grad_sums`` writ
 sums each item and group needs (``dy * w`` and ``dy * w * (x - mean)``) and, per item and channel,
 those the parameters' gradients need; ``_gn_grad_apply`` writes ``grad_x`` and, from its first
 tile per channel block, the parameters' gradients (a loop over the items' partial sums on the
-device). Values are loaded under the valid mask (``other=0``); statistics are float32 (float64 for
+device). Values are loaded under the padding mask (``other=0``); statistics are float32 (float64 for
 float64 inputs). Only Triton's builtins and ``tl.reduce`` with its own sum combiner are used.
 
 References:
@@ -21,13 +21,13 @@ import torch
 import triton.language as tl
 
 from .. import _triton
-from ._norm_kernels import cdiv, flat, p2, split, stat_types, tiles, valid_rows
+from ._norm_kernels import cdiv, flat, mask_rows, p2, split, stat_types, tiles
 
 __all__ = ["group_norm_forward", "group_norm_backward"]
 
 
 @_triton.kernel
-def _gn_stats(x_ptr, valid_ptr, part_ptr, R, G, CPG, S, CHUNK, SPLIT, sxb, sxc, sxs, svb, svs,
+def _gn_stats(x_ptr, mask_ptr, part_ptr, R, G, CPG, S, CHUNK, SPLIT, sxb, sxc, sxs, smb, sms,
               STAT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
     ps = tl.program_id(1)
@@ -46,7 +46,7 @@ def _gn_stats(x_ptr, valid_ptr, part_ptr, R, G, CPG, S, CHUNK, SPLIT, sxb, sxc, 
         for off in range(start, stop, BLOCK_N):
             cell = off + tl.arange(0, BLOCK_N)
             inb = cell < stop
-            keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+            keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
             both = cmask[:, None] & keep[None, :]
             v = tl.load(x_ptr + base + ch64 * sxc + cell.to(tl.int64)[None, :] * sxs, mask=both, other=0.0).to(STAT)
             w = both.to(STAT)
@@ -66,8 +66,8 @@ def _gn_stats(x_ptr, valid_ptr, part_ptr, R, G, CPG, S, CHUNK, SPLIT, sxb, sxc, 
 
 
 @_triton.kernel
-def _gn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, R, C, G, CPG, S, SPLIT,
-              sxb, sxc, sxs, syb, syc, sysp, svb, svs, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+def _gn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, R, C, G, CPG, S, SPLIT,
+              sxb, sxc, sxs, syb, syc, sysp, smb, sms, eps, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
               STAT: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
     pn = tl.program_id(0)
     pc = tl.program_id(1)
@@ -98,7 +98,7 @@ def _gn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_pt
         shift = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(STAT)
     cell = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     inb = cell < S
-    keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+    keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
     both = cmask[:, None] & keep[None, :]
     ch64 = ch.to(tl.int64)[:, None]
     cell64 = cell.to(tl.int64)[None, :]
@@ -114,8 +114,8 @@ def _gn_apply(x_ptr, y_ptr, valid_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_pt
 
 
 @_triton.kernel
-def _gn_grad_sums(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, partg_ptr, partc_ptr, R, B, C, G, CPG, S, CHUNK,
-                  SPLIT, sdb, sdc, sds, sxb, sxc, sxs, svb, svs, HAS_W: tl.constexpr, STAT: tl.constexpr,
+def _gn_grad_sums(dy_ptr, x_ptr, mask_ptr, w_ptr, mean_ptr, partg_ptr, partc_ptr, R, B, C, G, CPG, S, CHUNK,
+                  SPLIT, sdb, sdc, sds, sxb, sxc, sxs, smb, sms, HAS_W: tl.constexpr, STAT: tl.constexpr,
                   BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0)
     ps = tl.program_id(1)
@@ -139,7 +139,7 @@ def _gn_grad_sums(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, partg_ptr, partc_pt
         for off in range(start, stop, BLOCK_N):
             cell = off + tl.arange(0, BLOCK_N)
             inb = cell < stop
-            keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+            keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
             both = cmask[:, None] & keep[None, :]
             cell64 = cell.to(tl.int64)[None, :]
             dz = tl.load(dy_ptr + item64 * sdb + ch64 * sdc + cell64 * sds, mask=both, other=0.0).to(STAT)
@@ -166,8 +166,8 @@ def _gn_grad_sums(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, partg_ptr, partc_pt
 
 
 @_triton.kernel
-def _gn_grad_apply(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, rstd_ptr, partg_ptr, partc_ptr, gx_ptr, gw_ptr, gb_ptr,
-                   R, B, C, G, CPG, S, SPLIT, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, svb, svs,
+def _gn_grad_apply(dy_ptr, x_ptr, mask_ptr, w_ptr, mean_ptr, rstd_ptr, partg_ptr, partc_ptr, gx_ptr, gw_ptr, gb_ptr,
+                   R, B, C, G, CPG, S, SPLIT, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, smb, sms,
                    HAS_W: tl.constexpr, NEED_X: tl.constexpr, NEED_W: tl.constexpr, NEED_B: tl.constexpr,
                    STAT: tl.constexpr, SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
     pn = tl.program_id(0)
@@ -193,7 +193,7 @@ def _gn_grad_apply(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, rstd_ptr, partg_pt
         k2 = rstd * rstd * k2 / total
         cell = pn * BLOCK_N + tl.arange(0, BLOCK_N)
         inb = cell < S
-        keep = inb & (tl.load(valid_ptr + item * svb + cell * svs, mask=inb, other=0) != 0)
+        keep = inb & (tl.load(mask_ptr + item * smb + cell * sms, mask=inb, other=1) == 0)
         both = cmask[:, None] & keep[None, :]
         ch64 = ch.to(tl.int64)[:, None]
         cell64 = cell.to(tl.int64)[None, :]
@@ -220,14 +220,15 @@ def _gn_grad_apply(dy_ptr, x_ptr, valid_ptr, w_ptr, mean_ptr, rstd_ptr, partg_pt
                 tl.store(gb_ptr + ch, gb.to(gb_ptr.dtype.element_ty), mask=cmask)
 
 
-def group_norm_forward(y, x, weight, bias, valid, num_groups, eps):
+def group_norm_forward(y, x, weight, bias, mask, num_groups, eps):
     """The Triton group norm over each item's valid cells (reference:
     :func:`._norm_torch.group_norm_forward`): two launches, ``_gn_stats`` then ``_gn_apply``.
 
     Args:
         y (Tensor[B, C, *S]): the output, written (spatial axes that flatten to one stride); zeros
             in the padding. x (Tensor[B, C, *S]): features, non-empty. weight, bias (Tensor[C],
-            optional). valid (Tensor[B, 1, *S], bool). num_groups (int): divides ``C``. eps (float).
+            optional). mask (Tensor[B, 1, *S], bool): True = padding. num_groups (int): divides
+            ``C``. eps (float).
 
     Returns:
         ``(mean, rstd)`` (Tensor[B, G]) in the statistics' dtype.
@@ -236,7 +237,7 @@ def group_norm_forward(y, x, weight, bias, valid, num_groups, eps):
     xf, cells, (sxb, sxc, sxs) = flat(x)
     yf, _, (syb, syc, sysp) = flat(y)
     assert yf is y, "the output's spatial axes flatten"
-    v, svb, svs = valid_rows(valid, batch, cells)
+    m, smb, sms = mask_rows(mask, batch, cells)
     dtype, stat = stat_types(x.dtype)
     size = c // num_groups
     rows = batch * num_groups
@@ -245,18 +246,18 @@ def group_norm_forward(y, x, weight, bias, valid, num_groups, eps):
     part = torch.empty(3 * rows * nsplit, dtype=dtype, device=x.device)
     mean = torch.empty(batch, num_groups, dtype=dtype, device=x.device)
     rstd = torch.empty(batch, num_groups, dtype=dtype, device=x.device)
-    _gn_stats[(rows, nsplit)](xf, v, part, rows, num_groups, size, cells, chunk, nsplit, sxb, sxc, sxs, svb, svs,
+    _gn_stats[(rows, nsplit)](xf, m, part, rows, num_groups, size, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
                               STAT=stat, BLOCK_C=group_c, BLOCK_N=block_n)
     block_c, block_n = tiles(xf, c)
     _gn_apply[(cdiv(cells, block_n), cdiv(c, block_c), batch)](
-        xf, y, v, part, weight if weight is not None else part, bias if bias is not None else part, mean, rstd,
-        rows, c, num_groups, size, cells, nsplit, sxb, sxc, sxs, syb, syc, sysp, svb, svs, float(eps),
+        xf, y, m, part, weight if weight is not None else part, bias if bias is not None else part, mean, rstd,
+        rows, c, num_groups, size, cells, nsplit, sxb, sxc, sxs, syb, syc, sysp, smb, sms, float(eps),
         HAS_W=weight is not None, HAS_B=bias is not None, STAT=stat, SPLIT_BLOCK=p2(nsplit), BLOCK_C=block_c,
         BLOCK_N=block_n)
     return mean, rstd
 
 
-def group_norm_backward(gx, dy, x, valid, weight, mean, rstd, num_groups, need_weight, need_bias, param_dtype):
+def group_norm_backward(gx, dy, x, mask, weight, mean, rstd, num_groups, need_weight, need_bias, param_dtype):
     """The Triton backward of :func:`group_norm_forward` (reference:
     :func:`._norm_torch.group_norm_backward`): two launches, ``_gn_grad_sums`` then
     ``_gn_grad_apply``. ``gx`` (Tensor[B, C, *S] or None: not needed) is written, zeros in its
@@ -268,7 +269,7 @@ def group_norm_backward(gx, dy, x, valid, weight, mean, rstd, num_groups, need_w
     batch, c = x.shape[:2]
     xf, cells, (sxb, sxc, sxs) = flat(x)
     df, _, (sdb, sdc, sds) = flat(dy)
-    v, svb, svs = valid_rows(valid, batch, cells)
+    m, smb, sms = mask_rows(mask, batch, cells)
     dtype, stat = stat_types(x.dtype)
     size = c // num_groups
     rows = batch * num_groups
@@ -285,14 +286,14 @@ def group_norm_backward(gx, dy, x, valid, weight, mean, rstd, num_groups, need_w
     gw = torch.empty(c, dtype=param_dtype, device=x.device) if need_weight else None
     gb = torch.empty(c, dtype=param_dtype, device=x.device) if need_bias else None
     w = weight if weight is not None else partg
-    _gn_grad_sums[(rows, nsplit)](df, xf, v, w, mean, partg, partc, rows, batch, c, num_groups, size, cells, chunk,
-                                  nsplit, sdb, sdc, sds, sxb, sxc, sxs, svb, svs, HAS_W=weight is not None,
+    _gn_grad_sums[(rows, nsplit)](df, xf, m, w, mean, partg, partc, rows, batch, c, num_groups, size, cells, chunk,
+                                  nsplit, sdb, sdc, sds, sxb, sxc, sxs, smb, sms, HAS_W=weight is not None,
                                   STAT=stat, BLOCK_C=group_c, BLOCK_N=block_n)
     block_c, block_n = tiles(xf, c)
     grid = (cdiv(cells, block_n), cdiv(c, block_c), batch) if need_x else (1, cdiv(c, block_c), 1)
     _gn_grad_apply[grid](
-        df, xf, v, w, mean, rstd, partg, partc, gf, gw if gw is not None else partg, gb if gb is not None else partg,
-        rows, batch, c, num_groups, size, cells, nsplit, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, svb, svs,
+        df, xf, m, w, mean, rstd, partg, partc, gf, gw if gw is not None else partg, gb if gb is not None else partg,
+        rows, batch, c, num_groups, size, cells, nsplit, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, smb, sms,
         HAS_W=weight is not None, NEED_X=need_x, NEED_W=bool(need_weight), NEED_B=bool(need_bias), STAT=stat,
         SPLIT_BLOCK=p2(nsplit), BLOCK_C=block_c, BLOCK_N=block_n)
     return gw, gb

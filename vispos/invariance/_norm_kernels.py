@@ -4,7 +4,8 @@ memory format, chunks per reduction.
 The kernels (:mod:`._batch_norm_kernels`, :mod:`._group_norm_kernels`) read ``Tensor[B, C, *S]``
 through its batch, channel and spatial strides, the spatial axes flattened to one stride: any
 memory format where they flatten (channels first or channels last, 1 to 3 spatial axes, an
-expanded gradient), a contiguous copy otherwise. Each norm runs two kernels per direction: the
+expanded gradient), a contiguous copy otherwise. They read the padding mask ``Tensor[B, 1, *S]``
+(True = padding) as it is: no valid map is built. Each norm runs two kernels per direction: the
 first cuts every reduction (a channel for batch norm, an item and group for group norm) into
 ``SPLIT`` chunks of ``CHUNK`` cells, one program each, and writes per-chunk partial results; the
 second merges its rows' chunks (a few values) and writes its block of the output.
@@ -21,7 +22,7 @@ import math
 import torch
 import triton.language as tl
 
-__all__ = ["p2", "cdiv", "flat", "tiles", "split", "stat_types", "valid_rows"]
+__all__ = ["p2", "cdiv", "flat", "tiles", "split", "stat_types", "mask_rows"]
 
 #: cells per block along the flattened spatial axis, and channels per block in channels last;
 #: tests lower them to run several chunks and blocks on tiny maps
@@ -85,8 +86,8 @@ def stat_types(dtype: torch.dtype) -> tuple[torch.dtype, object]:
     return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
 
 
-def valid_rows(valid: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor, int, int]:
-    """The valid map ``Tensor[B, 1, *S]`` as ``Tensor[B, S]`` (a view where it can be) and its two
-    strides."""
-    rows = valid.reshape(batch, cells)
+def mask_rows(mask: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor, int, int]:
+    """The padding mask ``Tensor[B, 1, *S]`` (bool, True = padding) as ``Tensor[B, S]`` (a view
+    where it can be) and its two strides."""
+    rows = mask.reshape(batch, cells)
     return rows, rows.stride(0), rows.stride(1)

@@ -37,18 +37,18 @@ __all__ = ["batch_norm", "group_norm", "out_like"]
 _LIB = torch.library.Library("vispos", "FRAGMENT")
 _SCHEMAS = {
     "valid_batch_norm": (
-        "valid_batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor valid, int n, float eps, bool zero_padding, "
+        "valid_batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor mask, int n, float eps, bool zero_padding, "
         "float? momentum, Tensor(a!)? running_mean, Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked) "
         "-> (Tensor, Tensor, Tensor, Tensor)"),
     "valid_batch_norm_backward": (
-        "valid_batch_norm_backward(Tensor dy, Tensor? x, Tensor xc, Tensor valid, Tensor? weight, Tensor mean, "
+        "valid_batch_norm_backward(Tensor dy, Tensor? x, Tensor xc, Tensor mask, Tensor? weight, Tensor mean, "
         "Tensor invstd, int n, bool zero_padding, bool need_x, bool need_weight, bool need_bias) "
         "-> (Tensor, Tensor, Tensor)"),
     "valid_group_norm": (
-        "valid_group_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor valid, int num_groups, float eps) "
+        "valid_group_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor mask, int num_groups, float eps) "
         "-> (Tensor, Tensor, Tensor, Tensor)"),
     "valid_group_norm_backward": (
-        "valid_group_norm_backward(Tensor dy, Tensor? x, Tensor centred, Tensor valid, Tensor? weight, "
+        "valid_group_norm_backward(Tensor dy, Tensor? x, Tensor centred, Tensor mask, Tensor? weight, "
         "Tensor mean, Tensor rstd, int num_groups, bool need_x, bool need_weight, bool need_bias) "
         "-> (Tensor, Tensor, Tensor)"),
 }
@@ -102,36 +102,40 @@ def _param_grads(dy: Tensor, weight: Tensor | None, need_weight: bool, need_bias
 # ------------------------------------------------------------------------------------------ batch norm
 
 
-def _bn(x, weight, bias, valid, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked):
+def _bn(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked):
     """``vispos::valid_batch_norm``: ``(y, mean, invstd, xc)``; see :func:`batch_norm`."""
     if _triton_path(x):
         from . import _batch_norm_kernels as kernels
 
         y = out_like(x)
         mean, invstd = kernels.batch_norm_forward(
-            y, x, weight, bias, valid, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked)
+            y, x, weight, bias, mask, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked)
         if running_mean is not None and running_var is not None:  # written by the kernel, not by torch
             torch.autograd.graph.increment_version(
                 [t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
         return y, mean, invstd, x.new_empty(0, dtype=mean.dtype)
+    valid = ~mask
     count = _count(valid, n, ref.stat_dtype(x.dtype))
     y, mean, var, invstd, xc = ref.batch_norm_forward(x, weight, bias, valid, count, eps, zero_padding)
     ref.update_running_stats(running_mean, running_var, num_batches_tracked, momentum, mean, var, count)
     return y, mean, invstd, xc
 
 
-def _bn_fake(x, weight, bias, valid, n, eps, zero_padding, momentum, running_mean, running_var,
+def _bn_fake(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
              num_batches_tracked):
     dtype = ref.stat_dtype(x.dtype)
     if _triton_path(x):
         c = x.shape[1]
         return out_like(x), x.new_empty(c, dtype=dtype), x.new_empty(c, dtype=dtype), x.new_empty(0, dtype=dtype)
-    y, mean, _, invstd, xc = ref.batch_norm_forward(x, weight, bias, valid, _count(valid, n, dtype), eps, zero_padding)
+    valid = ~mask
+    y, mean, _, invstd, xc = ref.batch_norm_forward(x, weight, bias, valid, _count(valid, n, dtype), eps,
+                                                    zero_padding)
     return y, mean, invstd, xc
 
 
-def _bn_backward_torch(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
+def _bn_backward_torch(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
     """The torch backward (the centred input recomputed when the forward ran on Triton)."""
+    valid = ~mask
     if xc.numel() == 0 and x is not None and x.numel() > 0:
         xc = ref.batch_norm_centred(x, valid, mean)
     param_dtype = (weight if weight is not None else dy).dtype
@@ -139,7 +143,7 @@ def _bn_backward_torch(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, 
                                    need_weight, need_bias, dy.dtype, param_dtype)
 
 
-def _bn_bwd(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
+def _bn_bwd(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
     """``vispos::valid_batch_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``xc`` is empty)."""
     if _triton_path(dy) and x is not None:
@@ -147,17 +151,17 @@ def _bn_bwd(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x, nee
 
         gx = out_like(x) if need_x else None
         param_dtype = (weight if weight is not None else dy).dtype
-        gw, gb = kernels.batch_norm_backward(gx, dy, x, valid, weight, mean, invstd, zero_padding, need_weight,
+        gw, gb = kernels.batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight,
                                              need_bias, param_dtype)
         return _grads(dy, gx, gw, gb)
-    return _grads(dy, *_bn_backward_torch(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x,
+    return _grads(dy, *_bn_backward_torch(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x,
                                           need_weight, need_bias))
 
 
-def _bn_bwd_fake(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
+def _bn_bwd_fake(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x, need_weight, need_bias):
     if _triton_path(dy) and x is not None:
         return _grads(dy, out_like(x) if need_x else None, *_param_grads(dy, weight, need_weight, need_bias))
-    return _grads(dy, *_bn_backward_torch(dy, x, xc, valid, weight, mean, invstd, n, zero_padding, need_x,
+    return _grads(dy, *_bn_backward_torch(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x,
                                           need_weight, need_bias))
 
 
@@ -166,13 +170,13 @@ class _ValidBatchNorm(torch.autograd.Function):
     (``torch.compile`` and ``torch.export`` trace each as one node)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, valid, n, eps, zero_padding, momentum, running_mean, running_var,
+    def forward(ctx, x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
                 num_batches_tracked):
         y, mean, invstd, xc = _BN(
-            x, weight, bias, valid, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked)
+            x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked)
         ctx.set_materialize_grads(False)
         # the input only when the backward re-reads it (the Triton path): the torch path keeps xc
-        ctx.save_for_backward(x if xc.numel() == 0 else None, xc, valid, weight, mean, invstd)
+        ctx.save_for_backward(x if xc.numel() == 0 else None, xc, mask, weight, mean, invstd)
         ctx.n, ctx.zero_padding = n, zero_padding
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
         return y  # the statistics are saved, not outputs: fewer outputs for autograd to wrap
@@ -186,15 +190,15 @@ class _ValidBatchNorm(torch.autograd.Function):
         grads = [None] * 11
         if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
             return tuple(grads)
-        x, xc, valid, weight, mean, invstd = ctx.saved_tensors
+        x, xc, mask, weight, mean, invstd = ctx.saved_tensors
         gx, gw, gb = _BN_BACKWARD(
-            dy, x, xc, valid, weight, mean, invstd, ctx.n, ctx.zero_padding, need_x, need_w, need_b)
+            dy, x, xc, mask, weight, mean, invstd, ctx.n, ctx.zero_padding, need_x, need_w, need_b)
         grads[:3] = gx if need_x else None, gw if need_w else None, gb if need_b else None
         return tuple(grads)
 
 
 def batch_norm(
-    x: Tensor, weight: Tensor | None, bias: Tensor | None, valid: Tensor, n: int, eps: float, zero_padding: bool,
+    x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tensor, n: int, eps: float, zero_padding: bool,
     momentum: float | None, running_mean: Tensor | None, running_var: Tensor | None,
     num_batches_tracked: Tensor | None,
 ) -> Tensor:
@@ -207,7 +211,8 @@ def batch_norm(
         x (Tensor[B, C, *S]): features, any floating dtype (statistics in float32 for 16-bit,
             float64 for float64), any memory format.
         weight, bias (Tensor[C], optional): the affine map.
-        valid (Tensor[B, 1, *S], bool): True on valid cells.
+        mask (Tensor[B, 1, *S], bool): True = padding (read as it is: no valid map is built on
+            the Triton path).
         n (int): the number of valid cells when known on the host (a box per item), else 0: counted
             on the device (the Triton path always counts, in its statistics kernel).
         eps (float): added to the variance.
@@ -228,7 +233,7 @@ def batch_norm(
         Ioffe and Szegedy, Batch Normalization, ICML 2015.
     """
     momentum = None if momentum is None else float(momentum)
-    args = (x, weight, bias, valid, int(n), float(eps), bool(zero_padding), momentum, running_mean, running_var,
+    args = (x, weight, bias, mask, int(n), float(eps), bool(zero_padding), momentum, running_mean, running_var,
             num_batches_tracked)
     return _ValidBatchNorm.apply(*args) if _needs_grad(x, weight, bias) else _BN(*args)[0]
 
@@ -236,27 +241,28 @@ def batch_norm(
 # ------------------------------------------------------------------------------------------ group norm
 
 
-def _gn(x, weight, bias, valid, num_groups, eps):
+def _gn(x, weight, bias, mask, num_groups, eps):
     """``vispos::valid_group_norm``: ``(y, mean, rstd, centred)``; see :func:`group_norm`."""
     if _triton_path(x):
         from . import _group_norm_kernels as kernels
 
         y = out_like(x)
-        mean, rstd = kernels.group_norm_forward(y, x, weight, bias, valid, num_groups, eps)
+        mean, rstd = kernels.group_norm_forward(y, x, weight, bias, mask, num_groups, eps)
         return y, mean, rstd, x.new_empty(0, dtype=mean.dtype)
-    return ref.group_norm_forward(x, weight, bias, valid, num_groups, eps)
+    return ref.group_norm_forward(x, weight, bias, ~mask, num_groups, eps)
 
 
-def _gn_fake(x, weight, bias, valid, num_groups, eps):
+def _gn_fake(x, weight, bias, mask, num_groups, eps):
     if _triton_path(x):
         dtype = ref.stat_dtype(x.dtype)
         mean, rstd = (x.new_empty((x.shape[0], num_groups), dtype=dtype) for _ in range(2))
         return out_like(x), mean, rstd, x.new_empty(0, dtype=dtype)
-    return ref.group_norm_forward(x, weight, bias, valid, num_groups, eps)
+    return ref.group_norm_forward(x, weight, bias, ~mask, num_groups, eps)
 
 
-def _gn_backward_torch(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
+def _gn_backward_torch(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
     """The torch backward (the centred input recomputed when the forward ran on Triton)."""
+    valid = ~mask
     if centred.numel() == 0 and x is not None and x.numel() > 0:
         centred = ref.group_norm_centred(x, valid, mean)
     param_dtype = (weight if weight is not None else dy).dtype
@@ -264,7 +270,7 @@ def _gn_backward_torch(dy, x, centred, valid, weight, mean, rstd, num_groups, ne
                                    dy.dtype, param_dtype)
 
 
-def _gn_bwd(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
+def _gn_bwd(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
     """``vispos::valid_group_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``centred`` empty)."""
     if _triton_path(dy) and x is not None:
@@ -272,17 +278,17 @@ def _gn_bwd(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x, need_
 
         gx = out_like(x) if need_x else None
         param_dtype = (weight if weight is not None else dy).dtype
-        gw, gb = kernels.group_norm_backward(gx, dy, x, valid, weight, mean, rstd, num_groups, need_weight,
+        gw, gb = kernels.group_norm_backward(gx, dy, x, mask, weight, mean, rstd, num_groups, need_weight,
                                              need_bias, param_dtype)
         return _grads(dy, gx, gw, gb)
-    return _grads(dy, *_gn_backward_torch(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x,
+    return _grads(dy, *_gn_backward_torch(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x,
                                           need_weight, need_bias))
 
 
-def _gn_bwd_fake(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
+def _gn_bwd_fake(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, need_weight, need_bias):
     if _triton_path(dy) and x is not None:
         return _grads(dy, out_like(x) if need_x else None, *_param_grads(dy, weight, need_weight, need_bias))
-    return _grads(dy, *_gn_backward_torch(dy, x, centred, valid, weight, mean, rstd, num_groups, need_x,
+    return _grads(dy, *_gn_backward_torch(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x,
                                           need_weight, need_bias))
 
 
@@ -290,10 +296,10 @@ class _ValidGroupNorm(torch.autograd.Function):
     """Autograd of ``vispos::valid_group_norm``: its backward is ``vispos::valid_group_norm_backward``."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, valid, num_groups, eps):
-        y, mean, rstd, centred = _GN(x, weight, bias, valid, num_groups, eps)
+    def forward(ctx, x, weight, bias, mask, num_groups, eps):
+        y, mean, rstd, centred = _GN(x, weight, bias, mask, num_groups, eps)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x if centred.numel() == 0 else None, centred, valid, weight, mean, rstd)
+        ctx.save_for_backward(x if centred.numel() == 0 else None, centred, mask, weight, mean, rstd)
         ctx.num_groups = num_groups
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
         return y
@@ -306,13 +312,13 @@ class _ValidGroupNorm(torch.autograd.Function):
         need_b = ctx.has_bias and ctx.needs_input_grad[2]
         if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
             return None, None, None, None, None, None
-        x, centred, valid, weight, mean, rstd = ctx.saved_tensors
+        x, centred, mask, weight, mean, rstd = ctx.saved_tensors
         gx, gw, gb = _GN_BACKWARD(
-            dy, x, centred, valid, weight, mean, rstd, ctx.num_groups, need_x, need_w, need_b)
+            dy, x, centred, mask, weight, mean, rstd, ctx.num_groups, need_x, need_w, need_b)
         return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
 
 
-def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, valid: Tensor, num_groups: int,
+def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tensor, num_groups: int,
                eps: float) -> Tensor:
     """Group norm (instance norm: ``num_groups = C``) with each item's statistics over its valid
     cells (``vispos::valid_group_norm``), differentiable once in ``x``, ``weight`` and ``bias``.
@@ -321,7 +327,7 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, valid: Ten
         x (Tensor[B, C, *S]): features, any floating dtype (statistics in float32 for 16-bit,
             float64 for float64), any memory format.
         weight, bias (Tensor[C], optional): the affine map.
-        valid (Tensor[B, 1, *S], bool): True on valid cells.
+        mask (Tensor[B, 1, *S], bool): True = padding.
         num_groups (int): divides ``C``. eps (float): added to the variance.
 
     Returns:
@@ -333,7 +339,7 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, valid: Ten
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
-    args = (x, weight, bias, valid, int(num_groups), float(eps))
+    args = (x, weight, bias, mask, int(num_groups), float(eps))
     return _ValidGroupNorm.apply(*args) if _needs_grad(x, weight, bias) else _GN(*args)[0]
 
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..padding import Padding
 from . import _norm_ops
 from ._norm_torch import update_running_stats
-from ._pools import fill, valid_cells, valid_total
+from ._pools import fill, valid_total
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]
 
@@ -95,12 +95,13 @@ def batch_norm(
         if not zero_padding or padding is None:
             return y
         return fill(y, padding, 0.0) if isinstance(padding, Padding) else y.masked_fill(padding, 0.0)
-    valid = valid_cells(padding)
-    # the count from the boxes on the host; an arbitrary mask's is counted on the device (0)
-    n = valid_total(padding, valid) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
+    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
+    # the count from the boxes on the host (valid_total reads no map for them); an arbitrary mask's
+    # is counted on the device (0)
+    n = valid_total(padding, None) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
     if not training:  # batch statistics without running ones: nothing to update
         running_mean = running_var = num_batches_tracked = None
-    return _norm_ops.batch_norm(x, weight, bias, valid, n, eps, zero_padding, momentum, running_mean, running_var,
+    return _norm_ops.batch_norm(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
                                 num_batches_tracked)
 
 
@@ -162,4 +163,5 @@ def group_norm(
                     f"group norm: item {item} has 1 valid cell and {num_groups} groups of 1 channel, so 1 value "
                     "per group; torch's group norm expects more than 1 value per group"
                 )
-    return _norm_ops.group_norm(x, weight, bias, valid_cells(padding), num_groups, eps)
+    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
+    return _norm_ops.group_norm(x, weight, bias, mask, num_groups, eps)
