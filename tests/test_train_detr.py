@@ -30,7 +30,8 @@ from vispos.app.train.cli import run  # noqa: E402
 def test_cli_runs_tiny(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    cmd = [sys.executable, "-m", "demos.train_detr", "--steps", "20", "--tiny", "--threads", "1", "--out", str(out)]
+    cmd = [sys.executable, "-m", "demos.train_detr", "--steps", "20", "--tiny", "--threads", "1", "--out", str(out),
+           "--pos", *T.POS_ARMS]  # --tiny alone trains one arm
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "wrote" in proc.stdout
@@ -44,7 +45,8 @@ def test_cli_runs_tiny(tmp_path):
         assert [e["step"] for e in m["eval"]] == [10, 20]
         for e in m["eval"]:
             assert all(0 <= e[k] <= 1 for k in ("mean_iou", "map", "ap50", "ap75"))
-        assert m["lr"][0] == pytest.approx(1e-3 / 100) and m["lr"][-1] == pytest.approx(1e-3 * 20 / 100 * 0.1)
+        # --tiny's warm-up of 5 steps, the drop to 0.1 from step int(0.8 * 20) on
+        assert m["lr"][0] == pytest.approx(1e-3 / 5) and m["lr"][-1] == pytest.approx(1e-3 * 0.1)
     table = (out / "ablation.md").read_text()
     assert "| 0 | " in table and "(c) sine, mask-aware" in table and "| sine - grid | ap50 |" in table
     with Image.open(out / "curves.png") as im:
@@ -277,8 +279,8 @@ def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
     assert m["steps"] == [1, 2, 3, 4, 5] and m["resumed_at"] == [2]
     assert m["loss"][:2] == first["metrics"]["loss"] and m["lr"][:2] == first["metrics"]["lr"]
     assert m["args"]["steps"] == 5 and m["args"]["train_images"] == 4  # this run's settings, the checkpoint's data
-    # warm-up 100 steps, decay at int(0.8 * 2) = 1 (the first run's): 1e-3 * (s + 1) / 100 * 0.1
-    assert m["lr"] == pytest.approx([1e-3 * (s + 1) / 100 * (0.1 if s >= 1 else 1) for s in range(5)])
+    # --tiny's warm-up of 5 steps, decay at int(0.8 * 2) = 1 (the first run's): 1e-3 * (s + 1) / 5 * 0.1
+    assert m["lr"] == pytest.approx([1e-3 * (s + 1) / 5 * (0.1 if s >= 1 else 1) for s in range(5)])
     last = torch.load(out / "sine" / "seed0" / "checkpoint.pt", weights_only=True)
     assert last["step"] == 5 and last["args"]["train_images"] == 4
     assert not all(torch.equal(a, last["model"][k]) for k, a in first["model"].items())  # it trained on

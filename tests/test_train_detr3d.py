@@ -216,7 +216,7 @@ def test_cli_runs_tiny(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "demos.train_detr3d", "--steps", "20", "--tiny", "--threads", "1", "--out", str(out),
-           "--eval-beside-largest"]
+           "--eval-beside-largest", "--pos", *T.POS_ARMS]  # --tiny alone trains one arm
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for arm in T.POS_ARMS:

@@ -23,7 +23,7 @@ from ._args import MAX_SIZES, flag_error, parse_flags
 from .checkpoint import load_checkpoint
 from .distributed import init_distributed, launched_by_torchrun
 from .engine import resume_conflict, train_arm
-from .report import ablation_table, load_runs, plot_curves
+from .report import ablation_table, load_runs, plot_curves, tiny_summary
 from .task import DetrTask
 
 __all__ = ["parse_args", "validate", "check_resume", "write_report", "run"]
@@ -122,10 +122,12 @@ def _train_items(args: argparse.Namespace, world: int) -> int:
     return args.train_images or args.steps * args.batch_size * world
 
 
-def write_report(task: DetrTask, args: argparse.Namespace, log: Callable[[str], Any] = print) -> str:
+def write_report(task: DetrTask, args: argparse.Namespace, log: Callable[[str], Any] = print,
+                 show_table: bool = True) -> str:
     """Writes OUT/ablation.md and OUT/curves.png (as one group, all or nothing) from every
     ``OUT/<arm>/seed*/metrics.json`` present, whatever ``--pos`` says (arms and seeds trained by
-    separate processes are joined); returns the table."""
+    separate processes are joined); logs the table (unless ``show_table`` is False) and the paths
+    written; returns the table."""
     runs = load_runs(args.out)
     table = ablation_table(runs, task.metric_names, task.headline, args.memory_warmup)
 
@@ -137,7 +139,8 @@ def write_report(task: DetrTask, args: argparse.Namespace, log: Callable[[str], 
         (os.path.join(args.out, "ablation.md"), write_table),
         (os.path.join(args.out, "curves.png"), lambda tmp: plot_curves(runs, task.headline, tmp)),
     ], make_dirs=True)
-    log(table)
+    if show_table:
+        log(table)
     log(f"wrote {paths[0]} and {paths[1]}")
     return table
 
@@ -146,7 +149,9 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
         on_step: Callable[[int, Any], Any] | None = None, prog: str | None = None, command: bool = False) -> int:
     """``vispos train`` and the demos' ``main``: parse, then train every ``--pos`` arm (in one
     process, or data-parallel under torchrun) and write the report, or only the report with
-    ``--report``. Returns 0. ``prog`` and ``command``: as :func:`parse_args`."""
+    ``--report``. Returns 0. ``prog`` and ``command``: as :func:`parse_args`. A ``--tiny`` run
+    logs, instead of the tables (still written), each arm's train loss early against late and one
+    line on what so short a run can and cannot show (:func:`vispos.app.train.report.tiny_summary`)."""
     parser, args = parse_args(task, argv, prog, command)
     if args.report:
         try:
@@ -158,12 +163,16 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
         ctx = init_distributed(args.device)
         try:
             args.train_images = _train_items(args, ctx.world_size)
+            trained = {}
             for arm in args.pos:
                 out_dir = os.path.join(args.out, arm, f"seed{args.seed}")
-                train_arm(task, arm, args, ctx, out_dir, log=log if ctx.is_main else (lambda *_: None),
-                          on_step=on_step)
+                trained[arm] = train_arm(task, arm, args, ctx, out_dir, log=log if ctx.is_main else (lambda *_: None),
+                                         on_step=on_step)
             if ctx.is_main:
-                write_report(task, args, log)
+                if args.tiny:
+                    for line in tiny_summary(trained):
+                        log(line)
+                write_report(task, args, log, show_table=not args.tiny)
         finally:
             ctx.shutdown()
     return 0

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["load_runs", "summarize", "summarize_compositions", "composition_label", "paired", "stats_clause", "ablation_table",
-           "plot_curves"]
+           "plot_curves", "TINY_NOTE", "tiny_summary"]
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
 #: settings that may differ between the runs of one report
@@ -31,6 +31,10 @@ _FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", 
          "eval_batch_sizes", "eval_beside_largest"}
 #: the composition in which an item is alone
 ALONE = "batch1"
+#: what a ``--tiny`` run can and cannot show, in one line (``{steps}``: its number of steps)
+TINY_NOTE = ("tiny run: {steps} steps show that training runs end to end and whether the loss falls, not "
+             "accuracy (held-out AP stays near 0 this early) nor which arm is better; for those, train without "
+             "--tiny (3000 steps, several seeds: docs/training.md)")
 
 
 def load_runs(out: str, arms: Sequence[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
@@ -387,3 +391,32 @@ def plot_curves(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], headline: s
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _span(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def tiny_summary(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What a ``--tiny`` run prints instead of the tables: per arm, the train loss (last decoder
+    layer) as the mean of the first quarter of the steps against the mean of the last quarter (a
+    single step is too noisy at batch 2), then :data:`TINY_NOTE`.
+
+    Args:
+        runs (mapping): ``{arm: metrics}``, the metrics of one run per arm
+            (:func:`vispos.app.train.engine.train_arm`'s).
+
+    Returns:
+        list of str: one line per arm, then the note.
+    """
+    lines = []
+    steps = 0
+    for arm, m in runs.items():
+        loss, at = m["loss_last"], m["steps"]
+        k = max(1, len(loss) // 4)
+        early, late = float(np.mean(loss[:k])), float(np.mean(loss[-k:]))
+        trend = "falling" if late < early else "not falling"
+        lines.append(f"[{arm}] train loss, mean of {_span(at[0], at[k - 1])} -> {_span(at[-k], at[-1])}: "
+                     f"{early:.3f} -> {late:.3f} ({trend})")
+        steps = max(steps, at[-1])
+    return [*lines, TINY_NOTE.format(steps=steps)]
