@@ -5,7 +5,8 @@ A task (:class:`DetrTask`: datasets, backbone, box geometry, metric; 2D photogra
 :mod:`.volumes3d`) plugs into one loop (:mod:`.engine`), one model (:class:`DetrModel` with DETR's
 decoder, :mod:`.decoder`), one matcher and criterion (:mod:`.criterion`), checkpoints
 (:mod:`.checkpoint`), torchrun support (:mod:`.distributed`), metrics (:mod:`.metrics`), reports
-(:mod:`.report`, :mod:`.compare`) and command line (:mod:`._args` and :mod:`._task_args`, the
+(:mod:`.report`, :mod:`.compare`), the ViT's attention diagnostics from checkpoints
+(:mod:`.attention`, :mod:`.diagnose`) and command line (:mod:`._args` and :mod:`._task_args`, the
 flags, torch-free; :mod:`.cli`, their checks and :func:`run`).
 
 The names below are imported on first use (PEP 562), so ``vispos train --help`` parses its flags
