@@ -64,7 +64,7 @@ def plot_position_similarity(
 ) -> str:
     """Writes :func:`~vispos.app.figures.plot_level_similarity`'s figure to one PNG.
 
-    Each image with its padding shaded, then for every level the cosine similarity of the
+    Each image with its padding hatched grey, then for every level the cosine similarity of the
     position embedding at ``n_queries`` query cells to every other cell.
 
     Args:
@@ -106,7 +106,7 @@ def plot_volume_similarity(
 ) -> str:
     """Writes :func:`~vispos.app.figures.plot_volume_level_similarity`'s figure to one PNG.
 
-    Orthogonal slices of each volume with its padding shaded, then for every level the cosine
+    Orthogonal slices of each volume with its padding hatched grey, then for every level the cosine
     similarity of the 3D position embedding at the centre of the valid region to every cell.
 
     Args:

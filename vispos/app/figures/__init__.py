@@ -3,7 +3,7 @@
 Nothing here writes a file or shows a window: figures are drawn with matplotlib's object API on
 an Agg canvas (importing vispos never changes the global backend) and handed back; the app's
 :mod:`vispos.app.png` writes them as PNGs, all or nothing. Padding is drawn one way everywhere
-(grey, hatched). One module per kind of figure:
+(opaque grey, hatched, on top of the cells; one legend wording). One module per kind of figure:
 
 * :mod:`~vispos.app.figures.channels`: :func:`encode_grid`, channel heatmaps, sin/cos curves,
   the wavelength ladder;

@@ -1,8 +1,10 @@
 """Drawing primitives shared by the figures: the Agg canvas, the padding overlay, volume slices.
 
 Every figure of :mod:`vispos.app.figures` draws padding through :func:`shade_padding` (one look:
-grey, hatched) and builds its canvas with :func:`new_figure` (matplotlib's object API on an Agg
-canvas, so importing vispos never changes the global backend and nothing opens a window).
+opaque grey, hatched, on top of whatever the panel shows; a mask panel through :func:`draw_mask`,
+the same grey on white), names it with :data:`PADDING_LEGEND`, and builds its canvas with
+:func:`new_figure` (matplotlib's object API on an Agg canvas, so importing vispos never changes
+the global backend and nothing opens a window).
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from torch import Tensor
 
 from ..data import IMAGENET_MEAN, IMAGENET_STD
 
-#: the padding overlay's colour (RGBA): a half-transparent grey over whatever is below
-PADDING_RGBA = (0.5, 0.5, 0.5, 0.6)
-#: the hatch drawn over padding, so it reads apart from a grey colour map
+#: the colour of padding in every figure (RGB): opaque, so no colour scale shows through it
+PADDING_COLOR = (0.62, 0.62, 0.62)
+#: the hatch drawn over padding, so it reads apart from a grey image, and its lines' colour
 PADDING_HATCH = "////"
+PADDING_HATCH_COLOR = (0.35, 0.35, 0.35)
+#: the one wording of the padding legend, in every figure that shows padding
+PADDING_LEGEND = "hatched grey = padding"
 #: names of the planes that fix axis 0, 1, 2 of an RAS+ volume
 PLANES = ("sagittal", "coronal", "axial")
 
@@ -34,27 +39,79 @@ def new_figure(width: float, height: float):
 
 
 def shade_padding(ax, mask: Tensor | np.ndarray | None, *, origin: str = "upper") -> None:
-    """Draws padding on ``ax``: grey (:data:`PADDING_RGBA`) and hatched where ``mask`` is True.
+    """Draws padding on ``ax``: opaque grey (:data:`PADDING_COLOR`) and hatched where ``mask`` is
+    True, on top of the panel's image, cell for cell.
 
-    The one way every figure shows padding. Nothing is drawn for ``None`` or an all-valid mask.
+    The one way every figure shows padding (:data:`PADDING_LEGEND` names it). Nothing is drawn
+    for ``None`` or an all-valid mask.
 
     Args:
-        ax (matplotlib Axes): the panel, already holding its image.
+        ax (matplotlib Axes): the panel, already holding its image (cell ``(i, j)`` centred at
+            ``x = j, y = i``: ``imshow``'s default extent).
         mask (Tensor[rows, cols] | ndarray, bool, optional): True marks padding.
         origin (str): ``"upper"`` (images) or ``"lower"`` (volume slices), as the image below.
     """
-    if mask is None:
-        return
-    m = mask.cpu().numpy() if isinstance(mask, Tensor) else np.asarray(mask)
-    if not m.any():
+    m = _as_mask(mask)
+    if m is None or not m.any():
         return
     overlay = np.zeros((*m.shape, 4))
-    overlay[m] = PADDING_RGBA
+    overlay[m] = (*PADDING_COLOR, 1.0)
     ax.imshow(overlay, origin=origin, interpolation="nearest")
-    # no ``origin`` here: contour's "upper" / "lower" put Z[0, 0] at y = N + 0.5 / 0.5, off the
-    # image's cell centres (the hatch came out mirrored over images); the default puts cell
-    # (i, j) at (j, i), where imshow draws it for either origin
-    ax.contourf(m.astype(float), levels=[0.5, 1.5], colors="none", hatches=[PADDING_HATCH])
+    _hatch(ax, m)
+
+
+def draw_mask(ax, mask: Tensor | np.ndarray) -> None:
+    """A mask panel: valid cells white, padding as :func:`shade_padding` draws it (the image's
+    array is the mask itself).
+
+    Args:
+        ax (matplotlib Axes): an empty panel.
+        mask (Tensor[rows, cols] | ndarray, bool): True marks padding.
+    """
+    from matplotlib.colors import ListedColormap
+
+    m = _as_mask(mask)
+    ax.imshow(m, cmap=ListedColormap([(1.0, 1.0, 1.0), PADDING_COLOR]), vmin=0, vmax=1, interpolation="nearest")
+    _hatch(ax, m)
+
+
+def _as_mask(mask: Tensor | np.ndarray | None) -> np.ndarray | None:
+    if mask is None:
+        return None
+    return (mask.cpu().numpy() if isinstance(mask, Tensor) else np.asarray(mask)).astype(bool)
+
+
+def _hatch(ax, m: np.ndarray) -> None:
+    """The hatch over exactly the padded cells: one compound path of rectangles (rows with the
+    same runs of padding merged), so it never strays into a valid cell nor leaves a padded one."""
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
+
+    verts: list[tuple[float, float]] = []
+    for top, bottom, runs in _row_blocks(m):
+        for left, right in runs:
+            x0, x1, y0, y1 = left - 0.5, right - 0.5, top - 0.5, bottom - 0.5
+            verts += [(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]
+    if not verts:
+        return
+    codes = [Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY] * (len(verts) // 5)
+    # the hatch takes the edge colour; a zero line width draws no outline
+    ax.add_patch(PathPatch(Path(verts, codes), facecolor="none", edgecolor=PADDING_HATCH_COLOR, linewidth=0,
+                           hatch=PADDING_HATCH))
+
+
+def _row_blocks(m: np.ndarray) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """``(top, bottom, runs)``: consecutive rows ``top .. bottom - 1`` of ``m`` whose padded cells
+    form the same column runs ``[(left, right), ...]`` (``right`` exclusive)."""
+    blocks: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
+    for r, row in enumerate(m):
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], row.astype(np.int8), [0]))))
+        runs = tuple(zip(edges[::2].tolist(), edges[1::2].tolist()))
+        if blocks and blocks[-1][1] == r and blocks[-1][2] == runs:
+            blocks[-1] = (blocks[-1][0], r + 1, runs)
+        elif runs:
+            blocks.append((r, r + 1, runs))
+    return blocks
 
 
 def plane_axes(axis: int) -> tuple[int, int]:

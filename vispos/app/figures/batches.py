@@ -15,7 +15,7 @@ from torch import Tensor
 from ...encodings.sine import cumulative_positions
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
-from ._draw import display_images, new_figure, no_ticks, shade_padding
+from ._draw import PADDING_LEGEND, display_images, draw_mask, new_figure, no_ticks, shade_padding
 
 __all__ = ["plot_padded_batch", "plot_normalized_coords"]
 
@@ -23,8 +23,8 @@ __all__ = ["plot_padded_batch", "plot_normalized_coords"]
 def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None, normalized: bool = False):
     """A padded 2D batch: each item as padded into the batch, and its mask.
 
-    One row per item: the padded image with its padding shaded, then the mask (True = padding,
-    white) with the item's valid size.
+    One row per item: the padded image with its padding drawn over it, then the mask; padding is
+    hatched grey in both (:data:`~vispos.app.figures._draw.PADDING_LEGEND`).
 
     Args:
         batch (NestedTensor[B, C, H, W]): 1 or 3 channels; values in ``[0, 1]`` unless
@@ -62,10 +62,10 @@ def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None
         shade_padding(axes[i, 0], mask[i])
         size = "x".join(map(str, batch.image_sizes[i]))
         axes[i, 0].set_title(f"{names[i] if names is not None else f'item {i}'}: {size} valid", fontsize=9)
-        axes[i, 1].imshow(mask[i].numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        axes[i, 1].set_title(f"mask (white = padding, {float(mask[i].float().mean()):.0%})", fontsize=9)
+        draw_mask(axes[i, 1], mask[i])
+        axes[i, 1].set_title(f"mask ({float(mask[i].float().mean()):.0%} padding)", fontsize=9)
     no_ticks(axes)
-    fig.suptitle(f"padded batch {tuple(t.shape)}", fontsize=10)
+    fig.suptitle(f"padded batch {tuple(t.shape)} ({PADDING_LEGEND})", fontsize=10)
     return fig
 
 
@@ -111,13 +111,15 @@ def plot_normalized_coords(
     im = None
     for i in range(b):
         m = mask[i].numpy()
-        axes[i, 0].imshow(m, cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-        axes[i, 0].set_title(f"item {i} mask (white = padding)", fontsize=8)
+        draw_mask(axes[i, 0], m)
+        axes[i, 0].set_title(f"item {i} mask", fontsize=8)
         panels = ((py[i], "normalised y", True), (px[i], "normalised x", True),
                   (by[i], "mask-blind y", False), (bx[i], "mask-blind x", False))
         for ax, (val, name, masked) in zip(axes[i, 1:], panels):
             shown = np.ma.masked_array(val.numpy(), mask=m if masked else np.zeros_like(m))
             im = ax.imshow(shown, cmap="magma", vmin=0, vmax=scale, interpolation="nearest")
+            if masked:
+                shade_padding(ax, m)
             valid = val.numpy()[~m]
             top = float(valid.max()) if valid.size else 0.0
             ax.set_title(f"{name}: valid max {top:.2f}", fontsize=8)
@@ -125,5 +127,6 @@ def plot_normalized_coords(
                 ax.contour(m.astype(float), levels=[0.5], colors="cyan", linewidths=1.2)
     no_ticks(axes)
     fig.colorbar(im, ax=axes[:, 1:].ravel().tolist(), shrink=0.7, label=f"position (scale = {scale:.3g})")
-    fig.suptitle("DETR normalize: each item's valid cells span [0, scale]; mask-blind does not", fontsize=10)
+    fig.suptitle(f"DETR normalize: each item's valid cells span [0, scale]; mask-blind does not ({PADDING_LEGEND})",
+                 fontsize=10)
     return fig

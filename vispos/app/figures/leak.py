@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ...batching import nested_tensor_from_tensor_list
 from ...nested_tensor import NestedTensor
-from ._draw import display_images, new_figure, no_ticks
+from ._draw import PADDING_LEGEND, display_images, new_figure, no_ticks, shade_padding
 
 __all__ = ["padding_leak_maps", "plot_padding_leak"]
 
@@ -62,7 +62,7 @@ def plot_padding_leak(
 ):
     """An item's features alone against in a padded batch, as difference maps, one row per backbone.
 
-    Column 0 shows the item and, hatched, the canvas its partner forces on it; then one map per
+    Column 0 shows the item and, as padding, the canvas its partner forces on it; then one map per
     level (:func:`padding_leak_maps`) on a shared logarithmic scale, so float32 rounding (about
     ``1e-7``) and a leak of the padding (about ``1``) read apart at a glance.
 
@@ -102,10 +102,12 @@ def plot_padding_leak(
     shown = None
     for r, (name, maps) in enumerate(rows.items()):
         ax = axes[r, 0]
-        ax.imshow(np.ones((*canvas, 3)) * 0.8)
-        ax.imshow(image, extent=(-0.5, item.shape[2] - 0.5, item.shape[1] - 0.5, -0.5))
-        ax.set_xlim(-0.5, canvas[1] - 0.5)
-        ax.set_ylim(canvas[0] - 0.5, -0.5)
+        padded = np.ones((*canvas, 3))
+        padded[: item.shape[1], : item.shape[2]] = image
+        ax.imshow(padded)
+        outside = np.ones(canvas, dtype=bool)
+        outside[: item.shape[1], : item.shape[2]] = False
+        shade_padding(ax, outside)
         ax.set_title(f"{name}\nitem in a {canvas[0]}x{canvas[1]} canvas", fontsize=8)
         for c, m in enumerate(maps):
             shown = axes[r, 1 + c].imshow(m.clamp(min=_FLOOR).numpy(), norm=norm, cmap="magma")
@@ -113,4 +115,5 @@ def plot_padding_leak(
         for ax in axes[r]:
             no_ticks(ax)
     fig.colorbar(shown, ax=axes.ravel().tolist(), shrink=0.8, label="|batch - alone| / std (max over channels)")
+    fig.suptitle(f"an item's features in a padded batch against alone ({PADDING_LEGEND})", fontsize=10)
     return fig

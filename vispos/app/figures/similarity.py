@@ -16,8 +16,10 @@ from ..._checks import check_int, describe
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
 from ._draw import (
+    PADDING_LEGEND,
     PLANES,
     display_images,
+    draw_mask,
     mark_query,
     new_figure,
     no_ticks,
@@ -185,7 +187,8 @@ def plot_similarity(
         no_ticks(axes)
         used = axes.ravel().tolist()
     fig.colorbar(im, ax=used, shrink=0.8, label="cosine similarity")
-    fig.suptitle(title or f"cosine similarity to query cells ({'x'.join(map(str, spatial))} grid)", fontsize=10)
+    legend = f"; {PADDING_LEGEND}" if m is not None and m.any() else ""
+    fig.suptitle(title or f"cosine similarity to query cells ({'x'.join(map(str, spatial))} grid{legend})", fontsize=10)
     return fig
 
 
@@ -264,12 +267,12 @@ def plot_level_similarity(
             if lvl == 0:
                 ax.imshow(images[i].permute(1, 2, 0).numpy())
                 shade_padding(ax, None if mask is None else mask[i])
-                ax.set_title(f"{title} {h}x{w}\n(padding shaded)", fontsize=9)
+                ax.set_title(f"{title} {h}x{w}", fontsize=9)
                 ax.set_axis_off()
             elif levels[lvl].mask is not None:
-                ax.imshow(levels[lvl].mask[i].cpu().numpy(), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-                ax.set_title("level mask (white = padding)", fontsize=8)
-                no_ticks(ax)  # keep the frame: white padding would vanish into the background
+                draw_mask(ax, levels[lvl].mask[i])
+                ax.set_title("level mask", fontsize=8)
+                no_ticks(ax)  # keep the frame: white valid cells would vanish into the background
             else:
                 ax.set_axis_off()
             if lvl >= len(levels):
@@ -285,7 +288,7 @@ def plot_level_similarity(
                 ax.set_axis_off()
     if last_im is not None:
         fig.colorbar(last_im, ax=axes[:, 1:].ravel().tolist(), shrink=0.6, label="cosine similarity")
-    fig.suptitle("Position embedding: cosine similarity to query cells (grey = padding)", fontsize=10)
+    fig.suptitle(f"Position embedding: cosine similarity to query cells ({PADDING_LEGEND})", fontsize=10)
     return fig
 
 
@@ -391,5 +394,5 @@ def plot_volume_level_similarity(
     else:
         grid[0, per_row].set_visible(False)
     fig.suptitle("3D position embedding: cosine similarity to the centre cell of each level, on slices "
-                 "through it (grey = padding)", fontsize=10)
+                 f"through it ({PADDING_LEGEND})", fontsize=10)
     return fig

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..._checks import as_int
 from ...encodings import AxialRotaryEmbedding, DinoV3RotaryEmbedding, MixedRotaryEmbedding
 from ...padding import check_mask
-from ._draw import mark_query, new_figure, no_ticks, shade_padding, similarity_floor
+from ._draw import PADDING_LEGEND, mark_query, new_figure, no_ticks, shade_padding, similarity_floor
 from .similarity import cosine_similarity_map
 
 __all__ = ["rope_variants", "rope_grid", "rope_periods", "plot_rope_periods", "plot_rope_padding"]
@@ -291,5 +291,6 @@ def plot_rope_padding(rope: nn.Module, mask: Tensor, *, names: Sequence[str] | N
         axes[b, 0].set_ylabel(name, fontsize=8)
     no_ticks(axes)
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="cosine similarity (RoPE score)")
-    fig.suptitle(f"{type(rope).__name__} on a padded batch: similarity to each item's centre", fontsize=10)
+    fig.suptitle(f"{type(rope).__name__} on a padded batch: similarity to each item's centre ({PADDING_LEGEND})",
+                 fontsize=10)
     return fig
