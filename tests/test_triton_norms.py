@@ -209,6 +209,50 @@ def test_triton_gradients_asked_for_alone():
     torch.testing.assert_close(y_gn, torch.nn.functional.group_norm(clean, 3))
 
 
+def _training_step(padding, x, w, b, dy, device):
+    """Both norms, forward and backward, with running statistics, on ``device``: the outputs, the
+    running statistics and the gradients, on the CPU."""
+    c = x.shape[1]
+    xx, ww, bb = (t.to(device).requires_grad_() for t in (x, w, b))
+    rm, rv, tracked = (t.to(device) for t in (torch.zeros(c), torch.ones(c), torch.tensor(2)))
+    pad = padding.to(device)
+    y_bn = norms.batch_norm(xx, pad, rm, rv, ww, bb, True, None, 1e-5, tracked, False)
+    y_gn = norms.group_norm(xx, pad, 1 if c == 3 else 8, ww, bb, 1e-5)
+    torch.autograd.backward([y_bn, y_gn], [dy.to(device), dy.to(device)])
+    return [t.detach().cpu() for t in (y_bn, y_gn, rm, rv, tracked, xx.grad, ww.grad, bb.grad)]
+
+
+def _gpu_case(monkeypatch, tiles, dtype, layout):
+    """The inputs of the GPU test: small tiles on a test map, or the default tiles on a ResNet-sized
+    map (several chunks per channel); 16-bit maps with float32 parameters, as autocast runs them."""
+    if tiles == "default":
+        for name, value in dict(BLOCK_CELLS=1024, BLOCK_CHANNELS_LAST=32, MIN_CHUNK_BLOCKS=4, MAX_SPLIT=64).items():
+            monkeypatch.setattr(geometry, name, value)
+        padding, c = Padding.from_sizes([(56, 56), (40, 48), (56, 30), (17, 56)], (56, 56)), 64
+    else:
+        padding, c = _padding("2d"), 3
+    x, w, b, dy = _inputs(padding, c, dtype, layout, seed=3)
+    return padding, x, w.float(), b.float(), dy
+
+
+def _assert_step_close(got, want):
+    names = ["bn", "gn", "running_mean", "running_var", "num_batches_tracked", "grad_x", "grad_weight", "grad_bias"]
+    for name, a, b in zip(names, got, want):  # sums of ~10^4 terms in another order: float32 round-off
+        tol = 2e-2 if a.dtype == torch.bfloat16 else 1e-4
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol, equal_nan=True, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tiles", ["small", "default"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_triton_cuda_kernels_equal_the_cpu_torch_code(monkeypatch, tiles, dtype, layout):
+    """On a GPU the compiled kernels (both norms, forward and backward, running statistics) equal
+    the torch code run on the CPU."""
+    case = _gpu_case(monkeypatch, tiles, dtype, layout)
+    _assert_step_close(_training_step(*case, "cuda"), _training_step(*case, "cpu"))
+
+
 def test_triton_each_op_launches_the_kernels_it_declares():
     """Under the interpreter, one call of each op launches exactly ``_triton.launches(op)`` kernels
     (two), whatever the options (running statistics or not, gradients asked for or not)."""

@@ -13,8 +13,9 @@ its second kernel. A second derivative is refused (``RuntimeError``): the backwa
 The ops are defined with ``torch.library.Library`` rather than ``torch.library.custom_op``:
 ``custom_op`` takes no autograd formula for an op that mutates its inputs (the running statistics),
 and its Python dispatch layers cost tens of microseconds a call on the CPU (about a third of a
-small norm's time); a ``Library`` op dispatches straight to its implementation (~10 us). So autograd is an ``autograd.Function``
-around each op: :func:`batch_norm` and :func:`group_norm` are the entry points.
+small norm's time); a ``Library`` op dispatches straight to its implementation (~10 us). So
+autograd is an ``autograd.Function`` around each op (skipped when no gradient is recorded):
+:func:`batch_norm` and :func:`group_norm` are the entry points.
 
 An op's fourth output is what its torch backward reads (the centred input, zeros in the padding):
 on the Triton path it is empty and the backward re-reads the input, as torch's batch norm does.
