@@ -66,6 +66,7 @@ CORE: tuple[str, ...] = (
     "build_from_config",
     "register",
     "register_invariance_rule",
+    "make_padding_invariant",
     "CellWise",
     "PaddingAware",
     "Refuse",

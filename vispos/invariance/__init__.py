@@ -11,9 +11,10 @@ References:
 """
 
 from . import _vit  # noqa: F401  (registers the token-model rules of timm's ViT and Eva)
+from ._network import PaddingInvariant, make_padding_invariant
 from ._tokens import TokenModelRule
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
 from . import _swin, _swin_timm, _windowed  # noqa: F401,E402  (register the Swin rules, the SAM ViT rule)
 
-__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "TokenModelRule",
-           "register_invariance_rule", "rule_for"]
+__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep",
+           "TokenModelRule", "make_padding_invariant", "register_invariance_rule", "rule_for"]

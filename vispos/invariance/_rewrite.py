@@ -78,13 +78,36 @@ class _Rewriter(RewriterBase):
                 for leaf in leaves:
                     if leaf in self.maps.layout:
                         self.refuse(leaf, "the backbone returns a feature map with permuted axes")
-                outputs = [self.maps.geometry.get(n) if isinstance(n, fx.Node) else None for n in leaves]
+                outputs = [self.output_kind(n) for n in leaves]
                 self.copy(node)
                 continue
             if node.op == "call_module":
                 self.last_path = node.target
             self.step(node)
         return outputs
+
+    def output_kind(self, leaf: Any) -> int | str | None:
+        """What one returned value is: a feature map (its geometry id), ``"item"`` (a value
+        computed from the input that no longer has its spatial axes: a global pool and what follows
+        it, each item's own), ``"constant"`` (a value that does not depend on the input at all), or
+        None (anything else: a value read from the canvas's size, a whole split)."""
+        if not isinstance(leaf, fx.Node):
+            return "constant"
+        geometry_id = self.maps.geometry.get(leaf)
+        if geometry_id is not None:
+            return geometry_id if isinstance(geometry_id, int) else None
+        if leaf in self.maps.from_input:
+            return None if leaf in self.maps.sizes else "item"
+        seen, stack = set(), [leaf]
+        while stack:  # no path from an input: the same value for any batch
+            node = stack.pop()
+            if node.op == "placeholder":
+                return None
+            for parent in node.all_input_nodes:
+                if parent not in seen:
+                    seen.add(parent)
+                    stack.append(parent)
+        return "constant"
 
     def step(self, node: fx.Node) -> None:
         """Rewrites one node: a read of a tensor's facts, a computation on size values, a node
@@ -377,7 +400,8 @@ def _channel_index(index: Any) -> bool:
     return all(i == slice(None) or i is Ellipsis for i in index[2:])
 
 
-def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None) -> InvariantRunner:
+def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None,
+                           per_item: bool = False) -> InvariantRunner:
     """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
     runner that feeds it paddings.
 
@@ -390,6 +414,10 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = Non
             tuple of :class:`~vispos.invariance._geometry.Window` (a feature map on the cells those
             windows make of it: a ViT's tokens are one patch-sized window). Default ``[()]``: the
             first input is the image batch, the others are not feature maps.
+        per_item (bool): also accept outputs that are each item's own values without spatial axes
+            (a pooled classifier head, ``Tensor[B, ...]``) and outputs that do not depend on the
+            input; the runner returns them as they are. Default False: every output must be a
+            feature map.
 
     Returns:
         InvariantRunner: derives every map's padding from a batch's and runs ``gm``.
@@ -405,7 +433,15 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = Non
     for mode, graph in graphs.items():
         rewriter = _Rewriter(gm, graph, geometry, n_spatial, inputs)
         outs = rewriter.run()
-        if any(not isinstance(g, int) for g in outs):
+        allowed = (int, str) if per_item else int
+        if any(not isinstance(g, allowed) for g in outs):
+            if per_item:
+                raise ValueError(
+                    "padding_invariant=True: every output must be a feature map of the input, a value of each "
+                    "item's own (after a global pool) or a value that does not depend on the input; outputs "
+                    f"{[i for i, g in enumerate(outs) if g is None]} (in pytree order) are none of these (a value "
+                    "read from the size of a padded map, or a whole split)"
+                )
             raise ValueError(
                 "padding_invariant=True: every output of the backbone must be a feature map of its input "
                 f"(got outputs without a spatial layout: {outs})"

@@ -14,6 +14,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.utils import _pytree as pytree
@@ -104,29 +106,44 @@ class InvariantRunner:
         return [padding] + [padding.resize(canvas) for canvas in canvases]
 
     def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
+        return self.run(body, x, body.training)
+
+    def run(self, body, x: NestedTensor, training: bool, structured: bool = False) -> Any:
+        """Runs ``body`` (the rewritten graph, or any callable ``body(tensors, paddings)``) on ``x``.
+
+        Returns:
+            list: each output in pytree order, a map as a NestedTensor with its padding, any other
+            value (a per-item vector, a constant) as it is; with ``structured``, the graph's own
+            output structure (tuple / list / dict) with those values in it.
+        """
         padding = x.padding
         if padding.kind == "none":
-            out = body(x.tensors)
-            return [NestedTensor(t, None) for t in pytree.tree_leaves(out)]
+            return _levels(self, training, body(x.tensors), None, structured)
         if _tracing.compiling():
             # the host work (convolution arithmetic on the boxes, the masks) runs outside the graph,
             # and the graph sees each map's padding as its mask alone: a new mix of item sizes on
             # the same canvas is new data for the same graph, not a recompile
             paddings, masks = _compiled_inputs(self, padding)
-            return _levels(self, body.training, body(x.tensors, masks), paddings)
+            return _levels(self, training, body(x.tensors, masks), paddings, structured)
         paddings = self.paddings(padding)
-        return _levels(self, body.training, body(x.tensors, tuple(paddings)), paddings)
+        return _levels(self, training, body(x.tensors, tuple(paddings)), paddings, structured)
 
 
-def _levels(runner: InvariantRunner, training: bool, out, paddings: list[Padding]) -> list[NestedTensor]:
-    """Each output of the graph with the padding of its geometry id."""
+def _levels(runner: InvariantRunner, training: bool, out, paddings: list[Padding] | None,
+            structured: bool = False) -> Any:
+    """Each output of the graph with the padding of its geometry id (``paddings`` None: a batch
+    without padding); outputs without a geometry id as they are."""
     output_ids = runner.outputs.get("any") or runner.outputs["train" if training else "eval"]
+    leaves, spec = pytree.tree_flatten(out)
     levels = []
-    for t, geometry_id in zip(pytree.tree_leaves(out), output_ids):
-        level = paddings[geometry_id]
-        assert tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
+    for t, geometry_id in zip(leaves, output_ids):
+        if not isinstance(geometry_id, int):  # a per-item value or a constant
+            levels.append(t)
+            continue
+        level = None if paddings is None else paddings[geometry_id]
+        assert level is None or tuple(t.shape[2:]) == level.spatial, (tuple(t.shape), level)  # convolution arithmetic
         levels.append(NestedTensor(t, level))
-    return levels
+    return pytree.tree_unflatten(levels, spec) if structured else levels
 
 
 _levels = torch.compiler.disable(_levels)

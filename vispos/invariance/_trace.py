@@ -196,8 +196,9 @@ def _failing_node(exc: BaseException) -> fx.Node | None:
     return found
 
 
-def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None) -> Any:
-    """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm`` (``inputs`` as there),
+def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None, per_item: bool = False) -> Any:
+    """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm`` (``inputs`` and
+    ``per_item`` as there),
     with every failure a ``ValueError`` that names the layer: a refusal of the rule book as it is,
     an error from inside the rewrite (a value the rules cannot read) with the graph node it was
     rewriting.
@@ -206,7 +207,7 @@ def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None) -> An
         ValueError: a layer that cannot be made exact (named).
     """
     try:
-        return make_padding_invariant(gm, n_spatial=n_spatial, inputs=inputs)
+        return make_padding_invariant(gm, n_spatial=n_spatial, inputs=inputs, per_item=per_item)
     except ValueError:
         raise
     except Exception as exc:

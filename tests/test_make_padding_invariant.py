@@ -1,0 +1,295 @@
+"""vispos.make_padding_invariant: a whole network (MONAI's 3D U-Nets, a 2D classifier, a network
+returning a dict) gives an item of a padded batch what it gives the item alone, in eval and
+training mode; its state_dict is the network's; a trace that differs from the eager forward, and
+what cannot be exact, is refused by name."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+from torch.testing import assert_close
+
+import vispos
+from vispos import NestedTensor, Padding
+from vispos.invariance import PaddingInvariant
+
+from item_alone import assert_same_gradients, region
+
+monai_nets = pytest.importorskip("monai.networks.nets")
+
+
+def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Norm layers with the non-zero shifts and statistics of a trained network (random
+    initialisation keeps zero padding zero and would hide a leak)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 1.5 + 0.5)
+            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)) \
+                    and m.weight is not None:
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
+    return model
+
+
+# name -> (builder, item size, partner's size); sizes are multiples of each network's total stride
+NETWORKS = {
+    "segresnet": (lambda: monai_nets.SegResNet(3, init_filters=4, in_channels=1, out_channels=2, blocks_down=(1, 1, 1),
+                                               blocks_up=(1, 1), norm=("group", {"num_groups": 2})),
+                  (8, 16, 12), (12, 8, 16)),
+    "unet": (lambda: monai_nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1, norm="batch"),
+             (8, 12, 16), (16, 8, 4)),
+    "dynunet": (lambda: monai_nets.DynUNet(3, 1, 2, kernel_size=[3, 3, 3], strides=[1, 2, 2],
+                                           upsample_kernel_size=[2, 2], filters=[4, 8, 16]),
+                (12, 8, 16), (8, 16, 8)),
+    "basicunet": (lambda: monai_nets.BasicUNet(3, 1, 2, features=(4, 4, 4, 8, 8, 4)), (16, 32, 16), (32, 16, 16)),
+    "resnet18": (lambda: torchvision.models.resnet18(num_classes=5), (64, 96), (96, 64)),
+}
+
+
+def _build(name):
+    builder, item, other = NETWORKS[name]
+    torch.manual_seed(0)
+    net = _trained_like(builder()).double()
+    return net, item, other
+
+
+def _batch(item: torch.Tensor, other_size, fill=5.0):
+    """``item`` (C, *S) at the origin of a canvas larger than both items (a multiple of 16, as
+    BasicUNet needs), a random partner of ``other_size`` beside it, ``fill`` in the padding."""
+    size = tuple(item.shape[1:])
+    canvas = tuple((max(a, b) + 23) // 16 * 16 for a, b in zip(size, other_size))
+    x = torch.full((2, item.shape[0], *canvas), fill, dtype=item.dtype)
+    x[(0, slice(None), *region((0,) * len(size), size))] = item
+    x[(1, slice(None), *region((0,) * len(size), other_size))] = torch.randn(item.shape[0], *other_size,
+                                                                            dtype=item.dtype)
+    return NestedTensor(x, Padding.from_sizes([size, tuple(other_size)], canvas))
+
+
+def _item_part(got, want):
+    """Item 0's part of an output leaf of the batch, with the shape of the item's own ``want``."""
+    if isinstance(got, NestedTensor):
+        assert got.mask is None or not got.mask[(0, *region((0,) * (want.dim() - 2), want.shape[2:]))].any()
+        return got.tensors[(slice(0, 1), slice(None), *region((0,) * (want.dim() - 2), want.shape[2:]))]
+    return got[:1]
+
+
+def _assert_item_alone(alone, batched, rtol=1e-9):
+    want, _ = torch.utils._pytree.tree_flatten(alone)
+    got, _ = torch.utils._pytree.tree_flatten(batched)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        w = w.tensors if isinstance(w, NestedTensor) else w
+        assert_close(_item_part(g, w), w, rtol=rtol, atol=rtol * float(w.detach().abs().max()))
+
+
+@pytest.mark.parametrize("name", ["segresnet", "unet", "dynunet", "basicunet", "resnet18"])
+def test_item_alone_equals_item_in_padded_batch_eval(name):
+    net, item_size, other_size = _build(name)
+    net.eval()
+    inv = vispos.make_padding_invariant(net)
+    item = torch.randn(inv.in_channels, *item_size, dtype=torch.float64)
+    with torch.no_grad():
+        stock = net(item[None])
+        alone = inv(NestedTensor(item[None], None))
+        batched = inv(_batch(item, other_size))
+    _assert_item_alone(stock, alone)
+    _assert_item_alone(stock, batched)
+    if name == "resnet18":  # a pooled classifier head: per-item logits, not a map
+        assert isinstance(batched, torch.Tensor) and batched.shape == (2, 5)
+    else:  # the decoder's output map at the input's stride, its padding the input's
+        assert isinstance(batched, NestedTensor) and batched.tensors.shape[2:] == batched.mask.shape[1:]
+        assert batched.padding == _batch(item, other_size).padding
+
+
+@pytest.mark.parametrize("name", ["unet", "resnet18", "segresnet"])
+def test_training_outputs_running_statistics_and_gradients(name):
+    """Training mode on a padded batch of the item alone: batch statistics over its valid cells,
+    the same running statistics and the same parameter gradients as the stock network alone."""
+    net, item_size, _ = _build(name)
+    net.train()
+    twin = copy.deepcopy(net)
+    inv = vispos.make_padding_invariant(twin)
+    assert inv.training and all(m.training for m in inv.modules())
+    item = torch.randn(inv.in_channels, *item_size, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    canvas = tuple(s + 16 for s in item_size)
+    x = torch.full((1, inv.in_channels, *canvas), -3.0, dtype=torch.float64)
+    x[(0, slice(None), *region((0,) * len(item_size), item_size))] = item
+    stock = net(item[None])
+    batched = inv(x, Padding.from_sizes([item_size], canvas).mask)
+    _assert_item_alone(stock, batched)
+    for key, value in net.state_dict().items():  # running statistics and batch counts
+        assert_close(twin.state_dict()[key], value, rtol=1e-9, atol=1e-12, msg=key)
+    got = batched.tensors if isinstance(batched, NestedTensor) else batched
+    stock.square().mean().backward()
+    _item_part(batched, stock).square().mean().backward()
+    assert got.shape[0] == 1
+    assert_same_gradients(twin, net)
+
+
+def test_state_dict_is_the_networks_both_ways_and_parameters_are_shared():
+    net, _, _ = _build("unet")
+    inv = vispos.make_padding_invariant(net)
+    assert list(inv.state_dict()) == list(net.state_dict())  # no body. prefix, same order
+    for key, value in net.state_dict().items():
+        assert inv.state_dict()[key].data_ptr() == value.data_ptr(), key  # shared, not copied
+    stock = _build("unet")[0]
+    with torch.no_grad():
+        for p in stock.parameters():
+            p.add_(0.25)
+    inv.load_state_dict(stock.state_dict())  # stock -> invariant
+    assert_close(net.state_dict(), stock.state_dict(), rtol=0, atol=0)
+    fresh = monai_nets.UNet(3, 1, 2, channels=(4, 8, 16), strides=(2, 2), num_res_units=1, norm="batch").double()
+    fresh.load_state_dict(inv.state_dict())  # invariant -> stock
+    assert_close(fresh.state_dict(), stock.state_dict(), rtol=0, atol=0)
+    with torch.no_grad():  # a write into the network's weight is the invariant module's too
+        next(net.parameters()).zero_()
+    assert not next(inv.parameters()).any()
+
+
+def test_copies_keep_modes_and_outputs_and_move_with_to():
+    net, item_size, other_size = _build("dynunet")
+    inv = vispos.make_padding_invariant(net).eval()
+    batch = _batch(torch.randn(1, *item_size, dtype=torch.float64), other_size)
+    with torch.no_grad():
+        want = inv(batch).tensors
+        for clone in (copy.deepcopy(inv), pickle.loads(pickle.dumps(inv))):
+            assert not clone.training
+            assert_close(clone(batch).tensors, want, rtol=0, atol=0)
+        single = inv.float()(batch.to(torch.float32)).tensors
+    assert single.dtype == torch.float32
+    assert_close(single.double(), want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
+class _DictNet(nn.Module):
+    """Two maps at two strides and a pooled per-item vector, returned in a dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.down = nn.Sequential(nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.head = nn.Linear(6, 2)
+
+    def forward(self, x):
+        fine = self.stem(x).relu()
+        coarse = self.down(fine)
+        return {"fine": fine, "coarse": coarse, "logits": self.head(coarse.mean((2, 3))), "pair": (fine, coarse)}
+
+
+def test_dict_output_keeps_its_structure():
+    net = _trained_like(_DictNet()).double().eval()
+    inv = vispos.make_padding_invariant(net)
+    assert inv.probe_size == (4, 4)
+    item = torch.randn(3, 10, 14, dtype=torch.float64)
+    with torch.no_grad():
+        stock, batched = net(item[None]), inv(_batch(item, (16, 6)))
+    assert set(batched) == {"fine", "coarse", "logits", "pair"} and isinstance(batched["pair"], tuple)
+    assert isinstance(batched["coarse"], NestedTensor) and batched["coarse"].tensors.shape[2:] == (16, 16)
+    assert batched["coarse"].padding.sizes == ((5, 7), (8, 3))  # convolution arithmetic per item
+    assert isinstance(batched["logits"], torch.Tensor) and batched["logits"].shape == (2, 2)
+    _assert_item_alone(stock, batched)
+
+
+class _Branchy(nn.Module):
+    """Branches on the type of an intermediate value, as MONAI's UpCat does."""
+
+    def __init__(self, jit: bool):
+        super().__init__()
+        self.jit = jit
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        check = torch.jit.isinstance if self.jit else isinstance
+        if check(y, torch.Tensor):  # plain isinstance: False for a traced value, the branch dropped
+            y = y * 2.0 + 1.0
+        return y
+
+
+def test_trace_that_differs_from_the_eager_forward_is_refused():
+    with pytest.raises(ValueError, match=r"cannot use the torch\.fx trace of _Branchy.*output 0 differs from the "
+                                         r"eager forward.*torch\.jit\.isinstance.*never run"):
+        vispos.make_padding_invariant(_Branchy(jit=False))
+    # torch.jit.isinstance is answered for the traced value as for the tensor: the branch is kept
+    net = _Branchy(jit=True).double()
+    inv = vispos.make_padding_invariant(net)
+    item = torch.randn(1, 5, 7, dtype=torch.float64)
+    _assert_item_alone(net(item[None]), inv(_batch(item, (3, 9))))
+
+
+def test_basic_unet_items_off_its_stride_are_refused_when_run():
+    """BasicUNet's decoder pads a map one cell where an odd size was halved: traced for sizes
+    divisible by its stride (16), other sizes are refused, never run inexactly."""
+    net, _, _ = _build("basicunet")
+    inv = vispos.make_padding_invariant(net)
+    assert all(m.is_pad for m in net.modules() if type(m).__name__ == "UpCat")  # restored after tracing
+    with pytest.raises(ValueError, match="cover different cells"):
+        inv(_batch(torch.randn(1, 16, 16, 24, dtype=torch.float64), (16, 16, 16)))
+
+
+class _Flattens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x).flatten(1)
+
+
+def test_layers_that_cannot_be_exact_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"flatten.*it flattens the spatial axes"):
+        vispos.make_padding_invariant(_Flattens(), probe_size=8)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: vispos.make_padding_invariant("resnet18"), TypeError, "model must be an nn.Module, got str"),
+    (lambda: vispos.make_padding_invariant(nn.ReLU()), ValueError, "num_axes=None reads the spatial axes"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), num_axes="2"), TypeError,
+     "num_axes must be an int.*got str"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), num_axes=4), ValueError, "num_axes must be 2 or 3, got 4"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), probe_size=(8, 8, 8)), ValueError,
+     r"probe_size must hold 2 positive sizes.*\(8, 8, 8\)"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), probe_size=8.0), TypeError,
+     "probe_size must be an int or a sequence of 2 ints, got 8.0"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), return_nodes=3), TypeError,
+     "return_nodes must be a list.*got int"),
+    (lambda: vispos.make_padding_invariant(torchvision.models.resnet18(), return_nodes=["layer9"]), ValueError,
+     r"return_nodes \['layer9'\] are not all nodes of ResNet"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 7), probe_size=3), ValueError,
+     "cannot run on a probe input of size"),
+])
+def test_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_bad_inputs_at_forward():
+    inv = vispos.make_padding_invariant(nn.Conv2d(3, 4, 3, padding=1))
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(TypeError, match="x must be a NestedTensor or a Tensor.*got list"):
+        inv([x])
+    with pytest.raises(TypeError, match="pass mask only with a plain tensor"):
+        inv(NestedTensor(x, None), torch.zeros(2, 8, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 3, H, W\), got \(2, 1, 8, 8\)"):
+        inv(torch.randn(2, 1, 8, 8))
+    with pytest.raises(TypeError, match="mask"):
+        inv(x, torch.zeros(2, 8, 8))
+    arbitrary = torch.zeros(2, 8, 8, dtype=torch.bool)
+    arbitrary[0, 2, 3] = True
+    with pytest.raises(ValueError, match="needs each item's box"):
+        inv(x, arbitrary)
+
+
+def test_return_nodes_cut_the_graph_and_public_names():
+    net = torchvision.models.resnet18().double().eval()
+    inv = vispos.make_padding_invariant(net, return_nodes={"layer2": "c3", "layer4": "c5"})
+    out = inv(NestedTensor(torch.randn(1, 3, 64, 64, dtype=torch.float64), None))
+    assert list(out) == ["c3", "c5"] and out["c5"].tensors.shape == (1, 512, 2, 2)
+    assert vispos.make_padding_invariant is vispos.invariance.make_padding_invariant
+    assert "make_padding_invariant" in vispos.__all__ and isinstance(inv, PaddingInvariant)
+    assert "network=ResNet, num_axes=2, probe_size=(64, 64)" in repr(inv)

@@ -1,0 +1,379 @@
+"""One public call that makes a whole network padding invariant: :func:`make_padding_invariant`.
+
+The network (2D or 3D: a classifier, a U-Net, any module that maps a batch to maps or per-item
+values) is traced with vispos' FX tracer (:mod:`vispos.invariance._trace`) in training and in
+eval mode, each traced graph is checked against the network's own eager forward on a probe input,
+and both graphs are rewritten by the rule book (:mod:`vispos.invariance._rewrite`). The returned
+:class:`PaddingInvariant` holds the network's own modules under their own names (its
+``state_dict`` is the network's) and runs the rewritten graph through the same
+:class:`~vispos.invariance._run.InvariantRunner` as the backbone adapters.
+
+References:
+    torch.fx (``Tracer``, ``GraphModule``); torchvision ``models/feature_extraction.py``
+    (``create_feature_extractor``, ``DualGraphModule``); Carion et al., DETR, ECCV 2020 (padded
+    batches, mask True = padding).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from ..nested_tensor import NestedTensor
+from ._geometry import Geometry, Window
+
+__all__ = ["PaddingInvariant", "make_padding_invariant"]
+
+#: the largest probe (cells per axis) chosen from the strides; beyond it, pass probe_size
+_MAX_PROBE = 1024
+
+
+def _first_conv(model: nn.Module) -> nn.Module | None:
+    return next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+
+
+def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any) -> tuple[int, int, Any, Any]:
+    """The arguments checked: ``(num_axes, in_channels, return_nodes as a dict or None,
+    probe_size as a tuple or None)``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("model must be a Python nn.Module, got a TorchScript module (torch.fx cannot trace it)")
+    conv = _first_conv(model)
+    if num_axes is None:
+        if conv is None:
+            raise ValueError(
+                f"num_axes=None reads the spatial axes from the first convolution, but {type(model).__name__} has "
+                "none; pass num_axes (2 or 3)")
+        num_axes = len(conv.kernel_size)
+    elif isinstance(num_axes, bool) or not isinstance(num_axes, int):
+        raise TypeError(f"num_axes must be an int (2 or 3) or None, got {type(num_axes).__name__}")
+    if num_axes not in (2, 3):
+        raise ValueError(f"num_axes must be 2 or 3, got {num_axes}")
+    if conv is None:
+        raise ValueError(f"{type(model).__name__} has no convolution to read its input channels from")
+    nodes = None
+    if return_nodes is not None:
+        if isinstance(return_nodes, Mapping):
+            nodes = dict(return_nodes)
+        elif isinstance(return_nodes, Sequence) and not isinstance(return_nodes, str):
+            nodes = {n: n for n in return_nodes}
+        else:
+            raise TypeError(
+                "return_nodes must be a list of graph node names or a {node: output name} mapping, got "
+                f"{type(return_nodes).__name__}")
+        if not nodes or not all(isinstance(k, str) and isinstance(v, str) for k, v in nodes.items()):
+            raise TypeError(f"return_nodes must be a non-empty list or mapping of str, got {return_nodes!r}")
+    size = None
+    if probe_size is not None:
+        entries = [probe_size] * num_axes if isinstance(probe_size, int) and not isinstance(probe_size, bool) \
+            else probe_size
+        if not isinstance(entries, Sequence) or isinstance(entries, str) or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in entries):
+            raise TypeError(f"probe_size must be an int or a sequence of {num_axes} ints, got {probe_size!r}")
+        if len(entries) != num_axes or any(s < 1 for s in entries):
+            raise ValueError(f"probe_size must hold {num_axes} positive sizes (one per spatial axis), got {probe_size!r}")
+        size = tuple(entries)
+    return num_axes, conv.in_channels, nodes, size
+
+
+#: MONAI's U-Net decoder block: its skip concatenation is guarded by ``torch.jit.isinstance``
+_UPCAT = "monai.networks.nets.basic_unet.UpCat"
+
+
+@contextlib.contextmanager
+def _traceable(model: nn.Module):
+    """While tracing ``model``: ``torch.jit.isinstance(value, torch.Tensor)`` is True for a traced
+    value (an ``fx.Proxy``), as it is for the tensor it stands for (MONAI's ``UpCat`` branches on
+    it: without this the trace drops its skip concatenation), and each ``UpCat``'s ``is_pad`` is
+    off (its one-cell replicate pad after an odd size was halved reads shapes in Python; with sizes
+    divisible by the total stride it never pads, and other sizes are refused when run, since the
+    two maps it concatenates then differ). Both are restored after."""
+    real = torch.jit.isinstance
+
+    def isinstance_(obj: Any, target_type: Any) -> bool:
+        if isinstance(obj, fx.Proxy) and target_type is torch.Tensor:
+            return True
+        return real(obj, target_type)
+
+    upcats = [m for m in model.modules()
+              if f"{type(m).__module__}.{type(m).__qualname__}" == _UPCAT and getattr(m, "is_pad", False)]
+    torch.jit.isinstance = isinstance_
+    for m in upcats:
+        m.is_pad = False
+    try:
+        yield
+    finally:
+        torch.jit.isinstance = real
+        for m in upcats:
+            m.is_pad = True
+
+
+def choose_probe(geometry: Geometry) -> tuple[int, ...] | None:
+    """The smallest probe size (per axis) that is a multiple of every total stride of the graph
+    and gives every feature map at least 2 cells per axis (statistics over space are defined) and
+    equal sizes wherever two maps meet; None when none up to 1024 does."""
+    n = geometry.n_spatial
+    strides = [(1,) * n]
+    for parent, window in zip(geometry.parents[1:], geometry.windows[1:]):
+        step = window.stride if isinstance(window, Window) else (1,) * n
+        strides.append(tuple(a * b for a, b in zip(strides[parent], step)))
+    total = tuple(math.lcm(*(s[a] for s in strides)) for a in range(n))
+    for k in range(1, _MAX_PROBE // max(total) + 1):
+        size = tuple(k * t for t in total)
+        try:
+            boxes = geometry.boxes(((0,) * n,), (size,), size)
+        except ValueError:
+            continue
+        if all(min(sizes[0]) >= 2 for _, sizes, _ in boxes):
+            return size
+    return None
+
+
+def _modes(model: nn.Module) -> dict[str, bool]:
+    return {name: sub.training for name, sub in model.named_modules()}
+
+
+def _restore(model: nn.Module, modes: dict[str, bool]) -> None:
+    for name, sub in model.named_modules():
+        sub.training = modes.get(name, sub.training)
+
+
+def _probe_input(model: nn.Module, in_channels: int, size: tuple[int, ...]) -> Tensor:
+    ref = next((p for p in model.parameters() if p.is_floating_point()), None)
+    x = torch.randn(1, in_channels, *size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return x.to(device=ref.device, dtype=ref.dtype) if ref is not None else x.float()
+
+
+def _differs(got: Any, want: Any) -> str | None:
+    """Why the traced graph's output ``got`` is not the eager ``want`` (None when it is)."""
+    got_leaves, got_spec = pytree.tree_flatten(got)
+    want_leaves, want_spec = pytree.tree_flatten(want)
+    if len(got_leaves) != len(want_leaves):
+        return f"it returns {len(got_leaves)} values where the eager forward returns {len(want_leaves)}"
+    for i, (g, w) in enumerate(zip(got_leaves, want_leaves)):
+        if isinstance(w, Tensor) != isinstance(g, Tensor):
+            return f"output {i} is a {type(g).__name__} where the eager forward returns a {type(w).__name__}"
+        if not isinstance(w, Tensor):
+            continue
+        if g.shape != w.shape:
+            return f"output {i} has shape {tuple(g.shape)} where the eager forward gives {tuple(w.shape)}"
+        if not w.is_floating_point():
+            if not torch.equal(g, w):
+                return f"output {i} differs from the eager forward's"
+            continue
+        g, w = g.double(), w.double()
+        rtol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(got_leaves[i].dtype, 1e-2)
+        scale = float(w.abs().max()) if w.numel() else 0.0
+        err = float((g - w).abs().max()) if w.numel() else 0.0
+        if not math.isfinite(err) or err > rtol * max(scale, 1e-6):
+            return f"output {i} differs from the eager forward's by {err:.3g} (largest value {scale:.3g})"
+    return None
+
+
+def _eval_graph_module(model: nn.Module, num_axes: int) -> fx.GraphModule:
+    """``model`` traced once in eval mode, whole (for the check against its eager forward)."""
+    from ._trace import PathTracer
+
+    tracer = PathTracer(num_axes)
+    modes = _modes(model)
+    try:
+        model.eval()
+        graph = tracer.trace(model)
+    finally:
+        _restore(model, modes)
+    return fx.GraphModule(model, graph, type(model).__name__)
+
+
+@torch.no_grad()
+def _check_trace(model: nn.Module, traced: fx.GraphModule, x: Tensor) -> str | None:
+    """None when ``traced`` (un-rewritten, eval mode) gives ``model``'s eager output on ``x``, else
+    why not; raises the eager forward's own error when the model cannot run on ``x``."""
+    modes = _modes(model)
+    try:
+        model.eval()
+        want = model(x)
+        try:
+            got = traced(x)
+        except Exception as exc:  # the graph of dropped or changed code fails where the model runs
+            return f"the traced graph fails where the eager forward runs ({type(exc).__name__}: {exc})"
+        return _differs(got, want)
+    finally:
+        _restore(model, modes)
+
+
+def make_padding_invariant(
+    model: nn.Module,
+    num_axes: int | None = None,
+    return_nodes: Sequence[str] | Mapping[str, str] | None = None,
+    probe_size: int | Sequence[int] | None = None,
+) -> "PaddingInvariant":
+    """``model`` as a module that gives every item of a padded batch what the model gives it alone.
+
+    The model is traced with torch.fx (training and eval mode, each its own graph), the traced
+    eval graph is run against the model's own eager forward on a random probe input (same weights,
+    eval mode), and every layer that mixes cells is rewritten by vispos' rule book: convolutions
+    and pools see zeros / ``-inf`` outside each item, norms and global pools take statistics over
+    each item's valid cells, up-samplings stay on the item's own cells.
+
+    Args:
+        model (nn.Module): a 2D or 3D network taking ``Tensor[B, C, *S]`` (MONAI's SegResNet,
+            UNet, DynUNet, BasicUNet; a torchvision / timm classifier; any module torch.fx traces).
+            Not copied: the returned module shares its submodules, parameters and buffers.
+        num_axes (int, optional): spatial axes, 2 or 3. Default: those of the first convolution.
+        return_nodes (list[str] | dict[str, str], optional): cut the graph at these torch.fx node
+            names (torchvision's ``get_graph_node_names``; a module's name is its last node) and
+            return ``{output name: value}``. Default: the model's own outputs.
+        probe_size (int | sequence of int, optional): the spatial size of the probe input (one
+            item, the model's dtype and device). Default: the smallest size that is a multiple of
+            every total stride of the graph and leaves every feature map at least 2 cells per axis.
+
+    Returns:
+        PaddingInvariant: takes a :class:`~vispos.NestedTensor` (or ``tensors`` and a ``mask``,
+        True = padding) and returns the model's output structure (a tensor, tuple, list or dict)
+        with each feature map as a NestedTensor (its padding by convolution arithmetic; decoder
+        maps up-sampled to the input's stride included) and each per-item value (a pooled
+        classifier head, ``Tensor[B, ...]``) as a tensor computed from the item's own cells.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` (or is TorchScript); ``num_axes``,
+            ``return_nodes`` or ``probe_size`` of the wrong type.
+        ValueError: ``num_axes`` not 2 or 3, or None for a model without a convolution; a
+            ``probe_size`` of the wrong length or with a size below 1; a layer torch.fx cannot trace
+            (named); a traced graph that differs from the eager forward (the trace drops or changes
+            code, such as a branch on ``torch.jit.isinstance``, ``if x.shape[...]`` or a value read
+            outside the traced arguments), named with how; a layer that cannot be made exact
+            (named); an output that is neither a feature map nor a per-item value; a return node
+            not in the model; a model that cannot run at the probe size (pass ``probe_size``).
+
+    Example:
+        >>> import torch, vispos
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU())
+        >>> inv = vispos.make_padding_invariant(net)
+        >>> out = inv(vispos.nested_tensor_from_tensor_list([torch.randn(1, 5, 7), torch.randn(1, 8, 4)]))
+        >>> out.tensors.shape, out.mask.shape
+        (torch.Size([2, 4, 8, 7]), torch.Size([2, 8, 7]))
+
+    References:
+        torch.fx; torchvision ``create_feature_extractor``; Carion et al., DETR, ECCV 2020.
+    """
+    from ._swin import refuse_swin
+    from ._trace import UntraceableLayer, make_invariant, trace_features
+
+    num_axes, in_channels, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size)
+    name = type(model).__name__
+    refuse_swin(model)
+    try:
+        with _traceable(model):
+            body = trace_features(model, num_axes, return_nodes=nodes, class_name=name)
+            whole = _eval_graph_module(model, num_axes) if nodes is not None else None
+    except UntraceableLayer as exc:
+        raise ValueError(f"make_padding_invariant traces {name} with torch.fx, which fails: {exc}") from exc
+    if whole is None:
+        whole = fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)
+    refusal, runner = None, None
+    try:
+        runner = make_invariant(body, num_axes, per_item=True)
+    except ValueError as exc:
+        refusal = exc
+    if probe is None:
+        probe = choose_probe(runner.geometry) if runner is not None else (32,) * num_axes
+        if probe is None:
+            raise ValueError(f"no probe size up to {_MAX_PROBE} fits every layer of {name}; pass probe_size")
+    try:
+        why = _check_trace(model, whole, _probe_input(model, in_channels, probe))
+    except Exception as exc:
+        if refusal is not None:
+            raise refusal
+        raise ValueError(
+            f"{name} cannot run on a probe input of size {probe} ({type(exc).__name__}: {exc}); pass a "
+            "probe_size it takes") from exc
+    if why is not None:
+        raise ValueError(
+            f"make_padding_invariant cannot use the torch.fx trace of {name}: on a probe input of size {probe} "
+            f"(eval mode) {why}. The trace drops or changes code of the forward (a branch on "
+            "torch.jit.isinstance or on a tensor's value, a Python-side computation baked in as a constant); "
+            "a graph that differs from the model is never run")
+    if refusal is not None:
+        raise refusal
+    return PaddingInvariant(model, body, runner, num_axes, in_channels, probe)
+
+
+class PaddingInvariant(nn.Module):
+    """A network made padding invariant by :func:`make_padding_invariant` (build it with that).
+
+    Holds the network's own children, parameters and buffers under their own names (shared, not
+    copied: its ``state_dict`` is the network's, keys and tensors), and runs the network's
+    rewritten torch.fx graph of the current mode (``train()`` / ``eval()`` switch graphs).
+
+    Attributes:
+        num_axes (int): spatial axes. in_channels (int): the input channels.
+        probe_size (tuple[int, ...]): the size the trace was checked at.
+
+    Shape:
+        - input: NestedTensor ``(B, in_channels, *S)`` (each item at the origin of its box, or at
+          an offset that is a multiple of every stride), or ``tensors`` and ``mask`` ``(B, *S)``
+          bool, True = padding.
+        - output: the network's output structure; a feature map ``(B, C, *S_l)`` as a NestedTensor,
+          a per-item value ``(B, ...)`` as a tensor.
+
+    Raises:
+        TypeError: (forward) ``x`` neither a NestedTensor nor a tensor; a mask with a NestedTensor.
+        ValueError: (forward) ``x`` of another rank or channel count; an arbitrary (non-box) mask;
+            an item whose offset is not a multiple of the strides, or too small for the network; a
+            hooked module the graph does not call.
+    """
+
+    def __init__(self, model: nn.Module, body: nn.Module, runner: Any, num_axes: int, in_channels: int,
+                 probe_size: tuple[int, ...]) -> None:
+        super().__init__()
+        for child_name, child in model.named_children():
+            self.add_module(child_name, child)
+        for param_name, param in model.named_parameters(recurse=False):
+            self.register_parameter(param_name, param)
+        for buffer_name, buffer in model.named_buffers(recurse=False):
+            self.register_buffer(buffer_name, buffer, persistent=buffer_name not in model._non_persistent_buffers_set)
+        for graph in (body.train_graph, body.eval_graph):  # constants the tracer put on the model
+            for node in graph.nodes:
+                if node.op == "get_attr" and "." not in node.target and not hasattr(self, node.target):
+                    self.__dict__[node.target] = getattr(model, node.target)
+        self.__dict__["_body"] = body  # the graphs' code only: it runs with ``self`` as its module
+        self._runner = runner
+        self.network = type(model).__name__
+        self.num_axes, self.in_channels, self.probe_size = num_axes, in_channels, tuple(probe_size)
+        self.training = model.training  # the shared submodules keep their own modes
+
+    def extra_repr(self) -> str:
+        return f"network={self.network}, num_axes={self.num_axes}, probe_size={self.probe_size}"
+
+    def _graph_forward(self, tensors: Tensor, paddings: Any = None) -> Any:
+        return type(self._body).forward(self, tensors, paddings)
+
+    def forward(self, x: NestedTensor | Tensor, mask: Tensor | None = None) -> Any:
+        from ._mode_graphs import check_graph_hooks
+
+        if isinstance(x, NestedTensor):
+            if mask is not None:
+                raise TypeError("mask is given by the NestedTensor itself; pass mask only with a plain tensor")
+        elif isinstance(x, Tensor):
+            x = NestedTensor(x, mask)
+        else:
+            raise TypeError(f"x must be a NestedTensor or a Tensor (B, C, *S), got {type(x).__name__}")
+        tensors = x.tensors
+        if tensors.dim() != 2 + self.num_axes or tensors.shape[1] != self.in_channels:
+            axes = ", ".join("DHW"[-self.num_axes:])
+            raise ValueError(f"x must have shape (B, {self.in_channels}, {axes}), got {tuple(tensors.shape)}")
+        body = self._body
+        if body.training != self.training:  # the graph of this mode (the submodules keep theirs)
+            body.graph = body.train_graph if self.training else body.eval_graph
+            body.training = self.training
+        check_graph_hooks(body, "make_padding_invariant")
+        return self._runner.run(self._graph_forward, x, self.training, structured=True)
