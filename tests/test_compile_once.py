@@ -108,3 +108,15 @@ def test_compiled_invariant_vit_training_step_compiles_once_for_eight_mixes_of_i
         eager.zero_grad()
         frames.append(counter.frame_count)
     assert frames[0] == frames[-1], frames
+
+
+def test_importing_vispos_does_not_import_dynamo():
+    """The graph boundaries are marked lazily (``_tracing.outside_graph``): importing vispos, its
+    invariance package and the core names does not import TorchDynamo (about a second)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, vispos, vispos.invariance; vispos.PositionEmbeddingSine; vispos.Padding; "
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

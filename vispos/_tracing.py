@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["tracing", "compiling", "capturing", "host_side", "host_facts", "host_tensor", "host_arrays"]
+__all__ = ["tracing", "compiling", "capturing", "host_side", "host_facts", "host_tensor", "host_arrays", "outside_graph"]
 
 
 def _is_exporting() -> bool:
@@ -211,3 +211,24 @@ def _packed(arrays: list[np.ndarray], device: torch.device) -> list[torch.Tensor
         moved[start : start + a.nbytes].view(_TORCH_DTYPES[a.dtype]).view(a.shape)
         for a, start in zip(arrays, offsets)
     ]
+
+
+def outside_graph(fn):
+    """Decorator: ``fn`` always runs eagerly, outside any graph ``torch.compile`` captures (the host
+    work of a call: boxes, masks, checks), as ``torch.compiler.disable`` does, but TorchDynamo is
+    imported on the first call, not when vispos is imported (``import vispos`` stays light).
+
+    Args:
+        fn (callable): the function.
+
+    Returns:
+        callable: the wrapped function.
+
+    Raises:
+        Nothing beyond ``fn``'s own errors.
+
+    References:
+        ``torch.compiler.disable``; ``torch._disable_dynamo`` (the same decorator, imported lazily).
+    """
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(fn) if lazy is not None else torch.compiler.disable(fn)

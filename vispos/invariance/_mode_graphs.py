@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torchvision.models.feature_extraction import DualGraphModule
 
+from .. import _tracing
 from .._tracing import tracing
 from ._tokens import has_hooks
 
@@ -132,7 +133,7 @@ def refuse_unrun_hooks(graph: fx.GraphModule, modules: Any, what: str) -> None:
         )
 
 
-@torch.compiler.disable  # a host check of the modules: run eagerly, never traced into a graph
+@_tracing.outside_graph  # a host check of the modules: run eagerly, never traced into a graph
 def check_graph_hooks(body: nn.Module, owner: str) -> None:
     """Raises ``ValueError`` when a module of the traced backbone ``body`` carries a hook that
     its graphs would not run (see :func:`unrun_hooks`), instead of running without it.

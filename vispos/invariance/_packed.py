@@ -194,7 +194,7 @@ def _block(block: nn.Module, x: Tensor, lengths: list[int], ropes: list[Any] | N
     return x + _drop_path(block.drop_path2, y, lengths)
 
 
-@torch.compiler.disable
+@_tracing.outside_graph
 def _pack_tables(grids: list[tuple[int, int]], prefix: int, canvas: tuple[int, int],
                  device: torch.device) -> tuple[list[int], Tensor, Tensor, Tensor]:
     """The packing of a batch's tokens, built on the host for the whole batch and sent in one

@@ -146,10 +146,10 @@ def _levels(runner: InvariantRunner, training: bool, out, paddings: list[Padding
     return pytree.tree_unflatten(levels, spec) if structured else levels
 
 
-_levels = torch.compiler.disable(_levels)
+_levels = _tracing.outside_graph(_levels)
 
 
-@torch.compiler.disable
+@_tracing.outside_graph
 def _compiled_inputs(runner: InvariantRunner, padding: Padding) -> tuple[list[Padding], tuple[Padding, ...]]:
     """Outside a compiled graph: every map's padding (boxes on the host, masks built at once), and
     the same cells as arbitrary paddings of their masks alone (what the graph reads: tensors whose

@@ -72,7 +72,7 @@ def token_facts(model: nn.Module, x: Tensor, padding: Padding, rope: bool) -> To
     return TokenFacts(grids, token_padding, pixel_mask, token_mask, keep, pos, rotary)
 
 
-_facts_outside_graph = torch.compiler.disable(token_facts)
+_facts_outside_graph = _tracing.outside_graph(token_facts)
 
 
 def batch_facts(model: nn.Module, x: Tensor, padding: Padding, rope: bool) -> TokenFacts:
@@ -118,7 +118,7 @@ def add_item_positions(model: nn.Module, tokens: Tensor, pos: Tensor | None) -> 
     return x + pos
 
 
-@torch.compiler.disable
+@_tracing.outside_graph
 def as_levels(maps: list[Tensor], token_padding: Padding) -> list[NestedTensor]:
     """The levels' maps ``Tensor[B, C, gh, gw]`` with their padding (outside a compiled graph: a
     padding is a host value)."""
