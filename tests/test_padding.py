@@ -490,3 +490,27 @@ def test_valid_is_the_mask_inverted_kept_once_and_follows_in_place_writes():
     before = given.valid
     mask[1, 4:] = True  # the caller's mask is the truth from then on
     assert given.valid is not before and torch.equal(given.valid, ~mask)
+
+
+def test_valid_under_inference_mode_and_of_an_inference_mask():
+    """An inference tensor has no version counter to key a kept value on: ``valid`` of a mask
+    built (or given) under ``torch.inference_mode()`` is its inverse all the same, and a value
+    derived there is not kept for a later training step (an inference tensor cannot be saved for
+    backward)."""
+    with torch.inference_mode():
+        built = Padding.from_sizes([(3, 4), (5, 2)], (5, 4))
+        assert torch.equal(built.valid, ~built.mask)
+        mask = torch.zeros(2, 5, 4, dtype=torch.bool)
+        given = Padding.from_mask(mask)
+        assert torch.equal(given.valid, ~mask)
+        mask[1, 4:] = True  # no version to notice it by: derived again
+        assert torch.equal(given.valid, ~mask)
+    padding = Padding.from_sizes([(3, 4), (5, 2)], (5, 4))
+    padding.mask  # noqa: B018 - built outside inference mode
+    with torch.inference_mode():
+        assert torch.equal(padding.valid, ~padding.mask)
+    valid = padding.valid
+    assert not valid.is_inference()
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    torch.where(valid, x, 0.0).sum().backward()  # saved for backward
+    assert torch.equal(x.grad, valid.double().float())

@@ -261,7 +261,10 @@ class Padding:
         layer that reads it costs no kernel after the first), again after the mask is written in
         place; never to be written to."""
         mask = self.mask
-        if _tracing.tracing():  # a traced tensor must not outlive its trace
+        # a traced tensor must not outlive its trace; an inference mask has no version counter to
+        # key the kept value on, and a value derived in inference mode is an inference tensor that
+        # a later training step could not save for backward
+        if _tracing.tracing() or mask.is_inference() or torch.is_inference_mode_enabled():
             return ~mask
         kept = self._valid
         if kept is None or kept[0] is not mask or kept[1] != mask._version:
