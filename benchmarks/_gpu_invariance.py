@@ -43,7 +43,7 @@ def _autocast(dev: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def _ratio(fns: dict, dev: torch.device, repeats: int) -> tuple[None, str]:
+def interleaved_ratio(fns: dict, dev: torch.device, repeats: int) -> tuple[None, str]:
     """Interleaved medians of the arms' steps and their ratio, as a measured row's value."""
     for _ in range(2):
         for fn in fns.values():
@@ -70,7 +70,7 @@ def invariance_rows(table, dev: torch.device, small: bool, repeats: int) -> None
                         with _autocast(dev, precision):
                             fns = {arm: step_fn(m, batch, "train" if step in ("frozen", "packed") else step)
                                    for arm, m in models.items()}
-                            return _ratio(fns, dev, repeats)
+                            return interleaved_ratio(fns, dev, repeats)
 
                     crit = (f"median of {repeats} interleaved; items {SIDES[axes][0]}-{SIDES[axes][1]} per side; "
                             "target <= 1.5x (packed: <= 1.15x the valid share)")
@@ -92,7 +92,7 @@ def compiled_rows(table, dev: torch.device, repeats: int) -> None:
                     for fn in fns.values():
                         fn()
                     compile_s = time.perf_counter() - t0
-                    _, value = _ratio(fns, dev, repeats)
+                    _, value = interleaved_ratio(fns, dev, repeats)
                 return None, f"{value}; both compiled in {compile_s:.0f} s"
 
             crit = f"torch.compile default mode, B = 8, median of {repeats} interleaved; target <= 1.10x"

@@ -42,7 +42,6 @@ import contextlib
 import datetime
 import os
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -58,9 +57,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vispos  # noqa: E402
 import bench_position_embedding as bench_pe  # noqa: E402
-from _gpu_invariance import compiled_rows as invariance_compiled_rows, invariance_rows  # noqa: E402
+from _gpu_invariance import compiled_rows as invariance_compiled_rows, interleaved_ratio, invariance_rows  # noqa: E402
 from _gpu_cases import BACKBONES, FAMILIES, c5_level, flat, item_alone, on, padded_items, valid_cells  # noqa: E402
-from _measure import time_sample  # noqa: E402
 from vispos import nested_tensor_from_tensor_list  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -392,16 +390,7 @@ def resnet50_ratio(table: Table, dev, small: bool, repeats: int) -> None:
             if not state:
                 setup()
             fns = {arm: step_fn(m, state["batch"], mode) for arm, m in state["models"].items()}
-            for _ in range(3):
-                for fn in fns.values():
-                    time_sample(fn, dev)
-            times = {arm: [] for arm in fns}
-            for _ in range(repeats):
-                for arm, fn in fns.items():
-                    times[arm].append(time_sample(fn, dev))
-            med = {arm: statistics.median(t) for arm, t in times.items()}
-            return None, (f"{med['invariant'] / med['stock']:.3f}x ({med['stock']:.1f} ms stock, "
-                          f"{med['invariant']:.1f} ms invariant)")
+            return interleaved_ratio(fns, dev, repeats)
 
         table.check("timing", f"ResNet-50 invariant / stock, {mode}", crit, run, cuda=False)
 

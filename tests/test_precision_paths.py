@@ -250,6 +250,7 @@ _NOT_ENCODERS = {
     "nested_tensor_from_tensor_list", "interpolate_mask", "collate_fn", "PaddedCollate",
     "attn_mask_from_padding", "build_from_config", "register",
     "register_invariance_rule", "CellWise", "PaddingAware", "Refuse",  # the invariance rule book
+    "make_padding_invariant",  # a network made padding-invariant (tests/test_make_padding_invariant.py)
     "init_mixed_freqs",  # a random initialiser of MixedRotaryEmbedding's parameter (covered by "mixed")
 }
 #: the cases with a matrix product (the ones autocast changes): compiled in the fast subset
