@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -20,18 +19,7 @@ import vispos  # noqa: E402
 from demos import train_detr, train_detr3d  # noqa: E402
 from vispos.app.train.cli import parse_args  # noqa: E402
 from vispos.app.train.engine import build_model  # noqa: E402
-
-
-def _trained_like(model: nn.Module) -> None:
-    """Batch-norm statistics and shifts of a trained network (random initialisation hides the leak:
-    zero padding stays zero through bias-free convolutions and identity batch norms)."""
-    g = torch.Generator().manual_seed(0)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
+from trained_norms import trained_like as _trained_like  # noqa: E402
 
 
 def _alone_vs_batched(task, flags, tmp_path, n_items=6, batch=3):

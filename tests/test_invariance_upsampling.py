@@ -17,6 +17,7 @@ from vispos import NestedTensor, Padding
 from vispos.invariance._trace import trace_dual
 from vispos.invariance._geometry import TransposedWindow
 from vispos.invariance._rewrite import make_padding_invariant
+from trained_norms import trained_like as _trained_like
 
 F64 = torch.float64
 NORMS = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
@@ -41,18 +42,6 @@ class _Lambda(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
-
-
-def _trained_like(model: nn.Module) -> nn.Module:
-    g = torch.Generator().manual_seed(1)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
-    return model
 
 
 def assert_alone_equals_in_batch(body: nn.Module, n: int, item_size, canvas, start, train: bool,

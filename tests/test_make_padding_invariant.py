@@ -17,24 +17,9 @@ from vispos import NestedTensor, Padding
 from vispos.invariance import PaddingInvariant
 
 from item_alone import assert_same_gradients, region
+from trained_norms import trained_like as _trained_like
 
 monai_nets = pytest.importorskip("monai.networks.nets")
-
-
-def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Norm layers with the non-zero shifts and statistics of a trained network (random
-    initialisation keeps zero padding zero and would hide a leak)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 1.5 + 0.5)
-            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)) \
-                    and m.weight is not None:
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
-    return model
 
 
 # name -> (builder, item size, partner's size); sizes are multiples of each network's total stride

@@ -11,20 +11,7 @@ from torch import nn
 
 from vispos import NestedTensor, Padding, PositionEmbeddingSine, nested_tensor_from_tensor_list
 from vispos.backbones import Joiner, TimmBackbone, TorchvisionBackbone, VolumeBackbone, freeze_batch_norm
-
-
-def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Batch norms with the non-zero shifts and statistics of a trained network (with random
-    initialisation zero padding stays zero through the network and hides the leak)."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            with torch.no_grad():
-                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 1.5 + 0.5)
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
-    return model
+from trained_norms import trained_like as _trained_like
 
 
 def _monai_resnet():

@@ -15,22 +15,9 @@ from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
 from vispos.invariance._rewrite import make_padding_invariant
 from vispos.invariance._trace import trace_dual
+from trained_norms import trained_like as _trained_like
 
 F64 = torch.float64
-
-
-def _trained_like(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Non-zero shifts and statistics in every batch / layer norm, as in a trained network."""
-    g = torch.Generator().manual_seed(seed)
-    for m in model.modules():
-        if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)) and getattr(m, "weight", None) is not None:
-            with torch.no_grad():
-                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
-                m.bias.copy_(torch.rand(m.bias.shape, generator=g) - 0.5)
-                if getattr(m, "running_mean", None) is not None:
-                    m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) - 0.5)
-                    m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) * 1.5 + 0.5)
-    return model
 
 
 def _crop(t: torch.Tensor, index: int, shape) -> torch.Tensor:
