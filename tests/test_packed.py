@@ -162,6 +162,33 @@ def test_caller_position_embedding_per_item(embedding):
             assert not torch.allclose(bare.tensors[b, :, :h, :w], ref.tensors[0])  # the embedding counts
 
 
+def test_caller_position_embedding_of_another_shape_is_refused():
+    """A caller's embedding must give ``Tensor[1, C, h, w]`` for an item's ``h x w`` grid: one that
+    gives the grid transposed (the same number of cells) or another grid is refused by name, never
+    placed on the canvas cell by cell in the wrong order."""
+    name, kwargs = MODELS["vit"]
+    torch.manual_seed(0)
+    model = TimmBackbone(name, out_indices=(0,), model_kwargs={**kwargs, "pos_embed": "none"}).double().body.model
+    images = _images([(32, 48), (48, 16)])
+    padding = Padding.from_sizes([tuple(i.shape[1:]) for i in images], (48, 48))
+    sine = PositionEmbeddingSine(16, normalize=True)
+    wrong = {
+        "transposed": lambda mask: sine(mask).transpose(2, 3),
+        "one row more": lambda mask: sine(torch.zeros((1, mask.shape[1] + 1, mask.shape[2]), dtype=torch.bool)),
+        "channels last": lambda mask: sine(mask).permute(0, 2, 3, 1),
+    }
+    for what, embed in wrong.items():
+        with pytest.raises(ValueError, match=r"position_embedding must return Tensor\[1, C, h, w\]"):
+            packed_levels(model, images, padding, (0,), position_embedding=embed)
+
+
+def test_on_canvas_refuses_a_table_of_another_grid():
+    from vispos.invariance._tokens import on_canvas
+
+    with pytest.raises(ValueError, match=r"6 rows for a 2 x 2 grid"):
+        on_canvas([torch.zeros(6, 1), torch.zeros(4, 1)], [(2, 2), (2, 2)], (2, 3))
+
+
 def test_joiner_follows_packed_backbone():
     """The Joiner's GroupNorm projections take each item's own cells behind a packed backbone too."""
     packed, invariant = _pair("vit", dtype=torch.float32, mode="invariant")

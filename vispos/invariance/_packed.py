@@ -275,7 +275,12 @@ def packed_levels(
         for grid in facts.grids:
             if grid not in tables:
                 alone = torch.zeros((1, *grid), dtype=torch.bool, device=tokens.device)
-                tables[grid] = position_embedding(alone)[0].flatten(1).t()  # (h * w, C)
+                out = position_embedding(alone)
+                if not isinstance(out, Tensor) or out.dim() != 4 or out.shape[0] != 1 or tuple(out.shape[2:]) != grid:
+                    got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                    raise ValueError(f"position_embedding must return Tensor[1, C, h, w] (channels first) for an "
+                                     f"item's {grid[0]} x {grid[1]} token grid, given as a mask (1, h, w); got {got}")
+                tables[grid] = out[0].flatten(1).t()  # (h * w, C)
         pos = on_canvas([tables[grid] for grid in facts.grids], facts.grids, (gh, gw))
         tokens = tokens + pos.view(batch, gh, gw, -1).to(tokens.dtype)
     seq = model.pos_drop(add_item_positions(model, tokens, facts.pos))

@@ -253,7 +253,9 @@ def on_canvas(tables: Sequence[Tensor], grids: Sequence[tuple[int, int]], canvas
     gh, gw = canvas
     first: dict[int, int] = {}  # id(table) -> its first row in the concatenation
     distinct, rows = [], 0
-    for table in tables:
+    for table, (h, w) in zip(tables, grids):
+        if table.shape[-2] != h * w:  # a host check: a table of another grid would be read cell by cell
+            raise ValueError(f"on_canvas: a table of {table.shape[-2]} rows for a {h} x {w} grid")
         if id(table) not in first:
             first[id(table)] = rows
             distinct.append(table)
