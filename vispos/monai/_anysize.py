@@ -115,6 +115,8 @@ def _roll_items(t: Tensor, shifts: Any, first: int) -> Tensor:
     nothing read on the device, no loop over items)."""
     n = len(shifts[0])
     batch, sizes = t.shape[0], t.shape[first : first + n]
+    if t.numel() == 0:  # nothing to move (and no index modulo a zero size)
+        return t.clone()
     moved = torch.as_tensor(shifts, dtype=torch.int64).view(batch, n).numpy()
     tables = [(np.arange(size)[None, :] - moved[:, axis : axis + 1]) % size for axis, size in enumerate(sizes)]
     index = [torch.arange(batch, device=t.device).view(batch, *(1,) * n)]
