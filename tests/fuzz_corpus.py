@@ -682,7 +682,7 @@ def _child(list_file: str) -> None:
                 if job["kind"] == "image":
                     value = vdata.load_image(job["path"])
                 else:
-                    value = vdata.load_volume(job["path"], normalize=job["normalize"])
+                    value = vdata.load_volume(job["path"], intensity=job["normalize"])
         except Exception as exc:  # noqa: BLE001 - the parent judges the type
             record.update(status="raised", type=type(exc).__name__, message=str(exc)[:500])
         else:

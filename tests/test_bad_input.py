@@ -223,7 +223,7 @@ CASES = [
     ("volume/garbage", lambda f: load_volume(f["files"]["garbage_nii"]), ValueError, r"volume file .*garbage.nii.gz' could not be read as a NIfTI volume"),
     ("volume/truncated", lambda f: load_volume(f["files"]["truncated_nii"]), ValueError, r"volume file .*truncated.nii.gz' could not be read as a NIfTI volume"),
     ("volume/2-D file", lambda f: load_volume(f["files"]["flat_nii"]), ValueError, r"must be 3-D or 4-D, got shape \(8, 8\)"),
-    ("volume/bad normalize", lambda f: load_volume(f["files"]["nii"], normalize="foo"), ValueError, r"normalize must be one of \('zscore', 'minmax', 'percentile', None\), got 'foo'"),
+    ("volume/bad intensity", lambda f: load_volume(f["files"]["nii"], intensity="foo"), ValueError, r"intensity must be one of \('zscore', 'minmax', 'percentile', None\), got 'foo'"),
     ("volumes/single path", lambda f: load_volumes(f["files"]["truncated_nii"]), TypeError, r"paths must be a list or tuple of file paths, got str"),
     # ---- issue 10: DepthAdded shares the parent's checks; one exception type per kind of mistake
     ("depth/dtype int", lambda f: PositionEmbeddingSineDepthAdded(4)(torch.zeros(1, 2, 3, 4, dtype=torch.bool), dtype=torch.int64), TypeError, r"dtype must be a floating torch.dtype .*torch.int64"),
@@ -569,7 +569,7 @@ CASES_12 = [
     ("12/nifti shorter than header says", lambda f: load_volume(f["short_nii"]), ValueError, r"short.nii' is truncated: its header declares shape \(40, 40, 40\)"),
     ("12/nifti empty axis", lambda f: load_volume(f["empty_axis_nii"]), ValueError, r"empty_axis.nii' has an empty axis"),
     ("12/nifti voxels inside header", lambda f: load_volume(f["offset0_nii"]), ValueError, r"offset0.nii' is corrupt: its voxels would start at byte 0"),
-    ("12/nifti bad normalize before reading", lambda f: load_volume(f["huge_nii"], normalize="z"), ValueError, r"normalize must be one of .* got 'z'"),
+    ("12/nifti bad intensity before reading", lambda f: load_volume(f["huge_nii"], intensity="z"), ValueError, r"intensity must be one of .* got 'z'"),
     # ---- configs (items 7-8)
     ("12/yaml bomb", lambda f: load_config(f["bomb_yaml"]), ValueError, r"bomb.yaml: the config expands to more than 10000 values"),
     ("12/yaml self alias", lambda f: build_from_config(f["self_yaml"]), ValueError, r"self.yaml: the config contains itself"),

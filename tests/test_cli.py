@@ -125,7 +125,7 @@ def test_run_on_user_volumes(tmp_path, capsys):
     cfg = tmp_path / "tiny3d.yaml"
     cfg.write_text(TINY_VOLUME)
     rc = main(["run", "--config", str(cfg), "--volumes", *paths, "--out", str(tmp_path / "o"), "--repeats", "1",
-               "--normalize", "zscore"])
+               "--intensity", "zscore"])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "vol0.nii.gz: 20x24x16" in text and "2 volumes -> batch (2, 1, 20, 24, 24)" in text

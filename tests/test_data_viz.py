@@ -58,7 +58,7 @@ def test_cosine_similarity_map():
 def test_plot_writes_png(tmp_path):
     nt = nested_tensor_from_tensor_list([torch.rand(3, 32, 48), torch.rand(3, 40, 24)])
     pe = PositionEmbeddingSine(8, normalize=True)
-    path = plot_position_similarity(nt, [nt], [pe(nt)], tmp_path / "f.png", normalized=False, n_queries=2)
+    path = plot_position_similarity(nt, [nt], [pe(nt)], tmp_path / "f.png", imagenet_normalized=False, n_queries=2)
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size[0] > 200
     with pytest.raises(ValueError, match="same length"):
@@ -69,12 +69,12 @@ def test_plot_writes_png(tmp_path):
 def test_mni152_template_offline():
     from vispos.app.data import mni152_template
 
-    vol = mni152_template(normalize=None)
+    vol = mni152_template(intensity=None)
     assert vol.shape == (1, 197, 233, 189) and vol.dtype == torch.float32
     assert float(vol.min()) == 0.0 and float(vol.max()) <= 1.0 + 1e-6
     small = mni152_template(resolution=2, max_size=40)
     assert max(small.shape[1:]) == 40
-    fg = small[0][mni152_template(resolution=2, normalize=None, max_size=40)[0] != 0]
+    fg = small[0][mni152_template(resolution=2, intensity=None, max_size=40)[0] != 0]
     torch.testing.assert_close(fg.mean(), torch.tensor(0.0), atol=1e-4, rtol=0)
     torch.testing.assert_close(fg.std(), torch.tensor(1.0), atol=1e-3, rtol=0)
 
@@ -82,7 +82,7 @@ def test_mni152_template_offline():
 def test_sample_volumes_shapes():
     from vispos.app.data import sample_volumes
 
-    vols = dict(sample_volumes(max_size=32, normalize="percentile"))
+    vols = dict(sample_volumes(max_size=32, intensity="percentile"))
     assert list(vols) == ["mni152", "mni152_coarse", "mni152_superior"]
     shapes = {k: tuple(v.shape) for k, v in vols.items()}
     assert shapes["mni152"][2] == 32 and len(set(shapes.values())) == 3
@@ -111,7 +111,7 @@ def test_normalize_intensity():
     assert float(pc[1].min()) == 0.0 and float(pc[1].max()) == 1.0 and float((pc[1] == 1).float().mean()) > 0.05
     assert torch.equal(vol, before)  # input untouched
     assert torch.equal(normalize_intensity(vol.double(), None), vol)
-    with pytest.raises(ValueError, match="normalize must be one of"):
+    with pytest.raises(ValueError, match="method must be one of"):
         normalize_intensity(vol, "robust")
     with pytest.raises(ValueError, match=r"Tensor\[C, D, H, W\]"):
         normalize_intensity(vol[0], "zscore")
@@ -163,7 +163,7 @@ def test_load_volume_with_extreme_voxels_is_finite(tmp_path):
     arr[1, 1, 1] = np.nan
     nib.save(nib.Nifti1Image(arr, np.eye(4)), tmp_path / "extreme.nii.gz")
     for method in ("zscore", "minmax", "percentile"):
-        vol = load_volume(tmp_path / "extreme.nii.gz", normalize=method)
+        vol = load_volume(tmp_path / "extreme.nii.gz", intensity=method)
         assert bool(torch.isfinite(vol).all()), method
         clean = torch.from_numpy(np.nan_to_num(arr, nan=0.0))[None]
         torch.testing.assert_close(vol, _normalize_reference(clean, method).float(), rtol=1e-5, atol=1e-5)
@@ -192,7 +192,7 @@ def test_load_volume_reads_nifti_pairs_and_refuses_other_formats(tmp_path):
     arr = np.random.default_rng(2).random((4, 5, 6)).astype(np.float32)
     nib.save(nib.Nifti1Pair(arr, np.eye(4)), tmp_path / "pair.img")
     for name in ("pair.img", "pair.hdr"):
-        torch.testing.assert_close(load_volume(tmp_path / name, normalize=None)[0], torch.from_numpy(arr))
+        torch.testing.assert_close(load_volume(tmp_path / name, intensity=None)[0], torch.from_numpy(arr))
     nib.save(nib.MGHImage(arr, np.eye(4)), tmp_path / "brain.mgz")
     with pytest.raises(ValueError, match=r"brain.mgz' is MGH, not NIfTI; load_volume reads NIfTI-1 / NIfTI-2 .* nib.save"):
         load_volume(tmp_path / "brain.mgz")
@@ -211,13 +211,13 @@ def test_load_nifti_round_trip(tmp_path):
 
     arr = np.random.default_rng(0).random((6, 8, 10)).astype(np.float32)
     nib.save(nib.Nifti1Image(arr, np.diag([2.0, 2.0, 2.0, 1.0])), tmp_path / "a.nii.gz")
-    vol = load_volume(tmp_path / "a.nii.gz", normalize=None)
+    vol = load_volume(tmp_path / "a.nii.gz", intensity=None)
     assert vol.shape == (1, 6, 8, 10)
     torch.testing.assert_close(vol[0], torch.from_numpy(arr))
     # an LPS-oriented file is reoriented to RAS+
     flipped = np.diag([-2.0, -2.0, 2.0, 1.0])
     nib.save(nib.Nifti1Image(arr, flipped), tmp_path / "lps.nii")
-    torch.testing.assert_close(load_volume(tmp_path / "lps.nii", normalize=None)[0], torch.from_numpy(arr[::-1, ::-1].copy()))
+    torch.testing.assert_close(load_volume(tmp_path / "lps.nii", intensity=None)[0], torch.from_numpy(arr[::-1, ::-1].copy()))
     four = np.stack([arr, 2 * arr], -1)
     nib.save(nib.Nifti1Image(four, np.eye(4)), tmp_path / "four.nii")
     assert load_volume(tmp_path / "four.nii").shape == (2, 6, 8, 10)
@@ -661,7 +661,7 @@ def test_nifti_header_checks_before_reading(tmp_path, suffix):
     small = _forged_nifti(tmp_path / "small.nii", (4, 5, 6), data=np.arange(120, dtype=np.float32).tobytes())
     with pytest.raises(ValueError, match=r"declares shape \(4, 5, 6\) = 120 voxels, more than max_voxels=100"):
         load_volume(small, max_voxels=100)
-    torch.testing.assert_close(load_volume(small, normalize=None, canonical=False, max_voxels=120)[0],
+    torch.testing.assert_close(load_volume(small, intensity=None, canonical=False, max_voxels=120)[0],
                                torch.arange(120, dtype=torch.float32).reshape(6, 5, 4).permute(2, 1, 0))
 
 

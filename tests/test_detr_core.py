@@ -221,9 +221,9 @@ def test_position_arms():
     zero = make_position_embedding("none", 64)(nested, dtype=torch.float64)
     torch.testing.assert_close(zero, torch.zeros(2, 64, 5, 7, dtype=torch.float64), rtol=0, atol=0)
     vol = vispos.nested_tensor_from_tensor_list([torch.randn(48, 3, 5, 7), torch.randn(48, 2, 4, 4)])
-    grid3 = make_position_embedding("grid", 48, n_axes=3)
+    grid3 = make_position_embedding("grid", 48, num_axes=3)
     torch.testing.assert_close(grid3(vol), vispos.PositionalEncodingPermute3D(48)(vol.tensors), rtol=0, atol=0)
-    assert make_position_embedding("sine", 48, n_axes=3)(vol).shape == (2, 48, 3, 5, 7)
+    assert make_position_embedding("sine", 48, num_axes=3)(vol).shape == (2, 48, 3, 5, 7)
     with pytest.raises(ValueError, match="pos must be one of .* got 'learned'"):
         make_position_embedding("learned", 32)
     with pytest.raises(ValueError, match="hidden_dim=30 must be divisible by 4"):

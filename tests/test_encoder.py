@@ -161,7 +161,7 @@ def test_backbone_border_effect_3d_measured():
     from vispos.app.data import mni152_template
 
     torch.manual_seed(0)
-    vol = mni152_template(resolution=2, normalize="percentile", max_size=32)
+    vol = mni152_template(resolution=2, intensity="percentile", max_size=32)
     bb = _trained_like(VolumeBackbone("r3d_18", stem_stride=2))
     stats = backbone_border_effect(bb, vol, (40, 48, 40))
     for s, stride in zip(stats, bb.strides):

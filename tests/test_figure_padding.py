@@ -73,7 +73,7 @@ def test_demo_figure_draws_padding_opaque_grey_with_one_legend():
     batch = vispos.nested_tensor_from_tensor_list([torch.rand(3, 32, 48), torch.rand(3, 48, 24)])
     levels = [_level(batch, 8), _level(batch, 16)]
     pos = [vispos.PositionEmbeddingSine(8, normalize=True)(lv) for lv in levels]
-    fig = figures.plot_level_similarity(batch, levels, pos, normalized=False)
+    fig = figures.plot_level_similarity(batch, levels, pos, imagenet_normalized=False)
     buf = _pixels(fig)
     axes = np.asarray(fig.axes[: 2 * 2 * 4]).reshape(4, 4)  # (item, level) rows; image or mask, then 3 maps
     for i in range(2):

@@ -483,7 +483,7 @@ def test_repr_state_dict_and_pickle():
         (lambda: PositionEmbeddingRandom(8)(torch.zeros(1, 4, 4, dtype=torch.uint8)), TypeError, "dtype torch.bool"),
         (lambda: PositionEmbeddingRandom(8)((4, 4), dtype=torch.int32), TypeError, "floating torch.dtype"),
         (lambda: PositionEmbeddingRandom(8)(Padding.none(1, (4, 4)), spacing=torch.ones(1, 3)), ValueError,
-         r"spacing must have shape \(B, n_axes\)"),
+         r"spacing must have shape \(B, num_axes\)"),
         (lambda: PositionEmbeddingRandom(8)(Padding.none(1, (4, 4)), spacing=torch.ones(1, 2, dtype=torch.int64)),
          TypeError, "spacing must be a floating tensor"),
         (lambda: PositionEmbeddingRandom(8)(Padding.none(1, (4, 4)), spacing=torch.zeros(1, 2)), ValueError,

@@ -1,6 +1,6 @@
 """Positions in physical units: ``spacing`` (mm per cell, per item and axis) and ``extent``.
 
-DESIGN.md, "Physical units": a spacing is given per item and per axis, ``(B, n_axes)``, in
+DESIGN.md, "Physical units": a spacing is given per item and per axis, ``(B, num_axes)``, in
 millimetres, in the tensor's spatial axis order; spacing 1 gives exactly the voxel-index numbers.
 """
 
@@ -179,12 +179,12 @@ def test_spacing_keeps_the_callers_tensor():
 @pytest.mark.parametrize(
     "spacing, error, match",
     [
-        ("1 mm", TypeError, r"spacing must be a floating tensor \(B, n_axes\) or a sequence of n_axes numbers"),
+        ("1 mm", TypeError, r"spacing must be a floating tensor \(B, num_axes\) or a sequence of num_axes numbers"),
         ([True, False], TypeError, r"spacing must be a floating tensor .* got \[True, False\] \(list\)"),
-        ([[1.0, 1.0]], ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) or \(n_axes,\) = \(2,\), got \(1, 2\)"),
+        ([[1.0, 1.0]], ValueError, r"spacing must have shape \(B, num_axes\) = \(2, 2\) or \(num_axes,\) = \(2,\), got \(1, 2\)"),
         (torch.ones(2, 2, dtype=torch.int64), TypeError, r"spacing must be a floating tensor .* dtype torch.int64"),
-        (torch.ones(3), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) or \(n_axes,\) = \(2,\), got \(3,\)"),
-        (torch.ones(2, 3), ValueError, r"spacing must have shape \(B, n_axes\) = \(2, 2\) .*got \(2, 3\)"),
+        (torch.ones(3), ValueError, r"spacing must have shape \(B, num_axes\) = \(2, 2\) or \(num_axes,\) = \(2,\), got \(3,\)"),
+        (torch.ones(2, 3), ValueError, r"spacing must have shape \(B, num_axes\) = \(2, 2\) .*got \(2, 3\)"),
         (torch.tensor([[1.0, 0.0], [1.0, 1.0]]), ValueError, "spacing must be finite and > 0"),
         (torch.tensor([[1.0, float("nan")], [1.0, 1.0]]), ValueError, "spacing must be finite and > 0"),
     ],

@@ -128,7 +128,7 @@ def test_arms_start_from_the_same_weights():
         assert state.keys() == ref.keys()
         for k in ref:
             torch.testing.assert_close(state[k], ref[k], rtol=0, atol=0)
-    assert models["sine"].n_axes == 3 and models["sine"].bbox_embed.layers[-1].out_features == 6
+    assert models["sine"].num_axes == 3 and models["sine"].bbox_embed.layers[-1].out_features == 6
 
 
 @pytest.mark.parametrize("argv, flag", [

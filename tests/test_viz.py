@@ -482,7 +482,7 @@ def test_image_figure_width_does_not_grow_with_levels(tmp_path, n_levels):
     nt = vispos.nested_tensor_from_tensor_list([torch.rand(3, 16, 20), torch.rand(3, 12, 20)])
     pe = vispos.PositionEmbeddingSine(8, normalize=True)
     levels = [nt] * n_levels
-    path = plot_position_similarity(nt, levels, [pe(nt)] * n_levels, tmp_path / "f.png", normalized=False,
+    path = plot_position_similarity(nt, levels, [pe(nt)] * n_levels, tmp_path / "f.png", imagenet_normalized=False,
                                     strides=list(range(n_levels)))
     with Image.open(path) as im:
         w, h = im.size

@@ -5,6 +5,8 @@ for one release: each keyword, attribute, protocol member and subclass attribute
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
@@ -229,3 +231,206 @@ def test_deprecated_aliases_point_at_vispos_words():
               if isinstance(v := getattr(c, k, None), property)} - {None}
     assert served == {"num_axes", "frame"}
     assert _deprecation.renamed_attribute("a", "b").fget.__deprecated_alias__ == "b"
+
+
+# ------------------------------------------------------------------------------ the app's words
+def test_app_position_arms_n_axes_is_num_axes():
+    from vispos.app.train import BOX_OPS_2D, MaskBlindGrid, ZeroPosition, make_position_embedding
+
+    with _old(r"MaskBlindGrid\(n_axes=\.\.\.\) is deprecated.*use num_axes="):
+        old = MaskBlindGrid(8, n_axes=3)
+    new = MaskBlindGrid(8, num_axes=3)
+    assert repr(old) == repr(new) and "num_axes=3" in repr(new)
+    with _old(r"MaskBlindGrid\.n_axes is deprecated.*use \.num_axes"):
+        assert old.n_axes == 3
+    with _old(r"make_position_embedding\(n_axes=\.\.\.\) is deprecated.*use num_axes="):
+        grid = make_position_embedding("grid", 48, n_axes=3)
+    assert grid.num_axes == 3
+    for pe in (new, ZeroPosition(8)):
+        with _old(rf"{type(pe).__name__}\.out_channels\(n_axes=\.\.\.\) is deprecated.*use num_axes="):
+            assert pe.out_channels(n_axes=3) == pe.out_channels(num_axes=3) == 24
+    with _old(r"BoxOps\.n_axes is deprecated.*use \.num_axes"):
+        assert BOX_OPS_2D.n_axes == BOX_OPS_2D.num_axes == 2
+
+
+def test_volume_intensity_was_normalize(tmp_path):
+    """The volume loaders' ``normalize="zscore"`` is ``intensity="zscore"`` (``normalize`` is DETR's bool)."""
+    nib = pytest.importorskip("nibabel")
+    import numpy as np
+
+    from vispos.app.data import load_volume, load_volumes
+
+    path = tmp_path / "v.nii.gz"
+    nib.save(nib.Nifti1Image(np.arange(60, dtype=np.float32).reshape(3, 4, 5), np.eye(4)), path)
+    for mode in ("minmax", None):
+        with _old(r"load_volume\(normalize=\.\.\.\) is deprecated.*use intensity="):
+            old = load_volume(path, normalize=mode)
+        assert torch.equal(old, load_volume(path, intensity=mode))
+    with _old(r"load_volumes\(normalize=\.\.\.\) is deprecated.*use intensity="):
+        assert torch.equal(load_volumes([path], normalize="minmax")[0], load_volume(path, intensity="minmax"))
+    with pytest.raises(ValueError, match=r"intensity must be one of .* got 'foo'"):
+        load_volume(path, intensity="foo")
+
+
+def test_volume_intensity_flag_was_normalize():
+    from vispos.app.cli import _parser
+
+    argv = ["run", "--volumes", "a.nii.gz"]
+    assert _parser().parse_args(argv + ["--intensity", "minmax"]).intensity == "minmax"
+    with pytest.warns(FutureWarning, match=r"--normalize is deprecated.*use --intensity"):
+        assert _parser().parse_args(argv + ["--normalize", "zscore"]).intensity == "zscore"
+    assert _parser().parse_args(argv).intensity == "percentile"
+
+
+def test_figures_imagenet_normalized_was_normalized():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from vispos.app.figures import plot_padded_batch
+
+    with _old(r"plot_padded_batch\(normalized=\.\.\.\) is deprecated.*use imagenet_normalized="):
+        fig = plot_padded_batch(_batch(), normalized=False)
+    plt.close(fig)
+    plt.close(plot_padded_batch(_batch(), imagenet_normalized=False))
+
+
+# ----------------------------------------------------------- the scan of every public signature
+#: the packages whose public names (``__all__``) speak vispos' vocabulary: the core and the app
+SCANNED_PACKAGES = (
+    "vispos", "vispos.encodings", "vispos.backbones", "vispos.padding", "vispos.invariance", "vispos.monai",
+    "vispos.config", "vispos.nested_tensor", "vispos.levels", "vispos.batching", "vispos.transformer",
+    "vispos.app.data", "vispos.app.figures", "vispos.app.train", "vispos.app.png",
+)
+#: the number of spatial axes is ``num_axes``; these synonyms fail the scan
+AXIS_SYNONYMS = {"n_spatial", "n_axes", "spatial_dims"}
+#: ``name -> (words, peer)``: a drop-in that keeps its peer's word for the number of axes
+AXIS_DROP_INS = {
+    "monai_sincos": ({"spatial_dims"}, "MONAI build_sincos_position_embedding(grid_size, embed_dim, "
+                     "spatial_dims, temperature)"),
+    "monai_fourier": ({"spatial_dims"}, "MONAI build_fourier_position_embedding(grid_size, embed_dim, "
+                      "spatial_dims, scales)"),
+}
+#: ``name -> (word, peer)``: a ``normaliz*`` word other than DETR's bool ``normalize``, kept from a peer
+NORMALIZE_ALLOWED = {
+    "DinoV3RotaryEmbedding": ("normalize_coords", "timm RotaryEmbeddingDinoV3(normalize_coords='separate')"),
+}
+#: ``word -> peer``: a ``normaliz*`` word that names another thing than positions, in its peer's words
+NORMALIZE_PEER_WORDS = {
+    "normalize_before": "DETR models/transformer.py TransformerEncoderLayer(normalize_before): LayerNorm first",
+}
+
+
+def _scanned_objects() -> dict[str, object]:
+    """``"module.name" -> object`` for every public callable and class of :data:`SCANNED_PACKAGES`."""
+    import importlib
+
+    out = {}
+    for package in SCANNED_PACKAGES:
+        module = importlib.import_module(package)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if callable(obj):
+                out[f"{package}.{name}"] = obj
+    return out
+
+
+def _signature_params(func) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(func).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return {}
+
+
+def _public_words(obj) -> dict[str, inspect.Parameter | None]:
+    """Every name ``obj`` shows a caller: its signature's parameters (a class: ``__init__``), and
+    for a class also its public methods' parameters and its (and its vispos bases') public class
+    attributes and annotations (dataclass fields). Deprecated aliases are left out. A word maps to
+    its ``inspect.Parameter`` where it is one, else None."""
+    words: dict[str, inspect.Parameter | None] = dict(_signature_params(obj))
+    if inspect.isclass(obj):
+        for klass in obj.__mro__:
+            if not klass.__module__.startswith("vispos"):
+                continue
+            for attr in getattr(klass, "__annotations__", {}):
+                words.setdefault(attr, None) if not attr.startswith("_") else None
+            for attr, value in vars(klass).items():
+                if attr.startswith("_") and attr != "__call__":
+                    continue
+                if getattr(getattr(value, "fget", None), "__deprecated_alias__", None):
+                    continue  # a renamed_attribute: the old name, kept for one release
+                words.setdefault(attr, None) if not attr.startswith("_") else None
+                func = getattr(value, "__func__", value)
+                if callable(func) and not inspect.isclass(func):
+                    for p, param in _signature_params(func).items():
+                        words.setdefault(p, param)
+    words.pop("self", None), words.pop("cls", None)
+    return words
+
+
+def _vocabulary_faults(objects: dict[str, object]) -> list[str]:
+    """What the scan refuses: ``"name: word"`` for a synonym of ``num_axes`` (outside
+    :data:`AXIS_DROP_INS`), a ``normalize`` that is not a bool by default, and another
+    ``normaliz*`` word (outside :data:`NORMALIZE_ALLOWED`)."""
+    faults = []
+    for qualname, obj in objects.items():
+        name = qualname.rpartition(".")[2]
+        for word, param in _public_words(obj).items():
+            if word in AXIS_SYNONYMS and word not in AXIS_DROP_INS.get(name, (set(),))[0]:
+                faults.append(f"{qualname}: {word}")
+            elif word == "normalize":
+                if param is not None and not isinstance(param.default, bool):
+                    faults.append(f"{qualname}: normalize={param.default!r}")
+            elif (word.startswith("normaliz") and word not in NORMALIZE_PEER_WORDS
+                  and NORMALIZE_ALLOWED.get(name, ("",))[0] != word):
+                faults.append(f"{qualname}: {word}")
+    return sorted(set(faults))
+
+
+def test_every_public_signature_says_num_axes_and_a_bool_normalize():
+    """No public callable or class of :data:`SCANNED_PACKAGES` takes or shows ``n_spatial``,
+    ``n_axes`` or ``spatial_dims`` (except a listed drop-in, with its peer), nor a ``normalize``
+    that is not DETR's bool, nor another ``normaliz*`` word (except a listed peer's)."""
+    objects = _scanned_objects()
+    assert len(objects) > 100
+    assert _vocabulary_faults(objects) == []
+
+
+def test_the_allow_lists_are_not_stale():
+    """Each allow-listed word is one its object really takes (so the lists cannot grow by habit)."""
+    objects = {q.rpartition(".")[2]: o for q, o in _scanned_objects().items()}
+    for name, (words, _peer) in AXIS_DROP_INS.items():
+        assert words <= set(_public_words(objects[name])), name
+    for name, (word, _peer) in NORMALIZE_ALLOWED.items():
+        assert word in _public_words(objects[name]), name
+
+
+def test_the_scan_fails_on_each_old_word():
+    """The scan catches a keyword, a method argument, a class attribute, a dataclass field, a
+    string ``normalize`` and another ``normaliz*`` word; the allow-lists let only their own words by."""
+    from dataclasses import dataclass
+
+    class Encoder(nn.Module):
+        n_spatial = 2
+
+        def __init__(self, n_axes: int = 2, normalize: str = "zscore") -> None:
+            super().__init__()
+
+        def out_channels(self, spatial_dims: int) -> int:  # pragma: no cover - only its signature is read
+            return spatial_dims
+
+    @dataclass
+    class Ops:
+        n_axes: int
+
+    def plot(batch, normalized: bool = True):  # pragma: no cover - only its signature is read
+        """A figure."""
+
+    def monai_sincos(grid_size, embed_dim, spatial_dims=2, normalized=False):  # pragma: no cover
+        """An allow-listed name."""
+
+    Encoder.__module__ = Ops.__module__ = plot.__module__ = "vispos.stray"
+    objects = {"m.Encoder": Encoder, "m.Ops": Ops, "m.plot": plot, "m.monai_sincos": monai_sincos}
+    assert _vocabulary_faults(objects) == [
+        "m.Encoder: n_axes", "m.Encoder: n_spatial", "m.Encoder: normalize='zscore'", "m.Encoder: spatial_dims",
+        "m.Ops: n_axes", "m.monai_sincos: normalized", "m.plot: normalized",
+    ]

@@ -69,9 +69,9 @@ _PACKAGE = "vispos"
 
 
 class _TFGridEncoding(keras.layers.Layer):
-    """Shared body of ``TFPositionalEncoding{1,2,3}D``; subclasses set ``_n_axes``."""
+    """Shared body of ``TFPositionalEncoding{1,2,3}D``; subclasses set ``_num_axes``."""
 
-    _n_axes = 1
+    _num_axes = 1
 
     def __init__(self, channels: int, dtype=None, **kwargs) -> None:
         channels = check_int(channels, "channels", minimum=1, integral=True)
@@ -83,7 +83,7 @@ class _TFGridEncoding(keras.layers.Layer):
         self.org_channels = channels
         # positional-encodings' rounding: each axis gets ceil(channels / n) rounded up to even;
         # the concatenation is truncated back to ``channels``.
-        self.channels = -(-channels // (2 * self._n_axes)) * 2
+        self.channels = -(-channels // (2 * self._num_axes)) * 2
         # the very float32 table of vispos' torch encoders (same kernel, same bits)
         self.inv_freq = (1.0 / frequency_divisors(self.channels, _TEMPERATURE)).numpy()
 
@@ -117,14 +117,14 @@ class _TFGridEncoding(keras.layers.Layer):
 
     # -------------------------------------------------------------------------------- helpers
     def _layout(self) -> str:
-        axes = ("X", "Y", "Z")[: self._n_axes]
+        axes = ("X", "Y", "Z")[: self._num_axes]
         return f"(B, {', '.join(axes)}, C)"
 
     def _check_shape(self, shape: tuple) -> None:
         name = type(self).__name__
-        if len(shape) != self._n_axes + 2:
+        if len(shape) != self._num_axes + 2:
             raise ValueError(
-                f"{name} expects a {self._n_axes + 2}-D input {self._layout()}, got shape "
+                f"{name} expects a {self._num_axes + 2}-D input {self._layout()}, got shape "
                 f"{shape}"
             )
         got = shape[-1]
@@ -137,7 +137,7 @@ class _TFGridEncoding(keras.layers.Layer):
 
     def _table(self, shape):
         """``Tensor[B, *S, C]``: block ``i`` holds the interleaved sin/cos of axis ``i``."""
-        n = self._n_axes
+        n = self._num_axes
         batch, spatial = shape[0], tuple(shape[1 : n + 1])
         inv_freq = ops.convert_to_tensor(self.inv_freq, dtype="float32")
         f = self.channels
@@ -248,19 +248,19 @@ def _doc(name: str, n: int) -> str:
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class TFPositionalEncoding1D(_TFGridEncoding):
     __doc__ = _doc("TFPositionalEncoding1D", 1)
-    _n_axes = 1
+    _num_axes = 1
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class TFPositionalEncoding2D(_TFGridEncoding):
     __doc__ = _doc("TFPositionalEncoding2D", 2)
-    _n_axes = 2
+    _num_axes = 2
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)
 class TFPositionalEncoding3D(_TFGridEncoding):
     __doc__ = _doc("TFPositionalEncoding3D", 3)
-    _n_axes = 3
+    _num_axes = 3
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE)

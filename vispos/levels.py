@@ -37,10 +37,10 @@ class FlatLevels(NamedTuple):
         src (Tensor[B, N, C]): features, batch-first.
         pos (Tensor[B, N, C]): position embedding plus the level embedding (when there is one).
         key_padding_mask (Tensor[B, N], bool): True = padding.
-        spatial_shapes (Tensor[L, n_axes], int64): each level's ``S_l`` in tensor axis order
+        spatial_shapes (Tensor[L, num_axes], int64): each level's ``S_l`` in tensor axis order
             (``H, W`` / ``D, H, W``).
         level_start_index (Tensor[L], int64): offset of each level in ``N``.
-        valid_ratios (Tensor[B, L, n_axes]): each item's valid extent per level as a fraction of
+        valid_ratios (Tensor[B, L, num_axes]): each item's valid extent per level as a fraction of
             the padded size, in Deformable-DETR's order: **last axis first** (``(w, h)`` in 2D,
             ``(w, h, d)`` in 3D: the ``x, y, z`` order of ``grid_sample``). ``src``'s dtype.
         spatial_shapes_list (list[tuple[int, ...]]): ``spatial_shapes`` as Python ints (no host

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
 from importlib import resources
 from typing import Any
 
@@ -46,6 +47,18 @@ _FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
 MAX_INPUTS = 64
 
 
+class _Intensity(argparse.Action):
+    """Stores ``--intensity``; its old name ``--normalize`` (vispos' ``normalize`` is DETR's bool)
+    still works, with a ``FutureWarning`` (shown by default, as a command's user should see it)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string == "--normalize":
+            warnings.warn("vispos: --normalize is deprecated and will be removed; use --intensity instead",
+                          FutureWarning, stacklevel=2)
+        setattr(namespace, self.dest, values)
+
+
 def add_run_parsers(sub: argparse._SubParsersAction) -> None:
     """Adds the ``demo`` and ``run`` subcommands to the ``vispos`` parser's subparsers."""
 
@@ -60,9 +73,10 @@ def add_run_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--checkpoint", help="local backbone checkpoint (.pt/.safetensors); never downloaded")
         p.add_argument("--max-size", type=int, default=None,
                        help="shrink images / volumes so the longest side is at most this")
-        p.add_argument("--normalize", default="percentile", choices=[str(m) for m in VOLUME_NORMALIZATIONS],
+        p.add_argument("--intensity", "--normalize", default="percentile", action=_Intensity,
+                       choices=[str(m) for m in VOLUME_NORMALIZATIONS],
                        help="volume intensity normalisation (default: percentile, so background and "
-                       "padding are both 0)")
+                       "padding are both 0); --normalize is its deprecated old name")
         p.add_argument("--size-divisibility", type=int, default=0, help="pad to a multiple of this")
         p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         p.add_argument("--queries", type=int, default=3, help="query cells per level in the figure")

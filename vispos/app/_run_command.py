@@ -320,15 +320,15 @@ def execute(args: argparse.Namespace) -> None:
         CLIError, ValueError, TypeError, OSError, ImportError: a bad argument, file or config
             (:func:`vispos.app.cli.main` prints it as one line and exits with 2).
     """
-    normalize = None if args.normalize == "None" else args.normalize
+    intensity = None if args.intensity == "None" else args.intensity
     if args.command == "demo" and args.volume:
-        samples = sample_volumes(max_size=args.max_size or 64, normalize=normalize)
+        samples = sample_volumes(max_size=args.max_size or 64, intensity=intensity)
     elif args.command == "demo":
         samples = sample_images(args.samples, max_size=args.max_size)
     elif args.volumes:
         _check_headers(args)  # before any voxel is read
         samples = [(os.path.basename(p), v) for p, v in zip(
-            args.volumes, load_volumes(args.volumes, normalize=normalize, max_size=args.max_size))]
+            args.volumes, load_volumes(args.volumes, intensity=intensity, max_size=args.max_size))]
     else:
         _check_headers(args)  # before any pixel is decoded
         samples = [(os.path.basename(p), im) for p, im in zip(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
+from .. import _deprecation
 from ..nested_tensor import NestedTensor
 from ._io import write_files
 from .figures import plot_level_similarity, plot_volume_level_similarity
@@ -50,6 +51,7 @@ def save_figure(fig, path: str | os.PathLike, *, dpi: int = 100, replace: bool =
     return os.fspath(path)
 
 
+@_deprecation.renamed_kwargs(normalized="imagenet_normalized")
 def plot_position_similarity(
     batch: NestedTensor,
     levels: Sequence[NestedTensor],
@@ -59,7 +61,7 @@ def plot_position_similarity(
     names: Sequence[str] | None = None,
     strides: Sequence[int] | None = None,
     n_queries: int = 3,
-    normalized: bool = True,
+    imagenet_normalized: bool = True,
     dpi: int = 90,
 ) -> str:
     """Writes :func:`~vispos.app.figures.plot_level_similarity`'s figure to one PNG.
@@ -75,7 +77,7 @@ def plot_position_similarity(
         names (sequence of str, optional): a title per image.
         strides (sequence of int, optional): a label per level.
         n_queries (int): query cells per level and image.
-        normalized (bool): ``batch`` is ImageNet-normalised (undo it for display).
+        imagenet_normalized (bool): ``batch`` is ImageNet-normalised (undo it for display).
         dpi (int): resolution of the PNG.
 
     Returns:
@@ -90,7 +92,7 @@ def plot_position_similarity(
         Carion et al., DETR (ECCV 2020), figure of position-embedding similarities.
     """
     fig = plot_level_similarity(batch, levels, pos, names=names, strides=strides, n_queries=n_queries,
-                                normalized=normalized)
+                                imagenet_normalized=imagenet_normalized)
     return save_figure(fig, path, dpi=dpi)
 
 

@@ -60,7 +60,7 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
 register_invariance_rule(FrozenBatchNorm3d, CellWise())  # a per-channel affine map of each cell
 
 
-def _frozen_copy(bn: nn.Module, n_spatial: int) -> nn.Module | None:
+def _frozen_copy(bn: nn.Module, num_axes: int) -> nn.Module | None:
     """A frozen twin of one batch-norm module, or None when ``bn`` is not one we convert."""
     frozen: nn.Module
     if type(bn).__name__ in ("BatchNormAct2d", "SyncBatchNormAct") and type(bn).__module__.startswith("timm"):
@@ -68,7 +68,7 @@ def _frozen_copy(bn: nn.Module, n_spatial: int) -> nn.Module | None:
 
         frozen = FrozenBatchNormAct2d(bn.num_features, eps=bn.eps, apply_act=False)
         frozen.act, frozen.drop = bn.act, bn.drop  # keep timm's fused activation
-    elif type(bn) is nn.BatchNorm3d or (type(bn) is nn.SyncBatchNorm and n_spatial == 3):
+    elif type(bn) is nn.BatchNorm3d or (type(bn) is nn.SyncBatchNorm and num_axes == 3):
         frozen = FrozenBatchNorm3d(bn.num_features, eps=bn.eps)
     elif type(bn) in (nn.BatchNorm2d, nn.SyncBatchNorm):
         frozen = FrozenBatchNorm2d(bn.num_features, eps=bn.eps)

@@ -127,7 +127,7 @@ class GraphBackbone(BackboneAdapter):
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
         if padding_invariant:  # rewrites both graphs of torchvision's DualGraphModule in place
-            self._invariant = make_invariant(self.body, n_spatial=self.num_axes)
+            self._invariant = make_invariant(self.body, num_axes=self.num_axes)
 
     def _own_repr(self) -> str:
         """Subclass hook: the constructor arguments only that subclass has."""

@@ -61,7 +61,7 @@ class InvariantProjection:
     Args:
         parent (nn.Module): the module that holds it (the Joiner's ``input_proj``).
         name (int or str): its index or attribute name in ``parent``.
-        n_spatial (int): spatial axes of the levels (2 or 3).
+        num_axes (int): spatial axes of the levels (2 or 3).
         label (str): ``parent``'s name in messages (default ``"input_proj"``).
 
     Raises:
@@ -69,14 +69,14 @@ class InvariantProjection:
             trace (named).
     """
 
-    def __init__(self, parent: nn.Module, name: int | str, n_spatial: int, label: str = "input_proj") -> None:
+    def __init__(self, parent: nn.Module, name: int | str, num_axes: int, label: str = "input_proj") -> None:
         module = getattr(parent, str(name))
         self.module, self.layers = module, tuple(module.modules())
         self.label = f"{label}.{name}"  # the projection's own name, in messages
         self.tensors = tuple(module.parameters()) + tuple(module.buffers())
         root = _Projection(parent, str(name), label)
-        self.graph = trace_features(root, n_spatial, class_name=type(module).__name__)
-        self.runner = make_invariant(self.graph, n_spatial)
+        self.graph = trace_features(root, num_axes, class_name=type(module).__name__)
+        self.runner = make_invariant(self.graph, num_axes)
 
     def fits(self, projection: nn.Module) -> bool:
         """Whether ``projection`` still holds the layers, parameters and buffers this graph calls."""
@@ -106,7 +106,7 @@ class InvariantProjection:
 
 
 def invariant_projections(
-    input_proj: nn.ModuleList, n_spatial: int, cached: list[InvariantProjection] | None
+    input_proj: nn.ModuleList, num_axes: int, cached: list[InvariantProjection] | None
 ) -> list[InvariantProjection]:
     """The rewritten graph of every projection: ``cached`` where its layers are still those of
     ``input_proj``, else traced and rewritten again.
@@ -119,7 +119,7 @@ def invariant_projections(
     for index, projection in enumerate(input_proj):
         old = cached[index] if index < len(cached) else None
         found.append(old if old is not None and old.fits(projection) else
-                     InvariantProjection(input_proj, index, n_spatial))
+                     InvariantProjection(input_proj, index, num_axes))
     return found
 
 

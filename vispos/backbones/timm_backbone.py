@@ -224,8 +224,8 @@ class TimmBackbone(BackboneAdapter):
                 self._invariant = TokenRunner(rule, self.out_indices, _token_model)
             else:
                 try:
-                    self.body = trace_dual(self.body, n_spatial=2, n_levels=len(self.out_indices))
-                    self._invariant = make_invariant(self.body, n_spatial=2)
+                    self.body = trace_dual(self.body, num_axes=2, n_levels=len(self.out_indices))
+                    self._invariant = make_invariant(self.body, num_axes=2)
                 except (ValueError, TraceError) as exc:
                     if model is None:  # a CNN's own refusal names its layer
                         raise

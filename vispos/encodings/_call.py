@@ -167,12 +167,12 @@ def check_spacing(
     if not isinstance(spacing, Tensor):
         spacing = spacing_tensor(spacing)
     if not spacing.dtype.is_floating_point:
-        raise TypeError(f"spacing must be a floating tensor (B, n_axes) in mm, got {describe(spacing)}")
+        raise TypeError(f"spacing must be a floating tensor (B, num_axes) in mm, got {describe(spacing)}")
     if tuple(spacing.shape) == (n,):  # one row for every item
         spacing = spacing.expand(batch, n)
     if tuple(spacing.shape) != (batch, n):
         raise ValueError(
-            f"spacing must have shape (B, n_axes) = {(batch, n)} or (n_axes,) = {(n,)}, got {tuple(spacing.shape)}"
+            f"spacing must have shape (B, num_axes) = {(batch, n)} or (num_axes,) = {(n,)}, got {tuple(spacing.shape)}"
         )
     values = spacing.detach().to(torch.float32)
     key = None
@@ -198,6 +198,6 @@ def spacing_tensor(spacing: object) -> Tensor:
             values = None
     if values is None or values.dtype == torch.bool or values.is_complex():
         raise TypeError(
-            f"spacing must be a floating tensor (B, n_axes) or a sequence of n_axes numbers (mm), got {describe(spacing)}"
+            f"spacing must be a floating tensor (B, num_axes) or a sequence of num_axes numbers (mm), got {describe(spacing)}"
         )
     return values.to(torch.float32)

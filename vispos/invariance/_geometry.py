@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import _deprecation
+
 __all__ = ["Window", "TransposedWindow", "Geometry", "Boxes"]
 
 #: per item: (starts, sizes), each a tuple of ints per axis; plus the canvas size per axis
@@ -135,8 +137,10 @@ class Geometry:
     two ids meet in one elementwise operation (a residual sum).
     """
 
-    def __init__(self, n_spatial: int) -> None:
-        self.n_spatial = n_spatial
+    n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
+
+    def __init__(self, num_axes: int) -> None:
+        self.num_axes = num_axes
         self.parents: list[int | None] = [None]
         self.windows: list[Window | TransposedWindow | None] = [None]
         self.layers: list[str] = ["input"]
@@ -186,7 +190,7 @@ class Geometry:
             new_starts, new_sizes = [], []
             for b, (start, size) in enumerate(zip(p_starts, p_sizes)):
                 item_start, item_size = [], []
-                for axis in range(self.n_spatial):
+                for axis in range(self.num_axes):
                     s = window.stride[axis]
                     out_start = window.start_of(start[axis], axis)
                     if out_start is None and size[axis] > 0:

@@ -121,7 +121,7 @@ def choose_probe(geometry: Geometry) -> tuple[int, ...] | None:
     """The smallest probe size (per axis) that is a multiple of every total stride of the graph
     and gives every feature map at least 2 cells per axis (statistics over space are defined) and
     equal sizes wherever two maps meet; None when none up to 1024 does."""
-    n = geometry.n_spatial
+    n = geometry.num_axes
     strides = [(1,) * n]
     for parent, window in zip(geometry.parents[1:], geometry.windows[1:]):
         step = window.stride if isinstance(window, Window) else (1,) * n

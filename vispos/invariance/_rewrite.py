@@ -400,7 +400,7 @@ def _channel_index(index: Any) -> bool:
     return all(i == slice(None) or i is Ellipsis for i in index[2:])
 
 
-def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None,
+def make_padding_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None,
                            per_item: bool = False) -> InvariantRunner:
     """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
     runner that feeds it paddings.
@@ -408,7 +408,7 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = Non
     Args:
         gm (fx.GraphModule): a traced backbone whose first input is the image batch
             ``Tensor[B, C, *S]``; its outputs must be feature maps of that input.
-        n_spatial (int): the number of spatial axes (2 or 3).
+        num_axes (int): the number of spatial axes (2 or 3).
         inputs (sequence, optional): what each input of the graph is, in order: None (not a
             feature map), ``()`` (the input whose padding the runner is given, geometry 0) or a
             tuple of :class:`~vispos.invariance._geometry.Window` (a feature map on the cells those
@@ -426,12 +426,12 @@ def make_padding_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = Non
         ValueError: a layer that cannot be made exact (named), or outputs that are not feature maps
             of the input.
     """
-    geometry = Geometry(n_spatial)
+    geometry = Geometry(num_axes)
     dual = hasattr(gm, "train_graph") and hasattr(gm, "eval_graph")
     graphs = {"train": gm.train_graph, "eval": gm.eval_graph} if dual else {"any": gm.graph}
     outputs, new_graphs = {}, {}
     for mode, graph in graphs.items():
-        rewriter = _Rewriter(gm, graph, geometry, n_spatial, inputs)
+        rewriter = _Rewriter(gm, graph, geometry, num_axes, inputs)
         outs = rewriter.run()
         allowed = (int, str) if per_item else int
         if any(not isinstance(g, allowed) for g in outs):

@@ -76,9 +76,9 @@ class RewriterBase:
 
     n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
-    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, n_spatial: int,
+    def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, num_axes: int,
                  inputs: Any = None) -> None:
-        self.gm, self.old, self.geometry, self.num_axes = gm, graph, geometry, n_spatial
+        self.gm, self.old, self.geometry, self.num_axes = gm, graph, geometry, num_axes
         self.inputs = ((),) if inputs is None else tuple(inputs)  # per placeholder: windows from input 0
         self.new = fx.Graph(tracer_cls=graph._tracer_cls)
         self.env: dict[fx.Node, fx.Node] = {}

@@ -98,23 +98,23 @@ class PathTracer(NodePathTracer):
     last input or output; errors raised while tracing a module become :class:`UntraceableLayer`.
 
     Args:
-        n_spatial (int): spatial axes of the feature maps (the rule book's leaves depend on it).
+        num_axes (int): spatial axes of the feature maps (the rule book's leaves depend on it).
         qualnames (bool): record torchvision's node names (quadratic in the graph's size; needed
             to cut the graph at named nodes only).
         watch (dict[int, str], optional): ``{id(module): "forward" | "forward_pre"}``.
     """
 
-    def __init__(self, n_spatial: int = 2, qualnames: bool = False, watch: Mapping[int, str] | None = None) -> None:
+    def __init__(self, num_axes: int = 2, qualnames: bool = False, watch: Mapping[int, str] | None = None) -> None:
         # every argument has a default: a pickled GraphModule re-traces its code with this class
         leaves, functions = _timm_notrace()
         super().__init__(autowrap_modules=(math,), autowrap_functions=functions)
-        self._timm_leaves, self._n_spatial, self._qualnames = leaves, n_spatial, qualnames
+        self._timm_leaves, self._num_axes, self._qualnames = leaves, num_axes, qualnames
         self._watch = dict(watch or {})
         self.seen: dict[int, Any] = {}
         self._path: list[tuple[str, str]] = []
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, self._timm_leaves) or classify_module(m, self._n_spatial)[0] != "refuse":
+        if isinstance(m, self._timm_leaves) or classify_module(m, self._num_axes)[0] != "refuse":
             return not isinstance(m, nn.Sequential)
         opened, ops_module = _torchvision_containers()
         if isinstance(m, opened):
@@ -135,7 +135,7 @@ class PathTracer(NodePathTracer):
                 f"it calls a {type(m).__name__} that is not one of its registered submodules (built in "
                 "forward), which a traced graph cannot hold")) from None
         if isinstance(m, _torchvision_containers()[0][-1]):  # StochasticDepth, whose function FX keeps whole
-            return args[0] if not m.training or m.p == 0.0 else _stochastic_depth(args[0], m.p, m.mode, self._n_spatial)
+            return args[0] if not m.training or m.p == 0.0 else _stochastic_depth(args[0], m.p, m.mode, self._num_axes)
         kind = self._watch.get(id(m))
         if kind == "forward_pre" and args:
             self.seen[id(m)] = args[0]
@@ -173,11 +173,11 @@ class PathTracer(NodePathTracer):
             raise UntraceableLayer("", type(root).__name__, f"{type(exc).__name__}: {exc}") from exc
 
 
-def _stochastic_depth(x: Any, p: float, mode: str, n_spatial: int) -> Any:
+def _stochastic_depth(x: Any, p: float, mode: str, num_axes: int) -> Any:
     """torchvision's ``stochastic_depth`` in training, written with operations the rule book knows:
     one Bernoulli factor per item (``"row"``) or per batch (``"batch"``), the same on every cell."""
     survival = 1.0 - p
-    size = [x.shape[0]] + [1] * (1 + n_spatial) if mode == "row" else [1] * (2 + n_spatial)
+    size = [x.shape[0]] + [1] * (1 + num_axes) if mode == "row" else [1] * (2 + num_axes)
     noise = torch.empty(size, dtype=x.dtype, device=x.device).bernoulli_(survival)
     if survival > 0.0:
         noise = noise.div_(survival)
@@ -196,7 +196,7 @@ def _failing_node(exc: BaseException) -> fx.Node | None:
     return found
 
 
-def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None, per_item: bool = False) -> Any:
+def make_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None, per_item: bool = False) -> Any:
     """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm`` (``inputs`` and
     ``per_item`` as there),
     with every failure a ``ValueError`` that names the layer: a refusal of the rule book as it is,
@@ -207,7 +207,7 @@ def make_invariant(gm: fx.GraphModule, n_spatial: int, inputs: Any = None, per_i
         ValueError: a layer that cannot be made exact (named).
     """
     try:
-        return make_padding_invariant(gm, n_spatial=n_spatial, inputs=inputs, per_item=per_item)
+        return make_padding_invariant(gm, num_axes=num_axes, inputs=inputs, per_item=per_item)
     except ValueError:
         raise
     except Exception as exc:
@@ -283,7 +283,7 @@ def _set_output(graph: fx.Graph, value: Any) -> None:
 
 def trace_features(
     module: nn.Module,
-    n_spatial: int,
+    num_axes: int,
     return_nodes: Mapping[str, str] | None = None,
     hooks: Sequence[HookFeature] | None = None,
     class_name: str | None = None,
@@ -293,7 +293,7 @@ def trace_features(
 
     Args:
         module (nn.Module): the model.
-        n_spatial (int): spatial axes of its feature maps.
+        num_axes (int): spatial axes of its feature maps.
         return_nodes (dict[str, str], optional): ``{torchvision node name: output name}``: the graphs
             return that dict, cut after its nodes.
         hooks (sequence of (nn.Module, str), optional): modules whose output (``"forward"``) or
@@ -316,7 +316,7 @@ def trace_features(
     try:
         for mode in (True, False):
             module.train(mode)
-            tracer = PathTracer(n_spatial, qualnames=return_nodes is not None, watch=watch)
+            tracer = PathTracer(num_axes, qualnames=return_nodes is not None, watch=watch)
             graph = tracer.trace(module)
             gm = fx.GraphModule(tracer.root, graph, name)  # dead-code elimination asks modules
             if return_nodes is not None:
@@ -333,14 +333,14 @@ def trace_features(
     return ModeGraphModule.of(module, graphs[True], graphs[False], class_name=name)
 
 
-def trace_dual(module: nn.Module, n_spatial: int, n_levels: int | None = None) -> ModeGraphModule:
+def trace_dual(module: nn.Module, num_axes: int, n_levels: int | None = None) -> ModeGraphModule:
     """``module`` (a timm ``features_only`` model or any module returning feature maps) traced in
     training and in eval mode; for timm's ``FeatureHookNet`` the graphs return the hooked modules'
     features (forward hooks do not run while FX traces).
 
     Args:
         module (nn.Module): the feature model (its hooks are removed once traced).
-        n_spatial (int): spatial axes of its feature maps.
+        num_axes (int): spatial axes of its feature maps.
         n_levels (int, optional): the number of feature maps each graph must return.
 
     Raises:
@@ -350,7 +350,7 @@ def trace_dual(module: nn.Module, n_spatial: int, n_levels: int | None = None) -
     """
     hooks = hooked_features(module)
     try:
-        gm = trace_features(module, n_spatial, hooks=hooks or None)
+        gm = trace_features(module, num_axes, hooks=hooks or None)
     except UntraceableLayer as exc:
         raise ValueError(
             f"padding_invariant=True needs the backbone traced with torch.fx, which fails for "

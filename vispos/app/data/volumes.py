@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ... import _deprecation
 from ..._checks import check_bool, check_choice, check_file, check_int, check_number
 from ._args import VOLUME_NORMALIZATIONS, check_paths, shrunk_size
 
@@ -76,7 +77,7 @@ def normalize_intensity(
     References:
         Isensee et al., nnU-Net, Nature Methods 2021 (foreground z-score for MRI).
     """
-    method = check_choice(method, VOLUME_NORMALIZATIONS, "normalize")
+    method = check_choice(method, VOLUME_NORMALIZATIONS, "method")
     _check_volume(volume)
     lo_p, hi_p = percentiles
     if not 0 <= lo_p < hi_p <= 100:
@@ -258,9 +259,10 @@ def _nifti_to_tensor(img, source: str, canonical: bool) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(data))
 
 
+@_deprecation.renamed_kwargs(normalize="intensity")
 def load_volume(
     path: str | os.PathLike,
-    normalize: str | None = "zscore",
+    intensity: str | None = "zscore",
     max_size: int | None = None,
     canonical: bool = True,
     *,
@@ -276,7 +278,10 @@ def load_volume(
         path (str | PathLike): a NIfTI-1 or NIfTI-2 file: ``.nii``, ``.nii.gz``, or either file
             of a ``.hdr`` / ``.img`` pair. Other formats nibabel reads (MGH, Analyze, MINC,
             PAR/REC) are refused with a hint to convert them.
-        normalize (str | None): see :func:`normalize_intensity`. Default ``"zscore"``.
+        intensity (str | None): how intensities are normalised: ``"zscore"``, ``"minmax"``,
+            ``"percentile"`` or None (see :func:`normalize_intensity`). Default ``"zscore"``.
+            (Formerly ``normalize``, which still works with a ``DeprecationWarning``: vispos'
+            ``normalize`` is DETR's bool.)
         max_size (int, optional): shrink (trilinear) so the longest axis is at most this.
         canonical (bool): reorient to RAS+. Default True.
         max_voxels (int, optional): refuse a file whose header declares more voxels (all
@@ -284,18 +289,18 @@ def load_volume(
 
     Returns:
         Tensor[C, D, H, W], float32 (``C = 1`` for a 3-D file); finite with every
-        ``normalize`` (the statistics cannot overflow, see :func:`normalize_intensity`).
+        ``intensity`` (the statistics cannot overflow, see :func:`normalize_intensity`).
 
     Raises:
         FileNotFoundError: no such file.
         IsADirectoryError: ``path`` is a directory.
-        TypeError: a ``normalize`` that is not a str or None; a non-int ``max_size`` /
+        TypeError: an ``intensity`` that is not a str or None; a non-int ``max_size`` /
             ``max_voxels``; a non-bool ``canonical``.
         ValueError: not a NIfTI volume (also a truncated or corrupt file); not 3-D / 4-D
             or an empty axis; voxels that are not real scalars (RGB24, RGBA32, complex); more
             than ``max_voxels`` voxels; an uncompressed file shorter than its header says. These
             are checked on the header, before any voxel is read, and every message names the
-            file. An unknown ``normalize``; a non-positive ``max_size`` / ``max_voxels``.
+            file. An unknown ``intensity``; a non-positive ``max_size`` / ``max_voxels``.
         ImportError: nibabel is missing (``pip install 'vispos[medical]'``).
 
     References:
@@ -309,7 +314,7 @@ def load_volume(
     max_voxels = check_int(max_voxels, "max_voxels", minimum=1, optional=True)
     max_size = check_int(max_size, "max_size", minimum=1, optional=True)
     canonical = check_bool(canonical, "canonical")
-    normalize = check_choice(normalize, VOLUME_NORMALIZATIONS, "normalize")
+    intensity = check_choice(intensity, VOLUME_NORMALIZATIONS, "intensity")
     # a forged or corrupt file can make nibabel / numpy raise almost anything (HeaderDataError,
     # LinAlgError, DTypePromotionError, zlib.error, EOFError ...): each becomes a ValueError
     # naming the file. MemoryError cannot happen: the size is checked on the header first.
@@ -328,12 +333,13 @@ def load_volume(
     except Exception as exc:  # noqa: BLE001 - see above
         raise ValueError(f"volume file {path!r} could not be read as a NIfTI volume: {_why(exc)}") from None
     vol = resize_volume(vol, max_size) if max_size is not None else vol
-    return normalize_intensity(vol, normalize)
+    return normalize_intensity(vol, intensity)
 
 
+@_deprecation.renamed_kwargs(normalize="intensity")
 def load_volumes(
     paths: Sequence[str | os.PathLike],
-    normalize: str | None = "zscore",
+    intensity: str | None = "zscore",
     max_size: int | None = None,
     progress: bool | None = None,
     *,
@@ -343,7 +349,7 @@ def load_volumes(
 
     Args:
         paths: the files.
-        normalize, max_size, max_voxels: as in :func:`load_volume`.
+        intensity, max_size, max_voxels: as in :func:`load_volume`.
         progress (bool, optional): show a progress bar; default: when more than 4 paths.
 
     Returns:
@@ -361,13 +367,14 @@ def load_volumes(
     if progress is None:
         progress = len(paths) > 4
     return [
-        load_volume(p, normalize, max_size, max_voxels=max_voxels)
+        load_volume(p, intensity, max_size, max_voxels=max_voxels)
         for p in tqdm(paths, desc="loading volumes", disable=not progress)
     ]
 
 
+@_deprecation.renamed_kwargs(normalize="intensity")
 def mni152_template(
-    resolution: int | None = None, normalize: str | None = "zscore", max_size: int | None = None
+    resolution: int | None = None, intensity: str | None = "zscore", max_size: int | None = None
 ) -> Tensor:
     """nilearn's MNI152 T1 template (2009 nonlinear asymmetric, skull-stripped), shipped inside
     nilearn: no download.
@@ -375,7 +382,7 @@ def mni152_template(
     Args:
         resolution (int, optional): voxel size in mm passed to
             ``nilearn.datasets.load_mni152_template`` (default 1 mm: 197 x 233 x 189).
-        normalize, max_size: as in :func:`load_volume`.
+        intensity, max_size: as in :func:`load_volume`.
 
     Returns:
         Tensor[1, D, H, W], float32, RAS+ axes.
@@ -393,10 +400,11 @@ def mni152_template(
         raise ImportError("the MNI152 template comes with nilearn: pip install 'vispos[medical]'") from exc
     vol = _nifti_to_tensor(load_mni152_template(resolution=resolution), "MNI152", canonical=True)
     vol = resize_volume(vol, max_size) if max_size is not None else vol
-    return normalize_intensity(vol, normalize)
+    return normalize_intensity(vol, intensity)
 
 
-def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list[tuple[str, Tensor]]:
+@_deprecation.renamed_kwargs(normalize="intensity")
+def sample_volumes(max_size: int = 64, intensity: str | None = "zscore") -> list[tuple[str, Tensor]]:
     """Three volumes of different shapes cut from the MNI152 template, for ``vispos demo --volume``.
 
     ``mni152``: the whole template shrunk so its longest axis is ``max_size``;
@@ -406,7 +414,7 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
 
     Args:
         max_size (int): longest axis of the first volume. Default 64.
-        normalize (str | None): see :func:`normalize_intensity`.
+        intensity (str | None): see :func:`normalize_intensity`.
 
     Returns:
         list of ``(name, Tensor[1, D, H, W])``, float32.
@@ -419,7 +427,7 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
     max_size = check_int(max_size, "max_size", minimum=8)
     if max_size > 256:
         raise ValueError(f"max_size must be from 8 to 256 (the template's longest axis is 233), got {max_size}")
-    full = mni152_template(normalize=None)
+    full = mni152_template(intensity=None)
     scale = max_size / max(full.shape[1:])
     depth = full.shape[-1]
     crop = full[..., int(round(0.45 * depth)):]
@@ -428,4 +436,4 @@ def sample_volumes(max_size: int = 64, normalize: str | None = "zscore") -> list
         ("mni152_coarse", resize_volume(full, scale=0.75 * scale)),
         ("mni152_superior", resize_volume(crop, scale=scale)),
     ]
-    return [(name, normalize_intensity(v, normalize)) for name, v in vols]
+    return [(name, normalize_intensity(v, intensity)) for name, v in vols]

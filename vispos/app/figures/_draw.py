@@ -138,11 +138,11 @@ def no_ticks(axes) -> None:
         ax.set_yticks([])
 
 
-def display_images(tensors: Tensor, normalized: bool) -> Tensor:
+def display_images(tensors: Tensor, imagenet_normalized: bool) -> Tensor:
     """``(B, C, H, W)`` images as float32 CPU values in ``[0, 1]``; ImageNet normalisation undone
-    when ``normalized`` (3 channels only)."""
+    when ``imagenet_normalized`` (3 channels only)."""
     images = tensors.detach().float().cpu()
-    if normalized and images.shape[1] == 3:
+    if imagenet_normalized and images.shape[1] == 3:
         images = images * torch.tensor(IMAGENET_STD).view(3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
     return images.clamp(0, 1)
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ... import _deprecation
 from ...encodings.sine import cumulative_positions
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
@@ -20,7 +21,10 @@ from ._draw import PADDING_LEGEND, display_images, draw_mask, new_figure, no_tic
 __all__ = ["plot_padded_batch", "plot_normalized_coords"]
 
 
-def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None, normalized: bool = False):
+@_deprecation.renamed_kwargs(normalized="imagenet_normalized")
+def plot_padded_batch(
+    batch: NestedTensor, *, names: Sequence[str] | None = None, imagenet_normalized: bool = False
+):
     """A padded 2D batch: each item as padded into the batch, and its mask.
 
     One row per item: the padded image with its padding drawn over it, then the mask; padding is
@@ -28,9 +32,9 @@ def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None
 
     Args:
         batch (NestedTensor[B, C, H, W]): 1 or 3 channels; values in ``[0, 1]`` unless
-            ``normalized``.
+            ``imagenet_normalized``.
         names (sequence of str, optional): a title per item.
-        normalized (bool): the batch is ImageNet-normalised (undo it for display).
+        imagenet_normalized (bool): the batch is ImageNet-normalised (undo it for display).
 
     Returns:
         matplotlib.figure.Figure: ``2 * B`` axes.
@@ -51,7 +55,7 @@ def plot_padded_batch(batch: NestedTensor, *, names: Sequence[str] | None = None
     b = t.shape[0]
     if names is not None and len(names) != b:
         raise ValueError(f"names must have one entry per item ({b}), got {len(names)}")
-    images = display_images(t, normalized)
+    images = display_images(t, imagenet_normalized)
     mask = torch.zeros(b, *t.shape[2:], dtype=torch.bool) if batch.mask is None else batch.mask.cpu()
     h, w = t.shape[2:]
     fig = new_figure(2 * min(3.2, 2.6 * w / h) + 0.4, 2.5 * b + 0.5)

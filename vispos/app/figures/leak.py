@@ -13,6 +13,7 @@ import torch
 from matplotlib.colors import LogNorm
 from torch import Tensor, nn
 
+from ... import _deprecation
 from ...batching import nested_tensor_from_tensor_list
 from ...nested_tensor import NestedTensor
 from ._draw import PADDING_LEGEND, display_images, new_figure, no_ticks, shade_padding
@@ -52,13 +53,14 @@ def padding_leak_maps(backbone: nn.Module, item: Tensor, partner: Tensor) -> lis
     return maps
 
 
+@_deprecation.renamed_kwargs(normalized="imagenet_normalized")
 def plot_padding_leak(
     backbones: Mapping[str, nn.Module],
     item: Tensor,
     partner: Tensor,
     *,
     level_names: list[str] | None = None,
-    normalized: bool = True,
+    imagenet_normalized: bool = True,
 ):
     """An item's features alone against in a padded batch, as difference maps, one row per backbone.
 
@@ -70,9 +72,9 @@ def plot_padding_leak(
         backbones (mapping of str to nn.Module): e.g. ``{"stock": ..., "padding_invariant=True":
             ...}``, in their current mode.
         item (Tensor[3, H, W]) and partner (Tensor[3, H2, W2]): images (ImageNet-normalised when
-            ``normalized``).
+            ``imagenet_normalized``).
         level_names (list of str, optional): a title per level (default ``level 0``, ...).
-        normalized (bool): undo ImageNet normalisation to draw the item.
+        imagenet_normalized (bool): undo ImageNet normalisation to draw the item.
 
     Returns:
         matplotlib.figure.Figure: ``len(backbones) x (1 + levels)`` axes and a colour bar.
@@ -95,7 +97,7 @@ def plot_padding_leak(
     names = level_names or [f"level {i}" for i in range(n_levels)]
     top = max(float(m.max()) for maps in rows.values() for m in maps)
     norm = LogNorm(vmin=_FLOOR, vmax=max(top, 10 * _FLOOR))
-    image = display_images(item[None], normalized)[0].permute(1, 2, 0).numpy()
+    image = display_images(item[None], imagenet_normalized)[0].permute(1, 2, 0).numpy()
     canvas = tuple(max(a, b) for a, b in zip(item.shape[1:], partner.shape[1:]))
     fig = new_figure(2.6 * (1 + n_levels) + 0.8, 2.6 * len(rows) + 0.6)
     axes = fig.subplots(len(rows), 1 + n_levels, squeeze=False)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ... import _deprecation
 from ..._checks import check_int, describe
 from ...nested_tensor import NestedTensor
 from ...padding import check_mask
@@ -201,6 +202,7 @@ def _check_levels(batch: NestedTensor, levels: Sequence[NestedTensor], pos: Sequ
         raise ValueError(f"{what} draws {n}D batches, got {batch.num_axes} spatial axes")
 
 
+@_deprecation.renamed_kwargs(normalized="imagenet_normalized")
 def plot_level_similarity(
     batch: NestedTensor,
     levels: Sequence[NestedTensor],
@@ -209,7 +211,7 @@ def plot_level_similarity(
     names: Sequence[str] | None = None,
     strides: Sequence[int] | None = None,
     n_queries: int = 3,
-    normalized: bool = True,
+    imagenet_normalized: bool = True,
 ):
     """A 2D batch through its feature levels: each image with its padding shaded, then for every
     level the cosine similarity of the position embedding at ``n_queries`` query cells to every
@@ -226,7 +228,7 @@ def plot_level_similarity(
         names (sequence of str, optional): a title per image.
         strides (sequence of int, optional): a label per level.
         n_queries (int): query cells per level and image.
-        normalized (bool): ``batch`` is ImageNet-normalised (undo it for display).
+        imagenet_normalized (bool): ``batch`` is ImageNet-normalised (undo it for display).
 
     Returns:
         matplotlib.figure.Figure: ``B * max(1, len(levels))`` rows of ``1 + n_queries`` axes,
@@ -246,7 +248,7 @@ def plot_level_similarity(
     # one row per (image, level): the width stays 1 + n_queries panels whatever the number of levels
     fig = new_figure(2.6 * cols + 0.8, 2.3 * b * n_levels + 0.4)
     axes = fig.subplots(b * n_levels, cols, squeeze=False)
-    images = display_images(batch.tensors, normalized)
+    images = display_images(batch.tensors, imagenet_normalized)
     mask = None if batch.mask is None else batch.mask.cpu()
     panels = {}
     for i in range(b):

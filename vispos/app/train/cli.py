@@ -61,7 +61,7 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         error("--eval-batch-sizes", f"must be <= {MAX_SIZES['batch_size']}, got {args.eval_batch_sizes}")
     if args.hidden % args.heads:
         error("--hidden", f"must be divisible by --heads {args.heads}, got {args.hidden}")
-    n = task.box_ops.n_axes
+    n = task.box_ops.num_axes
     if args.hidden % (2 * n):
         error("--hidden", f"must be divisible by {2 * n} (sine and cosine for each of {n} axes), got {args.hidden}")
     if args.hidden % 8:

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou, generalized_box_iou
 
+from vispos import _deprecation
+
 __all__ = ["BoxOps", "BOX_OPS_2D", "hungarian_match", "SetCriterion"]
 
 
@@ -36,21 +38,23 @@ class BoxOps:
     """The box geometry of one dimensionality.
 
     Attributes:
-        n_axes (int): spatial axes (2 or 3); boxes have ``2 * n_axes`` numbers.
-        to_corners (callable): ``Tensor[N, 2 * n_axes]`` center-size -> corners (min then max).
+        num_axes (int): spatial axes (2 or 3); boxes have ``2 * num_axes`` numbers.
+        to_corners (callable): ``Tensor[N, 2 * num_axes]`` center-size -> corners (min then max).
         giou (callable): corners ``Tensor[N, 2n]``, ``Tensor[M, 2n]`` -> ``Tensor[N, M]`` generalized
             IoU (differentiable).
         iou (callable): the same for IoU.
-        size_scale (callable): ``Tensor[n_axes]`` an item's unpadded size in tensor axis order
-            (``H, W`` or ``D, H, W``) -> ``Tensor[2 * n_axes]`` that turns its normalised corners
+        size_scale (callable): ``Tensor[num_axes]`` an item's unpadded size in tensor axis order
+            (``H, W`` or ``D, H, W``) -> ``Tensor[2 * num_axes]`` that turns its normalised corners
             into pixels / voxels (``(W, H, W, H)`` in 2D, where boxes are ``x, y``).
     """
 
-    n_axes: int
+    num_axes: int
     to_corners: Callable[[Tensor], Tensor]
     giou: Callable[[Tensor, Tensor], Tensor]
     iou: Callable[[Tensor, Tensor], Tensor]
     size_scale: Callable[[Tensor], Tensor]
+
+    n_axes = _deprecation.renamed_attribute("n_axes", "num_axes")
 
 
 def _xyxy(boxes: Tensor) -> Tensor:

@@ -110,12 +110,12 @@ def build_model(task: DetrTask, arm: str, args: argparse.Namespace) -> DetrModel
     torch.manual_seed(args.seed)
     backbone = task.build_backbone(args)
     model = DetrModel(
-        backbone, make_position_embedding(arm, args.hidden, task.box_ops.n_axes), len(task.classes),
+        backbone, make_position_embedding(arm, args.hidden, task.box_ops.num_axes), len(task.classes),
         args.hidden, args.queries, args.enc_layers, args.dec_layers, args.heads, args.ffn, args.dropout,
         normalize_before=args.pre_norm, reference_points=args.reference_points,
     )
     if args.norm == "frozen":
-        freeze_batch_norm(model.joiner.backbone, task.box_ops.n_axes)
+        freeze_batch_norm(model.joiner.backbone, task.box_ops.num_axes)
     elif args.norm == "sync":
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model

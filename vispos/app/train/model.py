@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 import vispos
+from vispos import _deprecation
 from vispos._checks import check_bool, check_choice, check_int
 from vispos.backbones import Joiner
 from vispos.transformer import DetrEncoder
@@ -38,7 +39,7 @@ _GRIDS = {2: vispos.PositionalEncodingPermute2D, 3: vispos.PositionalEncodingPer
 
 
 class ZeroPosition(nn.Module):
-    """Arm (a): no position embedding, ``Tensor[B, n_axes * num_pos_feats, *S]`` of zeros.
+    """Arm (a): no position embedding, ``Tensor[B, num_axes * num_pos_feats, *S]`` of zeros.
 
     Args:
         num_pos_feats (int): channels per spatial axis.
@@ -48,8 +49,9 @@ class ZeroPosition(nn.Module):
         super().__init__()
         self.num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
 
-    def out_channels(self, n_axes: int) -> int:
-        return n_axes * self.num_pos_feats
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int) -> int:
+        return num_axes * self.num_pos_feats
 
     def forward(self, x: vispos.NestedTensor, dtype: torch.dtype | None = None) -> Tensor:
         t = x.tensors
@@ -64,54 +66,59 @@ class MaskBlindGrid(nn.Module):
     """Arm (b): positional-encodings' grid encoding of the padded feature map; the mask is ignored.
 
     Args:
-        num_pos_feats (int): channels per spatial axis (the grid gets ``n_axes * num_pos_feats``).
-        n_axes (int): 2 (``PositionalEncodingPermute2D``) or 3 (``PositionalEncodingPermute3D``).
+        num_pos_feats (int): channels per spatial axis (the grid gets ``num_axes * num_pos_feats``).
+        num_axes (int): 2 (``PositionalEncodingPermute2D``) or 3 (``PositionalEncodingPermute3D``).
 
     Shape:
-        NestedTensor ``(B, C, *S)`` -> ``Tensor[B, n_axes * num_pos_feats, *S]``: integer cell
+        NestedTensor ``(B, C, *S)`` -> ``Tensor[B, num_axes * num_pos_feats, *S]``: integer cell
         positions over the whole padded canvas (positional-encodings' convention).
     """
 
-    def __init__(self, num_pos_feats: int, n_axes: int = 2) -> None:
+    n_axes = _deprecation.renamed_attribute("n_axes", "num_axes")
+
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def __init__(self, num_pos_feats: int, num_axes: int = 2) -> None:
         super().__init__()
         self.num_pos_feats = check_int(num_pos_feats, "num_pos_feats", minimum=1)
-        self.n_axes = check_choice(n_axes, tuple(_GRIDS), "n_axes")
-        self.grid = _GRIDS[n_axes](n_axes * num_pos_feats)
+        self.num_axes = check_choice(num_axes, tuple(_GRIDS), "num_axes")
+        self.grid = _GRIDS[num_axes](num_axes * num_pos_feats)
 
-    def out_channels(self, n_axes: int) -> int:
-        return n_axes * self.num_pos_feats
+    @_deprecation.renamed_kwargs(n_axes="num_axes")
+    def out_channels(self, num_axes: int) -> int:
+        return num_axes * self.num_pos_feats
 
     def forward(self, x: vispos.NestedTensor, dtype: torch.dtype | None = None) -> Tensor:
         t = x.tensors
         # the grid's width is the input's channel count: ask it for a tensor of the right width
-        width = self.out_channels(self.n_axes)
+        width = self.out_channels(self.num_axes)
         pos = self.grid(t if t.shape[1] == width else t.new_empty((t.shape[0], width, *t.shape[2:])))
         return pos if dtype is None else pos.to(dtype)
 
     def extra_repr(self) -> str:
-        return f"num_pos_feats={self.num_pos_feats}, n_axes={self.n_axes}"
+        return f"num_pos_feats={self.num_pos_feats}, num_axes={self.num_axes}"
 
 
-def make_position_embedding(arm: str, hidden_dim: int, n_axes: int = 2) -> nn.Module:
-    """The position embedding of one ablation arm, ``hidden_dim`` channels over ``n_axes`` axes.
+@_deprecation.renamed_kwargs(n_axes="num_axes")
+def make_position_embedding(arm: str, hidden_dim: int, num_axes: int = 2) -> nn.Module:
+    """The position embedding of one ablation arm, ``hidden_dim`` channels over ``num_axes`` axes.
 
     Raises:
         ValueError: ``arm`` not in :data:`POS_ARMS`; ``hidden_dim`` not divisible by
-            ``2 * n_axes`` (sine and cosine per axis).
+            ``2 * num_axes`` (sine and cosine per axis).
     """
     if arm not in POS_ARMS:
         raise ValueError(f"pos must be one of {POS_ARMS}, got {arm!r}")
     check_int(hidden_dim, "hidden_dim", minimum=1)
-    if hidden_dim % (2 * n_axes):
+    if hidden_dim % (2 * num_axes):
         raise ValueError(
-            f"hidden_dim={hidden_dim} must be divisible by {2 * n_axes} (sine and cosine for each of "
-            f"{n_axes} axes)"
+            f"hidden_dim={hidden_dim} must be divisible by {2 * num_axes} (sine and cosine for each of "
+            f"{num_axes} axes)"
         )
-    feats = hidden_dim // n_axes
+    feats = hidden_dim // num_axes
     if arm == "none":
         return ZeroPosition(feats)
     if arm == "grid":
-        return MaskBlindGrid(feats, n_axes)
+        return MaskBlindGrid(feats, num_axes)
     return vispos.PositionEmbeddingSine(feats, normalize=True)
 
 
@@ -139,7 +146,7 @@ class DetrModel(nn.Module):
     only) -> a linear class head and a 3-layer MLP box head (sigmoid), on every decoder layer.
 
     With ``reference_points`` (Deformable / Conditional DETR's box parametrisation), each query
-    has a reference centre ``ref = sigmoid(Linear(query_pos))`` (``Tensor[Q, n_axes]``) and every
+    has a reference centre ``ref = sigmoid(Linear(query_pos))`` (``Tensor[Q, num_axes]``) and every
     layer predicts its box centre relative to it: ``centre = sigmoid(logit(ref) + head[:n])``,
     ``size = sigmoid(head[n:])``. The attention is unchanged (positions only on queries and keys,
     the values position-free); the query's identity reaches the box through its reference, which
@@ -158,14 +165,16 @@ class DetrModel(nn.Module):
 
     Shape:
         ``forward(NestedTensor (B, C, *S))`` -> ``{"pred_logits": Tensor[B, Q, K + 1],
-        "pred_boxes": Tensor[B, Q, 2 * n_axes], "aux_outputs": [{...} per earlier decoder layer]}``
-        (DETR's output dict), plus ``"reference_points": Tensor[Q, n_axes]`` with
+        "pred_boxes": Tensor[B, Q, 2 * num_axes], "aux_outputs": [{...} per earlier decoder layer]}``
+        (DETR's output dict), plus ``"reference_points": Tensor[Q, num_axes]`` with
         ``reference_points``. Boxes are center-size in ``[0, 1]``, relative to each item's own
         (unpadded) size, coordinates in the order the task's box ops use.
 
     Raises:
         TypeError / ValueError: from the Joiner, encoder and decoder (sizes, divisibility).
     """
+
+    n_axes = _deprecation.renamed_attribute("n_axes", "num_axes")
 
     def __init__(
         self, backbone: nn.Module, position_embedding: nn.Module, num_classes: int, hidden_dim: int = 64,
@@ -178,18 +187,18 @@ class DetrModel(nn.Module):
         check_int(num_queries, "num_queries", minimum=1)
         self.joiner = Joiner(backbone, position_embedding, hidden_dim=hidden_dim, level_embed=False,
                              num_groups=num_groups)
-        self.n_axes = self.joiner.num_axes
+        self.num_axes = self.joiner.num_axes
         self.encoder = DetrEncoder(hidden_dim, nhead, enc_layers, dim_feedforward, dropout=dropout,
                                    normalize_before=normalize_before)
         self.decoder = DetrDecoder(hidden_dim, nhead, dec_layers, dim_feedforward, dropout=dropout,
                                    normalize_before=normalize_before)
         self.query_embed = nn.Embedding(num_queries, hidden_dim)
         self.class_embed = nn.Linear(hidden_dim, num_classes + 1)
-        self.bbox_embed = MLP(hidden_dim, hidden_dim, 2 * self.n_axes, 3)
+        self.bbox_embed = MLP(hidden_dim, hidden_dim, 2 * self.num_axes, 3)
         self.num_classes, self.num_queries = num_classes, num_queries
         self.reference_points: nn.Linear | None = None
         if check_bool(reference_points, "reference_points"):
-            self.reference_points = nn.Linear(hidden_dim, self.n_axes)
+            self.reference_points = nn.Linear(hidden_dim, self.num_axes)
             nn.init.xavier_uniform_(self.reference_points.weight)  # Deformable DETR's initialisation
             nn.init.zeros_(self.reference_points.bias)
 
@@ -205,7 +214,7 @@ class DetrModel(nn.Module):
         out: dict[str, Any] = {}
         if self.reference_points is not None:
             ref = self.reference_points(self.query_embed.weight).sigmoid()  # (Q, n)
-            n = self.n_axes
+            n = self.num_axes
             raw = torch.cat([raw[..., :n] + torch.logit(ref, eps=1e-5), raw[..., n:]], -1)
             out["reference_points"] = ref
         boxes = raw.sigmoid()
@@ -216,5 +225,5 @@ class DetrModel(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return (f"num_classes={self.num_classes}, num_queries={self.num_queries}, n_axes={self.n_axes}, "
+        return (f"num_classes={self.num_classes}, num_queries={self.num_queries}, num_axes={self.num_axes}, "
                 f"reference_points={self.reference_points is not None}")

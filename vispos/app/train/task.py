@@ -6,7 +6,7 @@ does everything else: the model around the backbone, matching and losses, the lo
 distributed runs, evaluation and reports.
 
 Data contract: both datasets return ``(Tensor[C, *S], target)`` with ``target["labels"]``
-``Tensor[T] int64`` in ``[0, len(classes))`` and ``target["boxes"]`` ``Tensor[T, 2 * n_axes]``
+``Tensor[T] int64`` in ``[0, len(classes))`` and ``target["boxes"]`` ``Tensor[T, 2 * num_axes]``
 float32 center-size boxes in ``[0, 1]``, normalised by the item's own (unpadded) size, in the
 coordinate order of ``box_ops``. Item ``i`` must depend only on ``(args.seed, i)``, so that
 every process, every arm and a resumed run see the same data.
