@@ -28,6 +28,24 @@ def _pair(training):
     return model, eager
 
 
+def _assert_same_step(got, want, model, eager):
+    """The compiled model's levels and paddings, then (after a backward of both) its parameter
+    gradients and buffers, equal the eager twin's; both models' gradients are cleared after."""
+    for a, b in zip(got, want, strict=True):
+        assert a.padding == b.padding
+        torch.testing.assert_close(a.tensors, b.tensors)
+    sum(level.tensors.sum() for level in got).backward()
+    sum(level.tensors.sum() for level in want).backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * float(q.grad.abs().max()), msg=name)
+    for a, b in zip(model.buffers(), eager.buffers(), strict=True):
+        torch.testing.assert_close(a, b)
+    model.zero_grad()
+    eager.zero_grad()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
@@ -43,18 +61,7 @@ def test_compiled_invariant_training_step_compiles_once_for_eight_mixes_of_item_
     g = torch.Generator().manual_seed(0)
     for _ in range(8):
         batch = _batch((64, 64), g)
-        got, want = compiled(batch), eager(batch)
-        for a, b in zip(got, want):
-            assert a.padding == b.padding
-            torch.testing.assert_close(a.tensors, b.tensors)
-        sum(level.tensors.sum() for level in got).backward()
-        sum(level.tensors.sum() for level in want).backward()
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * float(q.grad.abs().max()), msg=name)
-        for a, b in zip(model.buffers(), eager.buffers()):
-            torch.testing.assert_close(a, b)
-        model.zero_grad()
-        eager.zero_grad()
+        _assert_same_step(compiled(batch), eager(batch), model, eager)
     assert counter.frame_count == 1
 
 
@@ -95,17 +102,7 @@ def test_compiled_invariant_vit_training_step_compiles_once_for_eight_mixes_of_i
         torch.manual_seed(1)  # the same dropout / coordinate draws in both
         got = compiled(batch)
         torch.manual_seed(1)
-        want = eager(batch)
-        for a, b in zip(got, want):
-            assert a.padding == b.padding
-            torch.testing.assert_close(a.tensors, b.tensors)
-        sum(level.tensors.sum() for level in got).backward()
-        sum(level.tensors.sum() for level in want).backward()
-        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-            if q.grad is not None:
-                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * float(q.grad.abs().max()), msg=n)
-        model.zero_grad()
-        eager.zero_grad()
+        _assert_same_step(got, eager(batch), model, eager)
         frames.append(counter.frame_count)
     assert frames[0] == frames[-1], frames
 
