@@ -20,7 +20,8 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from ._tracing import host_facts, host_tensor
+from . import _tracing
+from ._tracing import host_facts
 from .nested_tensor import NestedTensor
 from .padding import Padding
 
@@ -127,7 +128,7 @@ def flatten_levels(
         pos_flat.append(p)
     key_padding_mask = torch.cat([p.mask.flatten(1) for p in paddings], 1)
     if host_facts(src.device):  # pinned and non-blocking on CUDA: no synchronisation
-        spatial_shapes = host_tensor([list(s) for s in shapes], torch.long, src.device)
+        spatial_shapes = _tracing.host_tensor([list(s) for s in shapes], torch.long, src.device)
     else:
         spatial_shapes = torch.as_tensor(shapes, dtype=torch.long, device=src.device)
     level_start_index = torch.cat((spatial_shapes.new_zeros((1,)), spatial_shapes.prod(1).cumsum(0)[:-1]))

@@ -37,7 +37,8 @@ from torch import Tensor
 
 from .._checks import check_number
 from ..padding._masks import box_tensors
-from .._tracing import host_facts, host_side, host_tensor, tracing
+from .. import _tracing
+from .._tracing import host_facts, host_side, tracing
 from ..padding import Padding, check_mask
 
 __all__ = [
@@ -158,8 +159,8 @@ def read_padding(padding: Any, num_axes: int, name: str = "mask") -> ItemBoxes:
         return grid_boxes(spatial, device, padding.batch)
     if padding.kind == "rectangular" and host_facts(device):
         starts, stops = padding.starts, padding.stops
-        start = host_tensor(starts, torch.int64, device).view(padding.batch, num_axes)
-        stop = host_tensor(stops, torch.int64, device).view(padding.batch, num_axes)
+        start = _tracing.host_tensor(starts, torch.int64, device).view(padding.batch, num_axes)
+        stop = _tracing.host_tensor(stops, torch.int64, device).view(padding.batch, num_axes)
         return ItemBoxes(spatial, start, stop - start, None, (starts, stops))
     mask = padding.mask
     start, stop = box_tensors(mask)

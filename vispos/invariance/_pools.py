@@ -78,6 +78,8 @@ def _write_padding(x: Tensor, padding: Padding, value: float) -> Tensor:
     """``value`` into every padded cell of ``x`` in place, with no autograd bookkeeping (the
     caller's): one masked write, the mask broadcast over the channels; on large host maps with a
     box per item, strip by strip (:func:`_on_host_strips`)."""
+    if padding.kind == "none":  # no padded cell: nothing to write (and no mask to build)
+        return x
     if not _on_host_strips(x, padding):
         return x.masked_fill_(padding.mask.unsqueeze(1), value)
     n, canvas = padding.num_axes, padding.spatial

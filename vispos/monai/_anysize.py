@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from .._checks import as_int, check_bool, check_choice, describe, is_int
 from .._sincos import check_temperature, sincos_embed
-from .._tracing import host_arrays, tracing
+from .. import _tracing
+from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
 from ..invariance._tokens import has_hooks
@@ -120,7 +121,7 @@ def _roll_items(t: Tensor, shifts: Any, first: int) -> Tensor:
     moved = torch.as_tensor(shifts, dtype=torch.int64).view(batch, n).numpy()
     tables = [(np.arange(size)[None, :] - moved[:, axis : axis + 1]) % size for axis, size in enumerate(sizes)]
     index = [torch.arange(batch, device=t.device).view(batch, *(1,) * n)]
-    for axis, table in enumerate(host_arrays(tables, t.device)):
+    for axis, table in enumerate(_tracing.host_arrays(tables, t.device)):
         index.append(table.view(batch, *(size if j == axis else 1 for j, size in enumerate(sizes))))
     rolled = t.movedim(tuple(range(first, first + n)), tuple(range(1, n + 1)))  # (B, *S, ...)
     return rolled[tuple(index)].movedim(tuple(range(1, n + 1)), tuple(range(first, first + n)))
