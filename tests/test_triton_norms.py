@@ -457,3 +457,14 @@ def test_triton_absent_leaves_the_norms_working():
             "assert not kernels, kernels\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_triton_group_norm_refuses_groups_that_do_not_divide_the_channels(path):
+    """num_groups must divide C on both paths: the torch path failed in a reshape, the Triton path
+    read the statistics of groups that do not exist (out of bounds) and returned its output."""
+    x = torch.randn(2, 6, 4, 5)
+    mask = torch.zeros(2, 1, 4, 5, dtype=torch.bool)
+    with _triton.interpreted() if path == "triton" else contextlib.nullcontext():
+        with pytest.raises(ValueError, match="num_groups=4 must divide the 6 channels"):
+            ops.group_norm(x, None, None, mask, 4, 1e-5)

@@ -335,12 +335,17 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tens
         Tensor[B, C, *S] in ``x``'s dtype, zeros in the padding; the input's gradient too.
 
     Raises:
+        ValueError: ``num_groups`` does not divide ``C``.
         RuntimeError: a second derivative (``create_graph=True`` through it).
 
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
-    args = (x, weight, bias, mask, int(num_groups), float(eps))
+    num_groups, channels = int(num_groups), x.shape[1]
+    if num_groups < 1 or channels % num_groups:
+        raise ValueError(f"group norm: num_groups={num_groups} must divide the {channels} channels of x "
+                         f"(shape {tuple(x.shape)})")
+    args = (x, weight, bias, mask, num_groups, float(eps))
     return _ValidGroupNorm.apply(*args) if _needs_grad(x, weight, bias) else _GN(*args)[0]
 
 
