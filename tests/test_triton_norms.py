@@ -468,3 +468,16 @@ def test_triton_group_norm_refuses_groups_that_do_not_divide_the_channels(path):
     with _triton.interpreted() if path == "triton" else contextlib.nullcontext():
         with pytest.raises(ValueError, match="num_groups=4 must divide the 6 channels"):
             ops.group_norm(x, None, None, mask, 4, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float32])
+def test_triton_norms_refuse_a_mask_that_is_not_bool(dtype):
+    """A 0/1 mask of another dtype is refused by both norms with a TypeError saying how to convert
+    (a uint8 mask was accepted: the torch path read ``~mask`` as 254 / 255, every cell valid, and
+    disagreed with the Triton path)."""
+    x = torch.randn(2, 4, 4, 5)
+    mask = torch.zeros(2, 1, 4, 5, dtype=dtype)
+    with pytest.raises(TypeError, match=r"bool .*True = padding.*mask.bool\(\)"):
+        ops.batch_norm(x, None, None, mask, 0, 1e-5, False, 0.1, None, None, None)
+    with pytest.raises(TypeError, match=r"bool .*True = padding.*mask.bool\(\)"):
+        ops.group_norm(x, None, None, mask, 2, 1e-5)

@@ -67,6 +67,14 @@ def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _check_mask(mask: Tensor) -> None:
+    """Raises ``TypeError`` for a padding mask that is not bool (``~mask`` of an integer mask is
+    not its complement)."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"the padding mask must be bool (True = padding), got {mask.dtype}: pass mask.bool() "
+                        "for a 0/1 mask with 1 = padding, or mask == 0 for one with 1 = valid")
+
+
 def _triton_path(t: Tensor) -> bool:
     """Whether an op on ``t`` runs its kernels (a non-empty map where Triton runs)."""
     return _triton.use_triton(t) and t.numel() > 0
@@ -228,11 +236,13 @@ def batch_norm(
         on padded ones; the input's gradient has zeros in the padding.
 
     Raises:
+        TypeError: ``mask`` is not bool.
         RuntimeError: a second derivative (``create_graph=True`` through it).
 
     References:
         Ioffe and Szegedy, Batch Normalization, ICML 2015.
     """
+    _check_mask(mask)
     momentum = None if momentum is None else float(momentum)
     args = (x, weight, bias, mask, int(n), float(eps), bool(zero_padding), momentum, running_mean, running_var,
             num_batches_tracked)
@@ -335,12 +345,14 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tens
         Tensor[B, C, *S] in ``x``'s dtype, zeros in the padding; the input's gradient too.
 
     Raises:
+        TypeError: ``mask`` is not bool.
         ValueError: ``num_groups`` does not divide ``C``.
         RuntimeError: a second derivative (``create_graph=True`` through it).
 
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
+    _check_mask(mask)
     num_groups, channels = int(num_groups), x.shape[1]
     if num_groups < 1 or channels % num_groups:
         raise ValueError(f"group norm: num_groups={num_groups} must divide the {channels} channels of x "
