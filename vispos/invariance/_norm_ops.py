@@ -108,6 +108,17 @@ def _param_grads(dy: Tensor, weight: Tensor | None, need_weight: bool, need_bias
     return (dy.new_empty(c, dtype=dtype) if need_weight else None, dy.new_empty(c, dtype=dtype) if need_bias else None)
 
 
+def _triton_backward(kernels, dy: Tensor, x: Tensor, mask: Tensor, weight: Tensor | None, need_x: bool,
+                     need_weight: bool, need_bias: bool, *stats) -> tuple[Tensor, Tensor, Tensor]:
+    """A backward op's Triton path: ``grad_x`` laid out by :func:`out_like` (when asked for), then
+    ``kernels(gx, dy, x, mask, weight, *stats, need_weight, need_bias, param_dtype)`` (a norm's
+    two backward launches) writes it and returns the parameters' gradients."""
+    gx = out_like(x) if need_x else None
+    param_dtype = (weight if weight is not None else dy).dtype
+    gw, gb = kernels(gx, dy, x, mask, weight, *stats, need_weight, need_bias, param_dtype)
+    return _grads(dy, gx, gw, gb)
+
+
 # ------------------------------------------------------------------------------------------ batch norm
 
 
@@ -156,13 +167,10 @@ def _bn_bwd(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x, need
     """``vispos::valid_batch_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``xc`` is empty)."""
     if _triton_path(dy) and x is not None:
-        from . import _batch_norm_kernels as kernels
+        from ._batch_norm_kernels import batch_norm_backward as kernels
 
-        gx = out_like(x) if need_x else None
-        param_dtype = (weight if weight is not None else dy).dtype
-        gw, gb = kernels.batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight,
-                                             need_bias, param_dtype)
-        return _grads(dy, gx, gw, gb)
+        return _triton_backward(kernels, dy, x, mask, weight, need_x, need_weight, need_bias, mean, invstd,
+                                zero_padding)
     return _grads(dy, *_bn_backward_torch(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x,
                                           need_weight, need_bias))
 
@@ -285,13 +293,10 @@ def _gn_bwd(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, need_w
     """``vispos::valid_group_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``centred`` empty)."""
     if _triton_path(dy) and x is not None:
-        from . import _group_norm_kernels as kernels
+        from ._group_norm_kernels import group_norm_backward as kernels
 
-        gx = out_like(x) if need_x else None
-        param_dtype = (weight if weight is not None else dy).dtype
-        gw, gb = kernels.group_norm_backward(gx, dy, x, mask, weight, mean, rstd, num_groups, need_weight,
-                                             need_bias, param_dtype)
-        return _grads(dy, gx, gw, gb)
+        return _triton_backward(kernels, dy, x, mask, weight, need_x, need_weight, need_bias, mean, rstd,
+                                num_groups)
     return _grads(dy, *_gn_backward_torch(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x,
                                           need_weight, need_bias))
 
