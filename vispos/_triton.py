@@ -114,10 +114,12 @@ class _Kernel:
             with self._lock:
                 built = self._built.get(interpret)
                 if built is None:
-                    import triton
                     from triton.runtime.interpreter import InterpretedFunction
+                    from triton.runtime.jit import JITFunction
 
-                    built = InterpretedFunction(self.fn) if interpret else triton.jit(self.fn)
+                    # JITFunction, not triton.jit: triton.jit reads TRITON_INTERPRET, which another
+                    # thread inside interpreted() may have set for the process
+                    built = InterpretedFunction(self.fn) if interpret else JITFunction(self.fn)
                     self._built[interpret] = built
         return built
 

@@ -7,7 +7,8 @@ come from one masked reduction over the canvas (a select keeps the padding's val
 sums per channel, or per item and group): no loop over items and no read of the device, the same
 for a box per item (every batch vispos builds) and an arbitrary mask (MONAI's decoder). Batch
 norm's total count comes from the boxes on the host, or from the mask on the device; its backward
-is the closed form. Padded cells of the outputs are finite and meaningless.
+is the closed form. Padded cells of the outputs are meaningless (finite with batch statistics;
+in eval with running statistics, the affine map of whatever the padding held).
 
 Both run as torch custom ops (:mod:`._norm_ops`): two Triton kernels each way on CUDA (the running
 statistics updated inside the forward's second), the torch code of :mod:`._norm_torch` on the CPU.
@@ -83,7 +84,8 @@ def batch_norm(
             neighbours needs), written by the same call.
 
     Returns:
-        Tensor[B, C, *S] in ``x``'s dtype; padded cells hold finite values (they are padding),
+        Tensor[B, C, *S] in ``x``'s dtype; padded cells are padding: finite with batch statistics, in
+        eval with running statistics the affine map of what they held,
         zeros with ``zero_padding``.
 
     References:
