@@ -278,3 +278,30 @@ def test_return_nodes_cut_the_graph_and_public_names():
     assert vispos.make_padding_invariant is vispos.invariance.make_padding_invariant
     assert "make_padding_invariant" in vispos.__all__ and isinstance(inv, PaddingInvariant)
     assert "network=ResNet, num_axes=2, probe_size=(64, 64)" in repr(inv)
+
+
+class _Constant(nn.Module):
+    """A tensor made in forward: torch.fx stores it as an attribute ``_tensor_constant*`` of the
+    module it traces."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x) * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1).to(x)
+
+
+def test_the_callers_model_is_not_modified_by_tracing():
+    net = _Constant().double()
+    attributes, modes = dict(vars(net)), [m.training for m in net.modules()]
+    inv = vispos.make_padding_invariant(net)
+    assert vars(net).keys() == attributes.keys()  # no _tensor_constant* left on the caller's model
+    assert [m.training for m in net.modules()] == modes
+    item = torch.randn(1, 5, 7, dtype=torch.float64)
+    _assert_item_alone(net(item[None]), inv(_batch(item, (3, 9))))
+    for clone in (copy.deepcopy(inv), pickle.loads(pickle.dumps(inv))):
+        _assert_item_alone(net(item[None]), clone(_batch(item, (3, 9))))
+    assert list(inv.state_dict()) == list(net.state_dict())
+    single = inv.float()  # the constants move with the module that holds them
+    assert_close(single(_batch(item.float(), (3, 9))).tensors[:1, :, :5, :7], net.float()(item[None].float()))

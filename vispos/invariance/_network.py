@@ -271,12 +271,16 @@ def make_padding_invariant(
     num_axes, in_channels, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size)
     name = type(model).__name__
     refuse_swin(model)
+    attributes = set(vars(model))
     try:
         with _traceable(model):
             body = trace_features(model, num_axes, return_nodes=nodes, class_name=name)
             whole = _eval_graph_module(model, num_axes) if nodes is not None else None
     except UntraceableLayer as exc:
         raise ValueError(f"make_padding_invariant traces {name} with torch.fx, which fails: {exc}") from exc
+    finally:  # torch.fx stores a tensor made in forward on the traced module (_tensor_constant*):
+        for key in set(vars(model)) - attributes:  # the graph modules hold their own reference
+            delattr(model, key)
     if whole is None:
         whole = fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)
     refusal, runner = None, None
@@ -341,10 +345,14 @@ class PaddingInvariant(nn.Module):
             self.register_parameter(param_name, param)
         for buffer_name, buffer in model.named_buffers(recurse=False):
             self.register_buffer(buffer_name, buffer, persistent=buffer_name not in model._non_persistent_buffers_set)
-        for graph in (body.train_graph, body.eval_graph):  # constants the tracer put on the model
+        for graph in (body.train_graph, body.eval_graph):  # tensors the forward makes (torch.fx's constants)
             for node in graph.nodes:
                 if node.op == "get_attr" and "." not in node.target and not hasattr(self, node.target):
-                    self.__dict__[node.target] = getattr(model, node.target)
+                    value = getattr(body, node.target)
+                    if isinstance(value, Tensor):  # moved by to() / float(), kept out of the state_dict
+                        self.register_buffer(node.target, value, persistent=False)
+                    else:
+                        self.__dict__[node.target] = value
         self.__dict__["_body"] = body  # the graphs' code only: it runs with ``self`` as its module
         self._runner = runner
         self.network = type(model).__name__
