@@ -305,3 +305,34 @@ def test_the_callers_model_is_not_modified_by_tracing():
     assert list(inv.state_dict()) == list(net.state_dict())
     single = inv.float()  # the constants move with the module that holds them
     assert_close(single(_batch(item.float(), (3, 9))).tensors[:1, :, :5, :7], net.float()(item[None].float()))
+
+
+class _SlowTrace(_Branchy):
+    """_Branchy whose forward waits while torch.fx traces it, so two traces overlap."""
+
+    def forward(self, x):
+        import time
+
+        time.sleep(0.05)
+        return super().forward(x)
+
+
+def test_concurrent_calls_restore_torch_jit_isinstance():
+    """torch.jit.isinstance is patched while tracing: calls from several threads take turns, so the
+    last one to finish does not put back another call's patch."""
+    import threading
+
+    real, errors = torch.jit.isinstance, []
+
+    def build():
+        try:
+            vispos.make_padding_invariant(_SlowTrace(jit=True).double())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and torch.jit.isinstance is real

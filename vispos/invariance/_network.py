@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,12 @@ def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any) -
 _UPCAT = "monai.networks.nets.basic_unet.UpCat"
 
 
+#: held by each call of make_padding_invariant: calls from several threads trace and check one at a
+#: time, so each restores the torch.jit.isinstance it replaced (never another call's patch), and no
+#: call runs its eager check while another traces (torch.fx patches nn.Module.__call__ process-wide)
+_PATCH_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def _traceable(model: nn.Module):
     """While tracing ``model``: ``torch.jit.isinstance(value, torch.Tensor)`` is True for a traced
@@ -96,7 +103,16 @@ def _traceable(model: nn.Module):
     it: without this the trace drops its skip concatenation), and each ``UpCat``'s ``is_pad`` is
     off (its one-cell replicate pad after an odd size was halved reads shapes in Python; with sizes
     divisible by the total stride it never pads, and other sizes are refused when run, since the
-    two maps it concatenates then differ). Both are restored after."""
+    two maps it concatenates then differ). Both are restored after, under a process-wide lock (the
+    patch is global: another thread calling ``torch.jit.isinstance`` meanwhile gets the same answers
+    for anything but a traced value; another thread running ``model`` meanwhile would not pad)."""
+    with _PATCH_LOCK:
+        with _patched(model):
+            yield
+
+
+@contextlib.contextmanager
+def _patched(model: nn.Module):
     real = torch.jit.isinstance
 
     def isinstance_(obj: Any, target_type: Any) -> bool:
@@ -106,10 +122,10 @@ def _traceable(model: nn.Module):
 
     upcats = [m for m in model.modules()
               if f"{type(m).__module__}.{type(m).__qualname__}" == _UPCAT and getattr(m, "is_pad", False)]
-    torch.jit.isinstance = isinstance_
-    for m in upcats:
-        m.is_pad = False
     try:
+        torch.jit.isinstance = isinstance_
+        for m in upcats:
+            m.is_pad = False
         yield
     finally:
         torch.jit.isinstance = real
@@ -254,6 +270,13 @@ def make_padding_invariant(
             (named); an output that is neither a feature map nor a per-item value; a return node
             not in the model; a model that cannot run at the probe size (pass ``probe_size``).
 
+    Note:
+        While it traces, ``torch.jit.isinstance`` answers True for a traced value and ``Tensor``
+        (process-wide: torch.fx itself patches ``nn.Module.__call__`` process-wide while tracing),
+        and MONAI ``UpCat.is_pad`` is off; both are restored before it returns or raises. Calls
+        from several threads take turns (one lock); a thread that runs other modules meanwhile is
+        not covered by it (torch.fx's own limitation).
+
     Example:
         >>> import torch, vispos
         >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU())
@@ -265,6 +288,11 @@ def make_padding_invariant(
     References:
         torch.fx; torchvision ``create_feature_extractor``; Carion et al., DETR, ECCV 2020.
     """
+    with _PATCH_LOCK:  # torch.fx patches nn.Module.__call__ process-wide while it traces
+        return _build(model, num_axes, return_nodes, probe_size)
+
+
+def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) -> "PaddingInvariant":
     from ._swin import refuse_swin
     from ._trace import UntraceableLayer, make_invariant, trace_features
 
