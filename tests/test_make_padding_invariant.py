@@ -336,3 +336,35 @@ def test_concurrent_calls_restore_torch_jit_isinstance():
     for t in threads:
         t.join()
     assert not errors and torch.jit.isinstance is real
+
+
+class _TrainingBranch(nn.Module):
+    """Branches on the type of a value in training mode only: the eval graph is the model's, the
+    training graph drops the branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.bn = nn.BatchNorm2d(2)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        y = self.drop(self.bn(self.conv(x)))
+        if self.training and isinstance(y, torch.Tensor):
+            y = y * 2.0 + 1.0
+        return y
+
+
+def test_training_graph_that_differs_from_the_eager_forward_is_refused():
+    net = _TrainingBranch().double()
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(ValueError, match=r"cannot use the torch\.fx trace of _TrainingBranch.*\(training mode\) output 0 "
+                                         r"differs from the eager forward"):
+        vispos.make_padding_invariant(net)
+    # the check runs the network in training mode on the probe (dropout drawn alike on both
+    # sides) and leaves its running statistics as they were
+    assert_close(net.state_dict(), state, rtol=0, atol=0)
+    seq = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.Dropout(0.5)).double()
+    state = {k: v.clone() for k, v in seq.state_dict().items()}
+    vispos.make_padding_invariant(seq)
+    assert_close(seq.state_dict(), state, rtol=0, atol=0)

@@ -164,8 +164,10 @@ def _restore(model: nn.Module, modes: dict[str, bool]) -> None:
 
 
 def _probe_input(model: nn.Module, in_channels: int, size: tuple[int, ...]) -> Tensor:
+    """Two random items of ``size`` (two, so that a norm over the batch in training mode, such as
+    a ``BatchNorm1d`` after a global pool, has more than one value per channel)."""
     ref = next((p for p in model.parameters() if p.is_floating_point()), None)
-    x = torch.randn(1, in_channels, *size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x = torch.randn(2, in_channels, *size, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     return x.to(device=ref.device, dtype=ref.dtype) if ref is not None else x.float()
 
 
@@ -195,33 +197,66 @@ def _differs(got: Any, want: Any) -> str | None:
     return None
 
 
-def _eval_graph_module(model: nn.Module, num_axes: int) -> fx.GraphModule:
-    """``model`` traced once in eval mode, whole (for the check against its eager forward)."""
+def _whole_graph_modules(model: nn.Module, num_axes: int) -> dict[bool, fx.GraphModule]:
+    """``model`` traced whole in training and in eval mode (for the check against its eager
+    forward, when the graphs to rewrite are cut at return nodes)."""
     from ._trace import PathTracer
 
-    tracer = PathTracer(num_axes)
-    modes = _modes(model)
+    modes, traced = _modes(model), {}
     try:
-        model.eval()
-        graph = tracer.trace(model)
+        for training in (True, False):
+            model.train(training)
+            traced[training] = fx.GraphModule(model, PathTracer(num_axes).trace(model), type(model).__name__)
     finally:
         _restore(model, modes)
-    return fx.GraphModule(model, graph, type(model).__name__)
+    return traced
+
+
+class _EagerFails(Exception):
+    """The model's own forward fails on the probe in ``mode`` (``error``, what it raised)."""
+
+    def __init__(self, mode: str, error: BaseException) -> None:
+        super().__init__(mode, error)
+        self.mode, self.error = mode, error
+
+
+def _run_seeded(module: nn.Module, x: Tensor, buffers: list[tuple[Tensor, Tensor]]) -> Any:
+    """``module(x)`` with torch's generators seeded alike (dropout draws the same on both sides of
+    the check) and ``buffers`` put back after (running statistics, batch counts)."""
+    devices = [x.device] if x.device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
+            return module(x)
+    finally:
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
 
 
 @torch.no_grad()
-def _check_trace(model: nn.Module, traced: fx.GraphModule, x: Tensor) -> str | None:
-    """None when ``traced`` (un-rewritten, eval mode) gives ``model``'s eager output on ``x``, else
-    why not; raises the eager forward's own error when the model cannot run on ``x``."""
+def _check_trace(model: nn.Module, traced: dict[bool, fx.GraphModule], x: Tensor) -> tuple[str, str] | None:
+    """None when each of ``traced`` (un-rewritten, ``{training: graph module}``) gives ``model``'s
+    eager output on ``x`` in that mode (eval first), else ``(mode, why not)``; raises
+    :class:`_EagerFails` when the model itself cannot run on ``x``.
+    The model's modes and buffers are as they were after."""
     modes = _modes(model)
+    buffers = [(b, b.clone()) for b in model.buffers()]
     try:
-        model.eval()
-        want = model(x)
-        try:
-            got = traced(x)
-        except Exception as exc:  # the graph of dropped or changed code fails where the model runs
-            return f"the traced graph fails where the eager forward runs ({type(exc).__name__}: {exc})"
-        return _differs(got, want)
+        for training in (False, True):
+            mode = "training" if training else "eval"
+            model.train(training)
+            try:
+                want = _run_seeded(model, x, buffers)
+            except Exception as exc:
+                raise _EagerFails(mode, exc) from exc
+            try:
+                got = _run_seeded(traced[training], x, buffers)
+            except Exception as exc:  # the graph of dropped or changed code fails where the model runs
+                return mode, f"the traced graph fails where the eager forward runs ({type(exc).__name__}: {exc})"
+            why = _differs(got, want)
+            if why is not None:
+                return mode, why
+        return None
     finally:
         _restore(model, modes)
 
@@ -234,9 +269,10 @@ def make_padding_invariant(
 ) -> "PaddingInvariant":
     """``model`` as a module that gives every item of a padded batch what the model gives it alone.
 
-    The model is traced with torch.fx (training and eval mode, each its own graph), the traced
-    eval graph is run against the model's own eager forward on a random probe input (same weights,
-    eval mode), and every layer that mixes cells is rewritten by vispos' rule book: convolutions
+    The model is traced with torch.fx (training and eval mode, each its own graph), each traced
+    graph is run against the model's own eager forward on a random probe input (same weights, eval
+    then training mode, dropout drawn alike on both sides, running statistics put back after), and
+    every layer that mixes cells is rewritten by vispos' rule book: convolutions
     and pools see zeros / ``-inf`` outside each item, norms and global pools take statistics over
     each item's valid cells, up-samplings stay on the item's own cells.
 
@@ -248,8 +284,8 @@ def make_padding_invariant(
         return_nodes (list[str] | dict[str, str], optional): cut the graph at these torch.fx node
             names (torchvision's ``get_graph_node_names``; a module's name is its last node) and
             return ``{output name: value}``. Default: the model's own outputs.
-        probe_size (int | sequence of int, optional): the spatial size of the probe input (one
-            item, the model's dtype and device). Default: the smallest size that is a multiple of
+        probe_size (int | sequence of int, optional): the spatial size of the probe input (two
+            items, the model's dtype and device). Default: the smallest size that is a multiple of
             every total stride of the graph and leaves every feature map at least 2 cells per axis.
 
     Returns:
@@ -264,7 +300,7 @@ def make_padding_invariant(
             ``return_nodes`` or ``probe_size`` of the wrong type.
         ValueError: ``num_axes`` not 2 or 3, or None for a model without a convolution; a
             ``probe_size`` of the wrong length or with a size below 1; a layer torch.fx cannot trace
-            (named); a traced graph that differs from the eager forward (the trace drops or changes
+            (named); a traced graph that differs from the eager forward in eval or training mode (the trace drops or changes
             code, such as a branch on ``torch.jit.isinstance``, ``if x.shape[...]`` or a value read
             outside the traced arguments), named with how; a layer that cannot be made exact
             (named); an output that is neither a feature map nor a per-item value; a return node
@@ -303,14 +339,15 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
     try:
         with _traceable(model):
             body = trace_features(model, num_axes, return_nodes=nodes, class_name=name)
-            whole = _eval_graph_module(model, num_axes) if nodes is not None else None
+            whole = _whole_graph_modules(model, num_axes) if nodes is not None else None
     except UntraceableLayer as exc:
         raise ValueError(f"make_padding_invariant traces {name} with torch.fx, which fails: {exc}") from exc
     finally:  # torch.fx stores a tensor made in forward on the traced module (_tensor_constant*):
         for key in set(vars(model)) - attributes:  # the graph modules hold their own reference
             delattr(model, key)
     if whole is None:
-        whole = fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)
+        whole = {True: fx.GraphModule(body, copy.deepcopy(body.train_graph), name),
+                 False: fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)}
     refusal, runner = None, None
     try:
         runner = make_invariant(body, num_axes, per_item=True)
@@ -322,16 +359,17 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
             raise ValueError(f"no probe size up to {_MAX_PROBE} fits every layer of {name}; pass probe_size")
     try:
         why = _check_trace(model, whole, _probe_input(model, in_channels, probe))
-    except Exception as exc:
+    except _EagerFails as fails:
         if refusal is not None:
             raise refusal
+        exc = fails.error
         raise ValueError(
-            f"{name} cannot run on a probe input of size {probe} ({type(exc).__name__}: {exc}); pass a "
-            "probe_size it takes") from exc
+            f"{name} cannot run on a probe input of size {probe} in {fails.mode} mode ({type(exc).__name__}: "
+            f"{exc}); pass a probe_size it takes") from exc
     if why is not None:
         raise ValueError(
             f"make_padding_invariant cannot use the torch.fx trace of {name}: on a probe input of size {probe} "
-            f"(eval mode) {why}. The trace drops or changes code of the forward (a branch on "
+            f"({why[0]} mode) {why[1]}. The trace drops or changes code of the forward (a branch on "
             "torch.jit.isinstance or on a tensor's value, a Python-side computation baked in as a constant); "
             "a graph that differs from the model is never run")
     if refusal is not None:
