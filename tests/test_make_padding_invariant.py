@@ -368,3 +368,38 @@ def test_training_graph_that_differs_from_the_eager_forward_is_refused():
     state = {k: v.clone() for k, v in seq.state_dict().items()}
     vispos.make_padding_invariant(seq)
     assert_close(seq.state_dict(), state, rtol=0, atol=0)
+
+
+class _MixesItems(nn.Module):
+    """A pooled head followed by an operation across the batch: not each item's own value."""
+
+    def __init__(self, mix):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, padding=1)
+        self.mix = mix
+
+    def forward(self, x):
+        return self.mix(self.conv(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("mix", [lambda v: v.softmax(0), lambda v: v - v.mean(0), lambda v: v.mean(0, keepdim=True),
+                                 lambda v: v.flip(0)], ids=["softmax0", "centred", "mean0", "flip0"])
+def test_values_that_mix_the_items_of_the_batch_are_refused(mix):
+    with pytest.raises(ValueError, match=r"cannot make _MixesItems exact.*two probe items.*output 0"):
+        vispos.make_padding_invariant(_MixesItems(mix).double())
+
+
+def test_an_output_that_does_not_depend_on_the_input_is_returned_as_it_is():
+    class WithConstant(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, padding=1)
+            self.anchors = nn.Parameter(torch.randn(1, 4), requires_grad=False)
+
+        def forward(self, x):
+            return self.conv(x), self.anchors * 2.0
+
+    net = WithConstant().double()
+    maps, anchors = vispos.make_padding_invariant(net)(_batch(torch.randn(1, 5, 7, dtype=torch.float64), (3, 9)))
+    assert isinstance(maps, NestedTensor) and anchors.shape == (1, 4)
+    assert_close(anchors, net.anchors * 2.0)

@@ -303,7 +303,9 @@ def make_padding_invariant(
             (named); a traced graph that differs from the eager forward in eval or training mode (the trace drops or changes
             code, such as a branch on ``torch.jit.isinstance``, ``if x.shape[...]`` or a value read
             outside the traced arguments), named with how; a layer that cannot be made exact
-            (named); an output that is neither a feature map nor a per-item value; a return node
+            (named); an output that is neither a feature map nor a per-item value; a value that the
+            two probe items, padded in one batch, do not each get as alone (an operation across the
+            batch axis after a global pool, which the rule book does not see); a return node
             not in the model; a model that cannot run at the probe size (pass ``probe_size``).
 
     Note:
@@ -374,7 +376,55 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
             "a graph that differs from the model is never run")
     if refusal is not None:
         raise refusal
-    return PaddingInvariant(model, body, runner, num_axes, in_channels, probe)
+    invariant = PaddingInvariant(model, body, runner, num_axes, in_channels, probe)
+    why = _check_items(model, invariant, _probe_input(model, in_channels, probe))
+    if why is not None:
+        raise ValueError(
+            f"make_padding_invariant cannot make {name} exact: the two probe items of size {probe} in a padded "
+            f"batch (eval mode) do not each get what they get alone: {why}. A value computed "
+            "across the batch's items (a mean, softmax, flip or index over the batch axis after a global pool) "
+            "is not each item's own")
+    return invariant
+
+
+@torch.no_grad()
+def _check_items(model: nn.Module, invariant: "PaddingInvariant", x: Tensor) -> str | None:
+    """None when each item of ``x`` (two probe items), at the origin of a canvas twice its size with
+    a fill around it, gets from ``invariant`` (eval mode) what it gets alone (no padding: the graph
+    that was checked against the eager forward), else why
+    not: the rule book checks each layer on maps; this catches what follows a global pool (values
+    without spatial axes are not rewritten), such as an operation across the batch axis."""
+    from ..padding import Padding
+
+    modes, training = _modes(model), invariant.training
+    size = tuple(x.shape[2:])
+    canvas = tuple(2 * s for s in size)
+    tensors = x.new_full((x.shape[0], x.shape[1], *canvas), 3.0)
+    tensors[(slice(None), slice(None), *(slice(0, s) for s in size))] = x
+    batch = NestedTensor(tensors, Padding.from_sizes([size] * x.shape[0], canvas, device=x.device))
+    try:
+        model.eval()
+        invariant.training = False
+        got = pytree.tree_leaves(invariant(batch))
+        for b in range(x.shape[0]):
+            want = [w.tensors if isinstance(w, NestedTensor) else w  # the graph checked against the eager forward
+                    for w in pytree.tree_leaves(invariant(NestedTensor(x[b:b + 1], None)))]
+            if len(got) != len(want):
+                return f"{len(got)} outputs where the item alone gets {len(want)}"
+            parts = []
+            for i, (g, w) in enumerate(zip(got, want)):
+                if isinstance(g, NestedTensor):
+                    g = g.tensors[(slice(b, b + 1), slice(None), *(slice(0, s) for s in w.shape[2:]))]
+                elif isinstance(g, Tensor) and g.dim() and g.shape[0] == x.shape[0] and w.dim() and w.shape[0] == 1:
+                    g = g[b:b + 1]  # one row per item; any other value (a constant) compared whole
+                parts.append(g)
+            why = _differs(parts, want)
+            if why is not None:
+                return f"item {b}: {why.replace('the eager forward', 'the item alone')}"
+        return None
+    finally:
+        _restore(model, modes)
+        invariant.training = training
 
 
 class PaddingInvariant(nn.Module):
