@@ -164,3 +164,64 @@ def test_bad_input_is_refused_in_one_line(checkpoints, capsys, argv, message):
     assert exc.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), lines
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated", r"is not a readable checkpoint \(empty, truncated, or not written by torch.save\): RuntimeError: "),
+    ("empty", r"is not a readable checkpoint \(empty, truncated, or not written by torch.save\): EOFError$"),
+    ("text", r"is not a readable checkpoint \(empty, truncated, or not written by torch.save\): \w+Error"),
+    ("folder", r"is not a readable checkpoint: IsADirectoryError: "),
+    ("no arm", r"does not record its flags, arm and weights as a training run writes them \(.*arm NoneType"),
+    ("args a list", r"does not record its flags, arm and weights .*\(args list"),
+    ("foreign weights", r"its weights do not fit the detector its flags rebuild: \d+ missing keys .*1 unexpected key"),
+])
+def test_a_damaged_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, capsys, damage, message):
+    """A damaged file given as CHECKPOINT ends the command with one line naming it (exit 2), not a
+    traceback. Before: a text file said only 'not a readable checkpoint: 101', an empty one ended
+    in ':', a checkpoint without its arm ended in KeyError 'arm', one whose args were no dict in
+    AttributeError, and foreign weights printed every key of the model on one line."""
+    import re
+
+    _, paths = checkpoints
+    data = open(paths["stock"], "rb").read()
+    state = load_checkpoint(paths["stock"])
+    bad = tmp_path / "bad.pt"
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "empty":
+        bad.write_bytes(b"")
+    elif damage == "text":
+        bad.write_text("hello\n")
+    elif damage == "folder":
+        bad.mkdir()
+    elif damage == "no arm":
+        torch.save({k: v for k, v in state.items() if k != "arm"}, bad)
+    elif damage == "args a list":
+        torch.save({**state, "args": ["--backbone", "vit"]}, bad)
+    else:
+        torch.save({**state, "model": {"x": torch.zeros(1)}}, bad)
+    with pytest.raises(SystemExit) as exc:
+        main([str(bad), "--threads", "1"])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m vispos.app.train.diagnose: error: argument CHECKPOINT: ")
+    assert str(bad) in lines[0] and re.search(message, lines[0]) and len(lines[0]) < 600, lines
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--figure", "{folder}"], "argument --figure: '.*' is a folder: give the file to write"),
+    (["--out", "{folder}"], "argument --out: '.*' is a folder: give the file to write"),
+    (["--eval-images", "100000000"], r"argument --eval-images: must be <= 10000 \(as vispos train's\), got 100000000"),
+    (["--batch-size", "1025"], r"argument --batch-size: must be <= 1024 \(as vispos train's\), got 1025"),
+])
+def test_flags_beyond_their_bounds_are_refused_before_any_work(checkpoints, tmp_path, capsys, argv, message):
+    """Before: --figure / --out naming a folder ended in an IsADirectoryError traceback after the
+    whole run; --eval-images 100000000 built held-out images for minutes (vispos train bounds it)."""
+    import re
+
+    _, paths = checkpoints
+    with pytest.raises(SystemExit) as exc:
+        main([paths["stock"], "--threads", "1"] + [a.format(folder=tmp_path) for a in argv])
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), lines

@@ -67,14 +67,20 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not a checkpoint of these demos (with the reason).
+        ValueError: the file is not a checkpoint of these demos: unreadable (empty, truncated,
+            not a ``torch.save`` file, a folder; the message names torch's exception) or without
+            a checkpoint's keys.
     """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
     except Exception as exc:  # a truncated or foreign file: say which, not torch's unpickler trace
-        raise ValueError(f"{os.fspath(path)!r} is not a readable checkpoint: {exc}") from exc
+        # torch's own words can be empty (EOFError of an empty file) or a bare number (KeyError(101)
+        # of a text file): name the exception, and what a file that is none of these must be
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}".rstrip(": ")
+        what = "" if isinstance(exc, OSError) else " (empty, truncated, or not written by torch.save)"
+        raise ValueError(f"{os.fspath(path)!r} is not a readable checkpoint{what}: {reason}") from exc
     keys = set(state) if isinstance(state, dict) else set()
     missing = {"step", "model", "optimizer", "scheduler", "rng", "sampler", "metrics", "args"} - keys
     if missing:

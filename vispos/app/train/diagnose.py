@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import OneLineParser
 from .._flags import add_threads_argument, int_at_least, positive_float
+from ._args import MAX_SIZES
 
 if TYPE_CHECKING:
     from .attention import VitDiagnostics
@@ -75,29 +76,46 @@ def load_detector(path: str | os.PathLike, device: str = "cpu"):
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a training checkpoint, or not one of the 2D task's ViT.
+        ValueError: not a readable training checkpoint (:func:`~vispos.app.train.checkpoint.load_checkpoint`),
+            its flags, arm or weights missing or of the wrong kind, weights whose keys do not fit
+            the rebuilt detector, or not one of the 2D task's ViT.
+        RuntimeError: weights of another shape than the rebuilt detector's (torch names them).
     """
     import torch
 
+    from ..._checks import count
     from ._args import build_parser
     from ._task_args import FLAGS_2D
     from .checkpoint import load_checkpoint
     from .engine import build_model
     from .task2d import TASK, VIT_NAME
 
-    state = load_checkpoint(path)
-    saved = state["args"]
+    state = load_checkpoint(path)  # a file that is no checkpoint: ValueError naming it
+    where = f"checkpoint {os.fspath(path)!r}"
+    saved, arm, weights = state["args"], state.get("arm"), state["model"]
+    if not isinstance(saved, dict) or not isinstance(arm, str) or not isinstance(weights, dict):
+        raise ValueError(f"{where} does not record its flags, arm and weights as a training run writes them "
+                         f"(args {type(saved).__name__}, arm {type(arm).__name__}, model {type(weights).__name__})")
     task = state["metrics"].get("task", "2d") if isinstance(state["metrics"], dict) else "2d"
     if task != "2d" or saved.get("backbone") != VIT_NAME:
-        raise ValueError(f"checkpoint {os.fspath(path)!r} is of task {task} with --backbone "
+        raise ValueError(f"{where} is of task {task} with --backbone "
                          f"{saved.get('backbone')}; the diagnostics read the 2D task's --backbone {VIT_NAME}")
     args = argparse.Namespace(**{**vars(build_parser(FLAGS_2D).parse_args([])), **saved})
     mode = "packed" if args.packed else "invariant" if args.padding_invariant else "stock"
     if args.packed:  # the same weights and tokens, with the padding tokens the probe reads
         args.packed, args.padding_invariant = False, True
-    with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
-        model = build_model(TASK, state["arm"], args)
-    model.load_state_dict(state["model"])
+    try:
+        with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
+            model = build_model(TASK, arm, args)
+    except (TypeError, KeyError, AttributeError) as exc:  # a recorded flag of the wrong kind
+        raise ValueError(f"{where}: its recorded flags do not rebuild a detector ({type(exc).__name__}: {exc})") from exc
+    missing = sorted(model.state_dict().keys() - weights.keys())
+    unexpected = sorted(weights.keys() - model.state_dict().keys())
+    if missing or unexpected:  # torch's message lists every key: one line names the first
+        raise ValueError(f"{where}: its weights do not fit the detector its flags rebuild: "
+                         f"{count(len(missing), 'missing key')} {missing[:2]}, "
+                         f"{count(len(unexpected), 'unexpected key')} {unexpected[:2]}")
+    model.load_state_dict(weights)  # a shape that differs: RuntimeError naming the tensor
     return model.to(device).eval(), args, state, mode
 
 
@@ -205,7 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.labels is not None and len(args.labels) != len(args.checkpoints):
         return error("--labels", f"one per checkpoint ({len(args.checkpoints)}), got {len(args.labels)}")
+    for flag, value in (("--eval-images", args.eval_images), ("--batch-size", args.batch_size)):
+        bound = MAX_SIZES[flag[2:].replace("-", "_")]  # vispos train's bounds of the same flags
+        if value is not None and value > bound:
+            return error(flag, f"must be <= {bound} (as vispos train's), got {value}")
     for flag, path in (("--figure", args.figure), ("--out", args.out)):
+        if path is not None and os.path.isdir(path):
+            return error(flag, f"{path!r} is a folder: give the file to write")
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             return error(flag, f"no such folder: {os.path.dirname(os.path.abspath(path))!r}")
     import torch
