@@ -59,3 +59,25 @@ def test_train_shares_the_flag():
 
     assert parse_train_args(["--threads", "2"]).threads == 2 and parse_train_args([]).threads == 0
     assert os.path.basename(_flags.__file__) == "_flags.py"
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--images", "{img}", "--out", "{tmp}/o"],
+    ["demo", "--out", "{tmp}/o"],
+    ["plot", "similarity", "--out", "{tmp}/s.png"],
+    ["train"],
+], ids=["run", "demo", "plot", "train"])
+@pytest.mark.parametrize("threads", ["3000000000", "1025", "2147483647"])
+def test_threads_beyond_the_bound_is_one_line_exit_2(argv, threads, tmp_path, monkeypatch, capsys):
+    """Before: ``--threads 3000000000`` reached ``torch.set_num_threads`` and ended in its
+    'Overflow when unpacking long' traceback; ``2147483647`` was set as it was."""
+    (tmp_path / "a.png").write_bytes(b"")
+    argv = [a.format(img=tmp_path / "a.png", tmp=tmp_path) for a in argv]
+    monkeypatch.setattr(cli, "load_command", lambda command: lambda args: pytest.fail("the command ran"))
+    with pytest.raises(SystemExit) as info:
+        cli.main([*argv, "--threads", threads])
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].endswith(f"argument --threads: must be <= {_flags.MAX_THREADS}, got {threads}"), lines
+    assert "Traceback" not in "\n".join(lines)
+    assert "--threads" in lines[-1]

@@ -25,12 +25,13 @@ from collections.abc import Callable, Iterator
 
 __all__ = [
     "int_at_least", "positive_float", "nonnegative_float",
-    "MAX_DEFAULT_THREADS", "available_cores", "default_threads", "add_threads_argument", "torch_threads",
+    "MAX_DEFAULT_THREADS", "MAX_THREADS", "available_cores", "default_threads", "add_threads_argument", "torch_threads",
 ]
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type``: an int ``>= minimum`` (the error names the flag, via argparse)."""
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an int ``>= minimum`` (and ``<= maximum`` when given; the error names
+    the flag, via argparse)."""
 
     def parse(text: str) -> int:
         try:
@@ -39,6 +40,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected an int >= {minimum}, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
 
     parse.__name__ = f"int >= {minimum}"
@@ -65,8 +68,12 @@ def nonnegative_float(text: str) -> float:
     return _float(text, False)
 
 
-#: the largest default of ``--threads`` (any value may be given)
+#: the largest default of ``--threads`` (any value up to :data:`MAX_THREADS` may be given)
 MAX_DEFAULT_THREADS = 4
+#: the largest ``--threads``: past the cores of any machine we know of; a larger number reached
+#: torch as it was (``--threads 3000000000``: ``torch.set_num_threads``'s overflow traceback;
+#: ``2147483647`` was taken, and the first parallel op would start that many threads)
+MAX_THREADS = 1024
 
 
 def available_cores() -> int:
@@ -104,12 +111,12 @@ def add_threads_argument(group: argparse.ArgumentParser | argparse._ArgumentGrou
     """
     if machine_default:
         n, why = default_threads()
-        group.add_argument("--threads", type=int_at_least(1), default=n,
+        group.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=n,
                            help=f"torch threads (default here: {n} = {why}; threads beyond the cores slow the "
                                 "embedding's small ops, fewer than the cores slow the backbone)")
     else:
-        group.add_argument("--threads", type=int_at_least(0), default=0,
-                           help="torch threads per process (0: torch's default)")
+        group.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=0,
+                           help=f"torch threads per process (0: torch's default; at most {MAX_THREADS})")
 
 
 @contextlib.contextmanager
