@@ -50,7 +50,8 @@ def read_masks(owner: str, x: Any, mask: Any, pixel_mask: Any, dtype: Any) -> tu
         mask (Tensor[B, *S] bool, optional): DETR's mask, True = padding, for a feature map ``x``
             ``(B, C, *S)``. A ``torch.dtype`` here is the output dtype (the second positional
             argument of earlier releases), with a ``DeprecationWarning``.
-        pixel_mask (Tensor[B, *S], optional): transformers' mask, nonzero = valid (any dtype).
+        pixel_mask (Tensor[B, *S], optional): transformers' mask, 1 = valid, 0 = padding (any
+            dtype; :func:`~vispos.padding._mask_checks.padding_from_pixel_mask` checks a CPU one).
         dtype (torch.dtype, optional): the keyword ``dtype``.
 
     Raises:

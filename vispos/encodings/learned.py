@@ -151,8 +151,8 @@ class PositionEmbeddingLearned(nn.Module):
                 embed (DETR's own ``NestedTensor`` is accepted as it is).
             mask (Tensor[B, *S] bool, optional): DETR's mask of a feature map ``x`` (True =
                 padding), as in ``pos(features, mask)``; checked, and (as in DETR) not used.
-            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask (nonzero =
-                valid) instead; not together with ``mask``.
+            pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask (1 = valid,
+                0 = padding; on the CPU another value is refused) instead; not together with ``mask``.
             dtype (torch.dtype, optional, keyword-only): output dtype (floating); the tables'
                 dtype when not given (as the second positional argument: deprecated, warns).
 
@@ -160,7 +160,8 @@ class PositionEmbeddingLearned(nn.Module):
             TypeError: ``x`` of another type; a ``mask`` that is not a bool tensor; both masks,
                 or either with an ``x`` that carries its own; a non-floating or
                 non-``torch.dtype`` ``dtype``.
-            ValueError: another number of spatial axes; a mask not of shape ``(B, *S)``; ``x``
+            ValueError: another number of spatial axes; a mask not of shape ``(B, *S)``; a CPU
+                ``pixel_mask`` holding a value other than 0 and 1; ``x``
                 on another device than the tables; an axis longer than its table without
                 ``interpolate``.
         """
