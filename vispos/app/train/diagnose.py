@@ -108,7 +108,8 @@ def load_detector(path: str | os.PathLike, device: str = "cpu"):
         with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
             model = build_model(TASK, arm, args)
     except (TypeError, KeyError, AttributeError) as exc:  # a recorded flag of the wrong kind
-        raise ValueError(f"{where}: its recorded flags do not rebuild a detector ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"{where}: its recorded flags do not rebuild a detector "
+                         f"({type(exc).__name__}: {exc})") from exc
     missing = sorted(model.state_dict().keys() - weights.keys())
     unexpected = sorted(weights.keys() - model.state_dict().keys())
     if missing or unexpected:  # torch's message lists every key: one line names the first
