@@ -225,3 +225,18 @@ def test_flags_beyond_their_bounds_are_refused_before_any_work(checkpoints, tmp_
     assert exc.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), lines
+
+
+@pytest.mark.parametrize("kwargs", [{"is_causal": True}, {"dropout_p": 0.1}, {"enable_gqa": True}])
+def test_attention_recorder_refuses_sdpa_calls_it_cannot_recompute(kwargs):
+    """Causal masks, dropout and GQA would make the recomputed softmax differ from what SDPA
+    attended: refused by name, never reported."""
+    import torch.nn.functional as F
+
+    from vispos.app.train.attention import AttentionProbe
+
+    recorder = AttentionProbe.__new__(AttentionProbe)  # only the SDPA hook is exercised
+    recorder._block = 0
+    q = torch.ones(1, 1, 3, 4)
+    with pytest.raises(ValueError, match="plain SDPA calls"):
+        recorder.__torch_function__(F.scaled_dot_product_attention, (), (q, q, q), dict(kwargs))

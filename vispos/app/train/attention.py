@@ -233,6 +233,12 @@ class AttentionProbe(TorchFunctionMode):
         if func is F.scaled_dot_product_attention and self._block is not None:
             q, k = args[0], args[1]
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            dropout = kwargs.get("dropout_p", args[4] if len(args) > 4 else 0.0)
+            causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+            if causal or kwargs.get("enable_gqa", False) or dropout:  # weights recomputed as plain softmax only
+                raise ValueError(f"attention diagnostics take plain SDPA calls (no causal mask, GQA or dropout): "
+                                 f"block {self._block} passed is_causal={causal}, dropout_p={dropout}, "
+                                 f"enable_gqa={kwargs.get('enable_gqa', False)}")
             w = attention_weights(q, k, mask, kwargs.get("scale"))
             self.sums[self._block].add(attention_sums(w, self._check(q.shape[2])))
         return func(*args, **kwargs)
