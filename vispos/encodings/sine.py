@@ -157,9 +157,8 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, _deprecation.RenamedAttribut
                 padding: ``pos(features, mask)`` as DETR-family code writes it (the same as
                 ``pos(NestedTensor(features, mask))``). Only a bool tensor is taken here.
             pixel_mask (Tensor[B, *S], optional, keyword-only): transformers' mask of a feature
-                map ``x``, 1 = valid and 0 = padding, of any dtype (a CPU mask holding another
-                value, NaN or 2, is refused; one on an accelerator is not read: nonzero counts as
-                valid). Not together with ``mask``.
+                map ``x``, 1 = valid, 0 = padding, any dtype (other values refused on the CPU;
+                on an accelerator nonzero is valid). Not together with ``mask``.
             dtype (torch.dtype, optional, keyword-only): output dtype (floating); float32 when
                 not given. Angles are computed in float32 and rounded once to ``dtype``. (As
                 the second positional argument it still works, with a ``DeprecationWarning``.)
@@ -190,9 +189,7 @@ class SineEmbeddingBase(CacheOwner, DerivedBuffers, _deprecation.RenamedAttribut
             ValueError: ``x`` of the wrong rank; a mask not of shape ``(B, *S)``; ``out`` of
                 another shape, dtype or device, requiring grad, or an expanded (stride-0) view;
                 ``spacing`` not of shape ``(B, n)`` or ``(n,)``, or (on the CPU) not finite and
-                > 0; a CPU ``pixel_mask`` holding a value other than 0 and 1; ``spacing`` with
-                ``normalize=True`` and no ``extent`` (the per-line normalisation would cancel it:
-                the result would not depend on it).
+                > 0; a CPU ``pixel_mask`` not of 0 and 1; ``spacing`` with ``normalize=True`` and no ``extent``.
 
         Warns:
             UserWarning: a bare ``(B, H, W, c)`` map with ``c`` in 1, 3, 4 (a channels-last
