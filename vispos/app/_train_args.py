@@ -36,10 +36,14 @@ def add_train_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def _task_of(argv: Sequence[str]):
-    """:data:`FLAGS_3D` when ``--volume`` is among the arguments, else :data:`FLAGS_2D`."""
+    """None (3D segmentation) when ``--task segment`` is among the arguments, else
+    :data:`FLAGS_3D` when ``--volume`` is, else :data:`FLAGS_2D`."""
     pre = OneLineParser(prog=PROG, add_help=False, allow_abbrev=False)
     pre.add_argument("--volume", action="store_true")
+    pre.add_argument("--task", default="detect")
     first, _ = pre.parse_known_args(list(argv))
+    if first.task == "segment":
+        return None
     return FLAGS_3D if first.volume else FLAGS_2D
 
 
@@ -49,7 +53,13 @@ def parse_train_args(argv: Sequence[str]) -> argparse.Namespace:
     usage error ends the program (argparse's exit status 2). The namespace also holds
     ``command`` (``"train"``) and ``train_argv`` (the arguments, handed to the training core)."""
     argv = list(argv)
-    _, args = parse_flags(_task_of(argv), argv, prog=PROG, command=True)
+    task = _task_of(argv)
+    if task is None:  # vispos train --volume --task segment: its own flags
+        from .train.segment3d_args import parse_segment_flags
+
+        _, args = parse_segment_flags(argv, prog=PROG)
+    else:
+        _, args = parse_flags(task, argv, prog=PROG, command=True)
     args.command, args.train_argv = "train", argv
     return args
 

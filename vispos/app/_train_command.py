@@ -23,6 +23,11 @@ def execute(args: argparse.Namespace) -> None:
         ValueError, TypeError, OSError, ImportError: a bad file or setting found while training
             (:func:`vispos.app.cli.main` prints it as one line and exits with 2).
     """
+    if getattr(args, "task", "detect") == "segment":
+        from .train.segment3d import run as run_segment
+
+        run_segment(args.train_argv, prog=PROG)
+        return
     if args.volume:
         from .train.task3d import TASK
     else:

@@ -72,6 +72,9 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
         g.add_argument("--volume", action="store_true",
                        help="train the 3D detector on MRI volumes (docs/training3d.md) instead of the 2D one on "
                             "photographs; `vispos train --volume --help` lists its flags")
+        g.add_argument("--task", choices=("detect", "segment"), default="detect",
+                       help="with --volume: detect (the 3D DETR) or segment (3D segmentation, docs/segmentation3d.md; "
+                            "`vispos train --volume --task segment --help` lists its flags)")
     g.add_argument("--steps", type=pos1, default=3000, help="optimiser steps")
     g.add_argument("--out", default=f"runs/train_detr{'' if task.name == '2d' else task.name}",
                    help="output folder: OUT/<arm>/seed<S>/metrics.json, OUT/ablation.md, OUT/curves.png")
