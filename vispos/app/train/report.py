@@ -113,7 +113,7 @@ def summarize_compositions(m: Mapping[str, Any], names: Sequence[str]) -> dict[s
         evals = by.get(key) or []
         if evals:
             out[key] = {}
-            for name in ("mean_iou", *names):
+            for name in ("mean_iou", *names) if "mean_iou" in evals[0] else names:  # segmentation: no IoU
                 values = [e[name] for e in evals]
                 out[key][name] = values[-1]
                 out[key][f"{name}_last3"] = float(np.mean(values[-3:]))
