@@ -107,6 +107,11 @@ def _exit_message(capsys, argv):
      "argument --vit-patch: must be a power of 2 >= 2 with --vit-stem conv"),
     (["--backbone", "vit", "--vit-patch", "16", "--scales", "12", "48"],
      "argument --scales: must be >= the ViT's patch (16 px)"),
+    (["--vit-depth", "6"], "argument --vit-depth: only with --backbone vit"),
+    (["--vit-width", "128"], "argument --vit-width: only with --backbone vit"),
+    (["--backbone", "vit", "--vit-width", "66"], "argument --vit-width: must be a multiple of the ViT's 4 heads"),
+    (["--backbone", "vit", "--vit-width", "4", "--vit-patch", "16"],
+     "argument --vit-width: must be a multiple of patch / 2 = 8"),
 ])
 def test_flags_that_cannot_work_are_refused_in_one_line(capsys, tmp_path, argv, message):
     lines = _exit_message(capsys, [*argv, "--out", str(tmp_path)])
@@ -141,4 +146,15 @@ def test_vit_patch_sets_the_patch_and_the_level_stride(tmp_path):
     model, images = _model_and_images(tmp_path, ["--vit-patch", "16", "--padding-invariant"])
     bb = model.joiner.backbone
     assert bb.strides == [16] and bb.body.model.patch_embed.patch_size == (16, 16)
+    assert _worst_alone_vs_batched(model, images) <= 1e-4
+
+
+def test_vit_depth_and_width_size_the_blocks_the_stem_and_the_level(tmp_path):
+    model, images = _model_and_images(tmp_path, ["--vit-depth", "2", "--vit-width", "32", "--padding-invariant"])
+    bb = model.joiner.backbone
+    vit = bb.body.model
+    assert len(vit.blocks) == 2 and vit.embed_dim == 32 and bb.num_channels == [32]
+    assert bb.out_indices == (1,)  # the last block is the level
+    convs = [m for m in vit.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [8, 16, 32, 32]
     assert _worst_alone_vs_batched(model, images) <= 1e-4

@@ -67,6 +67,11 @@ def _add_arguments_2d(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--vit-patch", type=pos1, default=None,
                    help=f"--backbone vit's patch size and stride (px; default {VIT['patch_size']}; a power of 2 "
                         "with --vit-stem conv)")
+    g.add_argument("--vit-depth", type=pos1, default=None,
+                   help=f"--backbone vit's transformer blocks (default {VIT['depth']}; the last is the level)")
+    g.add_argument("--vit-width", type=pos1, default=None,
+                   help=f"--backbone vit's token width (default {VIT['embed_dim']}; a multiple of its "
+                        f"{VIT['num_heads']} heads, and of patch / 2 with --vit-stem conv)")
     g.add_argument("--vit-registers", type=int_at_least(0), default=0, metavar="N",
                    help="--backbone vit's register tokens: N learned prefix tokens beside the class token, "
                         "attended to and kept per image like it (Darcet et al. 2024; timm's num_reg_tokens; "

@@ -71,6 +71,8 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
               f"only adds padding, got {args.size_divisibility}")
     for flag, value in (("--vit-pos", args.vit_pos), ("--vit-patch", getattr(args, "vit_patch", None)),
                         ("--vit-stem", getattr(args, "vit_stem", None)),
+                        ("--vit-depth", getattr(args, "vit_depth", None)),
+                        ("--vit-width", getattr(args, "vit_width", None)),
                         ("--vit-registers", getattr(args, "vit_registers", 0) or None)):
         if args.backbone != VIT_NAME and value is not None:
             error(flag, f"only with --backbone {VIT_NAME} (the small ViT's own setting), got --backbone "
@@ -84,6 +86,13 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
         if args.vit_stem == "conv" and (args.vit_patch < 2 or args.vit_patch & (args.vit_patch - 1)):
             error("--vit-patch", f"must be a power of 2 >= 2 with --vit-stem conv (stride-2 convolutions), got "
                   f"{args.vit_patch}")
+        args.vit_depth = getattr(args, "vit_depth", None) or VIT["depth"]
+        args.vit_width = getattr(args, "vit_width", None) or VIT["embed_dim"]
+        if args.vit_width % VIT["num_heads"]:
+            error("--vit-width", f"must be a multiple of the ViT's {VIT['num_heads']} heads, got {args.vit_width}")
+        if args.vit_stem == "conv" and args.vit_width % (args.vit_patch // 2):
+            error("--vit-width", f"must be a multiple of patch / 2 = {args.vit_patch // 2} with --vit-stem conv "
+                  f"(the stem's channels halve per stride-2 convolution), got {args.vit_width}")
         if min(args.scales) < args.vit_patch:
             error("--scales", f"must be >= the ViT's patch ({args.vit_patch} px), got {args.scales}")
     else:
@@ -92,7 +101,7 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
         if not timm.is_model(args.backbone):
             error("--backbone", f"not a timm model name: {args.backbone!r} (or {VIT_NAME}: a small ViT)")
     if args.out_index is None:
-        args.out_index = VIT["depth"] - 1 if args.backbone == VIT_NAME else 2
+        args.out_index = args.vit_depth - 1 if args.backbone == VIT_NAME else 2
     if args.packed and args.padding_invariant:
         error("--packed", "is exact per image already (the invariant run without padding tokens): pass --packed "
               "or --padding-invariant, not both")
@@ -118,7 +127,8 @@ def build_datasets(args: argparse.Namespace) -> tuple[ShapesOnPhotos, ShapesOnPh
     return train, held
 
 
-def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_size"], registers: int = 0) -> dict:
+def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_size"], registers: int = 0,
+                     depth: int = VIT["depth"], embed_dim: int = VIT["embed_dim"]) -> dict:
     """``timm.create_model`` options of ``--backbone vit`` (:data:`VIT`) with position arm ``vit_pos``.
 
     The model is timm's ``vit_small_patch16_rope_224`` (class ``Eva``) resized to :data:`VIT`, with
@@ -127,7 +137,8 @@ def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_s
     ``sincos`` / ``learned``: a table (filled by :func:`build_backbone`); ``rope``: timm's axial
     RoPE (temperature 100, patch coordinates), no table. ``registers`` (``--vit-registers``):
     ``Eva``'s ``num_reg_tokens``, learned prefix tokens after the class token (no RoPE on them,
-    like the class token; a table has a row for each).
+    like the class token; a table has a row for each). ``depth`` / ``embed_dim``
+    (``--vit-depth`` / ``--vit-width``): the blocks and the token width.
 
     Raises:
         ValueError: ``vit_pos`` not in :data:`VIT_POS`; ``registers`` negative.
@@ -136,7 +147,8 @@ def vit_model_kwargs(vit_pos: str, img_size: int, patch_size: int = VIT["patch_s
         raise ValueError(f"vit_pos must be one of {VIT_POS}, got {vit_pos!r}")
     if not isinstance(registers, int) or registers < 0:
         raise ValueError(f"registers must be an int >= 0, got {registers!r}")
-    kwargs = {**VIT, "patch_size": patch_size, "img_size": img_size, "init_values": None,
+    kwargs = {**VIT, "patch_size": patch_size, "depth": depth, "embed_dim": embed_dim, "img_size": img_size,
+              "init_values": None,
               "use_abs_pos_emb": vit_pos in ("sincos", "learned"), "use_rot_pos_emb": vit_pos == "rope"}
     return {**kwargs, "num_reg_tokens": registers} if registers else kwargs
 
@@ -182,8 +194,10 @@ def _vit(args: argparse.Namespace, vit_pos: str, **options) -> TimmBackbone:
     its stem is in (the rule book refuses what it cannot make exact, by name)."""
     patch = getattr(args, "vit_patch", None) or VIT["patch_size"]
     registers = getattr(args, "vit_registers", 0) or 0
-    backbone = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs(vit_pos, max(args.scales), patch, registers),
-                            **options)
+    sizes = {"depth": getattr(args, "vit_depth", None) or VIT["depth"],
+             "embed_dim": getattr(args, "vit_width", None) or VIT["embed_dim"]}
+    backbone = TimmBackbone(VIT_BASE, model_kwargs=vit_model_kwargs(vit_pos, max(args.scales), patch, registers,
+                                                                    **sizes), **options)
     if (getattr(args, "vit_stem", None) or VIT_STEMS[0]) == "conv":
         model = backbone.body.model
         model.patch_embed.proj = conv_stem(patch, model.embed_dim)
