@@ -5,6 +5,7 @@ from torch import nn
 from vispos import NestedTensor, PositionEmbeddingSine, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, VolumeBackbone, backbone_border_effect, flatten_levels, unflatten_levels
 from vispos.transformer import DetrEncoder, DetrEncoderLayer
+from trained_norms import trained_like
 
 
 def _encode(encoder, pe, level_embed, items_per_level, garbage=True):
@@ -129,18 +130,9 @@ def test_repr():
 
 # ----------------------------------------------------------- the backbone's own border effect
 def _trained_like(backbone):
-    """Random batch-norm affine parameters and statistics. timm zero-initialises the last norm of
-    every residual block, which makes a random ResNet's blocks identities and hides the border
-    effect a trained network has."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for m in backbone.modules():
-            if isinstance(m, (nn.BatchNorm2d, nn.BatchNorm3d)):
-                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-    return backbone.eval()
+    """Trained-like norms (timm zero-initialises the last norm of every residual block, which hides
+    the border effect a trained network has), in eval mode."""
+    return trained_like(backbone).eval()
 
 
 def test_backbone_border_effect_2d_measured():
