@@ -115,8 +115,9 @@ def test_rule_by_dotted_name_and_subclasses_that_keep_forward(registry):
 
 
 @pytest.mark.parametrize("module_type, rule, match", [
-    (int, vispos.CellWise(), "module_type must be an nn.Module subclass or 'module.QualName', got <class 'int'>"),
-    ("Scale", vispos.CellWise(), "module_type must be .* got 'Scale'"),
+    (int, vispos.CellWise(), "key must be an nn.Module subclass, a function, .* got <class 'int'>"),
+    ("not a name", vispos.CellWise(), "key must be .* got 'not a name'"),
+    (3, vispos.CellWise(), "key must be .* got int"),
     (ChannelCentre, "cellwise", "rule must be an InvarianceRule .* got str"),
 ])
 def test_register_checks_its_arguments(module_type, rule, match):
@@ -128,5 +129,5 @@ def test_builtin_rules_cover_torch_layers():
     assert rules.rule_for(nn.Conv2d(1, 1, 1)).kind == "conv"
     assert rules.rule_for(nn.BatchNorm2d(1)).kind == "norm"
     assert rules.rule_for(nn.ReLU()).kind == "pointwise"
-    assert rules.rule_for(nn.LayerNorm(4)).kind == "refuse"
+    assert rules.rule_for(nn.LayerNorm(4)).kind == "channels"  # cell-wise over channels last, else refused
     assert rules.rule_for(ChannelCentre()) is None

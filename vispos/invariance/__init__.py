@@ -10,11 +10,11 @@ References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches).
 """
 
-from . import _vit  # noqa: F401  (registers the token-model rules of timm's ViT and Eva)
+from . import _vit  # noqa: F401
 from ._network import PaddingInvariant, make_padding_invariant
 from ._tokens import TokenModelRule
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
-from . import _swin, _swin_timm, _windowed  # noqa: F401,E402  (register the Swin rules, the SAM ViT rule)
+from . import _builtin_rules  # noqa: F401,E402  (registers every built-in entry of the one rule table)
 
 __all__ = ["CellWise", "InvarianceRule", "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep",
            "TokenModelRule", "make_padding_invariant", "register_invariance_rule", "rule_for"]

@@ -3,8 +3,8 @@ on its own cells, the features it gets alone.
 
 :func:`make_padding_invariant` walks the FX graph(s) of a backbone (torchvision's feature-extraction
 graph, or a timm / any module traced by ``trace_dual``) node by node and rewrites it by the rule
-book: a module by its rule (:mod:`vispos.invariance.rules`), a function or method by its row
-(:mod:`vispos.invariance._functions`):
+book: every module, function or method call by its entry in the one table
+(:mod:`vispos.invariance.rules`), its arguments bound by name:
 
 * before every layer that reads neighbours (convolution, pooling) the input's padding is filled
   (zeros; ``-inf`` for max pooling), exactly what the layer's own padding gives the item alone;
@@ -31,22 +31,18 @@ References:
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable
 
-import torch
 import torch.fx as fx
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from . import _functions as functions
 from . import _ops as ops
-from . import _upsampling as upsampling
 from . import _values as values
+from ._functions import call_arguments
 from ._geometry import Geometry, TransposedWindow, Window
 from ._rewrite_base import RewriterBase, Split
 from ._run import InvariantRunner
-from .rules import rule_for
 
 __all__ = ["make_padding_invariant"]
 
@@ -127,14 +123,8 @@ class _Rewriter(RewriterBase):
         spatial = self.spatial_args(node)
         if not spatial:
             self.env[node] = self.copy(node)
-        elif any(n in self.maps.layout for n in spatial) and not self.is_permute(node):
-            self.permuted(node, spatial)
         else:
-            handler = {"call_module": self.module, "call_function": self.function,
-                       "call_method": self.method}.get(node.op)
-            if handler is None:  # get_attr cannot take a feature map
-                self.refuse(node, f"unexpected graph operation {node.op!r}")
-            handler(node, spatial)
+            self.call(node, spatial)
         if from_input:
             self.maps.from_input.add(node)
             self.track_writes(node)
@@ -160,7 +150,7 @@ class _Rewriter(RewriterBase):
     def window(self, node: fx.Node, window: Window | TransposedWindow, fill: str) -> None:
         """A convolution (``fill="zero"``) or max pool (``"max"``) on its first argument (or the
         keyword ``input``): that map's padding filled first, a new geometry for the output."""
-        x = node.args[0] if node.args else node.kwargs["input"]
+        x = self.input_of(node)
         out, filled = self.fill_for_window(node, x, window, fill)
         args, kwargs = self.mapped(node.args), self.mapped(node.kwargs)
         if node.args:
@@ -174,23 +164,31 @@ class _Rewriter(RewriterBase):
 
     def avg_pool(self, node: fx.Node, window: Window, count_include_pad: bool, divisor: int | None) -> None:
         """Average pooling with each item's own divisor (:func:`._pools.box_avg_pool`)."""
-        x = node.args[0] if node.args else node.kwargs["input"]
+        x = self.input_of(node)
         geometry_in = self.maps.geometry[x]
         self.maps.geometry[node] = self.geometry.child(geometry_in, window, self.where(node))
         self.env[node] = self.new.call_function(ops.avg_pool, (
             self.env[x], self.padding_of(geometry_in), window.kernel, window.stride, window.pad_lo,
             window.ceil_mode, count_include_pad, divisor))
 
-    def global_pool(self, node: fx.Node, mode: str) -> None:
-        """A global pool of each item's own cells: a per-item vector ``[B, C, 1, ...]``."""
-        x = node.args[0]
-        dims = tuple(range(2, 2 + self.num_axes))
+    def global_pool(self, node: fx.Node, mode: str, keepdim: bool = True) -> None:
+        """Per-item statistics over every spatial axis of the input (in any axis order): a per-item
+        value ``[B, C, 1, ...]`` (``keepdim``) or ``[B, C]``."""
+        x = self.input_of(node)
+        padding = self.padding_of(self.maps.geometry[x])
+        if x in self.maps.layout:
+            self.env[node] = self.new.call_function(ops.global_pool_permuted, (
+                self.env[x], padding, mode, self.layout_of(x), keepdim))
+            return
         self.env[node] = self.new.call_function(ops.global_pool, (
-            self.env[x], self.padding_of(self.maps.geometry[x]), mode, dims, True))
+            self.env[x], padding, mode, tuple(range(2, 2 + self.num_axes)), keepdim))
+        if mode == "sum":  # a sum over space that a division by the canvas's size may make a mean
+            self.maps.spatial_sums[node] = (self.maps.geometry[x], keepdim)
 
     def with_padding(self, node: fx.Node, fn: Callable[..., Tensor], *args: Any, keeps_geometry: bool = True) -> None:
-        x = node.args[0]
+        x = self.input_of(node)
         geometry_in = self.maps.geometry[x]
+        args = fx.node.map_arg(args, lambda n: self.env[n] if n.graph is self.old else n)
         self.env[node] = self.new.call_function(fn, (self.env[x], self.padding_of(geometry_in), *args))
         if keeps_geometry:
             self.maps.geometry[node] = geometry_in
@@ -205,8 +203,11 @@ class _Rewriter(RewriterBase):
         """A node that reads the module ``node`` calls (for a function given to :meth:`with_padding`)."""
         return self.new.get_attr(node.target)
 
+    def kernel_size(self, weight: Any, node: fx.Node) -> tuple[int, ...]:
+        return self.kernel_of(weight, node)
+
     def permute(self, node: fx.Node, dims: Any) -> None:
-        x = node.args[0] if node.args else node.kwargs["input"]
+        x = self.input_of(node)
         layout = values.compose_layout(self.layout_of(x), dims)
         if layout is None or layout[0] != 0:
             self.refuse(node, f"it permutes a feature map with dims {tuple(dims)!r} (only the batch axis first)")
@@ -217,91 +218,15 @@ class _Rewriter(RewriterBase):
         if x in self.maps.caller_owned:
             self.maps.caller_owned.add(node)
 
-    # -------------------------------------------------------------------------- by op kind
-    def is_permute(self, node: fx.Node) -> bool:
-        if node.op == "call_module":
-            return getattr(rule_for(self.gm.get_submodule(node.target)), "kind", None) == "permute"
-        return (node.op == "call_method" and node.target == "permute") or node.target is torch.permute
-
-    def permuted(self, node: fx.Node, spatial: list[fx.Node]) -> None:
-        """A node on a map whose axes were permuted (ConvNeXt's channels-last blocks): elementwise
-        ops, a layer norm or linear layer over the last axis when it holds the channels, and a
-        reduction over every spatial axis; anything else is refused."""
-        layouts = {self.layout_of(n) for n in spatial}
-        if len(layouts) != 1:
-            self.refuse(node, "it combines feature maps whose axes are in different orders")
-        layout = layouts.pop()
-        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
-        rule = rule_for(module) if module is not None else None
-        kind = functions.channels_last_kind(node.op, node.target, module, node.args, node.kwargs,
-                                            getattr(rule, "kind", None))
-        if kind == "pointwise" or (kind == "channels" and layout[-1] == 1):
-            return self.cell_wise(node, alias=node.op == "call_method" and node.target in functions.ALIAS_METHODS)
-        if kind in ("mean", "sum", "max", "norm"):
-            arguments = functions.bind(functions.reduction_signature(node), node.args, node.kwargs)
-            dims = arguments["dim"]
-            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else ()
-            rank = len(layout)
-            if sorted(layout[d % rank] for d in dims) == list(range(2, rank)) and \
-                    functions.plain_reduction(kind, arguments):
-                x = arguments["input"]
-                self.env[node] = self.new.call_function(ops.global_pool_permuted, (
-                    self.env[x], self.padding_of(self.maps.geometry[x]), kind, layout, arguments["keepdim"]))
-                return
-        if getattr(rule, "kind", None) == "refuse":  # a refusal says its own reason
-            return rule.rewrite(self, node, module)
-        what = "over an axis that is not the channels" if kind == "channels" else "on a feature map"
-        self.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
-
-    def merge(self, node: fx.Node, spatial: list[fx.Node]) -> int:
-        ids = [self.maps.geometry[n] for n in spatial]
-        if any(not isinstance(g, int) for g in ids):
-            self.refuse(node, "it takes a whole split of a feature map")
-        for g in ids[1:]:
-            self.geometry.require_equal(ids[0], g, self.where(node))
-        return ids[0]
-
-    def module(self, node: fx.Node, spatial: list[fx.Node]) -> None:
-        module = self.gm.get_submodule(node.target)
-        rule = rule_for(module)
-        if rule is None:
-            self.refuse(node, "a module vispos does not know how to run on a padded batch (no rule for it; "
-                              "see vispos.register_invariance_rule)")
-        if rule.kind != "refuse" and (node.args[:1] != (spatial[0],) or len(spatial) != 1):
-            self.refuse(node, "its feature map is not its first argument")
-        rule.rewrite(self, node, module)
-
-    def function(self, node: fx.Node, spatial: list[fx.Node]) -> None:
-        target = node.target
-        if functions.pointwise_function(target):
-            return self.cell_wise(node)
-        if target is operator.getitem:
-            return self.getitem(node)
-        if target is torch.permute:
-            return self.permute(node, node.args[1] if len(node.args) > 1 else node.kwargs["dims"])
-        self.by_signature(node, functions.FUNCTION_SIGNATURES.get(target), spatial,
-                          "no rule for this function on a feature map")
-
-    def method(self, node: fx.Node, spatial: list[fx.Node]) -> None:
-        name = node.target
-        if name == "permute":
-            dims = node.args[1] if len(node.args) == 2 and isinstance(node.args[1], (tuple, list)) else node.args[1:]
-            return self.permute(node, node.kwargs.get("dims", dims))
-        if name in functions.POINTWISE_METHODS:
-            return self.cell_wise(node, alias=name in functions.ALIAS_METHODS)
-        self.by_signature(node, functions.METHOD_SIGNATURES.get(name), spatial,
-                          "it reshapes, moves or mixes cells without a padding mask")
-
-    def by_signature(self, node: fx.Node, entry: tuple | None, spatial: list[fx.Node], unknown: str) -> None:
-        """A call with a row in the function table: its arguments read by name, then rewritten."""
-        if entry is None:
-            self.refuse(node, unknown)
-        kind, signature = entry
-        try:
-            bound = functions.bind(signature, node.args, node.kwargs)
-        except TypeError:
-            self.refuse(node, "its arguments could not be read")
-        self.functional(node, kind, bound, spatial)
+    def split(self, node: fx.Node) -> None:
+        """A split along the channels: every part on the input's cells."""
+        x = self.input_of(node)
+        if not isinstance(self.maps.geometry.get(x), int):
+            self.refuse(node, "it splits something that is not a whole feature map")
+        self.env[node] = self.copy(node)
+        self.maps.geometry[node] = Split(self.maps.geometry[x])
+        if x in self.maps.caller_owned:
+            self.maps.caller_owned.add(node)
 
     def getitem(self, node: fx.Node) -> None:
         src, index = node.args
@@ -316,79 +241,49 @@ class _Rewriter(RewriterBase):
         if src in self.maps.caller_owned:  # a view of the caller's input
             self.maps.caller_owned.add(node)
 
-    def functional(self, node: fx.Node, kind: str, bound: dict[str, Any], spatial: list[fx.Node]) -> None:
-        rank = 2 + self.num_axes
-        x = bound.get("input")
-        if kind == "cat":
-            if not isinstance(bound["dim"], int) or bound["dim"] % rank != 1:
-                self.refuse(node, "it concatenates feature maps along a spatial axis")
-            return self.cell_wise(node)
-        if kind == "split":
-            if x not in self.maps.geometry or (bound["dim"] % rank) != 1:
-                self.refuse(node, "it splits a feature map along a spatial axis")
-            self.env[node] = self.copy(node)
-            self.maps.geometry[node] = Split(self.maps.geometry[x])
-            if x in self.maps.caller_owned:
-                self.maps.caller_owned.add(node)
-            return
-        if kind == "flatten":
-            self.refuse(node, "it flattens the spatial axes of a feature map")
-        if x not in self.maps.geometry or len(spatial) != 1:
+    # ------------------------------------------------------------------- asking the table
+    def merge(self, node: fx.Node, spatial: list[fx.Node]) -> int:
+        ids = [self.maps.geometry[n] for n in spatial]
+        if any(not isinstance(g, int) for g in ids):
+            self.refuse(node, "it takes a whole split of a feature map")
+        for g in ids[1:]:
+            self.geometry.require_equal(ids[0], g, self.where(node))
+        return ids[0]
+
+    def call(self, node: fx.Node, spatial: list[fx.Node]) -> None:
+        """A node on feature maps: its entry of the table, its arguments bound by name, then the
+        rule's :meth:`~vispos.invariance.rules.InvarianceRule.apply` (or ``on_permuted`` for a map
+        whose axes were permuted); a call without an entry is refused by name."""
+        if node.op not in _NO_RULE:  # get_attr cannot take a feature map
+            self.refuse(node, f"unexpected graph operation {node.op!r}")
+        rule, module = self.rule_of(node)
+        layouts = {self.layout_of(n) for n in spatial if n in self.maps.layout}
+        if layouts and (len(layouts) > 1 or len(spatial) > 1 and any(n not in self.maps.layout for n in spatial)):
+            self.refuse(node, "it combines feature maps whose axes are in different orders")
+        if rule is None:
+            self.refuse(node, _PERMUTED if layouts else _NO_RULE[node.op])
+        if not layouts and rule.refusal() is not None:
+            self.refuse(node, rule.refusal())
+        args = call_arguments(rule, node, module)
+        if args is None:
+            self.refuse(node, "its arguments could not be read")
+        if layouts:
+            return rule.on_permuted(self, node, args, layouts.pop())
+        if node.op == "call_module":
+            if node.args[:1] != (spatial[0],) or len(spatial) != 1:
+                self.refuse(node, "its feature map is not its first argument")
+        elif rule.reads_one_map and (args.get("input") not in self.maps.geometry or len(spatial) != 1):
             self.refuse(node, "its feature map is not its input")
-        geometry_id = self.maps.geometry[x]
-        padding = self.padding_of(geometry_id)
-        mapped = self.mapped
-        if kind == "conv":
-            kernel = self.kernel_of(bound["weight"], node)
-            self.window(node, functions.window_of(self.num_axes, kernel, bound["stride"], bound["padding"],
-                                                  bound["dilation"]),
-                        "zero")
-        elif kind == "conv_transpose":
-            kernel = self.kernel_of(bound["weight"], node)
-            self.window(node, upsampling.transposed_window(self.num_axes, kernel, bound["stride"], bound["padding"],
-                                                           bound["output_padding"], bound["dilation"]), "zero")
-        elif kind == "interpolate":
-            upsampling.interpolate(self, node, bound["size"], bound["scale_factor"], bound["mode"],
-                                   bound["align_corners"], bound["antialias"])
-        elif kind == "max_pool":
-            if bound["return_indices"]:
-                self.refuse(node, "return_indices=True (indices into the padded canvas)")
-            self.window(node, functions.window_of(self.num_axes, bound["kernel_size"], bound["stride"],
-                                                  bound["padding"], bound["dilation"], bound["ceil_mode"]), "max")
-        elif kind == "avg_pool":
-            window = functions.window_of(self.num_axes, bound["kernel_size"], bound["stride"], bound["padding"], 1,
-                                         bound["ceil_mode"])
-            self.avg_pool(node, window, bound["count_include_pad"], bound["divisor_override"])
-        elif kind in ("adaptive_mean", "adaptive_max"):
-            size = bound["output_size"]
-            if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))) or bound["return_indices"]:
-                self.refuse(node, f"output_size={size!r} (only a global pool has the item's bins)")
-            self.global_pool(node, "mean" if kind == "adaptive_mean" else "max")
-        elif kind in ("mean", "sum", "max", "norm"):
-            dims = bound["dim"]
-            dims = (dims,) if isinstance(dims, int) else tuple(dims) if dims is not None else None
-            if dims is None or sorted(d % rank for d in dims) != list(range(2, rank)) or \
-                    not functions.plain_reduction(kind, bound):
-                self.refuse(node, f"a reduction over dims {bound['dim']!r} (only over every spatial axis)")
-            self.env[node] = self.new.call_function(
-                ops.global_pool, (self.env[x], padding, kind, tuple(range(2, rank)), bound["keepdim"]))
-            if kind == "sum":
-                self.maps.spatial_sums[node] = (geometry_id, bound["keepdim"])
-        elif kind == "batch_norm":
-            self.with_padding(node, ops.batch_norm_fn, mapped(bound["running_mean"]), mapped(bound["running_var"]),
-                              mapped(bound["weight"]), mapped(bound["bias"]), bound["training"], bound["momentum"],
-                              bound["eps"])
-        elif kind == "group_norm":
-            self.with_padding(node, ops.group_norm, bound["num_groups"], mapped(bound["weight"]),
-                              mapped(bound["bias"]), bound["eps"])
-        elif kind == "instance_norm":
-            if not bound["use_input_stats"]:
-                return self.cell_wise(node)
-            if bound["running_mean"] is not None:
-                self.refuse(node, "instance norm that tracks running statistics")
-            self.with_padding(node, ops.instance_norm_fn, mapped(bound["weight"]), mapped(bound["bias"]), bound["eps"])
-        else:  # pragma: no cover - every kind of the function table is handled above
-            self.refuse(node, f"no rule for {kind!r}")
+        rule.apply(self, node, args)
+
+
+_NO_RULE = {
+    "call_module": "a module vispos does not know how to run on a padded batch (no rule for it; see "
+                   "vispos.register_invariance_rule)",
+    "call_function": "no rule for this function on a feature map",
+    "call_method": "it reshapes, moves or mixes cells without a padding mask",
+}
+_PERMUTED = "it runs on a feature map whose axes were permuted (channels last), with no rule for it"
 
 
 def _channel_index(index: Any) -> bool:

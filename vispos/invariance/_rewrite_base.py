@@ -23,10 +23,10 @@ import torch.fx as fx
 from torch import Tensor
 
 from .. import _deprecation
-from . import _functions as functions
 from . import _ops as ops
 from . import _values as values
 from ._geometry import Geometry, TransposedWindow, Window
+from .rules import InvarianceRule, rule_for_call
 
 __all__ = ["RewriterBase", "Split"]
 
@@ -129,6 +129,17 @@ class RewriterBase:
             new.kwargs = kwargs
         return new
 
+    def rule_of(self, node: fx.Node) -> tuple[InvarianceRule | None, Any]:
+        """The table's rule for what ``node`` calls, and the module it calls (None for a function
+        or method)."""
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        return rule_for_call(node.op, node.target, module), module
+
+    @staticmethod
+    def input_of(node: fx.Node) -> Any:
+        """The node's feature map: its first argument, or the keyword ``input``."""
+        return node.args[0] if node.args else node.kwargs["input"]
+
     def mapped(self, value: Any) -> Any:
         return fx.node.map_arg(value, lambda n: self.env[n])
 
@@ -190,8 +201,8 @@ class RewriterBase:
         ``-inf`` would not."""
         chain, cur, nonneg = [], x, False
         while True:
-            module = self.gm.get_submodule(cur.target) if cur.op == "call_module" else None
-            zero, positive = functions.zero_preserving(cur.op, cur.target, module)
+            rule = self.rule_of(cur)[0] if cur.op in ("call_module", "call_function", "call_method") else None
+            zero, positive = (rule.zero_preserving, rule.nonnegative) if rule is not None else (False, False)
             inputs = [a for a in cur.all_input_nodes if a in self.maps.geometry]
             if not zero or len(inputs) != 1 or cur.args[:1] != (inputs[0],):
                 break
@@ -216,16 +227,12 @@ class RewriterBase:
         return True
 
     def output_is_writable(self, node: fx.Node) -> bool:
-        """A new map whose maker's backward does not read it (a fill may write into it)."""
-        if node.op == "call_module":
-            from .rules import rule_for
-
-            rule = rule_for(self.gm.get_submodule(node.target))
-            return rule is not None and (rule.kind in ("conv", "conv_transpose") or (
-                rule.kind == "norm" and not rule.activation))
-        if node.op == "call_function":
-            return node.target in functions.FRESH_FUNCTIONS
-        return False
+        """A new map whose maker's backward does not read it (a fill may write into it): the
+        table's ``fresh_output`` fact of what made it."""
+        if node.op not in ("call_module", "call_function"):
+            return False
+        rule = self.rule_of(node)[0]
+        return rule is not None and rule.fresh_output
 
     def finite_padding(self, node: fx.Node, geometry_id: int) -> None:
         """Zeros in a max pool's output padding, where windows of padding alone gave ``-inf``: no
@@ -249,8 +256,9 @@ class RewriterBase:
             zeros.storage[node] = zeros.owner(first)
         if written is not None and written is not first:  # ``out=``: the result is that tensor
             zeros.storage[node] = zeros.owner(written)
+        rule = self.rule_of(node)[0] if node.op in ("call_module", "call_function", "call_method") else None
         if written is not None and written in self.maps.from_input and (
-                written is not first or not functions.zero_preserving(node.op, node.target, module)[0]):
+                written is not first or rule is None or not rule.zero_preserving):
             owner = zeros.owner(written)
             zeros.overwritten.add(owner)
             zeros.zeroed = {n for n in zeros.zeroed if zeros.owner(n) != owner}

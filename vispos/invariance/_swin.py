@@ -27,8 +27,6 @@ References:
 
 from __future__ import annotations
 
-from .rules import Refuse, register_invariance_rule
-
 __all__ = ["SWIN_REFUSALS", "refuse_swin"]
 
 _CANVAS = ("its windows are laid out on the canvas, not on the item: the windows at an item's bottom / right edge "
@@ -49,10 +47,6 @@ SWIN_REFUSALS = {
         f"{_CANVAS}; get_window_size cuts the window to the canvas' size on axes no longer than it (and drops "
         "the shift there), and compute_mask builds the mask from the canvas' padded size"),
 }
-
-for _name, _why in SWIN_REFUSALS.items():
-    register_invariance_rule(_name, Refuse(_why))
-
 
 def refuse_swin(model) -> None:
     """Raises vispos' ``ValueError`` for the first Swin layer of ``model`` (named by its path), before

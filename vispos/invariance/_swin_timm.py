@@ -26,7 +26,6 @@ from torch import Tensor, nn
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._tokens import TokenModelRule, item_grids
-from .rules import register_invariance_rule
 
 __all__ = ["swin_levels", "check_swin", "shifted_window_index", "item_shift_mask"]
 
@@ -239,5 +238,6 @@ def swin_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-register_invariance_rule("timm.models.swin_transformer.SwinTransformer",
-                         TokenModelRule(swin_levels, check_swin, inline=swin_inline))
+#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+TOKEN_RULES = (("timm.models.swin_transformer.SwinTransformer",
+                TokenModelRule(swin_levels, check_swin, inline=swin_inline)),)

@@ -30,7 +30,6 @@ from ._packed import packed_levels
 from ._stem import _refuse, check_stem, is_patch_projection
 from ._token_batch import TokenFacts, add_item_positions, as_levels, batch_facts, canvas_tokens
 from ._tokens import TokenModelRule, block_order
-from .rules import register_invariance_rule
 
 __all__ = ["vit_levels", "eva_levels", "check_vit", "check_eva"]
 
@@ -171,6 +170,8 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
                              lambda i: {"rope": rope[i] if mixed and rope is not None else rope})
 
 
-register_invariance_rule("timm.models.vision_transformer.VisionTransformer",
-                         TokenModelRule(vit_levels, check_vit, packed=packed_levels))
-register_invariance_rule("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva, packed=packed_levels))
+#: the token-model rules of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+TOKEN_RULES = (
+    ("timm.models.vision_transformer.VisionTransformer", TokenModelRule(vit_levels, check_vit, packed=packed_levels)),
+    ("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva, packed=packed_levels)),
+)

@@ -37,7 +37,6 @@ from torch import Tensor, nn
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
 from ._tokens import TokenModelRule, item_grids, on_canvas
-from .rules import register_invariance_rule
 
 __all__ = ["window_key_valid", "masked_window_attention", "item_rel_pos_bias", "sam_forward_intermediates",
            "sam_levels", "check_sam"]
@@ -309,5 +308,6 @@ def sam_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-register_invariance_rule("timm.models.vision_transformer_sam.VisionTransformerSAM",
-                         TokenModelRule(sam_levels, check_sam, inline=sam_inline))
+#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+TOKEN_RULES = (("timm.models.vision_transformer_sam.VisionTransformerSAM",
+                TokenModelRule(sam_levels, check_sam, inline=sam_inline)),)

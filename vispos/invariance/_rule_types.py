@@ -1,0 +1,349 @@
+"""The built-in rule types of the one table (:mod:`vispos.invariance.rules`): each states what a
+module, function or method does to the cells of a padded batch, reads its arguments by name (a
+module's from its attributes, a function's by its signature) and rewrites its node through the
+:class:`~vispos.invariance.rules.RewriteStep`. One object serves a module and its functional twin
+(``nn.Conv2d`` and ``F.conv2d``); :mod:`vispos.invariance._builtin_rules` registers them.
+
+* **reads neighbours** (:class:`Conv`, :class:`ConvTranspose`, :class:`MaxPool`,
+  :class:`AvgPool`, :class:`Interpolate`): a window; its input's padding is filled (0, ``-inf``,
+  or each item's edge values) and its output gets a new geometry by convolution arithmetic;
+* **per-item statistics** (:class:`Norm`, :class:`BatchNormFunction`, :class:`GroupNormFunction`,
+  :class:`InstanceNormFunction`, :class:`GlobalPool`, :class:`Reduction`): over valid cells;
+* **moves cells without mixing them** (:class:`Permute`, :class:`Cat`, :class:`Split`,
+  :class:`GetItem`) and **reads the channels axis** (:class:`OverChannels`: a layer norm or linear
+  layer over the last axis, cell-wise when that axis holds the channels).
+
+References:
+    ``torch.nn`` / ``torch.nn.functional`` / ``torch.Tensor`` signatures; Dumoulin and Visin, A
+    guide to convolution arithmetic for deep learning, 2016; Liu et al., Partial Convolution based
+    Padding, 2018.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx as fx
+from torch import nn
+
+from . import _functions as sig
+from . import _ops as ops
+from . import _upsampling as upsampling
+from ._functions import window_of
+from .rules import InvarianceRule, RewriteStep
+
+__all__ = [
+    "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "GetItem", "GlobalPool", "GroupNormFunction",
+    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Permute", "Reduction", "Split",
+]
+
+
+def _spatial_dims(dims: Any, rank: int, layout: tuple[int, ...] | None = None) -> bool:
+    """Whether ``dims`` (an int, a sequence or None) are exactly the spatial axes of a map of
+    ``rank`` axes, read through ``layout`` (a permuted map) when given."""
+    if dims is None:
+        return False
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    axes = [(layout[d % rank] if layout is not None else d % rank) for d in dims]
+    return sorted(axes) == list(range(2, rank))
+
+
+# ------------------------------------------------------------------------------ windows
+@dataclass(frozen=True)
+class Conv(InvarianceRule):
+    """``nn.Conv1d/2d/3d`` and ``F.conv1d/2d/3d``: zeros in the input's padding (what its own zero
+    padding gives the item alone)."""
+
+    kind = "conv"
+    fresh_output = True
+    reads_one_map = True
+    signature = staticmethod(sig._sig_conv)
+    attributes = ("weight", "bias", "kernel_size", "stride", "padding", "dilation", "groups", "padding_mode")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        mode = args.get("padding_mode") or "zeros"
+        if mode != "zeros":
+            step.refuse(node, f"padding_mode={mode!r} (only zero padding is what an item alone sees)")
+        kernel = args.get("kernel_size") or step.kernel_size(args["weight"], node)
+        step.window(node, window_of(step.num_axes, kernel, args["stride"], args["padding"], args["dilation"]), "zero")
+
+
+@dataclass(frozen=True)
+class ConvTranspose(InvarianceRule):
+    """``nn.ConvTranspose1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``: zeros in the input's padding,
+    each item's output box by the transposed-convolution size formula on its own box
+    (:mod:`vispos.invariance._upsampling`); ``output_size=`` refused."""
+
+    kind = "conv_transpose"
+    fresh_output = True
+    reads_one_map = True
+    signature = staticmethod(sig._sig_conv_transpose)
+    attributes = ("weight", "bias", "kernel_size", "stride", "padding", "output_padding", "groups", "dilation")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if args.get("output_size") is not None:
+            step.refuse(node, "it is called with output_size= (the canvas's size, from which torch picks the "
+                              "output padding; the item alone would get its own)")
+        kernel = args.get("kernel_size") or step.kernel_size(args["weight"], node)
+        step.window(node, upsampling.transposed_window(step.num_axes, kernel, args["stride"], args["padding"],
+                                                       args["output_padding"], args["dilation"]), "zero")
+
+
+@dataclass(frozen=True)
+class MaxPool(InvarianceRule):
+    """``nn.MaxPool1d/2d/3d`` and ``F.max_pool1d/2d/3d``: ``-inf`` in the input's padding."""
+
+    kind = "max_pool"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_max_pool)
+    attributes = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if args["return_indices"]:
+            step.refuse(node, "return_indices=True (indices into the padded canvas differ from the item's)")
+        step.window(node, window_of(step.num_axes, args["kernel_size"], args["stride"], args["padding"],
+                                    args["dilation"], args["ceil_mode"]), "max")
+
+
+@dataclass(frozen=True)
+class AvgPool(InvarianceRule):
+    """``nn.AvgPool1d/2d/3d`` and ``F.avg_pool1d/2d/3d``: window sums over zeros in the padding, each
+    item's own divisor."""
+
+    kind = "avg_pool"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_avg_pool)
+    attributes = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        window = window_of(step.num_axes, args["kernel_size"], args["stride"], args["padding"], 1, args["ceil_mode"])
+        step.avg_pool(node, window, args["count_include_pad"], args["divisor_override"])
+
+
+@dataclass(frozen=True)
+class Interpolate(InvarianceRule):
+    """``nn.Upsample`` and ``F.interpolate``: an integer ``scale_factor``; nearest as it is, linear
+    modes on each item's edge values, ``align_corners=True`` and ``size=`` refused
+    (:mod:`vispos.invariance._upsampling`)."""
+
+    kind = "upsample"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_interpolate)
+    attributes = ("size", "scale_factor", "mode", "align_corners")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        upsampling.interpolate(step, node, args["size"], args["scale_factor"], args["mode"], args["align_corners"],
+                               bool(args.get("antialias")))
+
+
+# ------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class GlobalPool(InvarianceRule):
+    """``nn.AdaptiveAvgPool*`` / ``nn.AdaptiveMaxPool*`` and their functions with output size 1:
+    each item's own cells (``mode``: ``"mean"`` or ``"max"``)."""
+
+    mode: str
+    kind = "global"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_adaptive)
+    attributes = ("output_size", "return_indices")
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        size = args["output_size"]
+        if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))):
+            step.refuse(node, f"output_size={size!r} (only a global pool, output size 1, has the item's bins)")
+        if args["return_indices"]:
+            step.refuse(node, "return_indices=True (indices into the padded canvas differ from the item's)")
+        step.global_pool(node, self.mode)
+
+
+@dataclass(frozen=True)
+class Reduction(InvarianceRule):
+    """``torch.mean`` / ``sum`` / ``amax`` / ``norm`` and their methods over every spatial axis:
+    each item's own cells (``mode``: ``"mean"``, ``"sum"``, ``"max"``, ``"norm"``; a norm with
+    ``p=2`` only, no ``dtype``). Over some axes only: refused."""
+
+    mode: str
+    kind = "reduction"
+    reads_one_map = True
+
+    @property
+    def signature(self):  # type: ignore[override]
+        return sig._sig_norm if self.mode == "norm" else sig._sig_reduce
+
+    def _plain(self, args: dict[str, Any]) -> bool:
+        return args.get("dtype") is None and ("p" not in args or args["p"] in (2, 2.0, "fro"))
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if not _spatial_dims(args["dim"], 2 + step.num_axes) or not self._plain(args):
+            step.refuse(node, f"a reduction over dims {args['dim']!r} (only over every spatial axis)")
+        step.global_pool(node, self.mode, args["keepdim"])
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        if _spatial_dims(args["dim"], len(layout), layout) and self._plain(args):
+            return step.global_pool(node, self.mode, args["keepdim"])
+        super().on_permuted(step, node, args, layout)
+
+
+@dataclass(frozen=True)
+class Norm(InvarianceRule):
+    """Batch, group and instance norm modules, and timm's norm + activation modules: statistics
+    over valid cells (:meth:`RewriteStep.norm`).
+
+    Args:
+        activation (bool): the module applies an activation after the norm (timm's
+            ``BatchNormAct2d``), whose backward may read the output: never filled in place.
+    """
+
+    activation: bool = False
+    kind = "norm"
+    reads_one_map = True
+
+    @property
+    def fresh_output(self) -> bool:  # type: ignore[override]
+        return not self.activation
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        module = args["module"]
+        if getattr(module, "track_running_stats", False) and isinstance(module, nn.modules.instancenorm._InstanceNorm):
+            step.refuse(node, "track_running_stats=True (running statistics of instance norm)")
+        step.norm(node)
+
+
+@dataclass(frozen=True)
+class BatchNormFunction(InvarianceRule):
+    """``F.batch_norm``: statistics over valid cells."""
+
+    kind = "batch_norm"
+    fresh_output = True
+    reads_one_map = True
+    signature = staticmethod(sig._sig_batch_norm)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        step.with_padding(node, ops.batch_norm_fn, args["running_mean"], args["running_var"], args["weight"],
+                          args["bias"], args["training"], args["momentum"], args["eps"])
+
+
+@dataclass(frozen=True)
+class GroupNormFunction(InvarianceRule):
+    """``F.group_norm``: each item's statistics over its own cells."""
+
+    kind = "group_norm"
+    fresh_output = True
+    reads_one_map = True
+    signature = staticmethod(sig._sig_group_norm)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        step.with_padding(node, ops.group_norm, args["num_groups"], args["weight"], args["bias"], args["eps"])
+
+
+@dataclass(frozen=True)
+class InstanceNormFunction(InvarianceRule):
+    """``F.instance_norm``: each item's statistics over its own cells; with the running statistics
+    (``use_input_stats=False``) cell-wise; tracking running statistics refused."""
+
+    kind = "instance_norm"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_instance_norm)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if not args["use_input_stats"]:
+            return step.cell_wise(node)
+        if args["running_mean"] is not None:
+            step.refuse(node, "instance norm that tracks running statistics")
+        step.with_padding(node, ops.instance_norm_fn, args["weight"], args["bias"], args["eps"])
+
+
+# ----------------------------------------------------------------- moves and channels
+@dataclass(frozen=True)
+class Permute(InvarianceRule):
+    """torchvision's ``Permute`` (ConvNeXt), ``torch.permute`` and ``x.permute``: a new axis order of
+    the same cells (the batch axis first)."""
+
+    kind = "permute"
+    signature = staticmethod(sig._sig_permute)
+    attributes = ("dims",)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        dims = args.get("dims")
+        if dims is None:
+            rest = tuple(args.get("rest") or ())
+            dims = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list)) else rest
+        step.permute(node, tuple(dims))
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        self.apply(step, node, args)
+
+
+@dataclass(frozen=True)
+class Cat(InvarianceRule):
+    """``torch.cat`` / ``concat`` / ``concatenate`` along the channels: cell-wise."""
+
+    kind = "cat"
+    signature = staticmethod(sig._sig_cat)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if not isinstance(args["dim"], int) or args["dim"] % (2 + step.num_axes) != 1:
+            step.refuse(node, "it concatenates feature maps along a spatial axis")
+        step.cell_wise(node)
+
+
+@dataclass(frozen=True)
+class Split(InvarianceRule):
+    """``torch.split`` / ``chunk`` and their methods along the channels: every part on the input's
+    cells."""
+
+    kind = "split"
+    signature = staticmethod(sig._sig_split)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        if not isinstance(args["dim"], int) or args["dim"] % (2 + step.num_axes) != 1:
+            step.refuse(node, "it splits a feature map along a spatial axis")
+        step.split(node)
+
+
+@dataclass(frozen=True)
+class GetItem(InvarianceRule):
+    """``x[index]`` (``operator.getitem``): a part of a channel split or a channel selection."""
+
+    kind = "getitem"
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        step.getitem(node)
+
+
+@dataclass(frozen=True)
+class OverChannels(InvarianceRule):
+    """A layer norm or linear layer over the last axis (``nn.LayerNorm`` with one normalised axis,
+    ``nn.Linear``, ``F.layer_norm``, ``F.linear``): cell-wise on a permuted map whose last axis
+    holds the channels; on a channels-first map the last axis is spatial: refused with ``why``.
+
+    Args:
+        why (str): the refusal on a channels-first map.
+        normalized (bool): a layer norm (its ``normalized_shape`` must have one axis).
+        strict (bool): on a permuted map, anything but a cell-wise run is refused with ``why`` too.
+    """
+
+    why: str
+    normalized: bool = False
+    strict: bool = False
+    kind = "channels"
+    attributes = ("normalized_shape",)
+
+    @property
+    def signature(self):  # type: ignore[override]
+        return sig._sig_layer_norm if self.normalized else sig._sig_linear
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        step.refuse(node, self.why)
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        shape = args.get("normalized_shape")
+        over_last = not self.normalized or (isinstance(shape, (tuple, list)) and len(shape) == 1)
+        if over_last and layout[-1] == 1:
+            return step.cell_wise(node)
+        if self.strict:
+            step.refuse(node, self.why)
+        what = "over an axis that is not the channels" if over_last else "on a feature map"
+        step.refuse(node, f"it runs {what} whose axes were permuted (channels last), with no rule for it")
