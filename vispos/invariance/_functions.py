@@ -103,8 +103,12 @@ def call_arguments(rule: Any, node: fx.Node, module: nn.Module | None) -> dict[s
     try:
         if signature is not None:
             return bind(signature, node.args, node.kwargs)
-        if node.op == "call_function":
-            return bind(node.target, node.args, node.kwargs)
+        if node.op == "call_function":  # the function's own names, its first one as ``input``
+            bound = bind(node.target, node.args, node.kwargs)
+            first = next(iter(bound), None)
+            if first is not None and first != "input" and "input" not in bound:
+                bound["input"] = bound.pop(first)
+            return bound
     except (TypeError, ValueError):
         return None if signature is not None else {}
     return {}
