@@ -1,5 +1,5 @@
 """What a traced graph does besides computing on feature maps, as the rewrite of
-:mod:`vispos.backbones._invariant` must see it: values read from a map's size, permuted axes and
+:mod:`vispos.invariance._rewrite` must see it: values read from a map's size, permuted axes and
 in-place writes.
 
 * **Sizes.** ``x.shape``, ``x.size()``, ``x.numel()`` of a feature map in a padded batch are the
@@ -20,13 +20,12 @@ References:
 
 from __future__ import annotations
 
+import inspect
 import operator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -108,14 +107,28 @@ def compose_layout(layout: tuple[int, ...], dims: Any) -> tuple[int, ...] | None
     return tuple(layout[d] for d in dims)
 
 
-_IN_PLACE_FUNCTIONS = frozenset({
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow, operator.ifloordiv,
-    torch.relu_, F.relu_, F.leaky_relu_, F.elu_, F.hardtanh_, F.rrelu_, F.threshold_, torch.sigmoid_,
-    torch.tanh_, torch.exp_, torch.clamp_, torch.clip_, torch.fill_, torch.zero_,
-})
-_INPLACE_ARG = {F.relu: 1, F.relu6: 1, F.elu: 2, F.selu: 1, F.celu: 2, F.leaky_relu: 2, F.hardtanh: 3,
-                F.silu: 1, F.mish: 1, F.hardswish: 1, F.hardsigmoid: 1, F.dropout: 3, F.dropout1d: 3,
-                F.dropout2d: 3, F.dropout3d: 3, F.alpha_dropout: 3, F.threshold: 3, F.rrelu: 4}
+def _in_place_function(target: Any) -> bool:
+    """An in-place function by Python's and torch's naming: ``operator.iadd`` (``i`` + an operator
+    of the module), ``torch.relu_`` / ``F.leaky_relu_`` (a trailing underscore)."""
+    name = getattr(target, "__name__", "")
+    if not isinstance(name, str) or not name:
+        return False
+    if getattr(target, "__module__", None) in ("_operator", "operator"):
+        return name.startswith("i") and getattr(operator, name, None) is target and \
+            callable(getattr(operator, name[1:], None)) and getattr(operator, f"__{name}__", None) is target
+    return name.endswith("_") and not name.startswith("_")
+
+
+def _inplace_argument(node: fx.Node) -> bool:
+    """Whether a function call passes ``inplace=True`` (by keyword or at its parameter's position)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        parameters = list(inspect.signature(node.target).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    position = parameters.index("inplace") if "inplace" in parameters else None
+    return position is not None and len(node.args) > position and node.args[position] is True
 
 
 def written_in_place(node: fx.Node, module: nn.Module | None) -> fx.Node | None:
@@ -138,9 +151,4 @@ def writes_in_place(node: fx.Node, module: nn.Module | None) -> bool:
         return bool(getattr(module, "inplace", False))
     if node.op != "call_function":
         return False
-    if node.target in _IN_PLACE_FUNCTIONS:
-        return True
-    if node.kwargs.get("inplace") is True:
-        return True
-    position = _INPLACE_ARG.get(node.target)
-    return position is not None and len(node.args) > position and node.args[position] is True
+    return _in_place_function(node.target) or _inplace_argument(node)
