@@ -272,7 +272,8 @@ class _Rewriter(RewriterBase):
         if node.op == "call_module":
             if node.args[:1] != (spatial[0],) or len(spatial) != 1:
                 self.refuse(node, "its feature map is not its first argument")
-        elif rule.reads_one_map and (args.get("input") not in self.maps.geometry or len(spatial) != 1):
+        elif rule.reads_one_map and (not isinstance(args.get("input"), fx.Node) or
+                                     args["input"] not in self.maps.geometry or len(spatial) != 1):
             self.refuse(node, "its feature map is not its input")
         rule.apply(self, node, args)
 
