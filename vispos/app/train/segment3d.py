@@ -59,13 +59,14 @@ from .engine import RESUME_FREE, ResumableSampler, WarmupStepDecay, resident_mem
 from .heldout import BESIDE_LARGEST
 from .segment3d_args import parse_segment_flags, run_folder
 from .segment3d_data import LesionMasks, PatchesOf
-from .segment3d_eval import evaluate_all, infer, report_table
+from .segment3d_eval import composition_batches, evaluate_all, infer, report_table, volume_metrics
 from .volumes3d import available_volumes
 
 __all__ = ["build_network", "build_datasets", "Segmenter", "train_run", "run", "main"]
 
 #: what may differ between a run and its resumption, beyond the detection core's
-SEGMENT_FREE = RESUME_FREE | {"figure", "pipeline_args"}
+#: (:data:`vispos.app.train.engine.RESUME_FREE`)
+SEGMENT_FREE = RESUME_FREE | {"figure"}
 
 
 def build_network(args: argparse.Namespace) -> nn.Module:
@@ -165,7 +166,9 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
     model = Segmenter(build_network(args), args.pipeline, args.patch, args.network).to(device)
     net = model
     if ctx.distributed:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        # UNETR with --unetr-pos sincos leaves its learned table unused
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                                    find_unused_parameters=args.network == "unetr")
     loss_fn = DiceCELoss(to_onehot_y=True, softmax=True)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, WarmupStepDecay(args.warmup, args.steps))
@@ -180,7 +183,7 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
     step = 0
     if args.resume:
         state = load_checkpoint(args.resume)
-        conflict = resume_conflict({**state, "args": state["args"]}, args.network, _resume_args(args), ctx.world_size)
+        conflict = resume_conflict(state, args.network, _resume_args(args), ctx.world_size)
         if conflict:
             raise ValueError(f"--resume: {conflict}")
         net.load_state_dict(state["model"])
@@ -230,8 +233,6 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
             if ctx.is_main and (step % args.eval_every == 0 or step == args.steps) and step != args.steps:
                 net.eval()
                 key = "batch1" if args.pipeline == "crop" else "batch4"
-                from .segment3d_eval import composition_batches, volume_metrics
-
                 batches = composition_batches([img.shape[1:] for img, _ in held], [key])[key]
                 logits, _ = infer(net, [img for img, _ in held], batches, device)
                 dice = float(np.mean([volume_metrics(logits[i], t["label"], t["spacing"].tolist())[0]
@@ -261,9 +262,8 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
         metrics["heldout_spacings"] = [t["spacing"].tolist() for _, t in held]
         write_json(os.path.join(out_dir, "metrics.json"), metrics)
         img, t = held[0]
-        save_checkpoint(os.path.join(out_dir, "prediction.pt"), {
-            "step": step, "model": {}, "optimizer": {}, "scheduler": {}, "rng": [], "sampler": {}, "metrics": {},
-            "args": {"pipeline": args.pipeline, "network": args.network, "seed": args.seed},
+        save_checkpoint(os.path.join(out_dir, "prediction.pt"), {  # for --figure: tensors only
+            "step": step, "pipeline": args.pipeline, "network": args.network, "seed": args.seed,
             "image": img[0], "label": t["label"].to(torch.uint8), "spacing": t["spacing"],
             "prediction": ev["logits"][0].argmax(0).to(torch.uint8)})
         rows = ", ".join(f"{k} Dice {r['dice']:.3f} HD95 {r['hd95']} mm" for k, r in ev["by_composition"].items())
@@ -281,7 +281,7 @@ def _save(path: str, step: int, net: nn.Module, optim: Any, sched: Any, metrics:
         save_checkpoint(path, {
             "step": step, "arm": args.network, "model": net.state_dict(), "optimizer": optim.state_dict(),
             "scheduler": sched.state_dict(), "rng": rngs, "sampler": sampler, "metrics": metrics,
-            "args": {k: v for k, v in vars(_resume_args(args)).items()}, "world_size": ctx.world_size,
+            "args": dict(vars(_resume_args(args))), "world_size": ctx.world_size,
         })
     ctx.barrier()
 

@@ -54,7 +54,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MONAI SegResNet, DynUNet, or UNETR (vispos.monai.AnySizeUNETR; --pipeline invariant only)")
     g.add_argument("--unetr-pos", choices=UNETR_POS, default="learned",
                    help="--network unetr: its learned position table resampled per item, or MONAI's sin-cos")
-    g.add_argument("--steps", type=pos1, default=300, help="optimiser steps")
+    g.add_argument("--steps", type=pos1, default=250, help="optimiser steps")
     g.add_argument("--out", default="runs/segment3d",
                    help="output root: OUT/<pipeline>/<network>/seed<S>/ (metrics.json, prediction.pt, "
                         "checkpoint.pt); --report and --figure read every run under it")
@@ -90,7 +90,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-images", type=pos0, default=0,
                    help="training volumes per epoch (0: a fresh volume for every sample of the run)")
     g.add_argument("--eval-images", type=pos1, default=8, help="held-out volumes (fixed per seed)")
-    g.add_argument("--eval-every", type=pos1, default=100,
+    g.add_argument("--eval-every", type=pos1, default=50,
                    help="held-out Dice every K steps (batches of 4; crop: sliding window); every composition, "
                         "time and memory at the last step")
     g.add_argument("--patch", type=pos1, default=32, help="crop: the patch side (voxels), training and window")
