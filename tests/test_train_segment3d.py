@@ -263,3 +263,25 @@ def test_segment_needs_volume_and_detection_still_parses():
     assert args.task == "detect" and args.volume and hasattr(args, "queries")
     args = parse_train_args(["--volume", "--task", "segment", "--tiny"])
     assert args.pipeline == "invariant" and args.network == "segresnet" and args.steps == 6
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_of_one_volume_match_one_process_of_two(tiny_runs, tmp_path):
+    """The invariant pipeline under ``torchrun --nproc_per_node 2`` (gloo), one volume per process:
+    the same losses as the one-process run with batches of two (each volume's loss is its own and
+    DistributedDataParallel averages the gradients as the batch's mean does)."""
+    import shutil
+
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not found")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "vispos.app.train.segment3d", *TINY,
+                           "--pipeline", "invariant", "--batch-size", "1", "--out", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((tmp_path / "invariant" / "segresnet" / "seed0" / "metrics.json").read_text())
+    one = json.loads((tiny_runs / "invariant" / "segresnet" / "seed0" / "metrics.json").read_text())
+    assert two["world_size"] == 2 and two["global_batch"] == one["global_batch"] == 2
+    assert_close(torch.tensor(two["loss"]), torch.tensor(one["loss"]), rtol=1e-4, atol=1e-5)
+    assert two["max_logit_diff"] <= 1e-4
