@@ -1,7 +1,7 @@
 """torchvision feature extraction as padded levels: the machinery shared by the 2D / 3D adapters.
 
 :class:`GraphBackbone` cuts a model at torchvision node names
-(:func:`vispos.invariance._trace.trace_features`, as torchvision's ``create_feature_extractor``
+(:func:`vispos.invariance.trace_features`, as torchvision's ``create_feature_extractor``
 does) and holds what :class:`~vispos.backbones.TorchvisionBackbone` (images) and
 :class:`~vispos.backbones.VolumeBackbone` (volumes) share: the checkpoint report, frozen batch
 norm and stages, stem adaptation and the channels and strides measured by one probe forward.
@@ -29,8 +29,7 @@ from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import freeze_through
 from ._stems import adapt_stem, first_conv
-from ..invariance._swin import refuse_swin
-from ..invariance._trace import UntraceableLayer, make_invariant, trace_features
+from ..invariance import UntraceableLayer, make_graph_invariant, refuse_swin, trace_features
 from .base import BackboneAdapter
 
 __all__ = ["GraphBackbone", "ReturnNodes", "check_return_nodes", "measure_levels"]
@@ -127,7 +126,7 @@ class GraphBackbone(BackboneAdapter):
         self.num_channels = channels
         self.level_strides = strides  # per axis, tensor axis order
         if padding_invariant:  # rewrites both graphs of torchvision's DualGraphModule in place
-            self._invariant = make_invariant(self.body, num_axes=self.num_axes)
+            self._invariant = make_graph_invariant(self.body, num_axes=self.num_axes)
 
     def _own_repr(self) -> str:
         """Subclass hook: the constructor arguments only that subclass has."""

@@ -32,9 +32,7 @@ from torch import Tensor, nn
 from .. import _deprecation
 from ..batching import nested_tensor_from_tensor_list
 from ..nested_tensor import NestedTensor
-from ..invariance._packed import PackedRunner
-from ..invariance._run import InvariantRunner
-from ..invariance._mode_graphs import check_graph_hooks
+from ..invariance import InvariantRunner, PackedRunner, check_graph_hooks
 
 __all__ = ["Backbone", "BackboneAdapter", "SpatialPositionEmbedding", "backbone_border_effect"]
 

@@ -13,15 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import as_sequence, check_bool, check_int, describe
-from ..invariance.rules import CellWise, register_invariance_rule
+from ..invariance import CellWise, make_graph_invariant, refuse_unrun_hooks, register_invariance_rule, trace_features
 from ..nested_tensor import NestedTensor
-from ..invariance._mode_graphs import refuse_unrun_hooks
-from ..invariance._trace import PathTracer, make_invariant
 
 __all__ = ["ChannelLayerNorm", "SimpleFeaturePyramid"]
 
@@ -188,9 +185,8 @@ class SimpleFeaturePyramid(nn.Module):
         cached = self.__dict__.get(_GRAPH)
         if cached is not None and len(cached[0]) == len(layers) and all(a is b for a, b in zip(cached[0], layers)):
             return cached[1], cached[2]
-        root = _Pyramid(self.stages, self.top_block)
-        graph = fx.GraphModule(root, PathTracer(2).trace(root), type(self).__name__)
-        runner = make_invariant(graph, 2)
+        graph = trace_features(_Pyramid(self.stages, self.top_block), 2, class_name=type(self).__name__)
+        runner = make_graph_invariant(graph, 2)
         self.__dict__[_GRAPH] = (layers, graph, runner)
         return graph, runner
 
@@ -208,7 +204,7 @@ class SimpleFeaturePyramid(nn.Module):
             raise ValueError(f"x.tensors must be (B, {self.in_channels}, H, W), got {tuple(x.tensors.shape)}")
         if self.padding_invariant:
             graph, runner = self._invariant_graph()
-            graph.train(self.training)
+            graph.use_mode(self.training)
             refuse_unrun_hooks(graph, ((f"stages.{n}".rstrip("."), m) for n, m in self.stages.named_modules()),
                                "padding_invariant=True runs the pyramid")
             return runner(graph, x)

@@ -16,14 +16,11 @@ from torch.fx.proxy import TraceError
 
 from .._checks import as_sequence, check_bool, check_int, describe
 from .._suggest import close_names
-from ..invariance._packed import PackedRunner
-from ..invariance._tokens import TokenModelRule, TokenRunner, no_rule_message
-from ..invariance.rules import rule_for
+from ..invariance import PackedRunner, TokenRunner, make_graph_invariant, trace_dual
 from ._batch_norm import freeze_batch_norm
 from ._checkpoints import load_checkpoint_state, load_state_with_report
 from ._freezing import check_freeze_args, freeze_through
 from ._pretrained import cached_timm_weights
-from ..invariance._trace import make_invariant, trace_dual
 from .base import BackboneAdapter
 
 __all__ = ["TimmBackbone"]
@@ -217,19 +214,15 @@ class TimmBackbone(BackboneAdapter):
             self._packed = PackedRunner.for_model(_token_model(self.body), model_name, self.out_indices, _token_model)
         if padding_invariant:  # last: the traced graph shares the frozen, loaded modules
             model = _token_model(self.body)
-            rule = None if model is None else rule_for(model)
-            if isinstance(rule, TokenModelRule):
-                if rule.check is not None:
-                    rule.check(model)
-                self._invariant = TokenRunner(rule, self.out_indices, _token_model)
-            else:
+            self._invariant = TokenRunner.for_model(model, self.out_indices, _token_model)
+            if self._invariant is None:  # no token-model rule: traced and rewritten layer by layer
                 try:
                     self.body = trace_dual(self.body, num_axes=2, n_levels=len(self.out_indices))
-                    self._invariant = make_invariant(self.body, num_axes=2)
+                    self._invariant = make_graph_invariant(self.body, num_axes=2)
                 except (ValueError, TraceError) as exc:
                     if model is None:  # a CNN's own refusal names its layer
                         raise
-                    raise ValueError(no_rule_message(model, model_name, exc)) from exc
+                    raise TokenRunner.refusal(model, model_name, exc) from exc
 
     def _stage_module(self, index: int) -> str:
         """The name, inside ``self.body``, of the module producing timm feature ``index``."""

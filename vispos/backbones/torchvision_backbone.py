@@ -37,7 +37,7 @@ class TorchvisionBackbone(GraphBackbone):
     per node.
 
     Cut by torchvision's node names (``get_graph_node_names``) and traced by vispos' tracer
-    (:mod:`vispos.invariance._trace`, as ``create_feature_extractor`` but with torchvision's
+    (:func:`vispos.invariance.trace_features`, as ``create_feature_extractor`` but with torchvision's
     ``Conv2dNormActivation``, ``SqueezeExcitation`` and ``StochasticDepth`` opened). Channels and
     strides are **measured** by one forward pass on zeros ``(1, in_chans, 128, 128)`` at
     construction (in eval mode, so batch-norm statistics are untouched), never hard-coded.

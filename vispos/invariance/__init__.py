@@ -2,19 +2,54 @@
 
 One home for the rule book (:mod:`vispos.invariance.rules`, open to a user's own layers through
 :func:`register_invariance_rule`), the maths over valid cells (every item's statistics in one
-masked reduction) and the rewrite of a traced backbone's graph. The backbones'
-``padding_invariant=True``, the :class:`~vispos.backbones.Joiner`'s projections and
-:mod:`vispos.monai`'s decoder all use it.
+masked reduction) and the rewrite of a traced network's graph.
+
+The entry point is :func:`make_padding_invariant` (any 2D / 3D network, a whole MONAI
+segmentation network or a classifier included). It is built from public steps, which the
+backbone adapters (``padding_invariant=True``), the :class:`~vispos.backbones.Joiner`'s
+projections and :mod:`vispos.monai`'s UNETR decoder use too:
+
+* tracing: :func:`trace_features` (a model traced in training and eval mode into a
+  :class:`ModeGraphModule`, cut at torchvision node names if asked), :func:`trace_dual` (a timm
+  ``features_only`` model, hooked features included); :class:`UntraceableLayer` names a layer
+  torch.fx cannot trace;
+* rewriting and running: :func:`make_graph_invariant` (the graph rewritten by the rule book) and
+  the :class:`InvariantRunner` it returns (each batch's paddings in, each map's padding out);
+  :class:`InvariantProjection` (one submodule of an owner, traced, rewritten and run);
+  :class:`Window` (the geometry a rule states); :func:`refuse_swin` (a Swin layer that torch.fx
+  cannot reach, refused by name before tracing);
+* hooks the rewritten graph would skip: :func:`check_graph_hooks`, :func:`refuse_unrun_hooks`,
+  :func:`has_hooks`;
+* token models (vision transformers, made exact as a whole): :class:`TokenModelRule`, run by
+  :class:`TokenRunner` (padded) and :class:`PackedRunner` (every item's tokens in one sequence),
+  with the per-item helpers a rule uses: :func:`item_grids`, :func:`item_pos_embeds`,
+  :func:`item_rope_embeds`, :func:`on_canvas`, :func:`key_padding_keep`.
+
+Modules whose names start with ``_`` are private: only this package imports them.
 
 References:
-    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches).
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches);
+    torch.fx; torchvision ``models/feature_extraction.py``.
 """
 
 from . import _vit  # noqa: F401
-from ._network import PaddingInvariant, make_padding_invariant
-from ._tokens import TokenModelRule
+from ._network import PaddingInvariant, make_graph_invariant, make_padding_invariant
+from ._tokens import (
+    TokenModelRule, TokenRunner, has_hooks, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas,
+)
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
+from ._geometry import Window
+from ._mode_graphs import ModeGraphModule, check_graph_hooks, refuse_unrun_hooks
+from ._packed import PackedRunner
+from ._run import InvariantProjection, InvariantRunner
+from ._swin import refuse_swin
+from ._trace import UntraceableLayer, trace_dual, trace_features
 from . import _builtin_rules  # noqa: F401,E402  (registers every built-in entry of the one rule table)
 
-__all__ = ["CellWise", "InvarianceRule", "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep",
-           "TokenModelRule", "make_padding_invariant", "register_invariance_rule", "rule_for"]
+__all__ = [
+    "CellWise", "InvarianceRule", "InvariantProjection", "InvariantRunner", "ModeGraphModule", "PackedRunner",
+    "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep", "TokenModelRule", "TokenRunner",
+    "UntraceableLayer", "Window", "check_graph_hooks", "has_hooks", "item_grids", "item_pos_embeds",
+    "item_rope_embeds", "key_padding_keep", "make_graph_invariant", "make_padding_invariant", "on_canvas",
+    "refuse_swin", "refuse_unrun_hooks", "register_invariance_rule", "rule_for", "trace_dual", "trace_features",
+]

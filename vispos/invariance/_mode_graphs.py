@@ -240,6 +240,20 @@ class ModeGraphModule(DualGraphModule):
             sub.training = modes[name]
         return module
 
+    def use_mode(self, training: bool) -> "ModeGraphModule":
+        """Runs the graph of ``training``'s mode from now on: this module's own flag and graph only,
+        never its submodules' (they are the model's, shared, and keep their own modes; ``train()``
+        would set them all).
+
+        Args:
+            training (bool): True for the training graph.
+
+        Returns:
+            ModeGraphModule: ``self``.
+        """
+        set_modes(self, {"": bool(training)})
+        return self
+
     def _deepcopy_init(self) -> Callable[..., None]:
         name = type(self).__name__
 

@@ -32,7 +32,7 @@ from ._network_probe import (
     _MAX_PROBE, _check_trace, _differs, _EagerFails, _modes, _probe_input, _restore, _whole_graph_modules, choose_probe,
 )
 
-__all__ = ["PaddingInvariant", "make_padding_invariant"]
+__all__ = ["PaddingInvariant", "make_graph_invariant", "make_padding_invariant"]
 
 
 def _first_conv(model: nn.Module) -> nn.Module | None:
@@ -202,7 +202,7 @@ def make_padding_invariant(
 
 def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) -> "PaddingInvariant":
     from ._swin import refuse_swin
-    from ._trace import UntraceableLayer, make_invariant, trace_features
+    from ._trace import UntraceableLayer, trace_features
 
     num_axes, in_channels, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size)
     name = type(model).__name__
@@ -222,7 +222,7 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
                  False: fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)}
     refusal, runner = None, None
     try:
-        runner = make_invariant(body, num_axes, per_item=True)
+        runner = make_graph_invariant(body, num_axes, per_item=True)
     except ValueError as exc:
         refusal = exc
     if probe is None:
@@ -255,6 +255,52 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
             "across the batch's items (a mean, softmax, flip or index over the batch axis after a global pool) "
             "is not each item's own")
     return invariant
+
+
+def make_graph_invariant(graph: fx.GraphModule, num_axes: int, inputs: Sequence[Any] | None = None,
+                         per_item: bool = False) -> Any:
+    """Rewrites a traced network in place so that it runs exactly on padded batches, and returns the
+    runner that feeds it each batch's paddings: the step :func:`make_padding_invariant` is built on,
+    and the one the backbone adapters, the :class:`~vispos.backbones.Joiner`'s projections and
+    :mod:`vispos.monai`'s UNETR decoder take after tracing (:func:`trace_features`).
+
+    Every node of both graphs (a :class:`ModeGraphModule`'s training and eval graph, or a plain
+    ``GraphModule``'s one) is looked up in the rule book (:func:`rule_for`): convolutions and pools
+    read zeros / ``-inf`` outside each item, norms and global pools take statistics over each
+    item's valid cells, up-samplings stay on the item's own cells, and each map's padding follows
+    from convolution arithmetic on the items' boxes.
+
+    Args:
+        graph (fx.GraphModule): a traced network (:func:`trace_features`, :func:`trace_dual`) whose
+            first input is the batch ``Tensor[B, C, *S]``; rewritten in place (the graph's code, not
+            its modules: parameters, buffers and ``state_dict`` keys stay as they are).
+        num_axes (int): the number of spatial axes, 2 or 3.
+        inputs (sequence, optional): what each input of the graph is, in order: None (not a map),
+            ``()`` (the batch whose padding the runner is given) or a tuple of
+            :class:`Window` (a map on the cells those windows make of the batch: a ViT's token map
+            is one patch-sized window). Default: the first input is the batch, the others are not
+            maps.
+        per_item (bool): also accept outputs without spatial axes that are each item's own (a
+            pooled classifier head, ``Tensor[B, ...]``) or that do not depend on the input.
+            Default False: every output must be a feature map.
+
+    Returns:
+        InvariantRunner: ``runner(graph, x)`` runs the graph of ``graph.training``'s mode on a
+        :class:`~vispos.NestedTensor` ``x`` and returns each output map as a NestedTensor with
+        its padding (True = padding); ``runner.paddings(padding)`` gives every map's padding.
+
+    Raises:
+        ValueError: a layer that cannot be made exact, or an argument the rules cannot read (named,
+            with its graph node); an output that is neither a feature map nor (with ``per_item``) a
+            per-item value.
+
+    References:
+        torch.fx (``GraphModule``); Dumoulin and Visin, A guide to convolution arithmetic for deep
+        learning, 2016; Carion et al., DETR, ECCV 2020 (padded batches, mask True = padding).
+    """
+    from ._trace import make_invariant
+
+    return make_invariant(graph, num_axes, inputs=inputs, per_item=per_item)
 
 
 @torch.no_grad()

@@ -1,10 +1,8 @@
 """A convolutional patch stem in a vision transformer (``patch_embed.proj`` that is not one
 patch-sized convolution per token: overlapping convolutions, norms, activations) on a padded
 batch, each item as alone: the stem traced and rewritten by the CNN rule book on each item's box
-padded to whole patches, then ``PatchEmbed``'s layout and norm.
-
-The tracer (torch.fx and the rewrite of :mod:`vispos.backbones`, a floor above this package) is
-registered by :mod:`vispos.backbones._projections` with :func:`register_stem_tracer`.
+padded to whole patches, then ``PatchEmbed``'s layout and norm. The stem is traced and rewritten
+as the Joiner's projections are (:class:`~vispos.invariance._run.InvariantProjection`).
 
 References:
     Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021; timm
@@ -13,7 +11,6 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch.nn.functional as F
@@ -21,24 +18,12 @@ from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
+from ._run import InvariantProjection
 
-__all__ = ["check_stem", "invariant_stem", "is_patch_projection", "register_stem_tracer", "stem_tokens"]
+__all__ = ["check_stem", "invariant_stem", "is_patch_projection", "stem_tokens"]
 
 #: where a convolutional patch stem's rewritten graph is kept (a plain attribute of ``patch_embed``)
 _STEM = "_vispos_invariant_stem"
-#: ``tracer(patch_embed) -> InvariantProjection`` of ``patch_embed.proj`` (set by the backbones)
-_TRACER: Callable[[nn.Module], Any] | None = None
-
-
-def register_stem_tracer(tracer: Callable[[nn.Module], Any]) -> None:
-    """Sets the function that traces and rewrites ``patch_embed.proj`` (called by
-    :mod:`vispos.backbones._projections` when it is imported; the last call wins).
-
-    Args:
-        tracer (callable): ``tracer(patch_embed) -> InvariantProjection`` of ``patch_embed.proj``.
-    """
-    global _TRACER
-    _TRACER = tracer
 
 
 def _refuse(model: nn.Module, why: str) -> ValueError:
@@ -73,18 +58,15 @@ def invariant_stem(embed: nn.Module) -> Any:
 
     Raises:
         ValueError: a layer of the stem that cannot be made exact (named, ``patch_embed.proj.k``).
-        RuntimeError: no tracer registered (:mod:`vispos.backbones` not imported).
 
     Returns:
-        the registered tracer's object (:class:`vispos.backbones._projections.InvariantProjection`):
-        the stem's graph and runner.
+        InvariantProjection: the stem's graph and runner
+        (:class:`~vispos.invariance._run.InvariantProjection`).
     """
     cached = embed.__dict__.get(_STEM)
     if cached is not None and cached.fits(embed.proj):
         return cached
-    if _TRACER is None:
-        raise RuntimeError("the convolutional stem's tracer is registered by vispos.backbones: import it first")
-    stem = _TRACER(embed)
+    stem = InvariantProjection(embed, "proj", 2, label="patch_embed")
     embed.__dict__[_STEM] = stem
     return stem
 

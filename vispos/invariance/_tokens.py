@@ -127,6 +127,31 @@ class TokenRunner:
     def __init__(self, rule: TokenModelRule, indices: Sequence[int], unwrap: Callable[[nn.Module], nn.Module]) -> None:
         self.rule, self.indices, self.unwrap = rule, block_order(indices), unwrap
 
+    @classmethod
+    def for_model(cls, model: nn.Module | None, indices: Sequence[int],
+                  unwrap: Callable[[nn.Module], nn.Module]) -> "TokenRunner | None":
+        """The runner of ``model``'s token-model rule (the timm model inside a backbone), its
+        ``check`` run; None when no :class:`TokenModelRule` covers ``model``'s class (or ``model``
+        is None): the backbone is then traced layer by layer, and :meth:`refusal` names the class
+        if that fails.
+
+        Raises:
+            ValueError: the rule's ``check`` refuses the model's configuration (named).
+        """
+        rule = None if model is None else _rules.rule_for(model)
+        if not isinstance(rule, TokenModelRule):
+            return None
+        if rule.check is not None:
+            rule.check(model)
+        return cls(rule, indices, unwrap)
+
+    @staticmethod
+    def refusal(model: nn.Module, model_name: str, why: BaseException) -> ValueError:
+        """The ``ValueError`` for a token model that no :class:`TokenModelRule` covers and that
+        cannot be traced layer by layer either (``why``): it names the class, the classes that
+        have a rule, and how to register one."""
+        return ValueError(no_rule_message(model, model_name, why))
+
     def __call__(self, body: nn.Module, x: NestedTensor) -> list[NestedTensor]:
         padding = x.padding
         if padding.kind == "arbitrary":

@@ -34,7 +34,7 @@ from .. import _tracing
 from .._tracing import tracing
 from ..encodings.learned import _infer_grid, resample_abs_pos_embed
 from ..encodings.presets import monai_sincos
-from ..invariance._tokens import has_hooks
+from ..invariance import has_hooks
 from ..nested_tensor import NestedTensor, NestedTensorLike
 from ..padding import Padding, check_mask
 

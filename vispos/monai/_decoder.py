@@ -3,7 +3,7 @@
 The decoder (``encoder1`` .. ``encoder4``, ``decoder5`` .. ``decoder2``, ``out``) is traced with
 vispos' tracer into a graph of five inputs, the image batch and four maps of ViT tokens on the
 patch grid (the skip connections), and rewritten by
-:func:`~vispos.invariance._rewrite.make_padding_invariant` as every backbone is: convolutions
+:func:`vispos.invariance.make_graph_invariant` as every backbone is: convolutions
 and transposed convolutions read zeros outside each item, instance / group / batch norms take
 their statistics over its cells only, and each map's padding comes from the token grid's valid
 cells by convolution arithmetic (the token maps are one patch-sized window of the image batch;
@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .._tracing import tracing
-from ..invariance._mode_graphs import ModeGraphModule, refuse_unrun_hooks, set_modes
-from ..invariance._trace import UntraceableLayer, make_invariant, trace_features
-from ..invariance._geometry import Window
+from ..invariance import (
+    ModeGraphModule, UntraceableLayer, Window, make_graph_invariant, refuse_unrun_hooks, trace_features,
+)
 from ..padding import Padding
 
 __all__ = ["DECODER", "InvariantDecoder", "decoder_padding"]
@@ -90,7 +90,7 @@ class InvariantDecoder:
 
     Raises:
         ValueError: a decoder layer that torch.fx cannot trace or the rule book cannot make exact
-            (named), as :func:`~vispos.invariance._trace.make_invariant`.
+            (named), as :func:`vispos.invariance.make_graph_invariant`.
     """
 
     def __init__(self, unetr: nn.Module, patch_size: tuple[int, ...], owner: str) -> None:
@@ -100,7 +100,7 @@ class InvariantDecoder:
         patch = Window(tuple(patch_size), tuple(patch_size), (0,) * n, (0,) * n, (1,) * n)
         try:
             self.graph = trace_features(root, n, class_name=f"{owner} decoder")
-            self.runner = make_invariant(self.graph, n, inputs=[(), (patch,), (patch,), (patch,), (patch,)])
+            self.runner = make_graph_invariant(self.graph, n, inputs=[(), (patch,), (patch,), (patch,), (patch,)])
         except UntraceableLayer as exc:
             raise ValueError(f"{owner}: the decoder runs on padded batches through vispos' padding-invariance "
                              f"rule book, which needs it traced with torch.fx: {exc}") from exc
@@ -128,7 +128,7 @@ class InvariantDecoder:
     def __call__(self, training: bool, images: Tensor, tokens: list[Tensor], padding: Padding | None) -> Tensor:
         """The logits ``Tensor[B, out_channels, *S]`` of ``images`` ``Tensor[B, C, *S]`` and the four
         token maps; ``padding`` (``(B, *S)``, whole patches) None for a batch without padding."""
-        set_modes(self.graph, {"": training})
+        self.graph.use_mode(training)
         refuse_unrun_hooks(self.graph, ((n.rstrip("."), m) for n, m in zip(self.names, self.layers)),
                            "the decoder runs on padded batches through vispos' padding-invariance rule book,")
         if padding is None:

@@ -183,7 +183,7 @@ def token_kinds(model: nn.Module, x: Tensor, padding: Padding) -> Tensor:
     the padded invariant run) builds for the padded batch ``x``: the class token, the register
     tokens, then the canvas's patch grid row by row, a cell outside the item's own grid
     (``PatchEmbed.dynamic_feat_size`` of its size) being padding."""
-    from ...invariance._tokens import item_grids
+    from ...invariance import item_grids
 
     embed = model.patch_embed
     canvas = tuple(int(g) for g in embed.dynamic_feat_size(tuple(x.shape[2:])))
