@@ -25,7 +25,8 @@ projections and :mod:`vispos.monai`'s UNETR decoder use too:
   with the per-item helpers a rule uses: :func:`item_grids`, :func:`item_pos_embeds`,
   :func:`item_rope_embeds`, :func:`on_canvas`, :func:`key_padding_keep`.
 
-Modules whose names start with ``_`` are private: only this package imports them.
+Modules whose names start with ``_`` are private: only this package imports them. The tracing
+names (they import torchvision) are imported on first use (PEP 562).
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (padded batches);
@@ -39,11 +40,9 @@ from ._tokens import (
 )
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
 from ._geometry import Window
-from ._mode_graphs import ModeGraphModule, check_graph_hooks, refuse_unrun_hooks
 from ._packed import PackedRunner
-from ._run import InvariantProjection, InvariantRunner
+from ._run import InvariantRunner
 from ._swin import refuse_swin
-from ._trace import UntraceableLayer, trace_dual, trace_features
 from . import _builtin_rules  # noqa: F401,E402  (registers every built-in entry of the one rule table)
 
 __all__ = [
@@ -53,3 +52,26 @@ __all__ = [
     "item_rope_embeds", "key_padding_keep", "make_graph_invariant", "make_padding_invariant", "on_canvas",
     "refuse_swin", "refuse_unrun_hooks", "register_invariance_rule", "rule_for", "trace_dual", "trace_features",
 ]
+
+#: the public names whose modules import the FX tracer (torchvision): imported on first use, so that
+#: ``import vispos.invariance`` (and an encoder config) does not import torchvision
+_ON_FIRST_USE = {
+    "InvariantProjection": "._projection", "ModeGraphModule": "._mode_graphs", "UntraceableLayer": "._trace",
+    "check_graph_hooks": "._mode_graphs", "refuse_unrun_hooks": "._mode_graphs", "trace_dual": "._trace",
+    "trace_features": "._trace",
+}
+
+
+def __getattr__(name: str):
+    home = _ON_FIRST_USE.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

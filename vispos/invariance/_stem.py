@@ -2,7 +2,7 @@
 patch-sized convolution per token: overlapping convolutions, norms, activations) on a padded
 batch, each item as alone: the stem traced and rewritten by the CNN rule book on each item's box
 padded to whole patches, then ``PatchEmbed``'s layout and norm. The stem is traced and rewritten
-as the Joiner's projections are (:class:`~vispos.invariance._run.InvariantProjection`).
+as the Joiner's projections are (:class:`~vispos.invariance._projection.InvariantProjection`).
 
 References:
     Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021; timm
@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from ..nested_tensor import NestedTensor
 from ..padding import Padding
-from ._run import InvariantProjection
 
 __all__ = ["check_stem", "invariant_stem", "is_patch_projection", "stem_tokens"]
 
@@ -61,8 +60,10 @@ def invariant_stem(embed: nn.Module) -> Any:
 
     Returns:
         InvariantProjection: the stem's graph and runner
-        (:class:`~vispos.invariance._run.InvariantProjection`).
+        (:class:`~vispos.invariance._projection.InvariantProjection`).
     """
+    from ._projection import InvariantProjection  # the FX tracer (torchvision), on first use only
+
     cached = embed.__dict__.get(_STEM)
     if cached is not None and cached.fits(embed.proj):
         return cached
