@@ -44,7 +44,8 @@ def _private_imports(source: str, module: str, is_package: bool = False) -> list
             targets = [origin] + [f"{origin}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+        elif (isinstance(node, ast.Call)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
               and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
             targets = [node.args[0].value]
         for target in targets:
