@@ -41,6 +41,7 @@ from torchvision.models.feature_extraction import NodePathTracer
 from ._rewrite import make_padding_invariant
 from .rules import classify_module
 from ._mode_graphs import ModeGraphModule
+from ._monai_rules import tracing_patches
 
 __all__ = [
     "PathTracer", "UntraceableLayer", "count_outputs", "hooked_features", "make_invariant", "trace_dual",
@@ -166,7 +167,8 @@ class PathTracer(NodePathTracer):
     def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:  # noqa: D102
         self._path = []
         try:
-            return super().trace(root, concrete_args)
+            with tracing_patches(root, self._num_axes):
+                return super().trace(root, concrete_args)
         except UntraceableLayer:
             raise
         except Exception as exc:
