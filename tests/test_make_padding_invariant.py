@@ -13,10 +13,12 @@ from torch import nn
 from torch.testing import assert_close
 
 import vispos
-from vispos import NestedTensor, Padding
+from vispos import NestedTensor
 from vispos.invariance import PaddingInvariant
 
-from item_alone import assert_same_gradients, region
+from padded_batch import assert_item_alone as _assert_item_alone
+from padded_batch import assert_training_is_the_item_alone
+from padded_batch import padded_batch as _batch
 from trained_norms import trained_like as _trained_like
 
 monai_nets = pytest.importorskip("monai.networks.nets")
@@ -44,35 +46,6 @@ def _build(name):
     return net, item, other
 
 
-def _batch(item: torch.Tensor, other_size, fill=5.0):
-    """``item`` (C, *S) at the origin of a canvas larger than both items (a multiple of 16, as
-    BasicUNet needs), a random partner of ``other_size`` beside it, ``fill`` in the padding."""
-    size = tuple(item.shape[1:])
-    canvas = tuple((max(a, b) + 23) // 16 * 16 for a, b in zip(size, other_size))
-    x = torch.full((2, item.shape[0], *canvas), fill, dtype=item.dtype)
-    x[(0, slice(None), *region((0,) * len(size), size))] = item
-    x[(1, slice(None), *region((0,) * len(size), other_size))] = torch.randn(item.shape[0], *other_size,
-                                                                            dtype=item.dtype)
-    return NestedTensor(x, Padding.from_sizes([size, tuple(other_size)], canvas))
-
-
-def _item_part(got, want):
-    """Item 0's part of an output leaf of the batch, with the shape of the item's own ``want``."""
-    if isinstance(got, NestedTensor):
-        assert got.mask is None or not got.mask[(0, *region((0,) * (want.dim() - 2), want.shape[2:]))].any()
-        return got.tensors[(slice(0, 1), slice(None), *region((0,) * (want.dim() - 2), want.shape[2:]))]
-    return got[:1]
-
-
-def _assert_item_alone(alone, batched, rtol=1e-9):
-    want, _ = torch.utils._pytree.tree_flatten(alone)
-    got, _ = torch.utils._pytree.tree_flatten(batched)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        w = w.tensors if isinstance(w, NestedTensor) else w
-        assert_close(_item_part(g, w), w, rtol=rtol, atol=rtol * float(w.detach().abs().max()))
-
-
 @pytest.mark.parametrize("name", ["segresnet", "unet", "dynunet", "basicunet", "resnet18"])
 def test_item_alone_equals_item_in_padded_batch_eval(name):
     net, item_size, other_size = _build(name)
@@ -97,24 +70,7 @@ def test_training_outputs_running_statistics_and_gradients(name):
     """Training mode on a padded batch of the item alone: batch statistics over its valid cells,
     the same running statistics and the same parameter gradients as the stock network alone."""
     net, item_size, _ = _build(name)
-    net.train()
-    twin = copy.deepcopy(net)
-    inv = vispos.make_padding_invariant(twin)
-    assert inv.training and all(m.training for m in inv.modules())
-    item = torch.randn(inv.in_channels, *item_size, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    canvas = tuple(s + 16 for s in item_size)
-    x = torch.full((1, inv.in_channels, *canvas), -3.0, dtype=torch.float64)
-    x[(0, slice(None), *region((0,) * len(item_size), item_size))] = item
-    stock = net(item[None])
-    batched = inv(x, Padding.from_sizes([item_size], canvas).mask)
-    _assert_item_alone(stock, batched)
-    for key, value in net.state_dict().items():  # running statistics and batch counts
-        assert_close(twin.state_dict()[key], value, rtol=1e-9, atol=1e-12, msg=key)
-    got = batched.tensors if isinstance(batched, NestedTensor) else batched
-    stock.square().mean().backward()
-    _item_part(batched, stock).square().mean().backward()
-    assert got.shape[0] == 1
-    assert_same_gradients(twin, net)
+    assert_training_is_the_item_alone(net, vispos.make_padding_invariant, item_size)
 
 
 def test_state_dict_is_the_networks_both_ways_and_parameters_are_shared():
