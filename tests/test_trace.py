@@ -59,12 +59,30 @@ def _monai_efficientnet():
      r"padding_invariant=True cannot run avg_pool2d in 1 \(graph node 'avg_pool2d'\).*size of a feature map"),
     (lambda pi: VolumeBackbone(_monai_resnet_a(), return_nodes=["layer2"], padding_invariant=pi),
      r"cannot trace layer 'layer2.0' \(ResNetBlock\): it calls a AvgPool3d that is not one of its registered"),
-    (lambda pi: VolumeBackbone(_monai_efficientnet(), return_nodes=["_blocks.3"], padding_invariant=pi),
-     r"cannot trace layer '_blocks\.\d(\.\d)?' \(MBConvBlock\): RuntimeError: 'len' is not supported"),
 ])
 def test_tracer_failures_are_value_errors_naming_the_layer(build, match):
     with pytest.raises(ValueError, match=match):
         build(True)
+
+
+def test_monai_efficientnet_blocks_trace_and_are_exact():
+    """MONAI's MBConvBlock calls ``len`` on its input's shape, which torch.fx cannot trace; the
+    tracing patches of ``make_padding_invariant`` cover it, so a cut inside ``_blocks`` gives the item
+    alone in a padded batch."""
+    stock = _monai_efficientnet().double().eval()
+    trained_like(stock)
+    bb = VolumeBackbone(stock, return_nodes=["_blocks.3"], padding_invariant=True).double().eval()
+    g = torch.Generator().manual_seed(0)
+    item = torch.randn(1, 40, 46, 36, generator=g, dtype=torch.float64)
+    other = torch.randn(1, 56, 44, 50, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        alone = bb(NestedTensor(item[None], None))
+        batched = bb(nested_tensor_from_tensor_list([item, other], size_divisibility=32))
+    for a, b in zip(alone, batched):
+        a = a.tensors if isinstance(a, NestedTensor) else a
+        b = b.tensors if isinstance(b, NestedTensor) else b
+        s = a.shape[2:]
+        torch.testing.assert_close(b[:1, :, :s[0], :s[1], :s[2]], a, rtol=1e-9, atol=1e-9 * float(a.abs().max()))
 
 
 def test_stock_adapters_name_the_layer_torch_fx_cannot_trace():
