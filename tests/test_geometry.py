@@ -61,3 +61,14 @@ def test_sums_of_maps_that_differ_for_an_item_are_refused():
     assert g.boxes(((0,),), ((8,),), (8,))  # 8 -> 4 both ways
     with pytest.raises(ValueError, match=r"the two inputs of add cover different cells .* shape mismatch"):
         g.boxes(((0,),), ((9,),), (9,))  # 9 -> 5 and 4
+
+
+def test_sums_whose_canvases_differ_name_the_canvas():
+    """An item whose maps agree on a canvas whose maps do not: the batch's shapes, not the item's,
+    fail, and the message says so."""
+    g = Geometry(1)
+    a = g.child(0, window_of(1, 3, 2, 1), "conv a")
+    b = g.child(0, window_of(1, 2, 2, 0), "conv b")
+    g.require_equal(a, b, "add")
+    with pytest.raises(ValueError, match=r"inputs of add are \(5,\) and \(4,\) cells on the padded canvas \(9,\)"):
+        g.boxes(((0,),), ((8,),), (9,))  # the item: 4 both ways; the canvas: 5 and 4

@@ -181,7 +181,7 @@ class Geometry:
             ValueError: an item starts at an offset that is not a multiple of a stride on its way
                 (symmetric padding that cannot be exact); an item too small for a layer (it would
                 fail alone as well); two maps that meet in a sum differ for an item (the item alone
-                would fail with a shape mismatch).
+                would fail with a shape mismatch), or whose padded canvases differ (the batch would).
         """
         out: list[Boxes] = [(tuple(starts), tuple(sizes), tuple(canvas))]
         for geometry_id in range(1, len(self.parents)):
@@ -215,10 +215,21 @@ class Geometry:
             new_canvas = tuple(window.out_size(c, a) for a, c in enumerate(p_canvas))
             out.append((tuple(new_starts), tuple(new_sizes), new_canvas))
         for a, b, layer in self.equal:
-            if out[a] != out[b]:
+            if out[a][1] != out[b][1]:
                 raise ValueError(
                     f"padding_invariant=True: the two inputs of {layer} cover different cells for some "
                     f"item ({out[a][1]} against {out[b][1]}): that item alone would fail with a shape "
                     "mismatch there"
+                )
+            if out[a][2] != out[b][2]:
+                raise ValueError(
+                    f"padding_invariant=True: the two inputs of {layer} are {out[a][2]} and {out[b][2]} "
+                    f"cells on the padded canvas {tuple(canvas)}: the batch fails with a shape mismatch "
+                    "there; pad the batch to a canvas every stride of the network divides"
+                )
+            if out[a] != out[b]:
+                raise ValueError(
+                    f"padding_invariant=True: the two inputs of {layer} place some item at different "
+                    f"cells ({out[a][0]} against {out[b][0]}): the padded batch does not line them up"
                 )
         return out
