@@ -285,3 +285,20 @@ def test_torchrun_two_processes_of_one_volume_match_one_process_of_two(tiny_runs
     assert two["world_size"] == 2 and two["global_batch"] == one["global_batch"] == 2
     assert_close(torch.tensor(two["loss"]), torch.tensor(one["loss"]), rtol=1e-4, atol=1e-5)
     assert two["max_logit_diff"] <= 1e-4
+
+
+def test_hd95_without_a_prediction_is_left_out_of_the_summary_and_compare():
+    """HD95 is None at an evaluation where no volume had a prediction: the summary skips it (and
+    drops the metric where every evaluation has None), so compare reads the seeds that have one."""
+    from vispos.app.train.compare import _values
+    from vispos.app.train.report import summarize_compositions
+
+    def run(hds):
+        evals = [{"step": 50 * (i + 1), "dice": 0.1 * (i + 1), "hd95": h} for i, h in enumerate(hds)]
+        return {"eval_compositions": ["batch1"], "eval_by_composition": {"batch1": evals}}
+
+    got = summarize_compositions(run([None, 4.0, 6.0]), ["dice", "hd95"])["batch1"]
+    assert got["hd95"] == 6.0 and got["hd95_last3"] == 5.0 and got["dice_last3"] == pytest.approx(0.2)
+    assert "hd95" not in summarize_compositions(run([None, None]), ["hd95"])["batch1"]
+    vals = _values({"segresnet": {0: run([None]), 1: run([3.0])}}, "hd95")
+    assert vals == {"segresnet": {0: {}, 1: {"batch1": 3.0}}}

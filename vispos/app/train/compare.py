@@ -43,7 +43,7 @@ def _values(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], metric: str) ->
     for arm, by_seed in runs.items():
         for seed, m in by_seed.items():
             comp = summarize_compositions(m, [metric])
-            out.setdefault(arm, {})[seed] = {k: v[f"{metric}_last3"] for k, v in comp.items()}
+            out.setdefault(arm, {})[seed] = {k: v[f"{metric}_last3"] for k, v in comp.items() if f"{metric}_last3" in v}
     return out
 
 

@@ -106,7 +106,9 @@ def summarize_compositions(m: Mapping[str, Any], names: Sequence[str]) -> dict[s
     """One run's held-out metrics in every evaluation composition it recorded
     (``m["eval_by_composition"]``, the last three evaluations): ``{key: {name: final value,
     "<name>_last3": mean of the last three}}``, in the order of ``m["eval_compositions"]``
-    (the headline first); empty for runs written before compositions existed."""
+    (the headline first); empty for runs written before compositions existed. A metric recorded
+    as None at every evaluation of a composition (HD95 when no volume had a prediction) is left
+    out of that composition; None evaluations are skipped in the mean."""
     by = m.get("eval_by_composition") or {}
     out = {}
     for key in m.get("eval_compositions") or list(by):
@@ -114,9 +116,10 @@ def summarize_compositions(m: Mapping[str, Any], names: Sequence[str]) -> dict[s
         if evals:
             out[key] = {}
             for name in ("mean_iou", *names) if "mean_iou" in evals[0] else names:  # segmentation: no IoU
-                values = [e[name] for e in evals]
-                out[key][name] = values[-1]
-                out[key][f"{name}_last3"] = float(np.mean(values[-3:]))
+                values = [e[name] for e in evals if e.get(name) is not None]  # HD95: None without a prediction
+                if values:
+                    out[key][name] = values[-1]
+                    out[key][f"{name}_last3"] = float(np.mean(values[-3:]))
     return out
 
 
