@@ -242,3 +242,53 @@ def test_every_step_operation_a_rule_calls_is_in_the_protocol(registry, monkeypa
     assert seen <= _PROTOCOL
     for name in _PROTOCOL - {"num_axes"}:
         assert callable(getattr(_Rewriter, name)), name
+
+
+# -------------------------------------------------------------------------- the repeat rule
+class RepeatNet(ActNet):
+    """A conv, ``repeat`` (the call under test), a conv: ``repeat`` is the lambda ``how``."""
+
+    def __init__(self, how, channels_out=8):
+        super().__init__()
+        self.how, self.c2 = how, nn.Conv2d(channels_out, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(self.how(self.c1(x)))
+
+
+def _back(x):
+    return x.permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("how", [
+    lambda x: x.repeat(1, 2, 1, 1),  # MONAI's VNet: the input copied over more channels
+    lambda x: x.repeat([1, 2, 1, 1]),
+    lambda x: x.repeat(repeats=(1, 2, 1, 1)),
+    lambda x: _back(x.permute(0, 2, 3, 1).repeat(1, 1, 1, 2)),  # channels last: the last axis
+], ids=["sizes", "list", "keyword", "permuted"])
+def test_channel_only_repeat_is_exact(how):
+    torch.manual_seed(0)
+    stock = RepeatNet(how).double().eval()
+    bb = Invariant(stock).eval()
+    assert any(n.op == "call_method" and n.target == "repeat" for n in bb.body.graph.nodes)
+    alone, got = _alone_and_in_batch(bb)
+    torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(alone, stock(_items()[0][None])[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("how, channels_out, why", [
+    (lambda x: x.repeat(2, 1, 1, 1), 4, r"repeats \(2, 1, 1, 1\) copy the map along axis 0 \(the batch\) \(only"),
+    (lambda x: x.repeat(1, 1, 2, 1), 4, r"repeats \(1, 1, 2, 1\) copy the map along axis 2 \(spatial\) \(only"),
+    (lambda x: x.repeat([1, 2, 1, 3]), 8, r"repeats \(1, 2, 1, 3\) copy the map along axis 3 \(spatial\) \(only"),
+    (lambda x: x.repeat(1, 1, 1, 1, 1)[0], 4, r"repeats \(1, 1, 1, 1, 1\) have 5 entries for a feature map of 4"),
+    (lambda x: _back(x.permute(0, 2, 3, 1).repeat(1, 2, 1, 1)), 4,
+     r"repeats \(1, 2, 1, 1\) copy the map along axis 1 \(spatial\)"),
+    (lambda x: x.repeat(1, x.size(1) // 2, 1, 1), 8, r"its repeats .* are not constant ints in the traced graph"),
+    (lambda x: x.repeat(repeats=x.new_ones(4, dtype=torch.long).tolist()), 4,
+     r"its repeats tolist are not constant ints in the traced graph"),
+], ids=["batch", "spatial", "channels-and-spatial", "new-axis", "permuted-spatial", "not-constant", "not-constant-kw"])
+def test_repeat_off_the_channels_is_refused_by_name(how, channels_out, why):
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=rf"cannot run repeat in .*graph node 'repeat(_\d+)?'.*: {why}"):
+        Invariant(RepeatNet(how, channels_out).double())

@@ -22,7 +22,8 @@ from torch import nn
 
 from . import _swin, _swin_timm, _vit, _windowed
 from ._rule_types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
-                          InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Permute, Reduction, Split)
+                          InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Permute, Reduction, Repeat,
+                          Split)
 from .rules import CellWise, Refuse, register_invariance_rule
 
 __all__ = ["register_builtins"]
@@ -84,6 +85,7 @@ _ROWS = (
     (Reduction("norm"), (torch.norm, "norm")),
     (Permute(), ("torchvision.ops.misc.Permute", torch.permute, "permute")),
     (Cat(), (torch.cat, torch.concat, torch.concatenate)),
+    (Repeat(), ("repeat",)),
     (Split(), (torch.chunk, torch.split, "chunk", "split")),
     (GetItem(), (operator.getitem,)),
     (OverChannels("layer norm over the trailing axes, which are spatial in a channels-first map", normalized=True,

@@ -10,8 +10,9 @@ module's from its attributes, a function's by its signature) and rewrites its no
 * **per-item statistics** (:class:`Norm`, :class:`BatchNormFunction`, :class:`GroupNormFunction`,
   :class:`InstanceNormFunction`, :class:`GlobalPool`, :class:`Reduction`): over valid cells;
 * **moves cells without mixing them** (:class:`Permute`, :class:`Cat`, :class:`Split`,
-  :class:`GetItem`) and **reads the channels axis** (:class:`OverChannels`: a layer norm or linear
-  layer over the last axis, cell-wise when that axis holds the channels).
+  :class:`GetItem`, :class:`Repeat` over the channels) and **reads the channels axis**
+  (:class:`OverChannels`: a layer norm or linear layer over the last axis, cell-wise when that
+  axis holds the channels).
 
 References:
     ``torch.nn`` / ``torch.nn.functional`` / ``torch.Tensor`` signatures; Dumoulin and Visin, A
@@ -35,7 +36,8 @@ from .rules import InvarianceRule, RewriteStep
 
 __all__ = [
     "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "GetItem", "GlobalPool", "GroupNormFunction",
-    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Permute", "Reduction", "Split",
+    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Permute", "Reduction", "Repeat",
+    "Split",
 ]
 
 
@@ -274,6 +276,41 @@ class Permute(InvarianceRule):
 
     def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
         self.apply(step, node, args)
+
+
+@dataclass(frozen=True)
+class Repeat(InvarianceRule):
+    """``x.repeat(*repeats)`` / ``x.repeat(repeats)`` over the channels only (MONAI's VNet copies its
+    input over 16 channels, ``x.repeat(1, 16, 1, 1, 1)``): each output cell reads the same cell of
+    the input, so it runs as it is. Refused: repeats that are not constant ints in the traced graph,
+    or that are not 1 on the batch axis and every spatial axis (or add axes)."""
+
+    kind = "repeat"
+    zero_preserving = True  # a copy: zeros in the input's padding are zeros in the output's
+    fresh_output = True  # always a new tensor, whose backward (a sum over the copies) never reads it
+    reads_one_map = True
+    signature = staticmethod(sig._sig_repeat)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        repeats = args["repeats"] if args.get("repeats") is not None else tuple(args.get("sizes") or ())
+        if isinstance(repeats, (tuple, list)) and len(repeats) == 1 and isinstance(repeats[0], (tuple, list)):
+            repeats = repeats[0]  # x.repeat([1, 16, 1, 1])
+        if not isinstance(repeats, (tuple, list)) or not all(
+                isinstance(r, int) and not isinstance(r, bool) for r in repeats):
+            step.refuse(node, f"its repeats {repeats!r} are not constant ints in the traced graph (only a constant "
+                              "repeat over the channels is cell-wise)")
+        if len(repeats) != len(layout):
+            step.refuse(node, f"repeats {tuple(repeats)!r} have {len(repeats)} entries for a feature map of "
+                              f"{len(layout)} axes (more add axes in front of the batch axis)")
+        touched = [d for d, (r, axis) in enumerate(zip(repeats, layout)) if axis != 1 and r != 1]
+        if touched:
+            where = ", ".join(f"axis {d} (the batch)" if layout[d] == 0 else f"axis {d} (spatial)" for d in touched)
+            step.refuse(node, f"repeats {tuple(repeats)!r} copy the map along {where} (only a repeat over the "
+                              "channels, 1 on every other axis, is cell-wise)")
+        step.cell_wise(node)
 
 
 @dataclass(frozen=True)
