@@ -158,3 +158,14 @@ def test_vit_depth_and_width_size_the_blocks_the_stem_and_the_level(tmp_path):
     convs = [m for m in vit.patch_embed.proj.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [c.out_channels for c in convs] == [8, 16, 32, 32]
     assert _worst_alone_vs_batched(model, images) <= 1e-4
+
+
+@pytest.mark.parametrize("flags, lr, steps, eval_every", [
+    ([], 1e-3, 3000, 300),                                              # the CNN keeps DETR-demo's schedule
+    (["--backbone", "vit"], 3e-4, 6000, 600),                           # the ViT's own
+    (["--backbone", "vit", "--lr", "1e-3", "--steps", "3000"], 1e-3, 3000, 600),  # given flags win
+    (["--backbone", "vit", "--tiny"], 3e-4, 20, 10),                     # --tiny's steps, evaluated half-way
+])
+def test_vit_training_defaults(flags, lr, steps, eval_every):
+    _, args = parse_args(train_detr.TASK, flags)
+    assert (args.lr, args.steps, args.eval_every) == (lr, steps, eval_every)

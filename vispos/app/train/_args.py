@@ -24,7 +24,7 @@ POS_ARMS = ("none", "grid", "sine")
 #: --tiny's defaults for the core's flags (a task adds its own): one arm (sine), 20 steps whose
 #: warm-up ends early enough for the loss to fall within them (a 100-step warm-up never would)
 TINY_CORE = {"steps": 20, "batch_size": 2, "eval_images": 4, "hidden": 32, "ffn": 64, "queries": 5, "pos": ["sine"],
-             "warmup": 5}
+             "warmup": 5, "eval_every": None}
 
 #: upper bounds of the size flags: well past DETR's own settings (hidden 256, ffn 2048, 100
 #: queries, 6 + 6 layers; DINO: 900 queries), below what ends in an allocator error or in hours
@@ -47,6 +47,8 @@ class TaskFlags:
         defaults (mapping): the task's own defaults for shared flags (e.g. ``{"hidden": 48}`` in
             3D, where the width must be divisible by 6 and 8), applied before ``--tiny``'s.
         tiny_defaults (mapping): ``--tiny``'s defaults (flags given explicitly still win).
+        backbone_defaults (mapping): ``{--backbone value: defaults}``, applied after ``defaults``
+            and before ``--tiny``'s (e.g. the small ViT's learning rate and steps).
     """
 
     name: str
@@ -54,6 +56,7 @@ class TaskFlags:
     add_arguments: Callable[[argparse._ArgumentGroup], None]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
+    backbone_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False) -> argparse.ArgumentParser:
@@ -75,7 +78,7 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
         g.add_argument("--task", choices=("detect", "segment"), default="detect",
                        help="with --volume: detect (the 3D DETR) or segment (3D segmentation, docs/segmentation3d.md; "
                             "`vispos train --volume --task segment --help` lists its flags)")
-    g.add_argument("--steps", type=pos1, default=3000, help="optimiser steps")
+    g.add_argument("--steps", type=pos1, default=3000, help="optimiser steps (default %(default)s; 6000 with --backbone vit)")
     g.add_argument("--out", default=f"runs/train_detr{'' if task.name == '2d' else task.name}",
                    help="output folder: OUT/<arm>/seed<S>/metrics.json, OUT/ablation.md, OUT/curves.png")
     g.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
@@ -125,7 +128,8 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
                    help="padding-invariant backbone and input projection: every image gets the same features "
                         "(and predictions) alone or in any padded batch (default: off, DETR's numbers)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--lr", type=positive_float, default=1e-3)
+    g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default %(default)g; 3e-4 "
+                   "with --backbone vit)")
     g.add_argument("--weight-decay", type=nonnegative_float, default=1e-4)
     g.add_argument("--warmup", type=pos1, default=100, help="linear warm-up steps (1: none)")
     g.add_argument("--clip", type=nonnegative_float, default=0.1, help="gradient max norm (0: no clipping)")
@@ -157,6 +161,9 @@ def parse_flags(
     parser = build_parser(task, prog, command)
     parser.set_defaults(**task.defaults)
     first, _ = parser.parse_known_args(argv)
+    by_backbone = task.backbone_defaults.get(getattr(first, "backbone", None))
+    if by_backbone:
+        parser.set_defaults(**by_backbone)
     if first.tiny:
         parser.set_defaults(**{**TINY_CORE, **task.tiny_defaults})  # the task's win
     args = parser.parse_args(argv)

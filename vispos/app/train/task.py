@@ -55,6 +55,7 @@ class DetrTask:
         defaults (mapping): the task's own defaults for shared flags (e.g. ``{"hidden": 48}`` in
             3D, where the width must be divisible by 6 and 8), applied before ``--tiny``'s.
         tiny_defaults (mapping): ``--tiny``'s defaults (flags given explicitly still win).
+        backbone_defaults (mapping): ``{--backbone value: defaults}``, applied before ``--tiny``'s.
     """
 
     name: str
@@ -70,10 +71,13 @@ class DetrTask:
     headline: str
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
+    backbone_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_flags(cls, flags: TaskFlags, **parts: Any) -> DetrTask:
         """The task whose command-line fields (``name``, ``description``, ``add_arguments``,
-        ``defaults``, ``tiny_defaults``) are ``flags``'s, the other fields ``parts``."""
+        ``defaults``, ``tiny_defaults``, ``backbone_defaults``) are ``flags``'s, the other fields
+        ``parts``."""
         return cls(name=flags.name, description=flags.description, add_arguments=flags.add_arguments,
-                   defaults=flags.defaults, tiny_defaults=flags.tiny_defaults, **parts)
+                   defaults=flags.defaults, tiny_defaults=flags.tiny_defaults,
+                   backbone_defaults=flags.backbone_defaults, **parts)
