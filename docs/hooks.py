@@ -20,7 +20,7 @@ _ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc):<code>~?([^<]*)<
 
 MODULES = (
     "vispos", "vispos.backbones", "vispos.transformer", "vispos.config", "vispos.encodings",
-    "vispos.app.data", "vispos.app.figures", "vispos.app.png", "vispos.monai",
+    "vispos.app.data", "vispos.app.figures", "vispos.app.png", "vispos.monai", "vispos.invariance",
 )
 
 
