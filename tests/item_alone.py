@@ -1,10 +1,17 @@
 """Helpers of the item-alone tests: an item's box in a padded batch, parameter gradients of a
-model run on a padded batch against a twin run on the item alone, and a backbone's copies."""
+model run on a padded batch against a twin run on the item alone, a backbone's copies, and a
+traced 2D network made exact by the rule table with its output for one item alone and in a batch."""
 
 import copy
 import pickle
 
+import torch
+from torch import nn
 from torch.testing import assert_close
+
+from vispos import NestedTensor, nested_tensor_from_tensor_list
+from vispos.invariance._rewrite import make_padding_invariant
+from vispos.invariance._trace import trace_dual
 
 
 def region(start, size):
@@ -30,3 +37,33 @@ def assert_copies_give(backbone, batch, want):
     for clone in (copy.deepcopy(backbone), pickle.loads(pickle.dumps(backbone))):
         for got, ref in zip(clone(batch), want):
             assert_close(got.tensors, ref.tensors, rtol=0, atol=0)
+
+
+class Invariant(nn.Module):
+    """A 2D ``module`` traced (``body``) and run padding-invariant by the rule table (``runner``):
+    building it raises the rewriter's ValueError for an operation no rule makes exact."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.body = trace_dual(module, 2)
+        self.runner = make_padding_invariant(self.body, 2)
+
+    def forward(self, x):
+        return self.runner(self.body, x)
+
+
+def two_items():
+    """``(item, other)``: float64 maps of 3 channels, 9 x 11 and 14 x 8 (seed 0)."""
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(3, 9, 11, generator=g, dtype=torch.float64),
+            torch.randn(3, 14, 8, generator=g, dtype=torch.float64))
+
+
+def alone_and_in_batch(bb: nn.Module):
+    """``(alone, got)``: ``bb``'s first level for :func:`two_items`' item alone, and for the same
+    item's cells when it follows the other in a batch padded with 7.0."""
+    item, other = two_items()
+    with torch.no_grad():
+        alone = bb(NestedTensor(item[None], None))[0].tensors[0]
+        got = bb(nested_tensor_from_tensor_list([other, item], pad_value=7.0))[0].tensors[1, :, :9, :11]
+    return alone, got

@@ -9,12 +9,9 @@ import torch
 from torch import nn
 
 import vispos
-from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.invariance import rules
-from vispos.invariance._rewrite import make_padding_invariant
-from vispos.invariance._trace import trace_dual
 
-F64 = torch.float64
+from item_alone import Invariant, alone_and_in_batch
 
 
 class ChannelCentre(nn.Module):
@@ -50,25 +47,6 @@ class Net(nn.Module):
         return self.c2(self.layer(self.c1(x)))
 
 
-class Invariant(nn.Module):
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.body = trace_dual(module, 2)
-        self.runner = make_padding_invariant(self.body, 2)
-
-    def forward(self, x):
-        return self.runner(self.body, x)
-
-
-def _alone_and_in_batch(bb: nn.Module):
-    g = torch.Generator().manual_seed(0)
-    item, other = torch.randn(3, 9, 11, generator=g, dtype=F64), torch.randn(3, 14, 8, generator=g, dtype=F64)
-    with torch.no_grad():
-        alone = bb(NestedTensor(item[None], None))[0].tensors[0]
-        got = bb(nested_tensor_from_tensor_list([other, item], pad_value=7.0))[0].tensors[1, :, :9, :11]
-    return alone, got
-
-
 def test_unknown_layer_refused_until_declared_cell_wise(registry):
     torch.manual_seed(0)
     with pytest.raises(ValueError, match=r"mean in layer .*a reduction over dims 1"):
@@ -76,7 +54,7 @@ def test_unknown_layer_refused_until_declared_cell_wise(registry):
     vispos.register_invariance_rule(ChannelCentre, vispos.CellWise())
     bb = Invariant(Net(ChannelCentre())).double().eval()
     assert any(n.op == "call_module" and n.target == "layer" for n in bb.body.graph.nodes)  # kept whole
-    alone, got = _alone_and_in_batch(bb)
+    alone, got = alone_and_in_batch(bb)
     torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
 
 
@@ -86,11 +64,11 @@ def test_padding_aware_rule_gets_each_maps_padding(registry):
     vispos.register_invariance_rule(ItemCentre, vispos.PaddingAware(item_centre))
     bb = Invariant(Net(ItemCentre())).double().eval()
     bb.load_state_dict(stock.state_dict())
-    alone, got = _alone_and_in_batch(bb)
+    alone, got = alone_and_in_batch(bb)
     torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got, _alone_and_in_batch(stock)[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, alone_and_in_batch(stock)[1], rtol=1e-12, atol=1e-12)
     for clone in (copy.deepcopy(bb), pickle.loads(pickle.dumps(bb))):  # the rule is looked up at run time
-        torch.testing.assert_close(_alone_and_in_batch(clone)[1], got, rtol=0, atol=0)
+        torch.testing.assert_close(alone_and_in_batch(clone)[1], got, rtol=0, atol=0)
 
 
 def test_refuse_rule_names_the_layer_and_reason(registry):

@@ -12,13 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import vispos
-from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.invariance import TokenModelRule, rules
 from vispos.invariance._geometry import Window
 from vispos.invariance._rewrite import _Rewriter, make_padding_invariant
 from vispos.invariance._trace import trace_dual
 
-F64 = torch.float64
+from item_alone import Invariant, alone_and_in_batch, two_items
 
 
 def my_act(x):
@@ -62,29 +61,6 @@ class BlurNet(ActNet):
         return self.c2(box_blur(self.c1(x), 3))
 
 
-class Invariant(nn.Module):
-    def __init__(self, module: nn.Module):
-        super().__init__()
-        self.body = trace_dual(module, 2)
-        self.runner = make_padding_invariant(self.body, 2)
-
-    def forward(self, x):
-        return self.runner(self.body, x)
-
-
-def _items():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(3, 9, 11, generator=g, dtype=F64), torch.randn(3, 14, 8, generator=g, dtype=F64)
-
-
-def _alone_and_in_batch(bb: nn.Module):
-    item, other = _items()
-    with torch.no_grad():
-        alone = bb(NestedTensor(item[None], None))[0].tensors[0]
-        got = bb(nested_tensor_from_tensor_list([other, item], pad_value=7.0))[0].tensors[1, :, :9, :11]
-    return alone, got
-
-
 @pytest.mark.parametrize("net, function, rule", [(ActNet, my_act, vispos.CellWise()), (BlurNet, box_blur, BoxBlurRule())])
 def test_user_function_refused_by_name_until_registered_then_exact(registry, net, function, rule):
     torch.manual_seed(0)
@@ -95,10 +71,10 @@ def test_user_function_refused_by_name_until_registered_then_exact(registry, net
     vispos.register_invariance_rule(function, rule)
     bb = Invariant(stock).eval()
     assert any(n.op == "call_function" and n.target is function for n in bb.body.graph.nodes)  # one call
-    alone, got = _alone_and_in_batch(bb)
+    alone, got = alone_and_in_batch(bb)
     torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
     with torch.no_grad():  # and the item alone is what the stock network gives it
-        torch.testing.assert_close(alone, stock(_items()[0][None])[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(alone, stock(two_items()[0][None])[0], rtol=1e-12, atol=1e-12)
 
 
 def test_blur_without_its_window_is_not_exact(registry):
@@ -106,7 +82,7 @@ def test_blur_without_its_window_is_not_exact(registry):
     padding (7.0) at the item's edge, and the item in the batch differs from the item alone."""
     torch.manual_seed(0)
     vispos.register_invariance_rule(box_blur, vispos.CellWise())
-    alone, got = _alone_and_in_batch(Invariant(BlurNet()).double().eval())
+    alone, got = alone_and_in_batch(Invariant(BlurNet()).double().eval())
     assert not torch.allclose(got, alone)
 
 
@@ -271,10 +247,10 @@ def test_channel_only_repeat_is_exact(how):
     stock = RepeatNet(how).double().eval()
     bb = Invariant(stock).eval()
     assert any(n.op == "call_method" and n.target == "repeat" for n in bb.body.graph.nodes)
-    alone, got = _alone_and_in_batch(bb)
+    alone, got = alone_and_in_batch(bb)
     torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
     with torch.no_grad():
-        torch.testing.assert_close(alone, stock(_items()[0][None])[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(alone, stock(two_items()[0][None])[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("how, channels_out, why", [

@@ -51,6 +51,12 @@ def _spatial_dims(dims: Any, rank: int, layout: tuple[int, ...] | None = None) -
     return sorted(axes) == list(range(2, rank))
 
 
+def _channels_dim(dim: Any, rank: int) -> bool:
+    """Whether ``dim`` is an int naming the channels axis (1, or ``1 - rank``) of a channels-first
+    map of ``rank`` axes."""
+    return isinstance(dim, int) and dim % rank == 1
+
+
 # ------------------------------------------------------------------------------ windows
 @dataclass(frozen=True)
 class Conv(InvarianceRule):
@@ -321,7 +327,7 @@ class Cat(InvarianceRule):
     signature = staticmethod(sig._sig_cat)
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        if not isinstance(args["dim"], int) or args["dim"] % (2 + step.num_axes) != 1:
+        if not _channels_dim(args["dim"], 2 + step.num_axes):
             step.refuse(node, "it concatenates feature maps along a spatial axis")
         step.cell_wise(node)
 
@@ -335,7 +341,7 @@ class Split(InvarianceRule):
     signature = staticmethod(sig._sig_split)
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        if not isinstance(args["dim"], int) or args["dim"] % (2 + step.num_axes) != 1:
+        if not _channels_dim(args["dim"], 2 + step.num_axes):
             step.refuse(node, "it splits a feature map along a spatial axis")
         step.split(node)
 
