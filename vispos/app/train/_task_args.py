@@ -8,12 +8,14 @@ they offer, torch-free.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import NoReturn
 
 from .._flags import int_at_least, positive_float
 from ._args import TaskFlags
 
 __all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "MAX_VIT_REGISTERS", "VIT", "VIT_POS",
-           "VOLUMES", "TRAIN_VOLUMES", "HELDOUT_VOLUMES"]
+           "VOLUMES", "TRAIN_VOLUMES", "HELDOUT_VOLUMES", "add_lesion_arguments", "check_volume_names"]
 
 # ---------------------------------------------------------------------------------------- 2D
 #: scikit-image sample photographs used as training backgrounds (all shipped, no download)
@@ -113,6 +115,30 @@ TRAIN_VOLUMES = ("mni152_t1", "mni152_gm", "mni152_wm", "epi")
 HELDOUT_VOLUMES = ("anatomical", "b0")
 
 
+def add_lesion_arguments(g: argparse._ArgumentGroup, where: str, max_objects: int, min_object: int,
+                         contrast: tuple[float, float]) -> None:
+    """``--max-objects``, ``--min-object``, ``--max-object`` and ``--contrast``: the lesions drawn
+    into each ``where`` (a volume, a crop) by the 3D tasks, with that task's defaults."""
+    pos1 = int_at_least(1)
+    g.add_argument("--max-objects", type=pos1, default=max_objects, help=f"lesions per {where}: 1 .. this")
+    g.add_argument("--min-object", type=pos1, default=min_object, help="smallest lesion side (voxels)")
+    g.add_argument("--max-object", type=pos1, default=12, help="largest lesion side (voxels)")
+    g.add_argument("--contrast", type=positive_float, nargs=2, default=list(contrast), metavar=("MIN", "MAX"),
+                   help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
+
+
+def check_volume_names(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) -> None:
+    """``--volumes`` and ``--heldout-volumes``: each a known volume or ``nifti:<path>``, and no
+    held-out volume trained on (``error(flag, message)`` otherwise)."""
+    for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
+        for name in names:
+            if name not in VOLUMES and not name.startswith("nifti:"):
+                error(flag, f"unknown volume {name!r}; expected one of {tuple(VOLUMES)} or nifti:<path>")
+    overlap = set(args.volumes) & set(args.heldout_volumes)
+    if overlap:
+        error("--heldout-volumes", f"held-out volumes must not be trained on: {sorted(overlap)}")
+
+
 def _add_arguments_3d(g: argparse._ArgumentGroup) -> None:
     pos1 = int_at_least(1)
     g.add_argument("--volumes", nargs="+", default=list(TRAIN_VOLUMES),
@@ -122,11 +148,7 @@ def _add_arguments_3d(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--spacing", type=positive_float, default=3.0, help="common isotropic voxel size (mm)")
     g.add_argument("--crop", type=pos1, nargs=2, default=[16, 32], metavar=("MIN", "MAX"),
                    help="crop side in voxels, drawn per axis (clipped to the volume)")
-    g.add_argument("--max-objects", type=pos1, default=1, help="lesions per crop: 1 .. this")
-    g.add_argument("--min-object", type=pos1, default=6, help="smallest lesion side (voxels)")
-    g.add_argument("--max-object", type=pos1, default=12, help="largest lesion side (voxels)")
-    g.add_argument("--contrast", type=positive_float, nargs=2, default=[4.0, 6.0], metavar=("MIN", "MAX"),
-                   help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
+    add_lesion_arguments(g, "crop", max_objects=1, min_object=6, contrast=(4.0, 6.0))
     g.add_argument("--widths", type=pos1, nargs="+", default=[16],
                    help="MONAI ResNet block widths, one per stage used (1 stage: stride 4, 2: stride 8)")
     g.add_argument("--stem-kernel", type=pos1, default=3, help="MONAI ResNet stem kernel (conv1_t_size)")

@@ -26,7 +26,7 @@ from .engine import resume_conflict, train_arm
 from .report import ablation_table, load_runs, plot_curves, tiny_summary
 from .task import DetrTask
 
-__all__ = ["parse_args", "validate", "check_resume", "write_report", "run"]
+__all__ = ["parse_args", "validate", "check_device", "check_resume", "write_report", "run"]
 
 
 def parse_args(
@@ -70,14 +70,7 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         error("--out", f"{args.out!r} exists and is not a folder")
     if args.report:
         return
-    try:
-        dev = torch.device(args.device)
-    except RuntimeError:
-        error("--device", f"not a torch device: {args.device!r}")
-    if dev.type not in ("cpu", "cuda"):
-        error("--device", f"expected cpu or cuda, got {args.device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        error("--device", "CUDA is not available on this machine")
+    dev = check_device(args.device, error)
     if args.norm == "sync" and args.padding_invariant:
         error("--padding-invariant", "does not work with --norm sync (masked batch statistics are per "
               "process); use --norm batch or --norm frozen")
@@ -93,6 +86,20 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         if not os.path.isfile(args.resume):
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
+
+
+def check_device(device: str, error: Callable[[str, str], NoReturn]) -> torch.device:
+    """``--device``: a torch device, cpu or cuda, and CUDA present for cuda (``error("--device",
+    message)`` otherwise). Returns the device."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        error("--device", f"not a torch device: {device!r}")
+    if dev.type not in ("cpu", "cuda"):
+        error("--device", f"expected cpu or cuda, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        error("--device", "CUDA is not available on this machine")
+    return dev
 
 
 def check_resume(

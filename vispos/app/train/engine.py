@@ -50,7 +50,7 @@ from .model import DetrModel, make_position_embedding
 from .task import DetrTask
 
 __all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "train_arm", "resident_memory_mb",
-           "resume_conflict", "RESUME_FREE"]
+           "resume_conflict", "RESUME_FREE", "sampler_state", "resumable_batches"]
 
 #: args that may differ between a run and its resumption (everything else must match): where the
 #: run writes and how it runs, when it evaluates, the report's memory warm-up, and how long it goes
@@ -281,9 +281,9 @@ def train_arm(
         generator=(loader_seed := torch.Generator()),
     )
     per_epoch = len(sampler.sampler) // args.batch_size
-    if args.resume and resumed_sampler != _sampler_state(step, per_epoch, args):
+    if args.resume and resumed_sampler != sampler_state(step, per_epoch, args):
         raise ValueError(f"--resume: the checkpoint's data position {resumed_sampler} does not follow from its "
-                         f"step {step} with this data ({_sampler_state(step, per_epoch, args)})")
+                         f"step {step} with this data ({sampler_state(step, per_epoch, args)})")
     compositions = held_out_compositions(held_set, args, ctx)
     headline = next(iter(compositions))
     full_at = full_evaluation_steps(args.steps, args.eval_every)
@@ -293,71 +293,94 @@ def train_arm(
     if args.resume:  # last: building the data above draws nothing from the global generators
         set_rng_state(state["rng"][ctx.rank])
     model.train()
-    while step < args.steps:
-        epoch, done = divmod(step, per_epoch)
-        sampler.set_epoch(epoch, skip=done * args.batch_size)
-        # the loader's base seed (workers' seeds) from (seed, epoch), not from torch's global RNG,
-        # so that entering an epoch part-way on resume draws nothing the uninterrupted run did not
-        loader_seed.manual_seed(args.seed * 1_000_003 + epoch)
-        t_prev = time.perf_counter()
-        for nested, targets in loader:
-            step += 1
-            nested = nested.to(device, non_blocking=True)
-            losses = criterion(model(nested), targets)
-            optim.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            if args.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optim.step()
-            lr = optim.param_groups[0]["lr"]
-            sched.step()
-            logged = torch.stack([losses[k].detach().float() for k in SERIES[:5]]
-                                 + [nested.mask.float().mean()]).cpu()
-            logged = ctx.all_reduce_mean(logged).tolist()
-            now = time.perf_counter()
-            metrics["steps"].append(step)
-            for k, v in zip((*SERIES[:5], "padded_fraction"), logged):
-                metrics[k].append(round(v, 6))
-            metrics["lr"].append(lr)
-            metrics["seconds"].append(round(now - t_prev, 5))
-            metrics["rss_mb"].append(round(resident_memory_mb(), 2))
-            if on_step is not None:
-                on_step(step, model)
-            if step % args.eval_every == 0 or step == args.steps:
-                ev = evaluate(model, compositions[headline], criterion, task, ctx)
-                metrics["eval"].append({"step": step, **{k: round(v, 5) for k, v in ev.items()}})
-                if step in full_at:  # the evaluations the report averages: every composition
-                    for key, batches in compositions.items():
-                        e = ev if key == headline else evaluate(model, batches, criterion, task, ctx)
-                        by_composition.setdefault(key, []).append({"step": step, **{k: round(v, 5) for k, v in e.items()}})
-                if ctx.is_main:
-                    k = min(args.eval_every, len(metrics["loss"]))
-                    shown = " ".join(f"{n} {ev[n]:.3f}" for n in task.metric_names)
-                    log(
-                        f"[{arm}] step {step}/{args.steps} loss {np.mean(metrics['loss_last'][-k:]):.3f} "
-                        f"held-out mean IoU {ev['mean_iou']:.3f} {shown} "
-                        f"{np.median(metrics['seconds'][-k:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
-                    )
-                    if step in full_at and len(compositions) > 1:
-                        h = task.headline
-                        log(f"[{arm}] step {step} held-out {h} by composition: " + ", ".join(
-                            f"{key} {by_composition[key][-1][h]:.3f}" for key in compositions))
-            if args.save_every and (step % args.save_every == 0 or step == args.steps):
-                _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx, _sampler_state(step, per_epoch, args))
-            if step >= args.steps:
-                break
-            t_prev = time.perf_counter()  # evaluation and saving are not part of the step time
+    for step, t_prev, (nested, targets) in resumable_batches(loader, sampler, loader_seed, step, per_epoch, args):
+        nested = nested.to(device, non_blocking=True)
+        losses = criterion(model(nested), targets)
+        optim.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        if args.clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optim.step()
+        lr = optim.param_groups[0]["lr"]
+        sched.step()
+        logged = torch.stack([losses[k].detach().float() for k in SERIES[:5]]
+                             + [nested.mask.float().mean()]).cpu()
+        logged = ctx.all_reduce_mean(logged).tolist()
+        now = time.perf_counter()
+        metrics["steps"].append(step)
+        for k, v in zip((*SERIES[:5], "padded_fraction"), logged):
+            metrics[k].append(round(v, 6))
+        metrics["lr"].append(lr)
+        metrics["seconds"].append(round(now - t_prev, 5))
+        metrics["rss_mb"].append(round(resident_memory_mb(), 2))
+        if on_step is not None:
+            on_step(step, model)
+        if step % args.eval_every == 0 or step == args.steps:
+            ev = evaluate(model, compositions[headline], criterion, task, ctx)
+            metrics["eval"].append({"step": step, **{k: round(v, 5) for k, v in ev.items()}})
+            if step in full_at:  # the evaluations the report averages: every composition
+                for key, batches in compositions.items():
+                    e = ev if key == headline else evaluate(model, batches, criterion, task, ctx)
+                    by_composition.setdefault(key, []).append({"step": step, **{k: round(v, 5) for k, v in e.items()}})
+            if ctx.is_main:
+                k = min(args.eval_every, len(metrics["loss"]))
+                shown = " ".join(f"{n} {ev[n]:.3f}" for n in task.metric_names)
+                log(
+                    f"[{arm}] step {step}/{args.steps} loss {np.mean(metrics['loss_last'][-k:]):.3f} "
+                    f"held-out mean IoU {ev['mean_iou']:.3f} {shown} "
+                    f"{np.median(metrics['seconds'][-k:]):.3f} s/step rss {metrics['rss_mb'][-1]:.0f} MiB"
+                )
+                if step in full_at and len(compositions) > 1:
+                    h = task.headline
+                    log(f"[{arm}] step {step} held-out {h} by composition: " + ", ".join(
+                        f"{key} {by_composition[key][-1][h]:.3f}" for key in compositions))
+        if args.save_every and (step % args.save_every == 0 or step == args.steps):
+            _save(ckpt_path, step, arm, model, optim, sched, metrics, args, ctx, sampler_state(step, per_epoch, args))
     if ctx.is_main:
         write_json(os.path.join(out_dir, "metrics.json"), metrics)
     ctx.barrier()
     return metrics
 
 
-def _sampler_state(step: int, per_epoch: int, args: argparse.Namespace) -> dict[str, int]:
+def sampler_state(step: int, per_epoch: int, args: argparse.Namespace) -> dict[str, int]:
     """Where the data order stands after ``step`` steps: the sampler's epoch (its ``set_epoch``), the
     samples of that epoch already taken by each process, and the shuffle seed."""
     epoch, done = divmod(step, per_epoch)
     return {"epoch": epoch, "skip": done * args.batch_size, "seed": args.seed}
+
+
+def resumable_batches(loader: DataLoader, sampler: ResumableSampler, loader_seed: torch.Generator, step: int,
+                      per_epoch: int, args: argparse.Namespace) -> Iterator[tuple[int, float, Any]]:
+    """The training batches after step ``step`` up to ``args.steps``, epoch after epoch, as
+    ``(step, t_prev, batch)`` (``step`` counting from 1 after the one given).
+
+    Each epoch enters the data order where ``step`` stands (:func:`sampler_state`: part-way on
+    ``--resume``) and seeds the loader's generator (the workers' base seed) from (``args.seed``,
+    epoch), not from torch's global RNG, so that entering an epoch part-way draws nothing the
+    uninterrupted run did not. ``t_prev`` is when the wait for the batch began: the epoch's start,
+    or when the caller asked for the next batch, so ``now - t_prev`` is the step's time with its
+    data loading and without the evaluation and saving the caller did after the previous step.
+
+    Args:
+        loader (DataLoader): batches of ``args.batch_size`` drawn through ``sampler``, with
+            ``loader_seed`` as its ``generator``.
+        sampler (ResumableSampler): the loader's sampler.
+        loader_seed (torch.Generator): the loader's generator.
+        step (int): the steps already taken.
+        per_epoch (int): steps per epoch.
+        args (argparse.Namespace): ``steps``, ``batch_size`` and ``seed``.
+    """
+    while step < args.steps:
+        at = sampler_state(step, per_epoch, args)
+        sampler.set_epoch(at["epoch"], skip=at["skip"])
+        loader_seed.manual_seed(args.seed * 1_000_003 + at["epoch"])
+        t_prev = time.perf_counter()
+        for batch in loader:
+            step += 1
+            yield step, t_prev, batch
+            if step >= args.steps:
+                return
+            t_prev = time.perf_counter()
 
 
 def _save(path: str, step: int, arm: str, model: nn.Module, optim: torch.optim.Optimizer,

@@ -54,8 +54,10 @@ from vispos.app._flags import torch_threads
 
 from ._args import flag_error
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .cli import check_device
 from .distributed import DistContext, init_distributed, launched_by_torchrun
-from .engine import RESUME_FREE, ResumableSampler, WarmupStepDecay, resident_memory_mb, resume_conflict, write_json
+from .engine import (RESUME_FREE, ResumableSampler, WarmupStepDecay, resident_memory_mb, resumable_batches,
+                     resume_conflict, sampler_state, write_json)
 from .heldout import BESIDE_LARGEST
 from .segment3d_args import parse_segment_flags, run_folder
 from .segment3d_data import LesionMasks, PatchesOf
@@ -203,51 +205,41 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
     if args.resume:
         set_rng_state(state["rng"][ctx.rank])
     model.train()
-    while step < args.steps:
-        epoch, done = divmod(step, per_epoch)
-        sampler.set_epoch(epoch, skip=done * args.batch_size)
-        loader_seed.manual_seed(args.seed * 1_000_003 + epoch)
-        t_prev = time.perf_counter()
-        for nested, targets in loader:
-            step += 1
-            nested = nested.to(device)
-            loss = _loss(model(nested), [t["label"] for t in targets], loss_fn)
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            optim.step()
-            sched.step()
-            now = time.perf_counter()
-            value = float(ctx.all_reduce_mean(loss.detach().reshape(1))[0])
-            mask = nested.mask
-            metrics["steps"].append(step)
-            metrics["loss"].append(round(value, 6))
-            metrics["loss_last"].append(round(value, 6))
-            metrics["lr"].append(sched.get_last_lr()[0])
-            metrics["seconds"].append(round(now - t_prev, 5))
-            metrics["rss_mb"].append(round(resident_memory_mb(), 2))
-            metrics["padded_fraction"].append(round(float(mask.float().mean()) if mask is not None else 0.0, 4))
-            if on_step is not None:
-                on_step(step, model)
-            if ctx.is_main and (step % args.eval_every == 0 or step == args.steps) and step != args.steps:
-                net.eval()
-                key = "batch1" if args.pipeline == "crop" else "batch4"
-                batches = composition_batches([img.shape[1:] for img, _ in held], [key])[key]
-                logits, _ = infer(net, [img for img, _ in held], batches, device)
-                dice = float(np.mean([volume_metrics(logits[i], t["label"], t["spacing"].tolist())[0]
-                                      for i, (_, t) in enumerate(held)]))
-                metrics["eval"].append({"step": step, "dice": round(dice, 5)})
-                net.train()
-                log(f"[{args.pipeline}] step {step}/{args.steps} loss {np.mean(metrics['loss'][-args.eval_every:]):.3f} "
-                    f"held-out Dice ({key}) {dice:.3f} {np.median(metrics['seconds'][-args.eval_every:]):.3f} s/step")
-            if args.save_every and (step % args.save_every == 0 or step == args.steps):
-                _save(os.path.join(out_dir, "checkpoint.pt"), step, net, optim, sched, metrics, args, ctx,
-                      {"epoch": divmod(step, per_epoch)[0], "skip": divmod(step, per_epoch)[1] * args.batch_size,
-                       "seed": args.seed})
-            if step >= args.steps:
-                break
-            t_prev = time.perf_counter()
+    for step, t_prev, (nested, targets) in resumable_batches(loader, sampler, loader_seed, step, per_epoch, args):
+        nested = nested.to(device)
+        loss = _loss(model(nested), [t["label"] for t in targets], loss_fn)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optim.step()
+        sched.step()
+        now = time.perf_counter()
+        value = float(ctx.all_reduce_mean(loss.detach().reshape(1))[0])
+        mask = nested.mask
+        metrics["steps"].append(step)
+        metrics["loss"].append(round(value, 6))
+        metrics["loss_last"].append(round(value, 6))
+        metrics["lr"].append(sched.get_last_lr()[0])
+        metrics["seconds"].append(round(now - t_prev, 5))
+        metrics["rss_mb"].append(round(resident_memory_mb(), 2))
+        metrics["padded_fraction"].append(round(float(mask.float().mean()) if mask is not None else 0.0, 4))
+        if on_step is not None:
+            on_step(step, model)
+        if ctx.is_main and (step % args.eval_every == 0 or step == args.steps) and step != args.steps:
+            net.eval()
+            key = "batch1" if args.pipeline == "crop" else "batch4"
+            batches = composition_batches([img.shape[1:] for img, _ in held], [key])[key]
+            logits, _ = infer(net, [img for img, _ in held], batches, device)
+            dice = float(np.mean([volume_metrics(logits[i], t["label"], t["spacing"].tolist())[0]
+                                  for i, (_, t) in enumerate(held)]))
+            metrics["eval"].append({"step": step, "dice": round(dice, 5)})
+            net.train()
+            log(f"[{args.pipeline}] step {step}/{args.steps} loss {np.mean(metrics['loss'][-args.eval_every:]):.3f} "
+                f"held-out Dice ({key}) {dice:.3f} {np.median(metrics['seconds'][-args.eval_every:]):.3f} s/step")
+        if args.save_every and (step % args.save_every == 0 or step == args.steps):
+            _save(os.path.join(out_dir, "checkpoint.pt"), step, net, optim, sched, metrics, args, ctx,
+                  sampler_state(step, per_epoch, args))
     if ctx.is_main:
         net.eval()
         ev = evaluate_all(net, held, _keys(args), device, step)
@@ -293,14 +285,7 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         error("--out", f"{args.out!r} exists and is not a folder")
     if args.report or args.figure:
         return
-    try:
-        dev = torch.device(args.device)
-    except RuntimeError:
-        error("--device", f"not a torch device: {args.device!r}")
-    if dev.type not in ("cpu", "cuda"):
-        error("--device", f"expected cpu or cuda, got {args.device!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        error("--device", "CUDA is not available on this machine")
+    check_device(args.device, error)
     for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
         if not available_volumes(names):
             error(flag, f"none of {names} is available (packages or files missing)")

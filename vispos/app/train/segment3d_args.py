@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from .._errors import OneLineParser
 from .._flags import add_threads_argument, int_at_least, nonnegative_float, positive_float
 from ._args import flag_error
-from ._task_args import HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES
+from ._task_args import HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES, add_lesion_arguments, check_volume_names
 
 __all__ = ["PIPELINES", "NETWORKS", "UNETR_POS", "TINY_SEGMENT", "SIZE_MULTIPLE", "build_segment_parser",
            "parse_segment_flags", "run_folder"]
@@ -81,11 +81,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"volume side in voxels, drawn per axis from the multiples of {SIZE_MULTIPLE} in [MIN, MAX]")
     g.add_argument("--spacings", type=positive_float, nargs=2, default=[2.0, 4.0], metavar=("MIN", "MAX"),
                    help="voxel size in mm, drawn per axis (anisotropic); the source is resampled to MIN mm first")
-    g.add_argument("--max-objects", type=pos1, default=3, help="lesions per volume: 1 .. this")
-    g.add_argument("--min-object", type=pos1, default=4, help="smallest lesion side (voxels)")
-    g.add_argument("--max-object", type=pos1, default=12, help="largest lesion side (voxels)")
-    g.add_argument("--contrast", type=positive_float, nargs=2, default=[1.5, 3.0], metavar=("MIN", "MAX"),
-                   help="lesion contrast against the surrounding tissue (tissue standard deviations, either sign)")
+    add_lesion_arguments(g, "volume", max_objects=3, min_object=4, contrast=(1.5, 3.0))
     g.add_argument("--batch-size", type=pos1, default=2, help="volumes (or patches, crop) per process and step")
     g.add_argument("--train-images", type=pos0, default=0,
                    help="training volumes per epoch (0: a fresh volume for every sample of the run)")
@@ -148,13 +144,7 @@ def _check(args: argparse.Namespace, error) -> None:
         error("--features", f"must be even (SegResNet's group norm has 2 groups at least), got {args.features}")
     if args.features > 64:
         error("--features", f"must be <= 64, got {args.features}")
-    for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
-        for name in names:
-            if name not in VOLUMES and not name.startswith("nifti:"):
-                error(flag, f"unknown volume {name!r}; expected one of {tuple(VOLUMES)} or nifti:<path>")
-    overlap = set(args.volumes) & set(args.heldout_volumes)
-    if overlap:
-        error("--heldout-volumes", f"held-out volumes must not be trained on: {sorted(overlap)}")
+    check_volume_names(args, error)
     if args.resume is not None and (args.report or args.figure):
         error("--resume", "trains; it does not go with --report or --figure")
 

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from ...backbones import VolumeBackbone
-from ._task_args import FLAGS_3D, VOLUMES
+from ._task_args import FLAGS_3D, check_volume_names
 from .cli import run
 from .criterion import BoxOps
 from .task import DetrTask
@@ -157,13 +157,7 @@ def validate(args: argparse.Namespace, error: Callable[[str, str], NoReturn]) ->
                                      f"padding), got {args.size_divisibility}")
     if args.contrast[0] > args.contrast[1]:
         error("--contrast", f"MIN must be <= MAX, got {args.contrast[0]} {args.contrast[1]}")
-    for flag, names in (("--volumes", args.volumes), ("--heldout-volumes", args.heldout_volumes)):
-        for name in names:
-            if name not in VOLUMES and not name.startswith("nifti:"):
-                error(flag, f"unknown volume {name!r}; expected one of {tuple(VOLUMES)} or nifti:<path>")
-    overlap = set(args.volumes) & set(args.heldout_volumes)
-    if overlap:
-        error("--heldout-volumes", f"held-out volumes must not be trained on: {sorted(overlap)}")
+    check_volume_names(args, error)
     if not available_volumes(args.volumes):
         error("--volumes", f"none of {args.volumes} is available (packages or files missing)")
     if not available_volumes(args.heldout_volumes):
