@@ -83,7 +83,8 @@ def test_blur_without_its_window_is_not_exact(registry):
     torch.manual_seed(0)
     vispos.register_invariance_rule(box_blur, vispos.CellWise())
     alone, got = alone_and_in_batch(Invariant(BlurNet()).double().eval())
-    assert not torch.allclose(got, alone)
+    leak = float((got - alone).abs().max())
+    assert leak > 1e-3, leak  # the padding's 7.0 read at the edge, far above float64 rounding
 
 
 def test_module_and_function_share_one_rule_object():
