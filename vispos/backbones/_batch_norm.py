@@ -15,7 +15,6 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from .. import _deprecation
 from .._checks import check_int, check_number
-from ..invariance import CellWise, register_invariance_rule
 
 __all__ = ["FrozenBatchNorm3d", "freeze_batch_norm"]
 
@@ -56,8 +55,6 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
         bias = self.bias.reshape(shape) - self.running_mean.reshape(shape) * scale
         return x * scale + bias
 
-
-register_invariance_rule(FrozenBatchNorm3d, CellWise())  # a per-channel affine map of each cell
 
 
 def _frozen_copy(bn: nn.Module, num_axes: int) -> nn.Module | None:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._checks import as_sequence, check_bool, check_int, describe
-from ..invariance import CellWise, make_graph_invariant, refuse_unrun_hooks, register_invariance_rule, trace_features
+from ..invariance import make_graph_invariant, refuse_unrun_hooks, trace_features
 from ..nested_tensor import NestedTensor
 
 __all__ = ["ChannelLayerNorm", "SimpleFeaturePyramid"]
@@ -59,8 +59,6 @@ class ChannelLayerNorm(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.num_channels}, eps={self.eps}"
 
-
-register_invariance_rule(ChannelLayerNorm, CellWise())
 
 
 def _conv_norm(in_channels: int, out_channels: int, kernel: int) -> nn.Sequential:
