@@ -35,6 +35,20 @@ torch.fx.wrap("my_act")
 torch.fx.wrap("box_blur")
 
 
+def soft_gate(x):
+    """A user's cell-wise function that nobody fx.wrapped."""
+    return x * torch.sigmoid(2.0 * x)
+
+
+class GateNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(soft_gate(self.c1(x)))
+
+
 class BoxBlurRule(rules.InvarianceRule):
     """box_blur reads a size x size window of zeros around the item: its arguments come bound by
     box_blur's own signature (``size``)."""
@@ -74,6 +88,22 @@ def test_user_function_refused_by_name_until_registered_then_exact(registry, net
     alone, got = alone_and_in_batch(bb)
     torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
     with torch.no_grad():  # and the item alone is what the stock network gives it
+        torch.testing.assert_close(alone, stock(two_items()[0][None])[0], rtol=1e-12, atol=1e-12)
+
+
+def test_registered_function_is_kept_whole_without_fx_wrap(registry):
+    torch.manual_seed(0)
+    stock = GateNet().double().eval()
+    calls = [n.target for n in Invariant(stock).body.graph.nodes if n.op == "call_function"]
+    assert soft_gate not in calls and torch.sigmoid in calls  # unregistered: traced through
+    vispos.register_invariance_rule(soft_gate, vispos.CellWise())
+    assert soft_gate in rules.registered_functions() and F.relu not in rules.registered_functions()
+    bb = Invariant(stock).eval()
+    calls = [n.target for n in bb.body.graph.nodes if n.op == "call_function"]
+    assert calls.count(soft_gate) == 1 and torch.sigmoid not in calls  # registered: one call
+    alone, got = alone_and_in_batch(bb)
+    torch.testing.assert_close(got, alone, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
         torch.testing.assert_close(alone, stock(two_items()[0][None])[0], rtol=1e-12, atol=1e-12)
 
 

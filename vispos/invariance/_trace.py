@@ -39,7 +39,7 @@ from torch.utils import _pytree as pytree
 from torchvision.models.feature_extraction import NodePathTracer
 
 from ._rewrite import make_padding_invariant
-from .rules import classify_module
+from .rules import classify_module, registered_functions
 from ._mode_graphs import ModeGraphModule
 from ._monai_rules import tracing_patches
 
@@ -108,7 +108,8 @@ class PathTracer(NodePathTracer):
     def __init__(self, num_axes: int = 2, qualnames: bool = False, watch: Mapping[int, str] | None = None) -> None:
         # every argument has a default: a pickled GraphModule re-traces its code with this class
         leaves, functions = _timm_notrace()
-        super().__init__(autowrap_modules=(math,), autowrap_functions=functions)
+        mine = tuple(f for f in registered_functions() if f not in functions)
+        super().__init__(autowrap_modules=(math,), autowrap_functions=functions + mine)
         self._timm_leaves, self._num_axes, self._qualnames = leaves, num_axes, qualnames
         self._watch = dict(watch or {})
         self.seen: dict[int, Any] = {}

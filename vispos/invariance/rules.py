@@ -44,6 +44,7 @@ References:
 from __future__ import annotations
 
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
 
@@ -57,7 +58,7 @@ from ._geometry import TransposedWindow, Window
 
 __all__ = [
     "InvarianceRule", "RewriteStep", "CellWise", "PaddingAware", "Refuse", "register_invariance_rule",
-    "rule_for", "rule_for_call", "classify_module",
+    "rule_for", "rule_for_call", "classify_module", "registered_functions",
 ]
 
 
@@ -317,7 +318,10 @@ def register_invariance_rule(key: type | Callable | str, rule: InvarianceRule) -
     activations, ``torch.cat``, ``x.mean``, ...). A registered module type is also kept whole (a
     leaf) when vispos traces a network; its rule applies to the type and its subclasses that do
     not override ``forward``. A function is matched by identity (or by its dotted name), a method
-    by its name. Registering a key again replaces its rule. Safe to call from several threads.
+    by its name. A registered Python function of your own (not one of torch's) is kept whole too:
+    one node of the traced graph wherever a module's ``forward`` calls it by its name, with no
+    ``torch.fx.wrap`` (torch.fx's ``autowrap_functions``). Registering a key again replaces its
+    rule. Safe to call from several threads.
 
     Args:
         key (type, callable or str): an ``nn.Module`` subclass; a function called in a forward
@@ -357,6 +361,15 @@ def register_invariance_rule(key: type | Callable | str, rule: InvarianceRule) -
                         f"subclass, got {key!r}")
     with _LOCK:
         _RULES[table] = rule
+
+
+def registered_functions() -> tuple[Callable, ...]:
+    """The registered keys that are plain Python functions outside torch (a user's ``my_act``),
+    for the tracer's ``autowrap_functions``: each stays one call in the traced graph."""
+    with _LOCK:
+        keys = list(_RULES)
+    return tuple(k for k in keys if isinstance(k, types.FunctionType)
+                 and not str(getattr(k, "__module__", "") or "").startswith("torch"))
 
 
 def rule_for(module: nn.Module) -> InvarianceRule | None:
