@@ -46,7 +46,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -56,7 +55,7 @@ import vispos  # noqa: E402
 from _measure import malloc_setup, peak_bytes  # noqa: E402
 from vispos.app._flags import torch_threads  # noqa: E402
 from vispos.app.train.engine import WarmupStepDecay  # noqa: E402
-from vispos.app.train.segment3d import Segmenter, _loss, build_datasets, build_network  # noqa: E402
+from vispos.app.train.segment3d import Segmenter, build_datasets, build_network, train_step  # noqa: E402
 from vispos.app.train.segment3d_args import PIPELINES, parse_segment_flags  # noqa: E402
 from vispos.app.train.segment3d_eval import ALONE, composition_batches, infer  # noqa: E402
 
@@ -93,14 +92,8 @@ class Pipeline:
     def step(self, items: list) -> vispos.NestedTensor:
         """One optimiser step, as the app's training loop takes it; returns the padded batch."""
         nested, targets = self.collate(items)
-        loss = _loss(self.model(nested), [t["label"] for t in targets], self.loss_fn)
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.args.clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip)
-        self.optim.step()
-        self.sched.step()
-        float(loss.detach())  # the app reads the loss every step
+        loss = train_step(self.model, nested, targets, self.loss_fn, self.optim, self.sched, self.args.clip)
+        float(loss)  # the app reads the loss every step
         return nested
 
 

@@ -64,7 +64,7 @@ from .segment3d_data import LesionMasks, PatchesOf
 from .segment3d_eval import composition_batches, evaluate_all, infer, report_table, volume_metrics
 from .volumes3d import available_volumes
 
-__all__ = ["build_network", "build_datasets", "Segmenter", "train_run", "run", "main"]
+__all__ = ["build_network", "build_datasets", "Segmenter", "train_step", "train_run", "run", "main"]
 
 #: what may differ between a run and its resumption, beyond the detection core's
 #: (:data:`vispos.app.train.engine.RESUME_FREE`)
@@ -143,6 +143,21 @@ def _loss(logits: Tensor, labels: Sequence[Tensor], loss_fn: nn.Module) -> Tenso
     return total / len(labels)
 
 
+def train_step(model: nn.Module, nested: vispos.NestedTensor, targets: Sequence[dict], loss_fn: nn.Module,
+               optim: torch.optim.Optimizer, sched: Any, clip: float) -> Tensor:
+    """One optimiser step of the segmentation loop: DiceCE over each volume's own voxels
+    (``targets[b]["label"]``, ``(D_b, H_b, W_b)`` int64), backward, gradient clipping at ``clip``
+    (0: none), ``optim.step()`` and ``sched.step()``. Returns the loss (a detached 0-d tensor)."""
+    loss = _loss(model(nested), [t["label"] for t in targets], loss_fn)
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    if clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optim.step()
+    sched.step()
+    return loss.detach()
+
+
 def _resume_args(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in SEGMENT_FREE - RESUME_FREE})
 
@@ -207,13 +222,7 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
     model.train()
     for step, t_prev, (nested, targets) in resumable_batches(loader, sampler, loader_seed, step, per_epoch, args):
         nested = nested.to(device)
-        loss = _loss(model(nested), [t["label"] for t in targets], loss_fn)
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.clip > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        optim.step()
-        sched.step()
+        loss = train_step(model, nested, targets, loss_fn, optim, sched, args.clip)
         now = time.perf_counter()
         value = float(ctx.all_reduce_mean(loss.detach().reshape(1))[0])
         mask = nested.mask
