@@ -557,3 +557,9 @@ def test_evaluate_scores_only_the_scored_items_of_every_composition():
     # the same batches with every item scored: the partners' predictions now count too
     everyone = [(nested, targets) for nested, targets, _ in comps["beside_largest"]]
     assert evaluate(_ItemwiseDetector(), everyone, criterion, task, DistContext()) != alone
+    # the model is left in the mode it came in (a model in eval mode stays there, its batch norm's
+    # running statistics untouched by the next forward)
+    for training in (False, True):
+        model = _ItemwiseDetector().train(training)
+        evaluate(model, comps["batch1"], criterion, task, DistContext())
+        assert model.training is training

@@ -134,9 +134,11 @@ def evaluate(
             them; :func:`vispos.app.train.heldout.held_out_compositions`).
 
     Returns:
-        dict: ``mean_iou`` and ``task.metric_names``, the same in every process.
+        dict: ``mean_iou`` and ``task.metric_names``, the same in every process. The model runs in
+        eval mode and is left in the mode it came in.
     """
     net = model.module if hasattr(model, "module") else model
+    was_training = net.training
     net.eval()
     ops = task.box_ops
     records = []
@@ -157,7 +159,7 @@ def evaluate(
                 {"boxes": gt, "labels": targets[b]["labels"]},
                 matched_ious(pred[rows], gt[cols], ops.iou),
             ))
-    net.train()
+    net.train(was_training)
     gathered = [r for part in ctx.all_gather_object(records) for r in part]
     preds, gts, ious = zip(*gathered) if gathered else ((), (), ())
     result = {"mean_iou": float(torch.cat(ious).mean()) if ious else 0.0}
