@@ -40,13 +40,6 @@ def soft_gate(x):
     return x * torch.sigmoid(2.0 * x)
 
 
-class GateNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.c1, self.c2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
-
-    def forward(self, x):
-        return self.c2(soft_gate(self.c1(x)))
 
 
 class BoxBlurRule(rules.InvarianceRule):
@@ -68,6 +61,11 @@ class ActNet(nn.Module):
 
     def forward(self, x):
         return self.c2(my_act(self.c1(x)))
+
+
+class GateNet(ActNet):
+    def forward(self, x):
+        return self.c2(soft_gate(self.c1(x)))
 
 
 class BlurNet(ActNet):
