@@ -365,7 +365,13 @@ def register_invariance_rule(key: type | Callable | str, rule: InvarianceRule) -
 
 def registered_functions() -> tuple[Callable, ...]:
     """The registered keys that are plain Python functions outside torch (a user's ``my_act``),
-    for the tracer's ``autowrap_functions``: each stays one call in the traced graph."""
+    which vispos' tracer hands to torch.fx's ``Tracer(autowrap_functions=...)`` so that each stays
+    one call in the traced graph (as ``torch.fx.wrap`` would make it).
+
+    Returns:
+        tuple of functions: a snapshot of the table, taken under its lock (empty until a user
+        registers a function of their own: every built-in function key is torch's or a builtin).
+    """
     with _LOCK:
         keys = list(_RULES)
     return tuple(k for k in keys if isinstance(k, types.FunctionType)
