@@ -40,8 +40,6 @@ def soft_gate(x):
     return x * torch.sigmoid(2.0 * x)
 
 
-
-
 class BoxBlurRule(rules.InvarianceRule):
     """box_blur reads a size x size window of zeros around the item: its arguments come bound by
     box_blur's own signature (``size``)."""

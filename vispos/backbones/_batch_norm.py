@@ -56,7 +56,6 @@ class FrozenBatchNorm3d(FrozenBatchNorm2d):
         return x * scale + bias
 
 
-
 def _frozen_copy(bn: nn.Module, num_axes: int) -> nn.Module | None:
     """A frozen twin of one batch-norm module, or None when ``bn`` is not one we convert."""
     frozen: nn.Module

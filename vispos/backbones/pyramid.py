@@ -60,7 +60,6 @@ class ChannelLayerNorm(nn.Module):
         return f"{self.num_channels}, eps={self.eps}"
 
 
-
 def _conv_norm(in_channels: int, out_channels: int, kernel: int) -> nn.Sequential:
     """detectron2's ``Conv2d(..., bias=False, norm=LayerNorm)``."""
     return nn.Sequential(nn.Conv2d(in_channels, out_channels, kernel, padding=kernel // 2, bias=False),

@@ -145,9 +145,24 @@ def _loss(logits: Tensor, labels: Sequence[Tensor], loss_fn: nn.Module) -> Tenso
 
 def train_step(model: nn.Module, nested: vispos.NestedTensor, targets: Sequence[dict], loss_fn: nn.Module,
                optim: torch.optim.Optimizer, sched: Any, clip: float) -> Tensor:
-    """One optimiser step of the segmentation loop: DiceCE over each volume's own voxels
-    (``targets[b]["label"]``, ``(D_b, H_b, W_b)`` int64), backward, gradient clipping at ``clip``
-    (0: none), ``optim.step()`` and ``sched.step()``. Returns the loss (a detached 0-d tensor)."""
+    """One optimiser step of the segmentation loop (the one :func:`train_run` takes).
+
+    Args:
+        model (nn.Module): a :class:`Segmenter`; ``model(nested)`` gives logits
+            ``(B, 2, D, H, W)`` float on the batch's canvas.
+        nested (vispos.NestedTensor): the padded batch ``(B, 1, D, H, W)`` float32 and its mask.
+        targets (sequence of dict): per volume ``"label"``: ``(D_b, H_b, W_b)`` int64 (0 / 1).
+        loss_fn (nn.Module): MONAI's ``DiceCELoss(to_onehot_y=True, softmax=True)``, applied to
+            each volume's own voxels (its valid box), averaged over the batch.
+        optim, sched: the optimiser and its learning-rate scheduler, each stepped once.
+        clip (float): gradient-norm clipping (``nn.utils.clip_grad_norm_``); 0: none.
+
+    Returns:
+        Tensor: the loss, a detached 0-d float tensor.
+
+    Raises:
+        Whatever the model, MONAI's loss or the optimiser raise (nothing of its own).
+    """
     loss = _loss(model(nested), [t["label"] for t in targets], loss_fn)
     optim.zero_grad(set_to_none=True)
     loss.backward()
