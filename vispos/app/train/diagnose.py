@@ -29,7 +29,7 @@ from ._args import MAX_SIZES
 if TYPE_CHECKING:
     from .attention import VitDiagnostics
 
-__all__ = ["Diagnosis", "load_detector", "diagnose_checkpoint", "diagnostics_table", "main"]
+__all__ = ["Diagnosis", "load_detector", "diagnose_checkpoint", "diagnostics_table", "files_and_device_problem", "main"]
 
 #: table columns: (key of a block row, header, format)
 COLUMNS = (
@@ -194,6 +194,26 @@ def diagnostics_table(runs: Sequence[Diagnosis]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def files_and_device_problem(files: dict[str, str | None], device: str) -> tuple[str, str] | None:
+    """``(flag, message)`` for the first output file flag naming a folder or a file in a missing
+    folder, or a ``--device`` that is not cpu (or cuda on a machine with CUDA); None when all
+    are usable. The checkpoint commands check these before any work."""
+    for flag, path in files.items():
+        if path is not None and os.path.isdir(path):
+            return flag, f"{path!r} is a folder: give the file to write"
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            return flag, f"no such folder: {os.path.dirname(os.path.abspath(path))!r}"
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        return "--device", f"not a torch device: {device!r}"
+    if kind not in ("cpu", "cuda") or (kind == "cuda" and not torch.cuda.is_available()):
+        return "--device", f"expected cpu, or cuda on a machine with CUDA, got {device!r}"
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m vispos.app.train.diagnose", description=(
         "Attention diagnostics of the ViT detector from its training checkpoints: per block, the attention mass on "
@@ -228,21 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         bound = MAX_SIZES[flag[2:].replace("-", "_")]  # vispos train's bounds of the same flags
         if value is not None and value > bound:
             return error(flag, f"must be <= {bound} (as vispos train's), got {value}")
-    for flag, path in (("--figure", args.figure), ("--out", args.out)):
-        if path is not None and os.path.isdir(path):
-            return error(flag, f"{path!r} is a folder: give the file to write")
-        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            return error(flag, f"no such folder: {os.path.dirname(os.path.abspath(path))!r}")
+    problem = files_and_device_problem({"--figure": args.figure, "--out": args.out}, args.device)
+    if problem:
+        return error(*problem)
     import torch
 
     from .._flags import torch_threads
 
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        return error("--device", f"not a torch device: {args.device!r}")
-    if device.type not in ("cpu", "cuda") or (device.type == "cuda" and not torch.cuda.is_available()):
-        return error("--device", f"expected cpu, or cuda on a machine with CUDA, got {args.device!r}")
     runs = []
     with torch_threads(args.threads):
         for i, path in enumerate(args.checkpoints):
