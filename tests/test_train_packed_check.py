@@ -97,5 +97,6 @@ def test_check_checkpoint_refuses_bad_arguments(checkpoints):
     _, paths = checkpoints
     with pytest.raises(ValueError, match="metric must be one of"):
         check_checkpoint(paths["invariant"], metric="f1")
-    with pytest.raises(ValueError, match="eval_images must be an int >= 1, got 0"):
-        check_checkpoint(paths["invariant"], eval_images=0)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"eval_images must be an int >= 1, got {bad}"):
+            check_checkpoint(paths["invariant"], eval_images=bad)

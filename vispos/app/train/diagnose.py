@@ -146,7 +146,7 @@ def diagnose_checkpoint(path: str | os.PathLike, label: str | None = None, eval_
     from .task2d import TASK
 
     for name, value in (("eval_images", eval_images), ("batch_size", batch_size)):
-        if value is not None and (not isinstance(value, int) or value < 1):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     model, args, state, mode = load_detector(path, device)
     args.eval_images = eval_images or args.eval_images

@@ -106,7 +106,8 @@ def check_checkpoint(path: str | os.PathLike, metric: str = "ap50", eval_images:
 
     if metric not in TASK.metric_names:
         raise ValueError(f"metric must be one of {list(TASK.metric_names)}, got {metric!r}")
-    if eval_images is not None and (not isinstance(eval_images, int) or eval_images < 1):
+    if eval_images is not None and (isinstance(eval_images, bool) or not isinstance(eval_images, int)
+                                    or eval_images < 1):
         raise ValueError(f"eval_images must be an int >= 1, got {eval_images!r}")
     model, args, state, mode = load_detector(path, device)
     if mode == "stock":
