@@ -119,18 +119,24 @@ def check_checkpoint(path: str | os.PathLike, metric: str = "ap50", eval_images:
     ctx = DistContext(device=torch.device(device))
     criterion = SetCriterion(len(TASK.classes), TASK.box_ops, args.class_weight, args.l1_weight,
                              args.giou_weight, args.eos_coef)
+    outputs: dict[str, list] = {"invariant": [], "packed": []}  # each evaluation's outputs, batch by batch
+    hooks = [net.register_forward_hook(lambda _m, _i, out, seen=outputs[name]: seen.append(out))
+             for name, net in (("invariant", model), ("packed", twin))]
     rows = []
-    with torch.no_grad():
+    try:
         for key, batches in held_out_compositions(held, args, ctx).items():
-            worst = {"logits": 0.0, "boxes": 0.0}
-            for nested, _, n_scored in batches:
-                a, b = model(nested.to(device)), twin(nested.to(device))
+            row = {"composition": key, "logits": 0.0, "boxes": 0.0}
+            for name, net in (("invariant", model), ("packed", twin)):
+                outputs[name].clear()
+                row[name] = evaluate(net, batches, criterion, TASK, ctx)[metric]
+            for (_, _, n_scored), a, b in zip(batches, outputs["invariant"], outputs["packed"], strict=True):
                 for name, out_key in (("logits", "pred_logits"), ("boxes", "pred_boxes")):
                     gap = (a[out_key][:n_scored].double() - b[out_key][:n_scored].double()).abs().max()
-                    worst[name] = max(worst[name], float(gap))
-            rows.append({"composition": key,
-                         "invariant": evaluate(model, batches, criterion, TASK, ctx)[metric],
-                         "packed": evaluate(twin, batches, criterion, TASK, ctx)[metric], **worst})
+                    row[name] = max(row[name], float(gap))
+            rows.append(row)
+    finally:
+        for hook in hooks:
+            hook.remove()
     return PackedCheck(os.fspath(path), state["arm"], int(state["step"]), mode, metric, len(held), rows)
 
 
