@@ -57,8 +57,10 @@ def test_invariant_and_packed_checkpoints_are_equal_in_every_composition(checkpo
     assert "Packed and invariant: equal" in printed and table.read_text() in printed
 
 
-def test_a_twin_that_differs_is_reported_not_equal(checkpoints, monkeypatch, capsys):
-    """The check can fail: a packed twin whose first weight is moved gives exit 1 and says so."""
+@pytest.mark.parametrize("factor", [1.5, float("nan")])
+def test_a_twin_that_differs_is_reported_not_equal(checkpoints, monkeypatch, capsys, factor):
+    """The check can fail: a packed twin whose stem is scaled gives exit 1 and says so, and one
+    whose outputs are NaN too (a NaN difference is never within the tolerance)."""
     _, paths = checkpoints
     build = packed_check._packed_twin
 
@@ -67,13 +69,15 @@ def test_a_twin_that_differs_is_reported_not_equal(checkpoints, monkeypatch, cap
         assert twin.joiner.backbone._packed is not None  # the blocks run packed
         with torch.no_grad():  # the stem: the tiny ViT's blocks start behind a small layer scale
             for weight in twin.joiner.backbone.body.model.patch_embed.parameters():
-                weight.mul_(1.5)
+                weight.mul_(factor)
         return twin
 
     monkeypatch.setattr(packed_check, "_packed_twin", moved)
     assert main([paths["invariant"], "--threads", "1", "--eval-images", "2"]) == 1
     printed = capsys.readouterr().out
     assert "Packed and invariant: NOT equal" in printed
+    if factor != factor:  # NaN outputs: the matcher cannot score them, the metric says so
+        assert "| nan | inf | inf |" in printed
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -17,6 +17,7 @@ where), 2 for a bad checkpoint or flag (one line).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -43,7 +44,9 @@ class PackedCheck:
             compared (a key of the task's metrics, e.g. ``ap50``). items (int): held-out items.
         rows (list of dict): one per composition (``batch<B>``, ``beside_largest``), keys
             ``composition``, ``invariant``, ``packed`` (the metric), ``logits`` and ``boxes``
-            (the largest absolute difference, packed against invariant, over the scored items).
+            (the largest absolute difference, packed against invariant, over the scored items;
+            ``inf`` where either output is NaN or both are the same infinity; then a model whose
+            outputs the matcher cannot score has metric NaN).
     """
 
     path: str
@@ -128,11 +131,19 @@ def check_checkpoint(path: str | os.PathLike, metric: str = "ap50", eval_images:
             row = {"composition": key, "logits": 0.0, "boxes": 0.0}
             for name, net in (("invariant", model), ("packed", twin)):
                 outputs[name].clear()
-                row[name] = evaluate(net, batches, criterion, TASK, ctx)[metric]
+                try:
+                    row[name] = evaluate(net, batches, criterion, TASK, ctx)[metric]
+                except ValueError:  # the matcher refuses NaN / inf outputs: a finding, not a bad input
+                    if all(out[k].isfinite().all() for out in outputs[name] for k in ("pred_logits", "pred_boxes")):
+                        raise
+                    row.update({name: math.nan, "logits": math.inf, "boxes": math.inf})
+            if math.isnan(row["invariant"]) or math.isnan(row["packed"]):
+                rows.append(row)
+                continue
             for (_, _, n_scored), a, b in zip(batches, outputs["invariant"], outputs["packed"], strict=True):
                 for name, out_key in (("logits", "pred_logits"), ("boxes", "pred_boxes")):
-                    gap = (a[out_key][:n_scored].double() - b[out_key][:n_scored].double()).abs().max()
-                    row[name] = max(row[name], float(gap))
+                    gap = (a[out_key][:n_scored].double() - b[out_key][:n_scored].double()).abs()
+                    row[name] = max(row[name], float(gap.nan_to_num(nan=math.inf).max()))  # NaN: never equal
             rows.append(row)
     finally:
         for hook in hooks:
