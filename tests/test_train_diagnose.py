@@ -25,6 +25,7 @@ from vispos.app.train.attention import (  # noqa: E402
 )
 from vispos.app.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from vispos.app.train.diagnose import COLUMNS, diagnose_checkpoint, main  # noqa: E402
+from one_line import assert_refused_in_one_line  # noqa: E402
 
 MASSES = ("padding_mass", "class_mass", "register_mass")
 
@@ -156,14 +157,8 @@ def test_diagnostics_of_stock_and_invariant_checkpoints(checkpoints, capsys):
     (["{stock}", "--device", "meta"], "argument --device: expected cpu, or cuda"),
 ])
 def test_bad_input_is_refused_in_one_line(checkpoints, capsys, argv, message):
-    import re
-
     _, paths = checkpoints
-    with pytest.raises(SystemExit) as exc:
-        main([a.format(**paths) for a in argv])
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and re.search(message, lines[0]), lines
+    assert_refused_in_one_line(main, [a.format(**paths) for a in argv], capsys, message)
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -180,8 +175,6 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, caps
     traceback. Before: a text file said only 'not a readable checkpoint: 101', an empty one ended
     in ':', a checkpoint without its arm ended in KeyError 'arm', one whose args were no dict in
     AttributeError, and foreign weights printed every key of the model on one line."""
-    import re
-
     _, paths = checkpoints
     data = open(paths["stock"], "rb").read()
     state = load_checkpoint(paths["stock"])
@@ -200,12 +193,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, caps
         torch.save({**state, "args": ["--backbone", "vit"]}, bad)
     else:
         torch.save({**state, "model": {"x": torch.zeros(1)}}, bad)
-    with pytest.raises(SystemExit) as exc:
-        main([str(bad), "--threads", "1"])
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("python -m vispos.app.train.diagnose: error: argument CHECKPOINT: ")
-    assert str(bad) in lines[0] and re.search(message, lines[0]) and len(lines[0]) < 600, lines
+    line = assert_refused_in_one_line(main, [str(bad), "--threads", "1"], capsys, message)
+    assert line.startswith("python -m vispos.app.train.diagnose: error: argument CHECKPOINT: ")
+    assert str(bad) in line and len(line) < 600, line
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -217,14 +207,9 @@ def test_a_damaged_checkpoint_is_refused_in_one_line(checkpoints, tmp_path, caps
 def test_flags_beyond_their_bounds_are_refused_before_any_work(checkpoints, tmp_path, capsys, argv, message):
     """Before: --figure / --out naming a folder ended in an IsADirectoryError traceback after the
     whole run; --eval-images 100000000 built held-out images for minutes (vispos train bounds it)."""
-    import re
-
     _, paths = checkpoints
-    with pytest.raises(SystemExit) as exc:
-        main([paths["stock"], "--threads", "1"] + [a.format(folder=tmp_path) for a in argv])
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and re.search(message, lines[0]), lines
+    argv = [paths["stock"], "--threads", "1"] + [a.format(folder=tmp_path) for a in argv]
+    assert_refused_in_one_line(main, argv, capsys, message)
 
 
 @pytest.mark.parametrize("kwargs", [{"is_causal": True}, {"dropout_p": 0.1}, {"enable_gqa": True}])

@@ -6,7 +6,6 @@ an invariant and a packed checkpoint of a one-step run give the same metric and 
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ pytest.importorskip("scipy")
 from vispos.app.train import packed_check, task2d  # noqa: E402
 from vispos.app.train.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from vispos.app.train.packed_check import check_checkpoint, main  # noqa: E402
+from one_line import assert_refused_in_one_line  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +90,7 @@ def test_a_twin_that_differs_is_reported_not_equal(checkpoints, monkeypatch, cap
 ])
 def test_bad_input_is_refused_in_one_line(checkpoints, capsys, argv, message):
     _, paths = checkpoints
-    with pytest.raises(SystemExit) as exc:
-        main([a.format(**paths) for a in argv])
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and re.search(message, lines[0]), lines
+    assert_refused_in_one_line(main, [a.format(**paths) for a in argv], capsys, message)
 
 
 def test_check_checkpoint_refuses_bad_arguments(checkpoints):

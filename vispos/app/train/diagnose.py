@@ -214,22 +214,29 @@ def files_and_device_problem(files: dict[str, str | None], device: str) -> tuple
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m vispos.app.train.diagnose", description=(
-        "Attention diagnostics of the ViT detector from its training checkpoints: per block, the attention mass on "
-        "padding, class and register tokens, the attention entropy and the high-norm tokens, on the held-out set."))
-    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help="checkpoints of vispos train --backbone vit --save-every K (e.g. a stock and an invariant run)")
-    p.add_argument("--labels", nargs="+", default=None, metavar="LABEL", help="one name per checkpoint (default: its mode)")
-    p.add_argument("--figure", default=None, metavar="PATH", help="write the figure (PNG) here")
+def checkpoint_parser(prog: str, description: str, checkpoints_help: str) -> OneLineParser:
+    """The flags every checkpoint command of the training app takes: ``CHECKPOINT...``, ``--out``,
+    ``--eval-images``, ``--device`` and ``--threads``; a command adds its own after them."""
+    p = OneLineParser(prog=prog, description=description)
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=checkpoints_help)
     p.add_argument("--out", default=None, metavar="PATH", help="also write the table (markdown) here")
     p.add_argument("--eval-images", type=int_at_least(1), default=None, metavar="N", help="held-out items (default: the run's)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_threads_argument(p)
+    return p
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = checkpoint_parser("python -m vispos.app.train.diagnose", (
+        "Attention diagnostics of the ViT detector from its training checkpoints: per block, the attention mass on "
+        "padding, class and register tokens, the attention entropy and the high-norm tokens, on the held-out set."),
+        "checkpoints of vispos train --backbone vit --save-every K (e.g. a stock and an invariant run)")
+    p.add_argument("--labels", nargs="+", default=None, metavar="LABEL", help="one name per checkpoint (default: its mode)")
+    p.add_argument("--figure", default=None, metavar="PATH", help="write the figure (PNG) here")
     p.add_argument("--batch-size", type=int_at_least(1), default=None, metavar="B",
                    help="items per padded held-out batch (default: the run's headline --eval-batch-sizes)")
     p.add_argument("--outlier-ratio", type=positive_float, default=2.0, metavar="R",
                    help="a high-norm token's norm exceeds this multiple of its image's median (default 2)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_threads_argument(p)
     return p
 
 

@@ -23,10 +23,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._errors import OneLineParser
-from .._flags import add_threads_argument, int_at_least, positive_float
+from .._flags import positive_float
 from ._args import MAX_SIZES
-from .diagnose import files_and_device_problem, load_detector
+from .diagnose import checkpoint_parser, files_and_device_problem, load_detector
 
 __all__ = ["PackedCheck", "check_checkpoint", "packed_table", "main"]
 
@@ -175,18 +174,13 @@ def packed_table(checks: Sequence[PackedCheck], atol: float = ATOL) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m vispos.app.train.packed_check", description=(
+    p = checkpoint_parser("python -m vispos.app.train.packed_check", (
         "The packed ViT against the padded invariant ViT from training checkpoints: the same weights run both ways "
-        "on the run's held-out compositions, the metric of each and the largest output difference."))
-    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT",
-                   help="checkpoints of vispos train --backbone vit --save-every K with --padding-invariant or --packed")
+        "on the run's held-out compositions, the metric of each and the largest output difference."),
+        "checkpoints of vispos train --backbone vit --save-every K with --padding-invariant or --packed")
     p.add_argument("--metric", default="ap50", choices=("map", "ap50", "ap75"), help="the metric compared (default ap50)")
     p.add_argument("--atol", type=positive_float, default=ATOL, metavar="A",
                    help=f"the largest logit or box difference counted as equal (default {ATOL:g})")
-    p.add_argument("--eval-images", type=int_at_least(1), default=None, metavar="N", help="held-out items (default: the run's)")
-    p.add_argument("--out", default=None, metavar="PATH", help="also write the table (markdown) here")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    add_threads_argument(p)
     return p
 
 
