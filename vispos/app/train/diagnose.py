@@ -216,7 +216,10 @@ def files_and_device_problem(files: dict[str, str | None], device: str) -> tuple
 
 def checkpoint_parser(prog: str, description: str, checkpoints_help: str) -> OneLineParser:
     """The flags every checkpoint command of the training app takes: ``CHECKPOINT...``, ``--out``,
-    ``--eval-images``, ``--device`` and ``--threads``; a command adds its own after them."""
+    ``--eval-images``, ``--device`` and ``--threads``; a command adds its own after them.
+
+    Returns:
+        OneLineParser: usage errors end the command with one line on stderr (exit status 2)."""
     p = OneLineParser(prog=prog, description=description)
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help=checkpoints_help)
     p.add_argument("--out", default=None, metavar="PATH", help="also write the table (markdown) here")
