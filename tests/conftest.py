@@ -53,7 +53,7 @@ def registry():
     """vispos.invariance's registered rules, restored after the test (a test may register its own)."""
     from vispos.invariance import rules
 
-    saved = dict(rules._RULES)
+    saved = dict(rules._book._RULES)
     yield
-    rules._RULES.clear()
-    rules._RULES.update(saved)
+    rules._book._RULES.clear()
+    rules._book._RULES.update(saved)

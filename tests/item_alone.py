@@ -10,8 +10,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from vispos import NestedTensor, nested_tensor_from_tensor_list
-from vispos.invariance._rewrite import make_padding_invariant
-from vispos.invariance._trace import trace_dual
+from vispos.invariance.rewrite._rewrite import make_padding_invariant
+from vispos.invariance.tracing._trace import trace_dual
 
 
 def region(start, size):

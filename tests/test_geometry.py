@@ -1,4 +1,4 @@
-"""vispos.invariance._geometry: torch's output-size arithmetic, replayed on each item's box."""
+"""vispos.invariance.geometry._geometry: torch's output-size arithmetic, replayed on each item's box."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vispos.invariance._geometry import Geometry, Window
-from vispos.invariance._functions import window_of
+from vispos.invariance.geometry._geometry import Geometry, Window
+from vispos.invariance.rules._functions import window_of
 
 
 @settings(max_examples=300, deadline=None)

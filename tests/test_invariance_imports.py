@@ -50,7 +50,7 @@ def _private_imports(source: str, module: str, is_package: bool = False) -> list
             targets = [node.args[0].value]
         for target in targets:
             parts = target.split(".")
-            if parts[:2] == INVARIANCE.split(".") and len(parts) > 2 and parts[2].startswith("_"):
+            if parts[:2] == INVARIANCE.split(".") and any(part.startswith("_") for part in parts[2:]):
                 found.append((node.lineno, target))
                 break
     return found
@@ -77,15 +77,15 @@ def test_the_scan_covers_every_module_outside_the_package():
 
 
 @pytest.mark.parametrize("source, module, is_package, want", [
-    ("from ..invariance._trace import trace_dual", "vispos.backbones.timm_backbone", False,
-     "vispos.invariance._trace"),
-    ("def f():\n    from ...invariance._tokens import item_grids", "vispos.app.train.attention", False,
-     "vispos.invariance._tokens"),
-    ("from .invariance import _stem", "vispos.config", False, "vispos.invariance._stem"),
-    ("from ..invariance import _run", "vispos.monai", True, "vispos.invariance._run"),
-    ("import vispos.invariance._packed as p", "vispos.levels", False, "vispos.invariance._packed"),
-    ("import importlib\nimportlib.import_module('vispos.invariance._mode_graphs')", "vispos.levels", False,
-     "vispos.invariance._mode_graphs"),
+    ("from ..invariance.tracing._trace import trace_dual", "vispos.backbones.timm_backbone", False,
+     "vispos.invariance.tracing._trace"),
+    ("def f():\n    from ...invariance.tokens._tokens import item_grids", "vispos.app.train.attention", False,
+     "vispos.invariance.tokens._tokens"),
+    ("from .invariance.tokens import _stem", "vispos.config", False, "vispos.invariance.tokens._stem"),
+    ("from ..invariance.geometry import _run", "vispos.monai", True, "vispos.invariance.geometry._run"),
+    ("import vispos.invariance.tokens._packed as p", "vispos.levels", False, "vispos.invariance.tokens._packed"),
+    ("import importlib\nimportlib.import_module('vispos.invariance.tracing._mode_graphs')", "vispos.levels", False,
+     "vispos.invariance.tracing._mode_graphs"),
 ])
 def test_the_scan_finds_each_form_of_a_private_import(source, module, is_package, want):
     assert [target for _, target in _private_imports(source, module, is_package)] == [want]
@@ -139,7 +139,7 @@ def test_the_convolutional_stem_is_traced_without_the_backbones_imported():
         import torch
         from torch import nn
         from timm.layers import PatchEmbed
-        import vispos.invariance._stem as stem
+        import vispos.invariance.tokens._stem as stem
         from vispos import NestedTensor
         from vispos.padding import Padding
 

@@ -1,4 +1,4 @@
-"""vispos.invariance._norms and vispos.invariance._pools: statistics over valid cells against slow
+"""vispos.invariance.cells._norms and vispos.invariance.cells._pools: statistics over valid cells against slow
 references (each item cropped to its box, the valid cells gathered by hand), values and gradients,
 for each item's box and for the mask fallback."""
 
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from vispos import Padding
-from vispos.invariance import _norms as norms
-from vispos.invariance import _pools as pools
+from vispos.invariance.cells import _norms as norms
+from vispos.invariance.cells import _pools as pools
 
 PADDING = Padding.from_sizes([(5, 7), (6, 3), (2, 7)], (6, 7))
 ARBITRARY = Padding.from_mask(PADDING.mask, classify=False)  # the same cells, read as any mask

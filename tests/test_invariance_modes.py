@@ -1,5 +1,5 @@
 """Deep copies, pickles and state-dict round trips of the backbone adapters keep the train / eval
-mode of every graph and module (vispos.invariance._mode_graphs), tested as an EMA uses them."""
+mode of every graph and module (vispos.invariance.tracing._mode_graphs), tested as an EMA uses them."""
 
 import copy
 import pickle

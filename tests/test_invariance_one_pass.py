@@ -1,4 +1,4 @@
-"""Every item's statistics in one batched computation (vispos.invariance._norms / _pools): equal in
+"""Every item's statistics in one batched computation (vispos.invariance.cells._norms / _pools): equal in
 float64 to the per-item references (each item's box cropped, torch's own layer on it), in eval and
 training (outputs, running statistics, parameter and input gradients), for 1 to 3 spatial axes, an
 item without a valid cell, symmetric boxes and an arbitrary mask; the number of dispatched ops
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vispos import Padding
-from vispos.invariance import _norms as norms
-from vispos.invariance import _pools as pools
+from vispos.invariance.cells import _norms as norms
+from vispos.invariance.cells import _pools as pools
 
 _HOST_READS = {"_local_scalar_dense", "equal", "nonzero", "masked_select", "is_nonzero", "allclose", "item"}
 

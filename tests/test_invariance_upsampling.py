@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from vispos import NestedTensor, Padding
-from vispos.invariance._trace import trace_dual
-from vispos.invariance._geometry import TransposedWindow
-from vispos.invariance._rewrite import make_padding_invariant
+from vispos.invariance.tracing._trace import trace_dual
+from vispos.invariance.geometry._geometry import TransposedWindow
+from vispos.invariance.rewrite._rewrite import make_padding_invariant
 from trained_norms import trained_like as _trained_like
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ timm = pytest.importorskip("timm")
 
 from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list  # noqa: E402
 from vispos.backbones import TimmBackbone  # noqa: E402
-from vispos.invariance import _windowed as windowed  # noqa: E402  (after: the rule is registered on import of vispos)
+from vispos.invariance.tokens import _windowed as windowed  # noqa: E402  (after: the rule is registered on import of vispos)
 
 SAM_TINY = dict(img_size=64, patch_size=8, embed_dim=32, depth=4, num_heads=2, global_attn_indexes=(1, 3),
                 window_size=3, neck_chans=16)
@@ -403,7 +403,7 @@ def test_a_subclass_with_its_own_intermediates_is_refused():
     from timm.models.swin_transformer import SwinTransformer
     from timm.models.vision_transformer_sam import VisionTransformerSAM
 
-    from vispos.invariance import _swin_timm
+    from vispos.invariance.tokens import _swin_timm
 
     class MySwin(SwinTransformer):
         def forward_intermediates(self, x, **kwargs):

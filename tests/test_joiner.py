@@ -310,8 +310,8 @@ class _FixedLevels(nn.Module):
 
 def _window_padding(padding, conv):
     """The padding of an extra level's convolution output on each item's box (None: no box)."""
-    from vispos.invariance._functions import window_of
-    from vispos.invariance._geometry import Geometry
+    from vispos.invariance.rules._functions import window_of
+    from vispos.invariance.geometry._geometry import Geometry
     from vispos.padding import Padding
 
     if padding.kind == "arbitrary":
@@ -330,8 +330,8 @@ def _hand_written_projections(joiner, levels):
     """The Joiner's invariant projections as they were written by hand before going through the
     rule book: GroupNorm over valid cells, extra levels on filled input with box paddings, DETR's
     nearest rule for an arbitrary mask."""
-    from vispos.invariance._norms import group_norm
-    from vispos.invariance._pools import filled
+    from vispos.invariance.cells._norms import group_norm
+    from vispos.invariance.cells._pools import filled
 
     features, projs = [], list(joiner.input_proj)
     for (conv, norm), level in zip(projs, levels):
@@ -412,7 +412,7 @@ def test_invariant_projections_follow_the_rule_book_through_copies_and_replaced_
     import copy
     import pickle
 
-    from vispos.invariance._pools import filled
+    from vispos.invariance.cells._pools import filled
 
     levels = _padded_levels("box", 2)
     joiner = Joiner(_FixedLevels(levels), PositionEmbeddingSine(12, normalize=True), hidden_dim=24,

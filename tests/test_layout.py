@@ -43,6 +43,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     }),
     ("padding and masks", {"vispos.padding"}),
     ("padded batches", {"vispos.nested_tensor", "vispos.batching", "vispos.levels"}),
+    ("fused ops", {"vispos.ops"}),
     ("padding invariance", {"vispos.invariance"}),
     ("encodings", {"vispos._positions", "vispos.encodings"}),
     ("transformer", {"vispos.transformer"}),

@@ -1,4 +1,4 @@
-"""packed=True for timm's VisionTransformer and Eva (vispos/invariance/_packed.py): every item's
+"""packed=True for timm's VisionTransformer and Eva (vispos/invariance/tokens/_packed.py): every item's
 tokens in one sequence, no padding token. Each item gets what the stock model gives it alone
 (float64, eval and training, outputs and parameter gradients), the levels equal the padded
 invariant mode's (float32 rounding), and every other model or input is refused by name."""
@@ -9,7 +9,7 @@ import torch
 
 from vispos import NestedTensor, Padding, PositionEmbeddingRandom, PositionEmbeddingSine, nested_tensor_from_tensor_list
 from vispos.backbones import Joiner, TimmBackbone
-from vispos.invariance._packed import _drop_path, packed_levels
+from vispos.invariance.tokens._packed import _drop_path, packed_levels
 
 from item_alone import assert_copies_give
 
@@ -183,7 +183,7 @@ def test_caller_position_embedding_of_another_shape_is_refused():
 
 
 def test_on_canvas_refuses_a_table_of_another_grid():
-    from vispos.invariance._tokens import on_canvas
+    from vispos.invariance.tokens._tokens import on_canvas
 
     with pytest.raises(ValueError, match=r"6 rows for a 2 x 2 grid"):
         on_canvas([torch.zeros(6, 1), torch.zeros(4, 1)], [(2, 2), (2, 2)], (2, 3))
@@ -361,7 +361,7 @@ def test_block_diagonal_attention_through_the_variable_length_kernel(key, monkey
     gradients as one attention call per item."""
     import torch.nn.attention.varlen as varlen
 
-    from vispos.invariance import _packed
+    from vispos.invariance.tokens import _packed
 
     packed, _ = _pair(key, dtype=torch.float64)
     images = _images(SIZES["apart"] + SIZES["odd"])

@@ -13,8 +13,8 @@ from torch import nn
 
 from vispos import NestedTensor, Padding, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone
-from vispos.invariance._rewrite import make_padding_invariant
-from vispos.invariance._trace import trace_dual
+from vispos.invariance.rewrite._rewrite import make_padding_invariant
+from vispos.invariance.tracing._trace import trace_dual
 from trained_norms import trained_like as _trained_like
 
 F64 = torch.float64

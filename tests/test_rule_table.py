@@ -13,9 +13,9 @@ from torch import nn
 
 import vispos
 from vispos.invariance import TokenModelRule, rules
-from vispos.invariance._geometry import Window
-from vispos.invariance._rewrite import _Rewriter, make_padding_invariant
-from vispos.invariance._trace import trace_dual
+from vispos.invariance.geometry._geometry import Window
+from vispos.invariance.rewrite._rewrite import _Rewriter, make_padding_invariant
+from vispos.invariance.tracing._trace import trace_dual
 
 from item_alone import Invariant, alone_and_in_batch, two_items
 
@@ -231,9 +231,9 @@ class _Everything(nn.Module):
 
 def test_every_step_operation_a_rule_calls_is_in_the_protocol(registry, monkeypatch):
     seen: set = set()
-    for key, rule in list(rules._RULES.items()):
+    for key, rule in list(rules._book._RULES.items()):
         if not isinstance(rule, TokenModelRule):
-            rules._RULES[key] = _Checked(rule, seen)
+            rules._book._RULES[key] = _Checked(rule, seen)
     model = _Everything().eval()
     make_padding_invariant(trace_dual(model, 2), 2, per_item=True)
     tv = pytest.importorskip("torchvision")

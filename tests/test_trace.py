@@ -1,4 +1,4 @@
-"""The tracer behind every adapter (vispos.invariance._trace): levels it cannot see are an error,
+"""The tracer behind every adapter (vispos.invariance.tracing._trace): levels it cannot see are an error,
 failures inside the tracer are vispos' ValueError naming the layer, timm's hook-based feature
 models are traced to their hooked modules."""
 
@@ -9,7 +9,7 @@ from trained_norms import trained_like
 
 from vispos import NestedTensor, nested_tensor_from_tensor_list
 from vispos.backbones import TimmBackbone, TorchvisionBackbone, VolumeBackbone
-from vispos.invariance._trace import hooked_features, trace_dual
+from vispos.invariance.tracing._trace import hooked_features, trace_dual
 
 
 class _HookedFeatures(nn.Module):

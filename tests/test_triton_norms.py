@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 from vispos import Padding, _triton  # noqa: E402
 from vispos.invariance import _norm_kernels as geometry  # noqa: E402
 from vispos.invariance import _norm_ops as ops  # noqa: E402
-from vispos.invariance import _norms as norms  # noqa: E402
+from vispos.invariance.cells import _norms as norms  # noqa: E402
 
 BN, BN_BACKWARD = torch.ops.vispos.valid_batch_norm.default, torch.ops.vispos.valid_batch_norm_backward.default
 GN, GN_BACKWARD = torch.ops.vispos.valid_group_norm.default, torch.ops.vispos.valid_group_norm_backward.default
@@ -446,7 +446,7 @@ def test_triton_absent_leaves_the_norms_working():
             "sys.modules['triton'] = None  # import triton fails, find_spec finds nothing\n"
             "import torch, vispos\n"
             "from vispos import _triton\n"
-            "from vispos.invariance import _norms\n"
+            "from vispos.invariance.cells import _norms\n"
             "assert not _triton.available()\n"
             "x = torch.randn(2, 3, 4, 4, requires_grad=True)\n"
             "m = torch.zeros(2, 1, 4, 4, dtype=torch.bool); m[1, :, 2:] = True\n"

@@ -193,8 +193,8 @@ def test_subclass_setting_n_spatial_sets_num_axes():
 
 def test_rewrite_step_reports_num_axes():
     """A user's invariance rule reads ``step.num_axes`` (``step.n_spatial`` warns, same value)."""
-    from vispos.invariance._trace import trace_dual
-    from vispos.invariance._rewrite import make_padding_invariant
+    from vispos.invariance.tracing._trace import trace_dual
+    from vispos.invariance.rewrite._rewrite import make_padding_invariant
 
     seen = {}
 
@@ -211,14 +211,14 @@ def test_rewrite_step_reports_num_axes():
         def forward(self, x):
             return 2 * x
 
-    saved = dict(rules._RULES)
+    saved = dict(rules._book._RULES)
     try:
         vispos.register_invariance_rule(Scale, Probe())
         body = trace_dual(nn.Sequential(nn.Conv3d(1, 2, 3, padding=1), Scale()), 3)
         make_padding_invariant(body, 3)
     finally:
-        rules._RULES.clear()
-        rules._RULES.update(saved)
+        rules._book._RULES.clear()
+        rules._book._RULES.update(saved)
     assert seen == {"new": 3, "old": 3}
 
 

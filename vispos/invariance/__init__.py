@@ -33,17 +33,17 @@ References:
     torch.fx; torchvision ``models/feature_extraction.py``.
 """
 
-from . import _vit  # noqa: F401
+from .tokens import _vit  # noqa: F401
 from ._network import PaddingInvariant, make_graph_invariant, make_padding_invariant
-from ._tokens import (
+from .tokens._tokens import (
     TokenModelRule, TokenRunner, has_hooks, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas,
 )
 from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
-from ._geometry import Window
-from ._packed import PackedRunner
-from ._run import InvariantRunner
-from ._swin import refuse_swin
-from . import _builtin_rules  # noqa: F401,E402  (registers every built-in entry of the one rule table)
+from .geometry._geometry import Window
+from .tokens._packed import PackedRunner
+from .geometry._run import InvariantRunner
+from .tokens._swin import refuse_swin
+from .rules import _builtin  # noqa: F401,E402  (registers every built-in entry of the one rule table)
 
 __all__ = [
     "CellWise", "InvarianceRule", "InvariantProjection", "InvariantRunner", "ModeGraphModule", "PackedRunner",
@@ -56,9 +56,9 @@ __all__ = [
 #: the public names whose modules import the FX tracer (torchvision): imported on first use, so that
 #: ``import vispos.invariance`` (and an encoder config) does not import torchvision
 _ON_FIRST_USE = {
-    "InvariantProjection": "._projection", "ModeGraphModule": "._mode_graphs", "UntraceableLayer": "._trace",
-    "check_graph_hooks": "._mode_graphs", "refuse_unrun_hooks": "._mode_graphs", "trace_dual": "._trace",
-    "trace_features": "._trace",
+    "InvariantProjection": ".geometry._projection", "ModeGraphModule": ".tracing._mode_graphs", "UntraceableLayer": ".tracing._trace",
+    "check_graph_hooks": ".tracing._mode_graphs", "refuse_unrun_hooks": ".tracing._mode_graphs", "trace_dual": ".tracing._trace",
+    "trace_features": ".tracing._trace",
 }
 
 

@@ -1,12 +1,12 @@
 """One public call that makes a whole network padding invariant: :func:`make_padding_invariant`.
 
 The network (2D or 3D: a classifier, a U-Net, any module that maps a batch to maps or per-item
-values) is traced with vispos' FX tracer (:mod:`vispos.invariance._trace`) in training and in
+values) is traced with vispos' FX tracer (:mod:`vispos.invariance.tracing._trace`) in training and in
 eval mode, each traced graph is checked against the network's own eager forward on a probe input,
-and both graphs are rewritten by the rule book (:mod:`vispos.invariance._rewrite`). The returned
+and both graphs are rewritten by the rule book (:mod:`vispos.invariance.rewrite._rewrite`). The returned
 :class:`PaddingInvariant` holds the network's own modules under their own names (its
 ``state_dict`` is the network's) and runs the rewritten graph through the same
-:class:`~vispos.invariance._run.InvariantRunner` as the backbone adapters.
+:class:`~vispos.invariance.geometry._run.InvariantRunner` as the backbone adapters.
 
 References:
     torch.fx (``Tracer``, ``GraphModule``); torchvision ``models/feature_extraction.py``
@@ -201,8 +201,8 @@ def make_padding_invariant(
 
 
 def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) -> "PaddingInvariant":
-    from ._swin import refuse_swin
-    from ._trace import UntraceableLayer, trace_features
+    from .tokens._swin import refuse_swin
+    from .tracing._trace import UntraceableLayer, trace_features
 
     num_axes, in_channels, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size)
     name = type(model).__name__
@@ -298,7 +298,7 @@ def make_graph_invariant(graph: fx.GraphModule, num_axes: int, inputs: Sequence[
         torch.fx (``GraphModule``); Dumoulin and Visin, A guide to convolution arithmetic for deep
         learning, 2016; Carion et al., DETR, ECCV 2020 (padded batches, mask True = padding).
     """
-    from ._trace import make_invariant
+    from .tracing._trace import make_invariant
 
     return make_invariant(graph, num_axes, inputs=inputs, per_item=per_item)
 
@@ -398,7 +398,7 @@ class PaddingInvariant(nn.Module):
         return type(self._body).forward(self, tensors, paddings)
 
     def forward(self, x: NestedTensor | Tensor, mask: Tensor | None = None) -> Any:
-        from ._mode_graphs import check_graph_hooks
+        from .tracing._mode_graphs import check_graph_hooks
 
         if isinstance(x, NestedTensor):
             if mask is not None:

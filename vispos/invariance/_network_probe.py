@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from ._geometry import Geometry, Window
+from .geometry._geometry import Geometry, Window
 
 #: the largest probe (cells per axis) chosen from the strides; beyond it, pass probe_size
 _MAX_PROBE = 1024
@@ -90,7 +90,7 @@ def _differs(got: Any, want: Any) -> str | None:
 def _whole_graph_modules(model: nn.Module, num_axes: int) -> dict[bool, fx.GraphModule]:
     """``model`` traced whole in training and in eval mode (for the check against its eager
     forward, when the graphs to rewrite are cut at return nodes)."""
-    from ._trace import PathTracer
+    from .tracing._trace import PathTracer
 
     modes, traced = _modes(model), {}
     try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._pools import item_counts
+from .cells._pools import item_counts
 
 __all__ = ["stat_dtype", "update_running_stats", "batch_norm_forward", "batch_norm_centred", "batch_norm_backward",
            "group_norm_forward", "group_norm_centred", "group_norm_backward"]

@@ -1,7 +1,7 @@
 """Whole token models (vision transformers) on padded batches: the rule type, its runner, and the
 per-item position helpers every token family shares.
 
-A CNN is made exact layer by layer (:mod:`vispos.invariance._rewrite`); a vision transformer is
+A CNN is made exact layer by layer (:mod:`vispos.invariance.rewrite._rewrite`); a vision transformer is
 made exact as a whole, by one function that runs the model's own modules the way its
 ``forward_intermediates`` does, with each item's own positions and an attention mask. That
 function is a :class:`TokenModelRule`, registered for the model's class with
@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .. import _tracing
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
-from . import rules as _rules
-from .rules import InvarianceRule
+from ... import _tracing
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
+from .. import rules as _rules
+from ..rules import InvarianceRule
 
 __all__ = [
     "TokenModelRule", "TokenRunner", "block_order", "has_hooks", "item_grids", "item_pos_embeds", "item_rope_embeds",

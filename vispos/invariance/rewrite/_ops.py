@@ -1,11 +1,11 @@
-"""The operations a padding-invariant graph calls (:mod:`vispos.invariance._rewrite` inserts them).
+"""The operations a padding-invariant graph calls (:mod:`vispos.invariance.rewrite._rewrite` inserts them).
 
 Each takes the feature map's :class:`~vispos.Padding` (or None: no padding, the stock layer runs)
-and calls the maths of :mod:`vispos.invariance._norms` and :mod:`vispos.invariance._pools`.
+and calls the maths of :mod:`vispos.invariance.cells._norms` and :mod:`vispos.invariance.cells._pools`.
 Module-level functions, so the rewritten graph pickles and compiles.
 
 References:
-    See :mod:`vispos.invariance._norms` and :mod:`vispos.invariance._pools`.
+    See :mod:`vispos.invariance.cells._norms` and :mod:`vispos.invariance.cells._pools`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
-from . import _norms, _pools, _upsampling
-from ..padding import Padding
+from ..cells import _norms, _pools, _upsampling
+from ...padding import Padding
 
 __all__ = [
     "padding_at", "fill", "fill_in_place", "norm_module", "call_with_padding", "batch_norm_fn", "group_norm",
@@ -125,7 +125,7 @@ def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padd
 def call_with_padding(x: Tensor, padding: Padding | None, module: nn.Module) -> Tensor:
     """A module with a :class:`~vispos.invariance.rules.PaddingAware` rule: its ``fn(module, x,
     padding)``, looked up when the graph runs (so the graph pickles without the function)."""
-    from .rules import rule_for
+    from ..rules import rule_for
 
     return rule_for(module).fn(module, x, padding)
 

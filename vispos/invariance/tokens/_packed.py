@@ -38,13 +38,13 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.checkpoint import checkpoint
 
-from .. import _tracing
-from ..batching import nested_tensor_from_tensor_list
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ... import _tracing
+from ...batching import nested_tensor_from_tensor_list
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 from ._token_batch import add_item_positions, as_levels, batch_facts, canvas_tokens
 from ._tokens import TokenModelRule, block_order, item_rope_embeds, on_canvas, refuse_inline_hooks
-from .rules import rule_for
+from ..rules import rule_for
 
 __all__ = ["PackedRunner", "check_packed", "packed_levels"]
 

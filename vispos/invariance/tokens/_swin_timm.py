@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 from ._tokens import TokenModelRule, item_grids
 
 __all__ = ["swin_levels", "check_swin", "shifted_window_index", "item_shift_mask"]
@@ -181,7 +181,7 @@ def check_swin(model: nn.Module) -> None:
 
 
 def swin_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
-    """The :class:`~vispos.invariance._tokens.TokenModelRule` levels of a timm ``SwinTransformer``:
+    """The :class:`~vispos.invariance.tokens._tokens.TokenModelRule` levels of a timm ``SwinTransformer``:
     its ``forward_intermediates`` on a padded batch, each item exact.
 
     Args:
@@ -195,7 +195,7 @@ def swin_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[in
         list of NestedTensor ``(B, C_l, h_l, w_l)``: zeros on each level's padding (True = padding).
 
     Raises:
-        ValueError: as :func:`~vispos.invariance._tokens.item_grids` (an item smaller than one patch
+        ValueError: as :func:`~vispos.invariance.tokens._tokens.item_grids` (an item smaller than one patch
             or not a multiple of it).
 
     References:
@@ -238,6 +238,6 @@ def swin_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance.rules._builtin`)
 TOKEN_RULES = (("timm.models.swin_transformer.SwinTransformer",
                 TokenModelRule(swin_levels, check_swin, inline=swin_inline)),)

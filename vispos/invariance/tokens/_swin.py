@@ -1,6 +1,6 @@
 """Swin layers on padded batches where vispos does not make them exact: refused by name, each with
 what differs from the item alone. (timm's whole ``SwinTransformer`` is exact, as a token model:
-:mod:`vispos.invariance._swin_timm`; its block is refused here when a graph backbone traces it.)
+:mod:`vispos.invariance.tokens._swin_timm`; its block is refused here when a graph backbone traces it.)
 
 Swin's shifted windows are laid out on the canvas, not on the item. Alone, an item's feature map
 is padded to whole windows with zeros, rolled cyclically within its own padded grid (its first

@@ -5,7 +5,7 @@ as ``get_graph_node_names`` gives them), timm's ``features_only`` models (their 
 the models whose features come from forward hooks, the outputs of the hooked modules) and volume
 models. The model is traced once in training and once in eval mode (code that branches on
 ``self.training``, such as ``DropPath``, bakes its branch into each graph) into a
-:class:`~vispos.invariance._mode_graphs.ModeGraphModule`, which switches graphs with ``train()`` /
+:class:`~vispos.invariance.tracing._mode_graphs.ModeGraphModule`, which switches graphs with ``train()`` /
 ``eval()`` and keeps them through deep copies and pickles. The module hierarchy and so the
 ``state_dict`` keys stay those of the traced module.
 
@@ -38,10 +38,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torchvision.models.feature_extraction import NodePathTracer
 
-from ._rewrite import make_padding_invariant
-from .rules import classify_module, registered_functions
+from ..rewrite._rewrite import make_padding_invariant
+from ..rules import classify_module, registered_functions
 from ._mode_graphs import ModeGraphModule
-from ._monai_rules import tracing_patches
+from ..rules._monai import tracing_patches
 
 __all__ = [
     "PathTracer", "UntraceableLayer", "count_outputs", "hooked_features", "make_invariant", "trace_dual",
@@ -200,7 +200,7 @@ def _failing_node(exc: BaseException) -> fx.Node | None:
 
 
 def make_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None, per_item: bool = False) -> Any:
-    """:func:`~vispos.invariance._rewrite.make_padding_invariant` on ``gm`` (``inputs`` and
+    """:func:`~vispos.invariance.rewrite._rewrite.make_padding_invariant` on ``gm`` (``inputs`` and
     ``per_item`` as there),
     with every failure a ``ValueError`` that names the layer: a refusal of the rule book as it is,
     an error from inside the rewrite (a value the rules cannot read) with the graph node it was

@@ -9,18 +9,18 @@ book: every module, function or method call by its entry in the one table
 * before every layer that reads neighbours (convolution, pooling) the input's padding is filled
   (zeros; ``-inf`` for max pooling), exactly what the layer's own padding gives the item alone;
 * statistics (batch / group / instance norm, global pooling, means, L2 norms over space) are taken
-  over valid cells (:mod:`vispos.invariance._ops`);
+  over valid cells (:mod:`vispos.invariance.rewrite._ops`);
 * a permuted map (channels last) keeps its axis order; layer norms and linear layers over its
   channels are cell-wise; values read from a map's size and in-place writes are followed
-  (:mod:`vispos.invariance._values`);
-* every feature map gets a geometry id; :class:`~vispos.invariance._geometry.Geometry` replays the
+  (:mod:`vispos.invariance.rewrite._values`);
+* every feature map gets a geometry id; :class:`~vispos.invariance.geometry._geometry.Geometry` replays the
   convolution arithmetic on each item's box on the host, so each returned level's padding marks
   exactly the cells outside the item's own feature map.
 
 A layer that cannot be made exact is refused when the graph is rewritten (at construction), with
 its name. The rewritten graph takes one more argument, ``paddings`` (a tuple with the
 :class:`~vispos.Padding` of every geometry id, or None): without it (or with None) it runs exactly
-as before. :class:`~vispos.invariance._run.InvariantRunner` derives the paddings of a batch and
+as before. :class:`~vispos.invariance.geometry._run.InvariantRunner` derives the paddings of a batch and
 pairs each output with its padding.
 
 References:
@@ -39,10 +39,10 @@ from torch.utils import _pytree as pytree
 
 from . import _ops as ops
 from . import _values as values
-from ._functions import call_arguments
-from ._geometry import Geometry, TransposedWindow, Window
+from ..rules._functions import call_arguments
+from ..geometry._geometry import Geometry, TransposedWindow, Window
 from ._rewrite_base import RewriterBase, Split
-from ._run import InvariantRunner
+from ..geometry._run import InvariantRunner
 
 __all__ = ["make_padding_invariant"]
 
@@ -307,7 +307,7 @@ def make_padding_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None
         num_axes (int): the number of spatial axes (2 or 3).
         inputs (sequence, optional): what each input of the graph is, in order: None (not a
             feature map), ``()`` (the input whose padding the runner is given, geometry 0) or a
-            tuple of :class:`~vispos.invariance._geometry.Window` (a feature map on the cells those
+            tuple of :class:`~vispos.invariance.geometry._geometry.Window` (a feature map on the cells those
             windows make of it: a ViT's tokens are one patch-sized window). Default ``[()]``: the
             first input is the image batch, the others are not feature maps.
         per_item (bool): also accept outputs that are each item's own values without spatial axes

@@ -36,8 +36,8 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from ._geometry import Window
-from .rules import CellWise, InvarianceRule, Refuse, register_invariance_rule
+from ..geometry._geometry import Window
+from ._book import CellWise, InvarianceRule, Refuse, register_invariance_rule
 
 __all__ = ["ZeroPadRule", "tracing_patches"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import _deprecation
+from ... import _deprecation
 
 __all__ = ["Window", "TransposedWindow", "Geometry", "Boxes"]
 

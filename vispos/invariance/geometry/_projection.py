@@ -1,6 +1,6 @@
 """One convolutional submodule of an owner traced, rewritten by the rule book and run on a padded
 batch: the :class:`~vispos.backbones.Joiner`'s projections and a vision transformer's
-convolutional patch stem (:mod:`vispos.invariance._stem`).
+convolutional patch stem (:mod:`vispos.invariance.tokens._stem`).
 
 References:
     Zhu et al., Deformable DETR, ICLR 2021 (``input_proj``: 1x1 / 3x3 stride-2 convolutions +
@@ -15,10 +15,10 @@ from typing import Any
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from ..nested_tensor import NestedTensor
-from ._mode_graphs import refuse_unrun_hooks, unrun_hooks
-from ._tokens import has_hooks
-from ._trace import make_invariant, trace_features
+from ...nested_tensor import NestedTensor
+from ..tracing._mode_graphs import refuse_unrun_hooks, unrun_hooks
+from ..tokens._tokens import has_hooks
+from ..tracing._trace import make_invariant, trace_features
 
 __all__ = ["InvariantProjection"]
 

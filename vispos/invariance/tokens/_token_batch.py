@@ -1,7 +1,7 @@
 """A padded batch of a token model (timm's ViT / Eva) as its items: each item's grid, its position
 and rotary tables placed on the canvas, the masks, and the canvas's patch tokens; shared by the
-padded invariant run (:mod:`~vispos.invariance._vit`) and the packed run
-(:mod:`~vispos.invariance._packed`).
+padded invariant run (:mod:`~vispos.invariance.tokens._vit`) and the packed run
+(:mod:`~vispos.invariance.tokens._packed`).
 
 Under ``torch.compile`` the facts are built outside the graph (:func:`batch_facts`), which then
 reads only tensors: a new mix of item grids on the same canvas is new data for one graph.
@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from .. import _tracing
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ... import _tracing
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 from ._stem import is_patch_projection, stem_tokens
 from ._tokens import item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas
 

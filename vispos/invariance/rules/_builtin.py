@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _swin, _swin_timm, _vit, _windowed
-from ._rule_types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
+from ..tokens import _swin, _swin_timm, _vit, _windowed
+from ._types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
                           InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Permute, Reduction, Repeat,
                           Split)
-from .rules import CellWise, Refuse, register_invariance_rule
+from ._book import CellWise, Refuse, register_invariance_rule
 
 __all__ = ["register_builtins"]
 

@@ -2,7 +2,7 @@
 module, function or method does to the cells of a padded batch, reads its arguments by name (a
 module's from its attributes, a function's by its signature) and rewrites its node through the
 :class:`~vispos.invariance.rules.RewriteStep`. One object serves a module and its functional twin
-(``nn.Conv2d`` and ``F.conv2d``); :mod:`vispos.invariance._builtin_rules` registers them.
+(``nn.Conv2d`` and ``F.conv2d``); :mod:`vispos.invariance.rules._builtin` registers them.
 
 * **reads neighbours** (:class:`Conv`, :class:`ConvTranspose`, :class:`MaxPool`,
   :class:`AvgPool`, :class:`Interpolate`): a window; its input's padding is filled (0, ``-inf``,
@@ -29,10 +29,10 @@ import torch.fx as fx
 from torch import nn
 
 from . import _functions as sig
-from . import _ops as ops
-from . import _upsampling as upsampling
+from ..rewrite import _ops as ops
+from ..cells import _upsampling as upsampling
 from ._functions import window_of
-from .rules import InvarianceRule, RewriteStep
+from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
     "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "GetItem", "GlobalPool", "GroupNormFunction",
@@ -81,7 +81,7 @@ class Conv(InvarianceRule):
 class ConvTranspose(InvarianceRule):
     """``nn.ConvTranspose1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``: zeros in the input's padding,
     each item's output box by the transposed-convolution size formula on its own box
-    (:mod:`vispos.invariance._upsampling`); ``output_size=`` refused."""
+    (:mod:`vispos.invariance.cells._upsampling`); ``output_size=`` refused."""
 
     kind = "conv_transpose"
     fresh_output = True
@@ -133,7 +133,7 @@ class AvgPool(InvarianceRule):
 class Interpolate(InvarianceRule):
     """``nn.Upsample`` and ``F.interpolate``: an integer ``scale_factor``; nearest as it is, linear
     modes on each item's edge values, ``align_corners=True`` and ``size=`` refused
-    (:mod:`vispos.invariance._upsampling`)."""
+    (:mod:`vispos.invariance.cells._upsampling`)."""
 
     kind = "upsample"
     reads_one_map = True

@@ -5,8 +5,8 @@ ViTs: a learned table, RoPE, or both).
 Each function mirrors the model's own ``forward_intermediates`` (patch embedding, ``_pos_embed``,
 ``norm_pre``, the blocks) with three changes: the input's padding is filled with zeros (what
 ``dynamic_img_pad`` pads an item with alone), every item gets its own positions
-(:func:`~vispos.invariance._tokens.item_pos_embeds`,
-:func:`~vispos.invariance._tokens.item_rope_embeds`) and every block gets a boolean attention
+(:func:`~vispos.invariance.tokens._tokens.item_pos_embeds`,
+:func:`~vispos.invariance.tokens._tokens.item_rope_embeds`) and every block gets a boolean attention
 mask that keeps each query off the padding keys. A token of an item then reads only the item's
 tokens and the prefix tokens, with the item's own positions: what the model gives it alone.
 
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 from ._packed import packed_levels
 from ._stem import _refuse, check_stem, is_patch_projection
 from ._token_batch import TokenFacts, add_item_positions, as_levels, batch_facts, canvas_tokens
@@ -147,7 +147,7 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
     """timm ``Eva.forward_intermediates(x, indices, output_fmt="NCHW", intermediates_only=True)``
     on a padded batch, each item as alone: its own learned table and its own RoPE table
     (coordinates normalised by its own grid; in training, the coordinate augmentation drawn once
-    per item in batch order, see :func:`~vispos.invariance._tokens.item_rope_embeds`). Under
+    per item in batch order, see :func:`~vispos.invariance.tokens._tokens.item_rope_embeds`). Under
     ``torch.compile`` one graph serves every mix of item grids on a canvas, as :func:`vit_levels`.
 
     Args:
@@ -170,7 +170,7 @@ def eva_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int
                              lambda i: {"rope": rope[i] if mixed and rope is not None else rope})
 
 
-#: the token-model rules of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+#: the token-model rules of this module, by class (registered by :mod:`vispos.invariance.rules._builtin`)
 TOKEN_RULES = (
     ("timm.models.vision_transformer.VisionTransformer", TokenModelRule(vit_levels, check_vit, packed=packed_levels)),
     ("timm.models.eva.Eva", TokenModelRule(eva_levels, check_eva, packed=packed_levels)),

@@ -26,9 +26,9 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torchvision.models.feature_extraction import DualGraphModule
 
-from .. import _tracing
-from .._tracing import tracing
-from ._tokens import has_hooks
+from ... import _tracing
+from ..._tracing import tracing
+from ..tokens._tokens import has_hooks
 
 __all__ = ["ModeGraphModule", "check_graph_hooks", "has_hooks", "refuse_unrun_hooks", "set_modes", "unrun_hooks"]
 

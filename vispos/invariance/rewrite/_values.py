@@ -1,5 +1,5 @@
 """What a traced graph does besides computing on feature maps, as the rewrite of
-:mod:`vispos.invariance._rewrite` must see it: values read from a map's size, permuted axes and
+:mod:`vispos.invariance.rewrite._rewrite` must see it: values read from a map's size, permuted axes and
 in-place writes.
 
 * **Sizes.** ``x.shape``, ``x.size()``, ``x.numel()`` of a feature map in a padded batch are the

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..padding import Padding
-from . import _norm_ops
-from ._norm_torch import update_running_stats
+from ...padding import Padding
+from .. import _norm_ops
+from .._norm_torch import update_running_stats
 from ._pools import fill, valid_total
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]

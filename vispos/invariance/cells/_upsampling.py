@@ -4,7 +4,7 @@
   ``F.conv_transpose1d/2d/3d``: zeros in the input's padding, what an item alone has around it.
   An item of ``n`` cells starting at cell ``a`` then gives, from output cell ``a * stride`` on,
   the ``(n - 1) * stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1`` cells it
-  gives alone (:class:`~vispos.invariance._geometry.TransposedWindow` replays that formula on
+  gives alone (:class:`~vispos.invariance.geometry._geometry.TransposedWindow` replays that formula on
   each item's box). An explicit ``output_size=`` is refused: it is the canvas's size, not the
   item's.
 * ``nn.Upsample`` / ``F.interpolate`` with an integer ``scale_factor`` on every axis (``size=`` is
@@ -40,9 +40,9 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
-from ..padding import Padding
-from ._functions import _tuple
-from ._geometry import TransposedWindow
+from ...padding import Padding
+from ..rules._functions import _tuple
+from ..geometry._geometry import TransposedWindow
 
 __all__ = ["transposed_window", "interpolate", "fill_edges"]
 

@@ -5,7 +5,7 @@ geometry id and axis order, the values read from a map's size, and which maps ho
 padding. It fills a map's padding before a window reads it: in place, right after the layer that
 made the map (a convolution, a norm or a sum, whose backward never reads its output) and ahead of
 activations that keep zeros zero, so the convolution after them needs no copy; or, where the map
-was written in place since, at the reader's time. :mod:`vispos.invariance._rewrite` adds the
+was written in place since, at the reader's time. :mod:`vispos.invariance.rewrite._rewrite` adds the
 node handlers.
 
 References:
@@ -22,11 +22,11 @@ import torch
 import torch.fx as fx
 from torch import Tensor
 
-from .. import _deprecation
+from ... import _deprecation
 from . import _ops as ops
 from . import _values as values
-from ._geometry import Geometry, TransposedWindow, Window
-from .rules import InvarianceRule, rule_for_call
+from ..geometry._geometry import Geometry, TransposedWindow, Window
+from ..rules import InvarianceRule, rule_for_call
 
 __all__ = ["RewriterBase", "Split"]
 

@@ -1,7 +1,7 @@
 """How the rule book reads a call's arguments: the parameter names of the functions and methods it
-has rules for (:mod:`vispos.invariance._rule_types`), the binding of a graph node's arguments by
+has rules for (:mod:`vispos.invariance.rules._types`), the binding of a graph node's arguments by
 name (a module call's from the module's attributes and its ``forward``), and torch's window
-arguments as a :class:`~vispos.invariance._geometry.Window`.
+arguments as a :class:`~vispos.invariance.geometry._geometry.Window`.
 
 References:
     ``torch.nn.functional`` and ``torch.Tensor`` signatures.
@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch.fx as fx
 from torch import nn
 
-from ._geometry import Window
+from ..geometry._geometry import Window
 
 __all__ = ["bind", "call_arguments", "window_of"]
 

@@ -2,7 +2,7 @@
 patch-sized convolution per token: overlapping convolutions, norms, activations) on a padded
 batch, each item as alone: the stem traced and rewritten by the CNN rule book on each item's box
 padded to whole patches, then ``PatchEmbed``'s layout and norm. The stem is traced and rewritten
-as the Joiner's projections are (:class:`~vispos.invariance._projection.InvariantProjection`).
+as the Joiner's projections are (:class:`~vispos.invariance.geometry._projection.InvariantProjection`).
 
 References:
     Xiao et al., Early Convolutions Help Transformers See Better, NeurIPS 2021; timm
@@ -16,8 +16,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 
 __all__ = ["check_stem", "invariant_stem", "is_patch_projection", "stem_tokens"]
 
@@ -60,9 +60,9 @@ def invariant_stem(embed: nn.Module) -> Any:
 
     Returns:
         InvariantProjection: the stem's graph and runner
-        (:class:`~vispos.invariance._projection.InvariantProjection`).
+        (:class:`~vispos.invariance.geometry._projection.InvariantProjection`).
     """
-    from ._projection import InvariantProjection  # the FX tracer (torchvision), on first use only
+    from ..geometry._projection import InvariantProjection  # the FX tracer (torchvision), on first use only
 
     cached = embed.__dict__.get(_STEM)
     if cached is not None and cached.fits(embed.proj):

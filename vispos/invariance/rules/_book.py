@@ -10,10 +10,10 @@ before it asks the rule (:meth:`InvarianceRule.apply`): a module call from the m
 attributes (``weight``, ``stride``, ``padding``, ...) and its ``forward``'s arguments, a function
 or method call by the rule's :attr:`~InvarianceRule.signature` (or the function's own), so
 ``nn.Conv2d`` and ``F.conv2d`` share one rule object. The rewriter of
-:mod:`vispos.invariance._rewrite` only walks the graph and asks this table; a call without an
+:mod:`vispos.invariance.rewrite._rewrite` only walks the graph and asks this table; a call without an
 entry is refused by name, never run inexactly. A module rule applies to the registered class and
 to subclasses that keep its ``forward``. Every built-in entry is registered in one place,
-:mod:`vispos.invariance._builtin_rules`.
+:mod:`vispos.invariance.rules._builtin`.
 
 Example::
 
@@ -52,9 +52,9 @@ import torch
 import torch.fx as fx
 from torch import Tensor, nn
 
-from .. import _deprecation
-from ..padding import Padding
-from ._geometry import TransposedWindow, Window
+from ... import _deprecation
+from ...padding import Padding
+from ..geometry._geometry import TransposedWindow, Window
 
 __all__ = [
     "InvarianceRule", "RewriteStep", "CellWise", "PaddingAware", "Refuse", "register_invariance_rule",

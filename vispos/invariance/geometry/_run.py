@@ -1,7 +1,7 @@
 """Running a padding-invariant graph: each batch's paddings in, each level's padding out.
 
-:class:`InvariantRunner` holds what :func:`vispos.invariance._rewrite.make_padding_invariant`
-learnt of a graph (its :class:`~vispos.invariance._geometry.Geometry` and the geometry of each
+:class:`InvariantRunner` holds what :func:`vispos.invariance.rewrite._rewrite.make_padding_invariant`
+learnt of a graph (its :class:`~vispos.invariance.geometry._geometry.Geometry` and the geometry of each
 output) and, per batch, replays the convolution arithmetic on the items' boxes, hands the graph
 every feature map's :class:`~vispos.Padding` and pairs each output with its own.
 The :class:`~vispos.backbones.Joiner`'s projections run through it too, with DETR's nearest rule
@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .. import _tracing
-from ..nested_tensor import NestedTensor
-from ..padding import Padding, _masks
+from ... import _tracing
+from ...nested_tensor import NestedTensor
+from ...padding import Padding, _masks
 from ._geometry import Geometry
 
 __all__ = ["InvariantRunner"]

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..nested_tensor import NestedTensor
-from ..padding import Padding
+from ...nested_tensor import NestedTensor
+from ...padding import Padding
 from ._tokens import TokenModelRule, item_grids, on_canvas
 
 __all__ = ["window_key_valid", "masked_window_attention", "item_rel_pos_bias", "sam_forward_intermediates",
@@ -222,7 +222,7 @@ def sam_forward_intermediates(model: nn.Module, x: Tensor, padding: Padding, ind
         outside an item are not the item's) and the token padding ``(B, gh, gw)``.
 
     Raises:
-        ValueError: as :func:`~vispos.invariance._tokens.item_grids` (an item smaller than one
+        ValueError: as :func:`~vispos.invariance.tokens._tokens.item_grids` (an item smaller than one
             patch, or not a multiple of it without ``dynamic_img_pad``).
 
     References:
@@ -261,7 +261,7 @@ def sam_forward_intermediates(model: nn.Module, x: Tensor, padding: Padding, ind
 
 
 def sam_levels(model: nn.Module, x: Tensor, padding: Padding, indices: tuple[int, ...]) -> list[NestedTensor]:
-    """The :class:`~vispos.invariance._tokens.TokenModelRule` levels of a ``VisionTransformerSAM``
+    """The :class:`~vispos.invariance.tokens._tokens.TokenModelRule` levels of a ``VisionTransformerSAM``
     inside timm's ``features_only`` wrapper (whose neck is kept exactly when the wrapper applies
     it, ``norm=True``).
 
@@ -308,6 +308,6 @@ def sam_inline(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance._builtin_rules`)
+#: the token-model rule of this module, by class (registered by :mod:`vispos.invariance.rules._builtin`)
 TOKEN_RULES = (("timm.models.vision_transformer_sam.VisionTransformerSAM",
                 TokenModelRule(sam_levels, check_sam, inline=sam_inline)),)

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import _tracing
-from ..padding import Padding
+from ... import _tracing
+from ...padding import Padding
 
 __all__ = [
     "valid_cells", "item_counts", "valid_total", "fill", "filled", "valid_count", "global_pool", "cell_count",
