@@ -245,12 +245,16 @@ def batch_norm(
 
     Raises:
         TypeError: ``mask`` is not bool.
+        ValueError: ``n`` is 1 (one valid value per channel: torch's batch norm refuses it too).
         RuntimeError: a second derivative (``create_graph=True`` through it).
 
     References:
         Ioffe and Szegedy, Batch Normalization, ICML 2015.
     """
     _check_mask(mask)
+    if int(n) == 1:  # torch refuses a batch statistic of one value per channel
+        raise ValueError(f"Expected more than 1 value per channel when training, got {int(n)} valid value per "
+                         f"channel in an input of size {tuple(x.shape)} (its padding aside)")
     momentum = None if momentum is None else float(momentum)
     args = (x, weight, bias, mask, int(n), float(eps), bool(zero_padding), momentum, running_mean, running_var,
             num_batches_tracked)

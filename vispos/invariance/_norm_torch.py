@@ -51,8 +51,8 @@ def update_running_stats(
     with torch.no_grad():
         if num_batches_tracked is not None:
             num_batches_tracked.add_(1)
-            if momentum is None:
-                factor = 1.0 / num_batches_tracked
+            if momentum is None:  # in the statistics' dtype, as torch's float(1 / num_batches_tracked)
+                factor = num_batches_tracked.to(running_mean.dtype).reciprocal()
         unbiased = var * (n / (n - 1).clamp(min=1) if isinstance(n, Tensor) else n / max(n - 1, 1))
         running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype) * factor)
         running_var.mul_(1 - factor).add_(unbiased.to(running_var.dtype) * factor)
