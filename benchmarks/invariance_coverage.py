@@ -1,0 +1,415 @@
+"""Which architectures ``vispos.make_padding_invariant`` makes exact, which it refuses and why, and
+that none is silently inexact: the coverage table of docs/padding-invariance.md.
+
+For every architecture of ``benchmarks/_coverage_cases.py`` (torchvision, timm and MONAI; random
+initialisation, no download; float64; dropout and stochastic depth off, since a draw on a canvas is
+not the draw alone), with trained-like normalisation (random running mean / variance, weight and
+bias in every norm: fresh statistics keep zero padding zero and hide a leak):
+
+* ``make_padding_invariant(model)`` either raises (the refusal: its exception type and the first
+  line of its message) or returns the wrapped model;
+* eval: each of two items (the partner larger along an axis) in a padded batch (padding filled
+  with 5.0, the canvas beyond both) against the stock model on the item alone, every output;
+* training: two items of one size on a larger padded canvas against the stock model on the two
+  items unpadded (batch statistics over the same cells), every output, then every running
+  statistic and batch count after that step.
+
+``exact``: the largest difference, relative to the largest value of each output (or statistic), is
+at most :data:`TOL` in both modes. ``SILENT``: accepted, and an item does not get what it gets
+alone (the bug this table is for). ``refused``: ``ValueError`` when wrapping, or when called on an
+input the stock model takes. ``error``: another exception from vispos. ``skipped``: the stock model
+cannot run these sizes, or the model is too large or slow for two CPU cores (the reason said).
+Each model runs in its own forked process with a time and memory budget.
+
+    python benchmarks/invariance_coverage.py --quick
+    nice -n 10 python benchmarks/invariance_coverage.py --json /tmp/coverage.json \\
+        --markdown benchmarks/results_invariance_coverage.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+
+import torch
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for _path in (HERE, os.path.join(ROOT, "tests")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from _coverage_cases import QUICK, Case, all_cases  # noqa: E402
+from trained_norms import trained_like  # noqa: E402
+
+#: the largest difference, relative to the output's largest value, that counts as exact in float64
+TOL = 1e-9
+#: the fill of a padded batch's padding
+FILL = 5.0
+#: larger models are skipped (two CPU cores, float64)
+MAX_PARAMS = 40_000_000
+STATUSES = ("exact", "refused", "SILENT", "error", "skipped")
+
+#: (pattern of a refusal message, the short reason the table groups it under)
+REASONS = [
+    (r"torch\.fx cannot trace|traces .* with torch\.fx, which fails", "torch.fx cannot trace a layer"),
+    (r"cannot use the torch\.fx trace", "the trace differs from the eager forward"),
+    (r"'same' padding", "TensorFlow 'same' padding"),
+    (r"windows are laid out on the canvas", "windowed attention on the canvas (Swin)"),
+    (r"fixed patch grid|position table|adds a fixed spatial tensor", "fixed spatial tensor (position table)"),
+    (r"reshapes, moves or mixes cells|flattens the spatial axes|mixes or moves cells", "reshape / permute / attention"),
+    (r"layer norm over the trailing axes", "layer norm over trailing axes"),
+    (r"pixel shuffle", "pixel shuffle"),
+    (r"no rule for this function", "function without a rule"),
+    (r"does not know how to run|no rule for it", "module without a rule"),
+    (r"output_size=", "adaptive pool to a size > 1"),
+    (r"indexing a feature map", "spatial indexing"),
+    (r"concatenates feature maps along a spatial axis|splits a feature map along a spatial", "spatial cat / split"),
+    (r"ceil_mode", "average pool ceil_mode"),
+    (r"do not each get what they get alone", "probe: items differ in a padded batch"),
+    (r"cannot run on a probe|no probe size", "no probe size fits"),
+    (r"size of a feature map|read from a map's size|value read from", "value read from a map's size"),
+]
+
+
+def refusal_reason(message: str) -> str:
+    """A short key for a refusal message (the table groups refusals by it)."""
+    for pattern, key in REASONS:
+        if re.search(pattern, message):
+            return key
+    return first_line(message)[:90]
+
+
+def first_line(message: str) -> str:
+    return (str(message).strip().splitlines() or [""])[0]
+
+
+def no_draws(model: nn.Module) -> nn.Module:
+    """Dropout, drop-path and stochastic depth off (in place): a draw over a padded canvas is not
+    the draw over the item alone, so training is compared without draws."""
+    for m in model.modules():
+        kind = type(m).__name__.lower()
+        if isinstance(m, nn.modules.dropout._DropoutNd) or "drop" in kind or "stochastic" in kind:
+            if isinstance(getattr(m, "p", None), float):
+                m.p = 0.0
+        for attr in ("drop_prob", "drop_rate", "drop_path_rate", "drop_connect_rate", "drop_path_prob"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+    return model
+
+
+def _leaves(value):
+    from vispos import NestedTensor
+
+    return torch.utils._pytree.tree_leaves(value, is_leaf=lambda v: isinstance(v, NestedTensor))
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``max |got - want| / max |want|``; inf where ``got`` is not finite but ``want`` is."""
+    got, want = got.detach(), want.detach()
+    if got.shape != want.shape:
+        return float("inf")
+    if not torch.isfinite(got).all() and torch.isfinite(want).all():
+        return float("inf")
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    return float((got - want).abs().max()) / (scale or 1.0) if want.numel() else 0.0
+
+
+def item_difference(batched, alone, b: int, size: tuple) -> tuple[float, str]:
+    """The worst relative difference between item ``b``'s part of every output leaf of ``batched``
+    and the matching leaf of ``alone`` (its spatial part ``size`` cells from the origin), and where."""
+    from vispos import NestedTensor
+
+    got, want = _leaves(batched), [w for w in _leaves(alone) if isinstance(w, torch.Tensor)]
+    if len(got) != len(want):
+        return float("inf"), f"{len(got)} outputs where the item alone gets {len(want)}"
+    worst, where = 0.0, ""
+    for i, (g, w) in enumerate(zip(got, want)):
+        if isinstance(g, NestedTensor):
+            region = tuple(slice(0, s) for s in w.shape[2:])
+            g = g.tensors[(slice(b, b + 1), slice(None), *region)]
+        elif isinstance(g, torch.Tensor) and g.dim() and w.dim() and w.shape[0] == 1:
+            g = g[b:b + 1]  # one row per item
+        rel = relative(g, w) if isinstance(g, torch.Tensor) else float("inf")
+        if not rel <= worst:
+            worst, where = rel, f"output {i} {tuple(w.shape)}"
+    return worst, where
+
+
+def padded(items: list[torch.Tensor], multiple: int):
+    """A NestedTensor of ``items`` at the origin of a canvas a multiple of ``multiple`` beyond the
+    largest item on every axis (each item padded on every axis), :data:`FILL` in the padding."""
+    from vispos import NestedTensor, Padding
+
+    sizes = [tuple(x.shape[1:]) for x in items]
+    canvas = tuple((max(s) + multiple // 2 + multiple - 1) // multiple * multiple for s in zip(*sizes))
+    tensors = torch.full((len(items), items[0].shape[0], *canvas), FILL, dtype=items[0].dtype)
+    for b, x in enumerate(items):
+        tensors[(b, slice(None), *(slice(0, s) for s in x.shape[1:]))] = x
+    return NestedTensor(tensors, Padding.from_sizes(sizes, canvas))
+
+
+def in_channels(model: nn.Module) -> int:
+    for m in model.modules():
+        if isinstance(m, nn.modules.conv._ConvNd):
+            return m.in_channels
+    return 3
+
+
+def _stock_sizes(model: nn.Module, case: Case, channels: int):
+    """The first ``(item, partner)`` pair of ``case.sizes`` the stock model runs alone (eval and
+    training), and the items; None when none runs."""
+    g = torch.Generator().manual_seed(0)
+    for item, partner in case.sizes:
+        xs = [torch.randn(channels, *s, generator=g, dtype=torch.float64) for s in (item, partner)]
+        xs.append(torch.randn(channels, *item, generator=g, dtype=torch.float64))
+        try:
+            with torch.no_grad():
+                model.eval()
+                alone = [model(x[None]) for x in xs[:2]]
+                model.train()
+                copy.deepcopy(model)(torch.stack([xs[0], xs[2]]))
+        except Exception:  # noqa: BLE001 - the stock model cannot run these sizes: try the next
+            continue
+        finally:
+            model.eval()
+        return xs, alone
+    return None
+
+
+def _fail(out: dict, exc: BaseException, when: str) -> dict:
+    kind = type(exc).__name__
+    line = first_line(str(exc))
+    if isinstance(exc, ValueError):
+        reason = refusal_reason(str(exc))
+        return out | {"status": "refused", "reason": reason if when == "wrap" else f"{reason} ({when})",
+                      "exception": kind, "message": line[:300]}
+    return out | {"status": "error", "reason": f"{kind} ({when})", "exception": kind, "message": line[:300]}
+
+
+def check(case: Case) -> dict:
+    """The outcome of one architecture: ``{"model", "source", "status", "reason", "exception",
+    "message", "eval_rel", "train_rel", "where", "params"}`` (``status`` one of :data:`STATUSES`)."""
+    import vispos
+
+    out = {"model": case.name, "source": case.source, "status": "", "reason": "", "exception": "", "message": "",
+           "eval_rel": None, "train_rel": None, "where": "", "params": 0}
+    torch.manual_seed(0)
+    try:
+        model = case.build()
+    except Exception as exc:  # noqa: BLE001 - the library cannot build it here: not vispos' promise
+        return out | {"status": "skipped", "reason": f"cannot build: {type(exc).__name__}",
+                      "message": first_line(str(exc))[:200]}
+    out["params"] = sum(p.numel() for p in model.parameters())
+    if out["params"] > MAX_PARAMS:
+        return out | {"status": "skipped", "reason": f"too large for two CPU cores ({out['params'] / 1e6:.0f}M "
+                                                     f"parameters > {MAX_PARAMS / 1e6:.0f}M)"}
+    model = trained_like(no_draws(model)).double().eval()
+    twin = copy.deepcopy(model)
+    try:
+        inv = vispos.make_padding_invariant(twin)
+    except Exception as exc:  # noqa: BLE001 - a refusal (ValueError) or a crash, both recorded
+        return _fail(out, exc, "wrap")
+    channels = getattr(inv, "in_channels", None) or in_channels(model)
+    found = _stock_sizes(model, case, channels)
+    if found is None:
+        return out | {"status": "skipped", "reason": "the stock model runs none of the sizes tried"}
+    xs, alone = found
+    for key, value in model.state_dict().items():  # wrapping leaves the model's state as it was
+        if isinstance(value, torch.Tensor) and relative(twin.state_dict()[key], value) > TOL:
+            return out | {"status": "SILENT", "where": f"wrapping changed {key}"}
+    try:  # eval: each item beside the other in a padded batch
+        inv.eval()
+        with torch.no_grad():
+            batched = inv(padded(xs[:2], case.multiple))
+        worst, where = 0.0, ""
+        for b in range(2):
+            rel, at = item_difference(batched, alone[b], b, tuple(xs[b].shape[1:]))
+            if not rel <= worst:
+                worst, where = rel, f"eval, item {b}, {at}"
+        out.update(eval_rel=worst, where=where)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(out, exc, "eval call")
+    try:  # training: two items of one size padded, against the two unpadded; then the statistics
+        model.train()
+        inv.train()
+        pair = [xs[0], xs[2]]
+        stock = model(torch.stack(pair))
+        batched = inv(padded(pair, case.multiple))
+        worst, where = 0.0, ""
+        for b in range(2):
+            want = torch.utils._pytree.tree_map(lambda t, b=b: t[b:b + 1] if isinstance(t, torch.Tensor) and t.dim()
+                                                else t, stock)
+            rel, at = item_difference(batched, want, b, tuple(pair[b].shape[1:]))
+            if not rel <= worst:
+                worst, where = rel, f"training, item {b}, {at}"
+        mine = twin.state_dict()
+        for key, value in model.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                rel = relative(mine[key].double(), value.double())
+                if not rel <= worst:
+                    worst, where = rel, f"training, {key}"
+        out.update(train_rel=worst)
+        if worst > (out["eval_rel"] or 0.0):
+            out["where"] = where
+    except Exception as exc:  # noqa: BLE001
+        return _fail(out, exc, "training call")
+    exact = out["eval_rel"] <= TOL and out["train_rel"] <= TOL
+    return out | {"status": "exact" if exact else "SILENT"}
+
+
+def _child(case: Case, conn, memory_gb: float) -> None:
+    torch.set_num_threads(1)
+    if memory_gb > 0:  # address space: what the process holds now plus the budget
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[0]) * resource.getpagesize()
+        limit = held + int(memory_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        result = check(case)
+    except MemoryError:
+        result = {"model": case.name, "source": case.source, "status": "skipped",
+                  "reason": f"over the memory budget ({memory_gb:g} GiB)"}
+    conn.send(result)
+    conn.close()
+
+
+def run_isolated(case: Case, timeout: float, memory_gb: float) -> dict:
+    """:func:`check` in a forked process: ``skipped`` with the reason when it runs past ``timeout``
+    seconds, or dies (out of memory)."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(case, send, memory_gb), daemon=True)
+    proc.start()
+    send.close()
+    result = None
+    if receive.poll(timeout):
+        try:
+            result = receive.recv()
+        except EOFError:
+            result = None
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if result is None:
+        why = (f"over the time budget ({timeout:g} s)" if proc.exitcode in (None, -9) and not receive.poll(0)
+               else f"the process died (exit code {proc.exitcode}; memory budget {memory_gb:g} GiB)")
+        result = {"model": case.name, "source": case.source, "status": "skipped", "reason": why}
+    return result
+
+
+def summarise(results: list[dict]) -> dict:
+    counts = Counter(r["status"] for r in results)
+    refusals = defaultdict(list)
+    for r in results:
+        if r["status"] == "refused":
+            refusals[r["reason"]].append(r["model"])
+    return {"models": len(results), "counts": {s: counts.get(s, 0) for s in STATUSES},
+            "refusals": dict(sorted(refusals.items(), key=lambda kv: (-len(kv[1]), kv[0])))}
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
+def markdown(results: list[dict], header: str) -> str:
+    """The coverage report: counts, refusals grouped by reason, one row per model."""
+    s = summarise(results)
+    c = s["counts"]
+    lines = [header, "", "| outcome | models |", "|---|---:|"]
+    lines += [f"| {'**SILENT** (accepted, inexact)' if k == 'SILENT' else k} | {'**%d**' % v if k == 'SILENT' else v} |"
+              for k, v in c.items()]
+    lines += [f"| total | {s['models']} |", "", "Per source:", "", "| source | " + " | ".join(STATUSES) + " |",
+              "|---|" + "---:|" * len(STATUSES)]
+    for source in sorted({r["source"] for r in results}):
+        per = Counter(r["status"] for r in results if r["source"] == source)
+        lines.append(f"| {source} | " + " | ".join(str(per.get(k, 0)) for k in STATUSES) + " |")
+    lines += ["", "Refusals by reason:", "", "| reason | models | which |", "|---|---:|---|"]
+    for reason, models in s["refusals"].items():
+        lines.append(f"| {reason} | {len(models)} | {', '.join(models)} |")
+    lines += ["", "Every model (relative differences: worst over items, outputs and, in training, running "
+              "statistics):", "", "| model | source | outcome | eval | training | reason, or where it differs |",
+              "|---|---|---|---:|---:|---|"]
+    for r in results:
+        note = r.get("where") if r["status"] == "SILENT" else r.get("reason", "")
+        if r["status"] in ("refused", "error") and r.get("message"):
+            note = f"{r['exception']}: {r['message'][:160]}"
+        note = (note or "").replace("|", "\\|")
+        lines.append(f"| {r['model']} | {r['source']} | {r['status']} | {_fmt(r.get('eval_rel'))} | "
+                     f"{_fmt(r.get('train_rel'))} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def _versions() -> str:
+    import timm
+    import torchvision
+
+    try:
+        import monai
+        monai_version = monai.__version__
+    except ImportError:
+        monai_version = "absent"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    return (f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}, "
+            f"MONAI {monai_version}; vispos at {commit or '?'}; float64, tolerance {TOL:g}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    p.add_argument("--models", nargs="*", default=None, help="only these models (name, or source:name)")
+    p.add_argument("--json", default=None, help="write every model's outcome and the counts to this file")
+    p.add_argument("--markdown", default=None, help="write the report (counts, refusals, rows) to this file")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per model before it is skipped")
+    p.add_argument("--memory-gb", type=float, default=6.0, help="address space per model beyond the parent's")
+    p.add_argument("--no-isolate", action="store_true", help="run in this process (no time / memory budget)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    import monai  # noqa: F401 - imported once before forking, as vispos and the model libraries
+    import timm  # noqa: F401
+    import torchvision  # noqa: F401
+
+    import vispos  # noqa: F401
+
+    cases = all_cases()
+    wanted = QUICK if args.quick else args.models
+    if wanted:
+        cases = [c for c in cases if c.name in wanted or c.key in wanted]
+    results, start = [], time.perf_counter()
+    for case in cases:
+        t0 = time.perf_counter()
+        result = check(case) if args.no_isolate else run_isolated(case, args.timeout, args.memory_gb)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        results.append(result)
+        print(f"{result['status']:8s} {case.source:11s} {case.name:40s} {result['seconds']:6.1f} s  "
+              f"{result.get('where') or result.get('reason', '')}", flush=True)
+    summary = summarise(results)
+    header = (f"Coverage of `vispos.make_padding_invariant`: {summary['models']} architectures "
+              f"({time.perf_counter() - start:.0f} s on {os.cpu_count()} cores, one thread). {_versions()}.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "header": header, "results": results}, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(results, header))
+    print(json.dumps(summary["counts"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
