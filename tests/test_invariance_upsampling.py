@@ -84,6 +84,9 @@ def assert_alone_equals_in_batch(body: nn.Module, n: int, item_size, canvas, sta
     (alone.tensors[0] * weights).sum().backward()
     (got * weights).sum().backward()
     for (name, p1), p2 in zip(alone_net.named_parameters(), batch_net.parameters()):
+        if p1.grad is None:  # a layer the output does not read
+            assert p2.grad is None or not p2.grad.any(), name
+            continue
         scale = float(p1.grad.abs().max()) or 1.0
         torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-9, atol=1e-12 + 1e-9 * scale, msg=name)
     torch.testing.assert_close(images.grad[(int(partner), slice(None), *region)], item.grad[0], rtol=1e-9,
@@ -198,14 +201,13 @@ def test_linear_upsampling_pickles_and_copies():
 
 
 @pytest.mark.parametrize("layer,match", [
-    (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), "align_corners=True"),
-    (nn.UpsamplingBilinear2d(scale_factor=2), "align_corners=True"),
     (nn.Upsample(size=(12, 12)), "fixed size"),
-    (nn.Upsample(scale_factor=1.5), "scale_factor=1.5"),
-    (_Lambda(lambda x: F.interpolate(x, scale_factor=2.5, mode="bilinear")), "scale_factor=2.5"),
     (_Lambda(lambda x: F.interpolate(x, size=(9, 9))), "fixed size"),
-    (_Lambda(lambda x: F.interpolate(x, size=x.shape[-2:], mode="bilinear")), "size"),
+    (_Lambda(lambda x: F.interpolate(x, size=(2 * x.shape[2], 2 * x.shape[3]), mode="bilinear")), "computed in"),
     (_Lambda(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True)), "antialias=True"),
+    (_Lambda(lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)), "antialias=True"),
+    (_Lambda(lambda x: F.interpolate(x, size=x.shape[-2:], mode="area")), "mode='area'"),
+    (_Lambda(lambda x: F.interpolate(x, scale_factor=1.5, mode="area")), "mode='area'"),
 ])
 def test_inexact_upsampling_is_refused_by_name(layer, match):
     body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), layer, nn.Conv2d(4, 2, 3, padding=1))
@@ -213,6 +215,153 @@ def test_inexact_upsampling_is_refused_by_name(layer, match):
         _Invariant(body, 2)
     assert "padding_invariant=True cannot run" in str(info.value)
     assert "1 (" in str(info.value) or "interpolate" in str(info.value)
+
+
+# ------------------------------------------------------------------ each item to its own size
+class _Resize(nn.Module):
+    """A convolution, a norm, a stride-2 convolution, then ``how(fine, coarse, input)`` (the call
+    under test; a module: ``how(coarse)``) and a convolution that reads its neighbours."""
+
+    def __init__(self, how, n: int, norm: str):
+        super().__init__()
+        self.how = how
+        self.c1, self.c2 = CONVS[n](3, 4, 3, padding=1), CONVS[n](4, 4, 3, stride=2, padding=1)
+        self.norm = nn.GroupNorm(2, 4) if norm == "group" else NORMS[n](4)
+        self.c3 = CONVS[n](4, 2, 3, padding=1)
+
+    def forward(self, x):
+        fine = self.norm(self.c1(x))
+        coarse = self.c2(fine)
+        return self.c3(self.how(coarse) if isinstance(self.how, nn.Module) else self.how(fine, coarse, x))
+
+
+#: how: (fine, coarse, input) -> a map; torchvision's FPN top-down path, its segmentation heads, ...
+RESIZES = {
+    "fpn_nearest": lambda a, b, x: a + F.interpolate(b, size=a.shape[-2:], mode="nearest"),
+    "head_bilinear_to_input": lambda a, b, x: F.interpolate(b, size=x.shape[-2:], mode="bilinear",
+                                                            align_corners=False),
+    "sizes_by_axis": lambda a, b, x: a * F.interpolate(b, (a.shape[2], a.size(3)), mode="bilinear"),
+    "size_method_slice_bicubic": lambda a, b, x: F.interpolate(b, size=a.size()[2:], mode="bicubic"),
+    "align_corners_scale": lambda a, b, x: F.interpolate(b, scale_factor=2, mode="bilinear", align_corners=True),
+    "align_corners_size": lambda a, b, x: F.interpolate(b, size=a.shape[2:], mode="bicubic", align_corners=True),
+    "align_corners_module": nn.UpsamplingBilinear2d(scale_factor=2),
+    "half_bilinear": lambda a, b, x: F.interpolate(a, scale_factor=0.5, mode="bilinear"),
+    "half_nearest_module": nn.Upsample(scale_factor=0.5),
+    "1.5_nearest": lambda a, b, x: F.interpolate(b, scale_factor=1.5, mode="nearest"),
+    "per_axis_nearest_exact": lambda a, b, x: F.interpolate(b, scale_factor=(1.7, 2.3), mode="nearest-exact"),
+    "0.6_recomputed": lambda a, b, x: F.interpolate(a, scale_factor=0.6, mode="bilinear",
+                                                    recompute_scale_factor=True),
+}
+
+
+#: one of each kind in the default run (to a map's size, align_corners, a non-integer factor)
+_DEFAULT_RESIZES = {"fpn_nearest", "head_bilinear_to_input", "align_corners_module", "half_bilinear"}
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("case", [c if c in _DEFAULT_RESIZES else pytest.param(c, marks=pytest.mark.exhaustive)
+                                  for c in RESIZES])
+def test_each_item_resized_to_its_own_size_item_alone(case, train):
+    """An item at the origin and one further in (a multiple of the stride), a partner and garbage
+    in the padding: each item is resized from its own size to its own output size, so its cells
+    equal the item alone (outputs, parameter and input gradients); batch norm in eval, group norm
+    in training (batch statistics would mix the partner in)."""
+    body = _Resize(RESIZES[case], 2, "group" if train else "batch")
+    for start in [(0, 0), (2, 4)]:
+        assert_alone_equals_in_batch(copy.deepcopy(body), 2, (9, 11), (15, 16), start, train)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("n,how", [
+    pytest.param(1, lambda a, b, x: F.interpolate(b, size=a.shape[-1:], mode="linear", align_corners=True),
+                 marks=pytest.mark.exhaustive),
+    (3, lambda a, b, x: a + F.interpolate(b, size=a.shape[2:], mode="trilinear")),
+    pytest.param(3, lambda a, b, x: F.interpolate(a, scale_factor=(0.5, 0.75, 1.5), mode="nearest"),
+                 marks=pytest.mark.exhaustive),
+], ids=["1d_linear_align_corners", "3d_trilinear_to_a_map", "3d_nearest_per_axis_factors"])
+def test_each_item_resized_in_1d_and_3d_with_batch_norm_running_statistics(n, how, train):
+    """Alone on a larger canvas (no partner): batch norm in training takes the item's statistics and
+    updates the running ones as alone."""
+    assert_alone_equals_in_batch(_Resize(how, n, "batch"), n, (7, 5, 6)[:n], (10, 9, 8)[:n], (2, 4, 2)[:n], train,
+                                 partner=False)
+
+
+class _Segmenter(nn.Module):
+    """torchvision's FCN (its ``_SimpleSegmentationModel``: ``size=input_shape`` read from the input,
+    a bilinear resize of the head's logits to it) on a small backbone."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.models._utils import IntermediateLayerGetter
+        from torchvision.models.segmentation.fcn import FCN, FCNHead
+
+        body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                             nn.Conv2d(4, 8, 3, stride=2, padding=1))
+        head = FCNHead(8, 3)
+        head[3].p = 0.0  # its dropout would draw differently alone and in a batch
+        self.model = FCN(IntermediateLayerGetter(body, {"3": "out"}), head)
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_torchvision_segmentation_model_item_alone(train):
+    """The whole model (batch norms in the backbone and the head): in eval beside a partner, in
+    training alone on a larger canvas (batch statistics, running statistics as alone)."""
+    pytest.importorskip("torchvision")
+    assert_alone_equals_in_batch(_Segmenter(), 2, (9, 11), (15, 16), (2, 4), train, partner=not train)
+
+
+def test_resized_padding_never_reaches_the_item():
+    """NaN in every padded cell of the input: every resized output cell (the padding's too) reads
+    the item's own cells only."""
+    torch.manual_seed(0)
+    body = _Resize(RESIZES["head_bilinear_to_input"], 2, "batch").to(F64).eval()
+    net = _Invariant(body, 2).eval()
+    images = torch.full((2, 3, 12, 13), float("nan"), dtype=F64)
+    images[0, :, :9, :11] = torch.randn(3, 9, 11, dtype=F64)
+    images[1, :, :12, :13] = torch.randn(3, 12, 13, dtype=F64)
+    images[0, :, 9:, :] = float("nan")
+    padding = Padding.from_sizes([(9, 11), (12, 13)], (12, 13))
+    with torch.no_grad():
+        (out,) = net(NestedTensor(images, padding))
+        alone = body(images[:1, :, :9, :11])
+    torch.testing.assert_close(out.tensors[0, :, :9, :11], alone[0])
+    assert out.tensors[0, :, :9, :11].isfinite().all()
+
+
+@pytest.mark.parametrize("case", ["head_bilinear_to_input", "integer_bilinear"])
+def test_resize_under_torch_compile_reads_each_box_from_its_mask(case):
+    """Under ``torch.compile`` the graph gets each map's box as its mask alone: the per-item resize
+    and the linear up-sampling's edge fill read the boxes from the masks (no refusal as an
+    arbitrary mask), and give what eager gives."""
+    how = RESIZES.get(case, lambda a, b, x: F.interpolate(b, scale_factor=2, mode="bilinear"))
+    torch.manual_seed(0)
+    net = _Invariant(_Resize(how, 2, "batch").to(F64), 2).eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager")
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(3, 3, 12, 14, generator=g, dtype=F64)
+    padding = Padding.from_sizes([(12, 14), (6, 10), (10, 4)], (12, 14))
+    with torch.no_grad():
+        (want,) = net(NestedTensor(images, padding))
+        (got,) = compiled(NestedTensor(images, padding))
+    torch._dynamo.reset()
+    assert got.padding == want.padding
+    torch.testing.assert_close(got.tensors, want.tensors)
+
+
+def test_item_too_small_for_a_downsampling_is_refused_for_that_batch_only():
+    """An item of 1 cell halved has no cell: refused when the batch is run, naming the layer; a
+    batch of larger items runs."""
+    body = _Resize(RESIZES["half_bilinear"], 2, "batch").to(F64).eval()
+    net = _Invariant(body, 2).eval()
+    ok = Padding.from_sizes([(8, 8), (4, 6)], (8, 8))
+    net(NestedTensor(torch.randn(2, 3, 8, 8, dtype=F64), ok))
+    small = Padding.from_sizes([(8, 8), (1, 6)], (8, 8))
+    with pytest.raises(ValueError, match="interpolate.*too small"):
+        net(NestedTensor(torch.randn(2, 3, 8, 8, dtype=F64), small))
 
 
 @pytest.mark.parametrize("from_shape", [False, True], ids=["constant", "from_shape"])

@@ -25,7 +25,7 @@ from ...padding import Padding
 
 __all__ = [
     "padding_at", "fill", "fill_in_place", "norm_module", "call_with_padding", "batch_norm_fn", "group_norm",
-    "instance_norm_fn", "fill_edges", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
+    "instance_norm_fn", "fill_edges", "resize", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
 ]
 
 
@@ -77,6 +77,18 @@ def fill_edges(x: Tensor, padding: Padding | None) -> Tensor:
 
 
 @_graph_op
+def resize(x: Tensor, padding: Padding | None, target: Padding | None, size: Any, scale_factor: Any, mode: str,
+           align_corners: bool, recompute_scale_factor: Any, scales: Any) -> Tensor:
+    """``F.interpolate`` of each item from its own size to its own output size (``target``: the
+    output map's padding; ``scales``: the factors torch's coordinates use, None for each item's
+    sizes); the stock call without padding."""
+    if padding is None or target is None or (padding.kind == "none" and target.kind == "none"):
+        return F.interpolate(x, size, scale_factor, mode, align_corners if mode not in ("nearest", "nearest-exact")
+                             else None, recompute_scale_factor)
+    return _upsampling.resize(x, padding, target, mode, align_corners, scales)
+
+
+@_graph_op
 def batch_norm_fn(x, padding, running_mean, running_var, weight, bias, training, momentum, eps):
     if padding is None:
         return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
@@ -122,12 +134,13 @@ def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padd
 
 
 @_graph_op
-def call_with_padding(x: Tensor, padding: Padding | None, module: nn.Module) -> Tensor:
+def call_with_padding(x: Tensor, padding: Padding | None, module: nn.Module, fn: Any = None) -> Tensor:
     """A module with a :class:`~vispos.invariance.rules.PaddingAware` rule: its ``fn(module, x,
-    padding)``, looked up when the graph runs (so the graph pickles without the function)."""
+    padding)``; ``fn`` given by a rule book of the caller's own, else looked up in the global book
+    when the graph runs (so the graph pickles without the function)."""
     from ..rules import rule_for
 
-    return rule_for(module).fn(module, x, padding)
+    return (fn if fn is not None else rule_for(module).fn)(module, x, padding)
 
 
 @_graph_op

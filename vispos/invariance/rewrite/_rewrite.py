@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from . import _ops as ops
 from . import _values as values
+from ..rules import RuleBook, default_rules
 from ..rules._functions import call_arguments
 from ..geometry._geometry import Geometry, TransposedWindow, Window
 from ._rewrite_base import RewriterBase, Split
@@ -113,6 +114,11 @@ class _Rewriter(RewriterBase):
         if from_input and self.reads_facts(node):
             return
         if any(n in self.maps.sizes for n in inputs):
+            if from_input and self.takes_sizes(node):  # F.interpolate(x, size=skip.shape[-2:])
+                self.call(node, self.spatial_args(node))
+                self.maps.from_input.add(node)
+                self.track_writes(node)
+                return
             if from_input:
                 return self.sized_features(node)
             size = values.combine_sizes(node, self.maps.sizes)
@@ -128,6 +134,41 @@ class _Rewriter(RewriterBase):
         if from_input:
             self.maps.from_input.add(node)
             self.track_writes(node)
+
+    def takes_sizes(self, node: fx.Node) -> bool:
+        """A call on one feature map whose rule reads a size read from a map itself
+        (``reads_sizes``: an interpolation to another map's size)."""
+        if node.op not in ("call_module", "call_function", "call_method") or len(self.spatial_args(node)) != 1:
+            return False
+        rule = self.rule_of(node)[0]
+        return bool(getattr(rule, "reads_sizes", False))
+
+    # ------------------------------------------------------------- RewriteStep (for rules)
+    def size_source(self, value: Any) -> int | None:
+        """The geometry id of the feature map whose spatial sizes ``value`` lists, in axis order
+        (``skip.shape[-2:]``, ``skip.size()[2:]``, ``(skip.shape[2], skip.shape[3])``); None for any
+        other value (a constant, a computed size)."""
+        spatial = tuple(range(2, 2 + self.num_axes))
+        if isinstance(value, fx.Node):
+            size = self.maps.sizes.get(value)
+            return size.geometry_id if size is not None and size.listed == spatial else None
+        if isinstance(value, (tuple, list)) and len(value) == self.num_axes:
+            sizes = [self.maps.sizes.get(v) if isinstance(v, fx.Node) else None for v in value]
+            if all(s is not None and s.layout is None for s in sizes) and len({s.geometry_id for s in sizes}) == 1 \
+                    and tuple(s.axes for s in sizes) == tuple((a,) for a in spatial):
+                return sizes[0].geometry_id
+        return None
+
+    def resize(self, node: fx.Node, target: Any, fn: Callable[..., Tensor], *args: Any) -> None:
+        """Replace the node by ``fn(x, padding, target_padding, *args)``: a map on the cells of
+        ``target`` (a geometry id, or a window applied to the input's geometry)."""
+        x = self.input_of(node)
+        geometry_in = self.maps.geometry[x]
+        out = target if isinstance(target, int) else self.geometry.child(geometry_in, target, self.where(node))
+        args = fx.node.map_arg(args, lambda n: self.env[n] if n.graph is self.old else n)
+        self.env[node] = self.new.call_function(fn, (
+            self.env[x], self.padding_of(geometry_in), self.padding_of(out), *args))
+        self.maps.geometry[node] = out
 
     # ------------------------------------------------------------- RewriteStep (for rules)
     def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
@@ -197,7 +238,9 @@ class _Rewriter(RewriterBase):
         self.with_padding(node, ops.norm_module, self.module_ref(node))
 
     def padding_aware(self, node: fx.Node) -> None:
-        self.with_padding(node, ops.call_with_padding, self.module_ref(node))
+        rule = self.rule_of(node)[0]
+        fn = () if self.rules is default_rules() else (rule.fn,)  # the global book's is looked up when run
+        self.with_padding(node, ops.call_with_padding, self.module_ref(node), *fn)
 
     def module_ref(self, node: fx.Node) -> fx.Node:
         """A node that reads the module ``node`` calls (for a function given to :meth:`with_padding`)."""
@@ -297,7 +340,7 @@ def _channel_index(index: Any) -> bool:
 
 
 def make_padding_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None,
-                           per_item: bool = False) -> InvariantRunner:
+                           per_item: bool = False, rules: RuleBook | None = None) -> InvariantRunner:
     """Rewrites ``gm`` (both graphs of a torchvision ``DualGraphModule``) in place and returns the
     runner that feeds it paddings.
 
@@ -314,6 +357,7 @@ def make_padding_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None
             (a pooled classifier head, ``Tensor[B, ...]``) and outputs that do not depend on the
             input; the runner returns them as they are. Default False: every output must be a
             feature map.
+        rules (RuleBook, optional): the rule book to ask. Default: the global one.
 
     Returns:
         InvariantRunner: derives every map's padding from a batch's and runs ``gm``.
@@ -327,7 +371,7 @@ def make_padding_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None
     graphs = {"train": gm.train_graph, "eval": gm.eval_graph} if dual else {"any": gm.graph}
     outputs, new_graphs = {}, {}
     for mode, graph in graphs.items():
-        rewriter = _Rewriter(gm, graph, geometry, num_axes, inputs)
+        rewriter = _Rewriter(gm, graph, geometry, num_axes, inputs, rules=rules)
         outs = rewriter.run()
         allowed = (int, str) if per_item else int
         if any(not isinstance(g, allowed) for g in outs):

@@ -44,11 +44,15 @@ class CanvasSize:
             value; None for any other value (a ramp, a power, a sum of sizes).
         layout (tuple of int, optional): for the whole ``torch.Size`` of the map (``x.shape``), the
             channels-first axis of each tensor axis; None for a number.
+        listed (tuple of int, optional): for a part of that ``torch.Size`` that holds spatial sizes
+            only (``x.shape[-2:]``, ``x.size()[2:]``), the channels-first axis of each entry; None
+            otherwise. An interpolation to such a size resizes each item to its own size on the map.
     """
 
     geometry_id: int
     axes: tuple[int, ...] | None = None
     layout: tuple[int, ...] | None = None
+    listed: tuple[int, ...] | None = None
 
 
 #: attributes of a tensor that are the same alone and in a batch
@@ -62,8 +66,8 @@ FACTORY_METHODS = frozenset({"new_empty", "new_zeros", "new_ones", "new_full", "
 
 
 def index_size(shape: CanvasSize, index: Any) -> CanvasSize | None:
-    """``x.shape[index]``: a :class:`CanvasSize` for a spatial axis, None (a fact) for the batch or
-    channel size."""
+    """``x.shape[index]``: a :class:`CanvasSize` for a spatial axis (its ``axes``) or a slice of
+    spatial axes only (its ``listed`` axes), None (a fact) for the batch or channel size."""
     layout = shape.layout or ()
     if isinstance(index, int):
         if not -len(layout) <= index < len(layout):
@@ -71,7 +75,9 @@ def index_size(shape: CanvasSize, index: Any) -> CanvasSize | None:
         axis = layout[index]
         return CanvasSize(shape.geometry_id, (axis,)) if axis >= 2 else None
     if isinstance(index, slice):
-        picked = [layout[i] for i in range(len(layout))[index]]
+        picked = tuple(layout[i] for i in range(len(layout))[index])
+        if picked and all(a >= 2 for a in picked):
+            return CanvasSize(shape.geometry_id, listed=picked)
         return CanvasSize(shape.geometry_id) if any(a >= 2 for a in picked) else None
     return CanvasSize(shape.geometry_id)
 
@@ -86,6 +92,8 @@ def combine_sizes(node: fx.Node, sizes: dict[fx.Node, CanvasSize]) -> CanvasSize
         whole = sizes[node.args[0]]
         if whole.layout is not None and not isinstance(node.args[1], fx.Node):
             return index_size(whole, node.args[1])
+        if whole.listed is not None and not isinstance(node.args[1], fx.Node):  # ``x.shape[-2:][0]``
+            return index_size(CanvasSize(whole.geometry_id, layout=whole.listed), node.args[1])
     if node.op == "call_function" and node.target is operator.mul and len(node.args) == 2:
         a, b = (sizes.get(arg) if isinstance(arg, fx.Node) else None for arg in node.args)
         if a is not None and b is not None and a.axes and b.axes and a.geometry_id == b.geometry_id:

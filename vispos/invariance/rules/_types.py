@@ -32,6 +32,7 @@ from . import _functions as sig
 from ..rewrite import _ops as ops
 from ..cells import _upsampling as upsampling
 from ._functions import window_of
+from ..geometry._geometry import TransposedWindow
 from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
@@ -131,18 +132,67 @@ class AvgPool(InvarianceRule):
 
 @dataclass(frozen=True)
 class Interpolate(InvarianceRule):
-    """``nn.Upsample`` and ``F.interpolate``: an integer ``scale_factor``; nearest as it is, linear
-    modes on each item's edge values, ``align_corners=True`` and ``size=`` refused
-    (:mod:`vispos.invariance.cells._upsampling`)."""
+    """``nn.Upsample`` and ``F.interpolate`` (:mod:`vispos.invariance.cells._upsampling`): an integer
+    ``scale_factor`` runs as it is (nearest) or on each item's edge values (linear modes); a size
+    read from another feature map (``size=skip.shape[-2:]``), a non-integer factor
+    (``scale_factor=0.5``) or ``align_corners=True`` resizes each item from its own size to its own
+    output size. Refused: a constant ``size=``, ``mode="area"`` or ``antialias=True`` on the per-item
+    path."""
 
     kind = "upsample"
     reads_one_map = True
+    reads_sizes = True  # its size= may be read from a feature map
     signature = staticmethod(sig._sig_interpolate)
-    attributes = ("size", "scale_factor", "mode", "align_corners")
+    attributes = ("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor")
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        upsampling.interpolate(step, node, args["size"], args["scale_factor"], args["mode"], args["align_corners"],
-                               bool(args.get("antialias")))
+        size, scale_factor, mode = args["size"], args["scale_factor"], args["mode"]
+        align_corners, antialias = args["align_corners"], bool(args.get("antialias"))
+        n = step.num_axes
+        if mode not in upsampling.NEAREST + upsampling.LINEAR:
+            step.refuse(node, f"mode={mode!r}")
+        if size is not None:
+            target = step.size_source(size)
+            if target is None and (isinstance(size, fx.Node) or isinstance(size, (tuple, list)) and any(
+                    isinstance(v, fx.Node) for v in size)):
+                step.refuse(node, f"it resizes to size={size!r}, computed in the graph (only another feature map's "
+                                  "own size, size=skip.shape[-2:], is each item's own)")
+            if target is None:
+                step.refuse(node, f"it resizes to a fixed size={size!r}, the canvas's output rather than the item's "
+                                  "(use a scale_factor, or the size of another feature map: size=skip.shape[-2:])")
+            return self._per_item(step, node, target, args)
+        scales = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
+        if len(scales) != n or any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0
+                                   for s in scales):
+            step.refuse(node, f"scale_factor={scale_factor!r} (only constant factors > 0, one or one per spatial "
+                              "axis)")
+        if not all(float(s).is_integer() for s in scales):
+            return self._per_item(step, node, upsampling.ScaledWindow(tuple(float(s) for s in scales)), args)
+        scales = tuple(int(s) for s in scales)
+        window = TransposedWindow(scales, scales, (0,) * n, (0,) * n, (1,) * n)
+        if align_corners and mode in upsampling.LINEAR:
+            return self._per_item(step, node, window, args)
+        if mode in upsampling.NEAREST:
+            return step.window(node, window, "zero")  # taps never meet: nothing is filled
+        if antialias and mode == "bicubic":
+            step.refuse(node, "mode='bicubic' with antialias=True: its taps are renormalised over the cells inside "
+                              "the input, so at the item's edge alone over fewer taps than in a batch")
+        step.window(node, window, "edge")
+
+    @staticmethod
+    def _per_item(step: RewriteStep, node: fx.Node, target: Any, args: dict[str, Any]) -> None:
+        """Each item resized from its own size to its own output size (``target``: the output's
+        geometry id, or a window on the input's geometry)."""
+        mode, scale_factor, recompute = args["mode"], args["scale_factor"], args.get("recompute_scale_factor")
+        if mode == "area":
+            step.refuse(node, "mode='area' to a size or by a non-integer factor (an adaptive average pool over the "
+                              "canvas's bins; use an integer scale_factor, or mode='bilinear')")
+        if args.get("antialias"):
+            step.refuse(node, f"mode={mode!r} with antialias=True to a size or by a non-integer factor (its taps "
+                              "are renormalised over the cells inside the input, fewer at the item's edge alone)")
+        scales = None if recompute or scale_factor is None else scale_factor
+        step.resize(node, target, ops.resize, args["size"], scale_factor, mode, bool(args["align_corners"]),
+                    recompute, scales)
 
 
 # ------------------------------------------------------------------------- statistics
