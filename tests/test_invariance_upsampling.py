@@ -17,7 +17,7 @@ from vispos import NestedTensor, Padding
 from vispos.invariance.tracing._trace import trace_dual
 from vispos.invariance.geometry._geometry import TransposedWindow
 from vispos.invariance.rewrite._rewrite import make_padding_invariant
-from trained_norms import trained_like as _trained_like
+from item_alone import assert_alone_equals_in_batch
 
 F64 = torch.float64
 NORMS = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
@@ -42,55 +42,6 @@ class _Lambda(nn.Module):
 
     def forward(self, x):
         return self.fn(x)
-
-
-def assert_alone_equals_in_batch(body: nn.Module, n: int, item_size, canvas, start, train: bool,
-                                 partner: bool = True) -> None:
-    """``body`` run on one item alone and on a padded batch (the item at ``start``, a partner item
-    at the origin when ``partner``, 5.0 in every padded cell): equal outputs on the item's cells,
-    an output padding that marks exactly them, equal running statistics and, in training, equal
-    parameter and input gradients. float64."""
-    torch.manual_seed(0)
-    body = _trained_like(body).to(F64)
-    alone_net = _Invariant(body, n).train(train)
-    batch_net = _Invariant(copy.deepcopy(body), n).train(train)
-    g = torch.Generator().manual_seed(2)
-    channels = next(m for m in body.modules() if isinstance(m, nn.modules.conv._ConvNd)).in_channels
-    item = torch.randn((1, channels, *item_size), generator=g, dtype=F64, requires_grad=True)
-    other_size = tuple(max(c - 1, 1) for c in canvas)
-    images = torch.full((1 + partner, channels, *canvas), 5.0, dtype=F64)
-    if partner:
-        images[(0, slice(None), *(slice(0, s) for s in other_size))] = torch.randn(
-            (channels, *other_size), generator=g, dtype=F64)
-    region = tuple(slice(a, a + s) for a, s in zip(start, item_size))
-    images[(int(partner), slice(None), *region)] = item[0].detach()
-    images.requires_grad_(True)
-    sizes = ([other_size] if partner else []) + [tuple(item_size)]
-    starts = ([(0,) * n] if partner else []) + [tuple(start)]
-    padding = Padding.from_sizes(sizes, canvas, starts=starts)
-    (alone,) = alone_net(NestedTensor(item, None))
-    (in_batch,) = batch_net(NestedTensor(images, padding))
-    out_start, out_size = in_batch.padding.starts[int(partner)], in_batch.padding.sizes[int(partner)]
-    assert out_size == tuple(alone.tensors.shape[2:])
-    got = in_batch.tensors[(int(partner), slice(None), *(slice(a, a + s) for a, s in zip(out_start, out_size)))]
-    torch.testing.assert_close(got, alone.tensors[0], rtol=1e-10, atol=1e-10)
-    ours = batch_net.state_dict()
-    for key, value in alone_net.state_dict().items():
-        if not partner or "running" not in key and "num_batches" not in key:
-            torch.testing.assert_close(ours[key], value, rtol=1e-10, atol=1e-10, msg=key)
-    if not train:
-        return
-    weights = torch.randn(alone.tensors.shape[1:], generator=g, dtype=F64)
-    (alone.tensors[0] * weights).sum().backward()
-    (got * weights).sum().backward()
-    for (name, p1), p2 in zip(alone_net.named_parameters(), batch_net.parameters()):
-        if p1.grad is None:  # a layer the output does not read
-            assert p2.grad is None or not p2.grad.any(), name
-            continue
-        scale = float(p1.grad.abs().max()) or 1.0
-        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-9, atol=1e-12 + 1e-9 * scale, msg=name)
-    torch.testing.assert_close(images.grad[(int(partner), slice(None), *region)], item.grad[0], rtol=1e-9,
-                               atol=1e-12)
 
 
 # ------------------------------------------------------------------ transposed convolutions

@@ -32,12 +32,12 @@ from . import _functions as sig
 from ..rewrite import _ops as ops
 from ..cells import _upsampling as upsampling
 from ._functions import window_of
-from ..geometry._geometry import TransposedWindow
+from ..geometry._geometry import TransposedWindow, Window
 from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
     "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "GetItem", "GlobalPool", "GroupNormFunction",
-    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Permute", "Reduction", "Repeat",
+    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Pad", "Permute", "Reduction", "Repeat",
     "Split",
 ]
 
@@ -193,6 +193,40 @@ class Interpolate(InvarianceRule):
         scales = None if recompute or scale_factor is None else scale_factor
         step.resize(node, target, ops.resize, args["size"], scale_factor, mode, bool(args["align_corners"]),
                     recompute, scales)
+
+
+@dataclass(frozen=True)
+class Pad(InvarianceRule):
+    """``F.pad`` on the spatial axes (MedNeXt, timm's hgnetv2 stem, user code): ``mode="constant"``
+    with the value 0 puts zeros around each item (its padding filled with zeros), ``"replicate"``
+    its edge values (its padding filled with them), both a one-cell window whose border is the pad,
+    as ``nn.ZeroPad2d`` is. Refused: another value, ``"reflect"`` / ``"circular"`` (they read the
+    item's far cells), negative pads (a crop of the canvas's border, not the item's), pads of the
+    batch or channel axes, pads that are not constant ints."""
+
+    kind = "pad"
+    reads_one_map = True
+    signature = staticmethod(sig._sig_pad)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        pad, mode, value, n = args["pad"], args["mode"], args["value"], step.num_axes
+        if not isinstance(pad, (tuple, list)) or not all(isinstance(p, int) and not isinstance(p, bool) for p in pad):
+            step.refuse(node, f"pad={pad!r} is not constant ints in the traced graph")
+        if len(pad) % 2 or len(pad) > 2 * n:
+            step.refuse(node, f"pad={tuple(pad)!r} pads the channel or batch axis (only the {n} spatial axes)")
+        if any(p < 0 for p in pad):
+            step.refuse(node, f"pad={tuple(pad)!r} crops (a negative pad cuts the canvas's border, not the item's)")
+        if mode == "constant" and (value is None or isinstance(value, (int, float)) and float(value) == 0.0):
+            fill = "zero"
+        elif mode == "replicate":
+            fill = "edge"
+        else:
+            step.refuse(node, f"mode={mode!r}, value={value!r} (only zeros, or mode='replicate', are what the item "
+                              "alone gets around it)")
+        pad = tuple(pad) + (0,) * (2 * n - len(pad))  # last axis first, (low, high) each
+        lo = tuple(pad[2 * (n - 1 - a)] for a in range(n))
+        hi = tuple(pad[2 * (n - 1 - a) + 1] for a in range(n))
+        step.window(node, Window((1,) * n, (1,) * n, lo, hi, (1,) * n, False), fill)
 
 
 # ------------------------------------------------------------------------- statistics
