@@ -103,7 +103,7 @@ TV_CLASSIFIERS = (
 )
 TV_VIDEO = ("r3d_18", "mc3_18", "r2plus1d_18", "s3d", "swin3d_t", "mvit_v2_s")
 TV_SEGMENTATION = ("fcn_resnet50", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "lraspp_mobilenet_v3_large")
-VIDEO_SIZES = (((8, 40, 56), (12, 56, 40)), ((16, 64, 64), (16, 96, 64)))
+VIDEO_SIZES = (((4, 36, 44), (6, 44, 32)), ((8, 64, 64), (8, 96, 64)))
 VIT_SIZES = (ODD_2D, ALIGNED_2D, ((224, 224), (224, 224)))
 
 
@@ -123,7 +123,7 @@ def torchvision_cases() -> list[Case]:
             kwargs.update(aux_logits=False, init_weights=True)
         sizes = VIT_SIZES if name.startswith(("vit_", "maxvit")) else (ODD_2D, ALIGNED_2D)
         cases.append(Case(name, "torchvision", _torchvision(name, **kwargs), sizes))
-    cases += [Case(name, "torchvision", _torchvision(name, num_classes=10), VIDEO_SIZES, 16) for name in TV_VIDEO]
+    cases += [Case(name, "torchvision", _torchvision(name, num_classes=10), VIDEO_SIZES, 8) for name in TV_VIDEO]
     cases += [Case(name, "torchvision", _torchvision(name, num_classes=3, weights_backbone=None))
               for name in TV_SEGMENTATION]
     return cases

@@ -76,6 +76,7 @@ REASONS = [
     (r"indexing a feature map", "spatial indexing"),
     (r"concatenates feature maps along a spatial axis|splits a feature map along a spatial", "spatial cat / split"),
     (r"ceil_mode", "average pool ceil_mode"),
+    (r"levels were asked", "levels the graph does not see"),
     (r"do not each get what they get alone", "probe: items differ in a padded batch"),
     (r"cannot run on a probe|no probe size", "no probe size fits"),
     (r"size of a feature map|read from a map's size|value read from", "value read from a map's size"),
@@ -292,18 +293,18 @@ def run_isolated(case: Case, timeout: float, memory_gb: float) -> dict:
     proc = ctx.Process(target=_child, args=(case, send, memory_gb), daemon=True)
     proc.start()
     send.close()
-    result = None
-    if receive.poll(timeout):
+    result, timed_out = None, not receive.poll(timeout)
+    if not timed_out:
         try:
             result = receive.recv()
-        except EOFError:
-            result = None
-    proc.join(5)
+        except EOFError:  # the process died before it answered
+            pass
+        proc.join(5)
     if proc.is_alive():
         proc.kill()
         proc.join()
     if result is None:
-        why = (f"over the time budget ({timeout:g} s)" if proc.exitcode in (None, -9) and not receive.poll(0)
+        why = (f"over the time budget ({timeout:g} s)" if timed_out
                else f"the process died (exit code {proc.exitcode}; memory budget {memory_gb:g} GiB)")
         result = {"model": case.name, "source": case.source, "status": "skipped", "reason": why}
     return result

@@ -11,7 +11,6 @@ refused / by reason) over the first N selected models.
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from collections import Counter
@@ -20,75 +19,27 @@ import pytest
 import torch
 from trained_norms import trained_like
 
+from benchmarks._coverage_cases import TOO_LARGE, timm_models  # the model selection, shared
+from benchmarks.invariance_coverage import refusal_reason  # the refusal reasons, shared
+
 #: the relative tolerance (of the level's standard deviation) for "exact" in float64
 TOL = 1e-9
-#: name fragments of sizes too large for a sweep on two CPU cores
-_LARGE = ("large", "huge", "giant", "enormous", "gigantic", "_xl", "xlarge", "1b", "3b", "_384", "_448", "_512",
-          "_560", "_336", "_1024", "_h14", "_g14", "_e14", "412m", "570m", "306m", "300m", "_m48", "_m36", "264", "154",
-          "base", "_l", "201", "169", "161")
-#: smaller first: the first fragment a name contains ranks it
-_SMALL = ("test_", "atto", "femto", "pico", "nano", "xxs", "tiny", "_t0", "xs", "mini", "b0", "_m0", "_s0", "_s1",
-          "small", "_050", "_035", "_100", "18", "121", "002", "26", "34", "lite", "m1")
-#: modules whose smallest model is still too large or slow to build here, and transformer families
-#: beyond the representatives kept (ViT, DeiT-style test_vit, EVA, Swin, PVT, MaxViT, Hiera, MobileViT,
-#: EdgeNeXt, EfficientViT, FastViT, PiT, Visformer, hybrid ViT, LeViT, MetaFormer, MLP-Mixer: every one
-#: must come out refused or exact, and the skipped ones are refused for the same reasons)
-_SKIP_MODULES = frozenset({
-    "deepseek_vit", "gemma4_vit", "mobilenetv5", "qwen3_vit", "nasnet", "pnasnet", "naflexvit", "iformer", "tnt",
+#: transformer families beyond the representatives kept (ViT, DeiT-style test_vit, EVA, Swin, PVT,
+#: MaxViT, Hiera, MobileViT, EdgeNeXt, EfficientViT, FastViT, PiT, Visformer, hybrid ViT, LeViT,
+#: MetaFormer, MLP-Mixer: every one must come out refused or exact, and the skipped ones are refused
+#: for the same reasons), beside the modules too large to build here
+_SKIP_MODULES = TOO_LARGE | frozenset({
     "cait", "coat", "convit", "crossvit", "davit", "efficientformer_v2", "efficientvim", "gcvit", "mvitv2", "nest",
     "nextvit", "sequencer", "shvit", "swiftformer", "swin_transformer_v2", "swin_transformer_v2_cr", "twins",
     "vitamin", "volo", "xcit", "tiny_vit", "focalnet", "hieradet_sam2", "lowformer", "efficientvit_msra",
     "vision_transformer_relpos",
 })
-#: further CNN picks from the families detectors pair with DETR heads, beside one per module
-_EXTRA = ("resnet50d", "seresnext26d_32x4d", "resnetrs50", "efficientnet_b0_gn", "tf_efficientnet_b0", "mixnet_s",
-          "mnasnet_small", "mobilenetv3_small_100", "mobilenetv4_conv_small", "regnetx_002", "regnety_002",
-          "regnetz_005", "convnext_atto", "convnextv2_atto", "gernet_s", "repvgg_a0", "mobileone_s0", "cspresnet50",
-          "nf_resnet26", "xception41", "dla34", "resnet18", "ese_vovnet19b_dw")
-
-
-def _rank(name: str) -> tuple:
-    hits = [i for i, frag in enumerate(_SMALL) if frag in name]
-    return (min(hits) if hits else len(_SMALL), len(name), name)
 
 
 def sweep_models() -> list[str]:
-    """One model per timm module (its smallest by name), then the extra CNN picks; deterministic."""
-    import timm
-
-    chosen: list[str] = []
-    for module in sorted(timm.list_modules()):
-        if module in _SKIP_MODULES:
-            continue
-        names = [n for n in timm.list_models(module=module) if not any(f in n for f in _LARGE)]
-        if names:
-            chosen.append(min(names, key=_rank))
-    return chosen + [n for n in _EXTRA if n not in chosen and timm.is_model(n)]
-
-
-_REASONS = [
-    (r"torch\.fx cannot trace", "torch.fx cannot trace a layer"),
-    (r"'same' padding", "TensorFlow 'same' padding"),
-    (r"reshapes, moves or mixes cells|flattens the spatial axes|mixes or moves cells", "reshape / permute / attention"),
-    (r"layer norm over the trailing axes", "layer norm over trailing axes"),
-    (r"adds a fixed spatial tensor", "fixed spatial tensor (position table)"),
-    (r"no rule for this function", "function without a rule"),
-    (r"does not know how to run|no rule for it", "module without a rule"),
-    (r"output_size=", "adaptive pool to size > 1"),
-    (r"indexing a feature map", "spatial indexing"),
-    (r"concatenates feature maps along a spatial axis|splits a feature map along a spatial", "spatial cat / split"),
-    (r"levels were asked", "levels the graph does not see"),
-    (r"ceil_mode", "average pool ceil_mode"),
-    (r"size", "value read from a map's size"),
-]
-
-
-def refusal_reason(message: str) -> str:
-    """A short key for a refusal message (the counts group by it)."""
-    for pattern, key in _REASONS:
-        if re.search(pattern, message):
-            return key
-    return message[:80]
+    """One model per timm module (its smallest by name), then the extra CNN picks; deterministic
+    (``benchmarks/_coverage_cases.py`` picks them, for the coverage sweep too)."""
+    return timm_models(_SKIP_MODULES)
 
 
 def _levels(bb, images, pad_value=2.0):
