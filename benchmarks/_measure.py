@@ -93,7 +93,7 @@ _ALLOCATION = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_s
 class _OpCounter(TorchDispatchMode):
     """Counts the aten ops dispatched inside it, views and metadata-only ops excluded; with
     ``launches``, allocation-only ops are excluded too and each of vispos' custom ops counts as
-    the kernels it declares (:func:`vispos._triton.launches`): the kernels a GPU would launch."""
+    the kernels it declares (:func:`vispos.ops._triton.launches`): the kernels a GPU would launch."""
 
     def __init__(self, launches: bool = False) -> None:
         super().__init__()
@@ -105,7 +105,7 @@ class _OpCounter(TorchDispatchMode):
         if not func.is_view and name not in _NOT_COMPUTE and not (self.launches and name in _ALLOCATION):
             weight = 1
             if self.launches and func.namespace == "vispos":
-                from vispos import _triton
+                from vispos.ops import _triton
 
                 weight = _triton.launches(f"vispos::{name}") or 1
             self.ops[name if func.namespace == "aten" else f"{func.namespace}::{name}"] += weight

@@ -5,7 +5,7 @@ its size), tracked without a GPU.
 One step runs under a ``TorchDispatchMode`` with vispos' host-side shortcuts switched off (the
 CUDA code paths, ``_measure.count_device_ops``); views, metadata and allocation-only ops are not
 counted, and each of vispos' custom ops counts as the Triton kernels it declares
-(:func:`vispos._triton.launches`). Batches: random images with sides drawn in 64-128 px (2D), or
+(:func:`vispos.ops._triton.launches`). Batches: random images with sides drawn in 64-128 px (2D), or
 random volumes with sides in 24-40 voxels (3D), each item its own size, so every batch is padded.
 
 Steps: ``train`` (forward + backward, trainable batch norm), ``frozen`` (forward + backward, DETR's

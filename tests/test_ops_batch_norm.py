@@ -15,7 +15,7 @@ from vispos.invariance.cells import _norms as norms
 from trained_norms import trained_like
 
 triton = pytest.importorskip("triton")
-from vispos import _triton  # noqa: E402
+from vispos.ops import _triton  # noqa: E402
 
 PATHS = ["torch", "triton"]
 

@@ -1,4 +1,4 @@
-"""vispos.invariance._norm_ops and its Triton kernels: the kernels (run by Triton's interpreter on the
+"""vispos.ops.batch_norm / group_norm and their Triton kernels: the kernels (run by Triton's interpreter on the
 CPU) against the torch code they replace on CUDA, whole tensors: outputs (padding included),
 statistics, running statistics, gradients of the input and the affine map; 1 to 3 spatial axes,
 float32 / bfloat16 / float64, channels first and channels last, with and without padding, NaN and
@@ -20,9 +20,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")
 
-from vispos import Padding, _triton  # noqa: E402
-from vispos.invariance import _norm_kernels as geometry  # noqa: E402
-from vispos.invariance import _norm_ops as ops  # noqa: E402
+from vispos import Padding  # noqa: E402
+from vispos.ops import _triton  # noqa: E402
+from vispos.ops import _sizes as geometry  # noqa: E402
+from vispos.ops import batch_norm as bn_op  # noqa: E402
+from vispos.ops import group_norm as gn_op  # noqa: E402
 from vispos.invariance.cells import _norms as norms  # noqa: E402
 
 BN, BN_BACKWARD = torch.ops.vispos.valid_batch_norm.default, torch.ops.vispos.valid_batch_norm_backward.default
@@ -202,9 +204,9 @@ def test_triton_gradients_asked_for_alone():
         _assert_all_close(got, want, ["bn_x", "bn_w", "bn_b", "gn_x", "gn_w", "gn_b"])
     clean = torch.randn(2, 3, 4, 5)
     with _triton.interpreted():
-        y_bn = ops.batch_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 0, 1e-5, False, 0.1,
+        y_bn = bn_op.batch_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 0, 1e-5, False, 0.1,
                               None, None, None)
-        y_gn = ops.group_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 3, 1e-5)
+        y_gn = gn_op.group_norm(clean, None, None, torch.zeros(2, 1, 4, 5, dtype=torch.bool), 3, 1e-5)
     torch.testing.assert_close(y_bn, torch.nn.functional.batch_norm(clean, None, None, training=True))
     torch.testing.assert_close(y_gn, torch.nn.functional.group_norm(clean, 3))
 
@@ -309,10 +311,10 @@ def test_triton_path_runs_no_torch_compute_op(monkeypatch):
     x, w, b, dy = _inputs(padding, 3, torch.float32, "channels_last")
     rm, rv, tracked = torch.zeros(3), torch.ones(3), torch.tensor(0)
     with _triton.interpreted(), _AtenOps() as inside:  # the ops' own code
-        _, mean, invstd, xc = ops._bn(x, w, b, mask, 0, 1e-5, False, None, rm, rv, tracked)
-        ops._bn_bwd(dy, x, xc, mask, w, mean, invstd, 0, False, True, True, True)
-        _, mean, rstd, centred = ops._gn(x, w, b, mask, 3, 1e-5)
-        ops._gn_bwd(dy, x, centred, mask, w, mean, rstd, 3, True, True, True)
+        _, mean, invstd, xc = bn_op._bn(x, w, b, mask, 0, 1e-5, False, None, rm, rv, tracked)
+        bn_op._bn_bwd(dy, x, xc, mask, w, mean, invstd, 0, False, True, True, True)
+        _, mean, rstd, centred = gn_op._gn(x, w, b, mask, 3, 1e-5)
+        gn_op._gn_bwd(dy, x, centred, mask, w, mean, rstd, 3, True, True, True)
     assert set(inside.names) <= _NO_LAUNCH, sorted(set(inside.names) - _NO_LAUNCH)
     leaves = [[t.clone().requires_grad_() for t in (x, w, b)] for _ in range(2)]
     with _triton.interpreted(), _AtenOps() as around:  # the public calls, forward and backward
@@ -404,7 +406,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vispos.invariance import _batch_norm_kernels as bn, _group_norm_kernels as gn
+from vispos.ops import _batch_norm_kernels as bn, _group_norm_kernels as gn
 
 if "nvidia" not in triton.backends.backends:
     sys.exit(3)
@@ -445,7 +447,7 @@ def test_triton_absent_leaves_the_norms_working():
     code = ("import sys\n"
             "sys.modules['triton'] = None  # import triton fails, find_spec finds nothing\n"
             "import torch, vispos\n"
-            "from vispos import _triton\n"
+            "from vispos.ops import _triton\n"
             "from vispos.invariance.cells import _norms\n"
             "assert not _triton.available()\n"
             "x = torch.randn(2, 3, 4, 4, requires_grad=True)\n"
@@ -467,7 +469,7 @@ def test_triton_group_norm_refuses_groups_that_do_not_divide_the_channels(path):
     mask = torch.zeros(2, 1, 4, 5, dtype=torch.bool)
     with _triton.interpreted() if path == "triton" else contextlib.nullcontext():
         with pytest.raises(ValueError, match="num_groups=4 must divide the 6 channels"):
-            ops.group_norm(x, None, None, mask, 4, 1e-5)
+            gn_op.group_norm(x, None, None, mask, 4, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float32])
@@ -478,6 +480,6 @@ def test_triton_norms_refuse_a_mask_that_is_not_bool(dtype):
     x = torch.randn(2, 4, 4, 5)
     mask = torch.zeros(2, 1, 4, 5, dtype=dtype)
     with pytest.raises(TypeError, match=r"bool .*True = padding.*mask.bool\(\)"):
-        ops.batch_norm(x, None, None, mask, 0, 1e-5, False, 0.1, None, None, None)
+        bn_op.batch_norm(x, None, None, mask, 0, 1e-5, False, 0.1, None, None, None)
     with pytest.raises(TypeError, match=r"bool .*True = padding.*mask.bool\(\)"):
-        ops.group_norm(x, None, None, mask, 2, 1e-5)
+        gn_op.group_norm(x, None, None, mask, 2, 1e-5)

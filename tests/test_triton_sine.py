@@ -1,5 +1,5 @@
-"""DETR's sine embedding in one Triton kernel per level (``vispos/encodings/_sine_op.py`` and
-``_sine_kernel.py``): the kernel, run on the CPU by Triton's interpreter, gives the torch path's
+"""DETR's sine embedding in one Triton kernel per level (``vispos/ops/sine.py``, ``vispos/encodings/_sine_op.py`` and
+``vispos/ops/_sine_kernels.py``): the kernel, run on the CPU by Triton's interpreter, gives the torch path's
 numbers (and transformers'), the custom ops' torch implementation gives them bit for bit, the
 ops declare the launches they make, and DETR's C5 level costs at most 4 launches through a
 NestedTensor and 6 through a bool mask on the CUDA code path (counted on the CPU).
@@ -16,7 +16,8 @@ from transformers.models.detr.modeling_detr import DetrSinePositionEmbedding
 
 import vispos._tracing as core
 from benchmarks._measure import count_device_ops
-from vispos import NestedTensor, Padding, PositionEmbeddingSine, _triton, nested_tensor_from_tensor_list
+from vispos import NestedTensor, Padding, PositionEmbeddingSine, nested_tensor_from_tensor_list
+from vispos.ops import _triton
 from vispos._sincos import frequency_divisors
 from vispos.encodings import _sine_op
 
@@ -188,7 +189,7 @@ def test_triton_kernel_compiles_for_a_gpu_with_precise_maths(n, mode, out, angle
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from vispos.encodings._sine_kernel import sine_embed_kernel
+    from vispos.ops._sine_kernels import sine_embed_kernel
 
     if "nvidia" not in triton.backends.backends:
         pytest.skip("Triton without its NVIDIA backend")

@@ -10,8 +10,9 @@ norm's total count comes from the boxes on the host, or from the mask on the dev
 is the closed form. Padded cells of the outputs are meaningless (finite with batch statistics;
 in eval with running statistics, the affine map of whatever the padding held).
 
-Both run as torch custom ops (:mod:`._norm_ops`): two Triton kernels each way on CUDA (the running
-statistics updated inside the forward's second), the torch code of :mod:`._norm_torch` on the CPU.
+Both run as torch custom ops (:mod:`vispos.ops.batch_norm`, :mod:`vispos.ops.group_norm`): two
+Triton kernels each way on CUDA (the running statistics updated inside the forward's second), the
+torch code of :mod:`vispos.ops._norm_reference` on the CPU.
 
 References:
     Ioffe and Szegedy, Batch Normalization, ICML 2015 (statistics, backward; unbiased running
@@ -28,9 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..._checks import check_int
+from ...ops._norm_reference import update_running_stats
+from ...ops.batch_norm import batch_norm as masked_batch_norm
+from ...ops.group_norm import group_norm as masked_group_norm
 from ...padding import Padding
-from .. import _norm_ops
-from .._norm_torch import update_running_stats
 from ._pools import fill, valid_total
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]
@@ -48,6 +51,22 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
             "use BatchNorm2d per process (the statistics of each process's valid cells) or frozen "
             "batch norm instead of SyncBatchNorm"
         )
+
+
+def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> Tensor:
+    """The padding mask ``Tensor[B, 1, *S]`` of ``padding`` for ``x`` (a mask is checked by the op).
+
+    Raises:
+        ValueError: a :class:`~vispos.Padding` whose batch or spatial sizes are not ``x``'s.
+    """
+    if isinstance(padding, Tensor):
+        return padding
+    want = (x.shape[0], *x.shape[2:])
+    if (padding.batch, *padding.spatial) != want:
+        raise ValueError(f"{op}: the padding describes a batch of {padding.batch} with spatial sizes "
+                         f"{tuple(padding.spatial)}, but x has shape {tuple(x.shape)} (batch {want[0]}, spatial "
+                         f"{want[1:]})")
+    return padding.mask.unsqueeze(1)
 
 
 def batch_norm(
@@ -97,13 +116,13 @@ def batch_norm(
         if not zero_padding or padding is None:
             return y
         return fill(y, padding, 0.0) if isinstance(padding, Padding) else y.masked_fill(padding, 0.0)
-    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
+    mask = _mask_of(x, padding, "batch norm")
     # the count from the boxes on the host (valid_total reads no map for them); an arbitrary mask's
     # is counted on the device (0)
     n = valid_total(padding, None) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
     if not training:  # batch statistics without running ones: nothing to update
         running_mean = running_var = num_batches_tracked = None
-    return _norm_ops.batch_norm(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
+    return masked_batch_norm(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
                                 num_batches_tracked)
 
 
@@ -151,11 +170,14 @@ def group_norm(
         Tensor[B, C, *S] in ``x``'s dtype; zeros in the padding.
 
     Raises:
-        ValueError: a box of one cell with one channel per group (torch refuses the item alone).
+        TypeError: ``num_groups`` is not an int.
+        ValueError: ``num_groups`` is below 1; a box of one cell with one channel per group (torch
+            refuses the item alone); a padding whose batch or spatial sizes are not ``x``'s.
 
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
+    num_groups = check_int(num_groups, "num_groups", minimum=1)
     if padding is None or (isinstance(padding, Padding) and padding.kind == "none"):
         return F.group_norm(x, num_groups, weight, bias, eps)  # every cell is valid
     if x.shape[1] // num_groups == 1 and isinstance(padding, Padding) and padding.kind == "rectangular":
@@ -165,5 +187,5 @@ def group_norm(
                     f"group norm: item {item} has 1 valid cell and {num_groups} groups of 1 channel, so 1 value "
                     "per group; torch's group norm expects more than 1 value per group"
                 )
-    mask = padding if isinstance(padding, Tensor) else padding.mask.unsqueeze(1)
-    return _norm_ops.group_norm(x, weight, bias, mask, num_groups, eps)
+    mask = _mask_of(x, padding, "group norm")
+    return masked_group_norm(x, weight, bias, mask, num_groups, eps)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import _tracing
+from ...ops._norm_reference import item_counts
 from ...padding import Padding
 
 __all__ = [
@@ -42,12 +43,6 @@ def valid_cells(padding: Padding | Tensor, dtype: torch.dtype | None = None) -> 
     """
     valid = ~padding if isinstance(padding, Tensor) else padding.valid.unsqueeze(1)
     return valid if dtype is None else valid.to(dtype)
-
-
-def item_counts(valid: Tensor, dtype: torch.dtype) -> Tensor:
-    """Each item's number of valid cells, ``Tensor[B]`` in ``dtype``: a reduction of the valid map
-    ``Tensor[B, 1, *S]`` on its device (exact below 2**24 cells in float32)."""
-    return valid.flatten(1).sum(1, dtype=dtype)
 
 
 def valid_total(padding: Padding | Tensor, valid: Tensor) -> int | Tensor:
@@ -168,36 +163,56 @@ def valid_count(pad: Tensor, dims: Sequence[int], dtype: torch.dtype) -> Tensor:
     return (~pad).sum(tuple(dims), keepdim=True, dtype=dtype).clamp_(min=1)
 
 
+def _stock_pool(x: Tensor, mode: str, dims: tuple[int, ...], keepdim: bool) -> Tensor:
+    """The plain reduction of :func:`global_pool`'s ``mode`` over ``dims`` (no padding)."""
+    kind, _, arg = mode.partition(":")
+    if kind == "norm":
+        return torch.linalg.vector_norm(x, float(arg or 2), dims, keepdim=keepdim)
+    if kind in ("var", "std"):
+        return (torch.var if kind == "var" else torch.std)(x, dims, correction=float(arg), keepdim=keepdim)
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[kind](x, dims, keepdim=keepdim)
+
+
 def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[int], keepdim: bool) -> Tensor:
-    """Mean, sum, max or L2 norm of each item over its valid cells (global pooling,
-    squeeze-excitation, ConvNeXt V2's global response norm), every item in one masked reduction
+    """Each item's statistics over its valid cells (global pooling, squeeze-excitation, ConvNeXt
+    V2's global response norm, a style's standard deviation), every item in one masked reduction
     (a box per item or an arbitrary mask alike).
 
     Args:
         x (Tensor[B, C, *S]): features. padding (Padding, optional): None: the plain reduction.
-        mode (str): ``"mean"``, ``"sum"``, ``"max"`` or ``"norm"`` (L2). dims (sequence of int):
-        every spatial dim of ``x``. keepdim (bool): keep the reduced dims (size 1).
+        mode (str): ``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ``"norm"`` (L2), ``"norm:1"``,
+            ``"norm:inf"``, ``"var:c"`` or ``"std:c"`` (``c``: the correction, ``torch.var``'s).
+        dims (sequence of int): every spatial dim of ``x``. keepdim (bool): keep the reduced dims
+            (size 1).
 
     Returns:
         Tensor[B, C] (``[B, C, 1, ...]`` with ``keepdim``) in ``x``'s dtype; zeros for an item
-        without a valid cell.
+        without a valid cell (a variance over no more cells than the correction is inf or NaN, as
+        torch's).
     """
     dims = tuple(dims)
     if padding is None or padding.kind == "none":
-        if mode == "norm":
-            return torch.linalg.vector_norm(x, 2, dims, keepdim=keepdim)
-        return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax}[mode](x, dims, keepdim=keepdim)
+        return _stock_pool(x, mode, dims, keepdim)
+    kind, _, arg = mode.partition(":")
     valid = valid_cells(padding)
-    if mode == "max":
-        out = torch.where(valid, x, float("-inf")).amax(dims, keepdim=True)
-        out = torch.where(valid.flatten(1).any(1).view((-1,) + (1,) * (x.dim() - 1)), out, 0.0)
-    elif mode == "norm":
-        out = torch.linalg.vector_norm(torch.where(valid, x, 0.0), 2, dims, keepdim=True)
+    any_cell = valid.flatten(1).any(1).view((-1,) + (1,) * (x.dim() - 1))
+    if kind in ("max", "min") or mode == "norm:inf":
+        big = float("-inf") if kind != "min" else float("inf")
+        values = x.abs() if kind == "norm" else x
+        extreme = torch.where(valid, values, big)
+        out = extreme.amin(dims, keepdim=True) if kind == "min" else extreme.amax(dims, keepdim=True)
+        out = torch.where(any_cell, out, 0.0)
+    elif kind == "norm":
+        out = torch.linalg.vector_norm(torch.where(valid, x, 0.0), float(arg or 2), dims, keepdim=True)
     else:
         out = torch.where(valid, x, 0.0).sum(dims, keepdim=True)
-        if mode == "mean":
-            count = item_counts(valid, out.dtype).clamp_(min=1)
-            out = out / count.view((-1,) + (1,) * (x.dim() - 1))
+        if kind != "sum":
+            count = item_counts(valid, out.dtype).view((-1,) + (1,) * (x.dim() - 1))
+            out = out / count.clamp(min=1)
+        if kind in ("var", "std"):
+            squares = torch.where(valid, (x - out) ** 2, 0.0).sum(dims, keepdim=True)
+            out = squares / (count - float(arg)).clamp(min=0)
+            out = torch.where(any_cell, out.sqrt() if kind == "std" else out, 0.0)
     return out if keepdim else out.flatten(1)
 
 

@@ -1,7 +1,7 @@
 """The Triton kernel of DETR's sine embedding: one launch writes a level's whole ``(B, C, *S)``.
 
-The kernel body only; :mod:`vispos.encodings._sine_op` wraps it as the custom ops
-``vispos::sine_boxes`` and ``vispos::sine_counts``, launches it through :mod:`vispos._triton`
+The kernel body only; :mod:`vispos.ops.sine` wraps it as the custom ops
+``vispos::sine_boxes`` and ``vispos::sine_counts``, launches it through :mod:`vispos.ops._triton`
 (compiled on CUDA, interpreted on the CPU in tests) and keeps the torch reference beside it.
 This module is imported on the first launch only, so ``import vispos`` never imports Triton.
 

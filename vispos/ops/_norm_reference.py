@@ -4,8 +4,9 @@ Batch and group norm over valid cells, forward and closed-form backward. Each fu
 masked computation over the whole batch (no loop over items, no read of the device). A select keeps
 the padding's values out of every statistic (whatever it holds, NaN and +-inf included, is never
 read); statistics are taken in float32 for 16-bit inputs (float64 stays float64). The ops of
-:mod:`._norm_ops` run these on the CPU (and wherever Triton does not run); the tests compare the
-kernels of :mod:`._batch_norm_kernels` and :mod:`._group_norm_kernels` against them.
+:mod:`.batch_norm` and :mod:`.group_norm` run these on the CPU (and wherever Triton does not run);
+the tests compare the kernels of :mod:`._batch_norm_kernels` and :mod:`._group_norm_kernels`
+against them.
 
 References:
     Ioffe and Szegedy, Batch Normalization, ICML 2015 (statistics, backward; unbiased running
@@ -17,12 +18,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .cells._pools import item_counts
-
-__all__ = ["stat_dtype", "update_running_stats", "batch_norm_forward", "batch_norm_centred", "batch_norm_backward",
+__all__ = ["item_counts", "stat_dtype", "update_running_stats", "batch_norm_forward", "batch_norm_centred", "batch_norm_backward",
            "group_norm_forward", "group_norm_centred", "group_norm_backward"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def item_counts(valid: Tensor, dtype: torch.dtype) -> Tensor:
+    """Each item's number of valid cells, ``Tensor[B]`` in ``dtype``: a reduction of the valid map
+    ``Tensor[B, 1, *S]`` on its device (exact below 2**24 cells in float32)."""
+    return valid.flatten(1).sum(1, dtype=dtype)
 
 
 def stat_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -1,5 +1,5 @@
-"""The masked norms' Triton launch geometry: strides with the spatial axes flattened, tiles per
-memory format, chunks per reduction.
+"""The masked norms' Triton launch sizes: strides with the spatial axes flattened, tiles and warps per
+memory format, chunks per reduction, the outputs' layout.
 
 The kernels (:mod:`._batch_norm_kernels`, :mod:`._group_norm_kernels`) read ``Tensor[B, C, *S]``
 through its batch, channel and spatial strides, the spatial axes flattened to one stride: any
@@ -10,19 +10,20 @@ first cuts every reduction (a channel for batch norm, an item and group for grou
 ``SPLIT`` chunks of ``CHUNK`` cells, one program each, and writes per-chunk partial results; the
 second merges its rows' chunks (a few values) and writes its block of the output.
 
-This module and the kernels are imported only when a call takes the Triton path
-(:func:`vispos._triton.use_triton`), so ``import vispos`` works without Triton.
+Nothing here imports Triton. Tiles are powers of two of fixed sizes per memory format, and the
+number of chunks is read through a fixed block (:data:`SPLIT_BLOCK`), so a kernel compiles one
+variant per memory format and dtype, whatever the batch's sizes.
 
 References:
-    Liger-Kernel and inductor's Triton norms (a statistics kernel, then an elementwise one).
+    Liger-Kernel's ``calculate_settings`` (block and warps from the sizes) and inductor's Triton
+    norms (a statistics kernel, then an elementwise one).
 """
 
 import math
 
 import torch
-import triton.language as tl
 
-__all__ = ["p2", "cdiv", "flat", "tiles", "split", "stat_types", "mask_rows"]
+__all__ = ["p2", "cdiv", "flat", "tiles", "warps", "split", "mask_rows", "out_like", "SPLIT_BLOCK"]
 
 #: cells per block along the flattened spatial axis, and channels per block in channels last;
 #: tests lower them to run several chunks and blocks on tiny maps
@@ -33,6 +34,10 @@ BLOCK_CHANNELS_LAST = 32
 TARGET_PROGRAMS = 512
 MIN_CHUNK_BLOCKS = 4
 MAX_SPLIT = 64
+#: the chunks' block in the kernels that merge them (a power of two >= MAX_SPLIT, fixed so that it
+#: compiles no new variant)
+SPLIT_BLOCK = 64
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 def p2(n: int) -> int:
@@ -80,10 +85,11 @@ def split(rows: int, cells: int, block_n: int) -> tuple[int, int]:
     return cdiv(cells, chunk), chunk
 
 
-def stat_types(dtype: torch.dtype) -> tuple[torch.dtype, object]:
-    """The statistics' torch and Triton dtypes for inputs of ``dtype``: float64 for float64, else
-    float32."""
-    return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
+def warps(block_c: int, block_n: int) -> int:
+    """``num_warps`` for a tile of ``block_c * block_n`` elements, as Liger-Kernel's
+    ``calculate_settings`` picks them (4 up to 2048 elements, 8 up to 8192, then 16)."""
+    size = block_c * block_n
+    return 4 if size <= 2048 else 8 if size <= 8192 else 16
 
 
 def mask_rows(mask: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor, int, int]:
@@ -91,3 +97,15 @@ def mask_rows(mask: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor,
     where it can be) and its two strides."""
     rows = mask.reshape(batch, cells)
     return rows, rows.stride(0), rows.stride(1)
+
+
+def out_like(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised map like ``x`` (Tensor[B, C, *S]) whose spatial axes flatten to one stride:
+    ``x``'s own strides with one spatial axis, channels last where ``x`` is, else contiguous. The
+    layout of the Triton path's outputs (and of their fakes)."""
+    if x.dim() <= 3:
+        return torch.empty_like(x)
+    fmt = _CHANNELS_LAST.get(x.dim())
+    if fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt):
+        return torch.empty_like(x, memory_format=fmt)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

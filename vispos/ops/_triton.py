@@ -1,17 +1,23 @@
 """Triton kernels behind torch custom ops: when the Triton path runs, how a kernel launches (on
-CUDA, or through Triton's interpreter on the CPU for tests), and how many kernels each op launches.
+CUDA, or through Triton's interpreter on the CPU for tests), how many kernels each op launches, and
+how many compiled variants a kernel asks for.
 
 vispos' hot masked reductions (the norms over valid cells, the sine embedding of a level) are
-Triton kernels wrapped as torch custom ops (``torch.library.custom_op``) whose plain torch code is
-their CPU path and their reference. This room is the one switch they all ask:
+Triton kernels wrapped as torch custom ops whose plain torch code is their CPU path and their
+reference. This room is the one switch they all ask:
 
 * :func:`use_triton` -- does a call on this tensor take the Triton path? On CUDA when Triton is
   installed; on the CPU only inside :func:`interpreted` (tests run every kernel there through
   Triton's interpreter, ``TRITON_INTERPRET=1``, against its torch reference).
 * :func:`kernel` -- a decorator for a kernel's Python function: ``fn[grid](*args)`` launches it
-  compiled (``triton.jit``) for CUDA tensors and interpreted for CPU tensors. Each launch is
-  counted in a thread-local tally (:func:`launch_tally`) so a test can check an op's declared
-  launches against the kernels it really starts.
+  compiled (``triton.jit``, with ``do_not_specialize`` for its sizes and strides) for CUDA tensors
+  and interpreted for CPU tensors, under the tensor's device guard. Each launch is counted in a
+  thread-local tally (:func:`launch_tally`) so a test can check an op's declared launches against
+  the kernels it really starts.
+* :func:`device_function` -- a decorator for a ``@triton.jit`` helper shared by several kernels
+  (compiled inline into each; called directly by the interpreter).
+* :func:`variant_key` -- the key under which Triton's own binder caches a compiled variant of a
+  kernel for given arguments: how tests and benchmarks count variants without a GPU.
 * :func:`register_launches` / :func:`launches` -- every custom op declares how many kernels one
   call launches on a GPU. A launch count taken on the CPU (a ``TorchDispatchMode`` sees one custom
   op, whose CPU implementation runs many torch ops) weighs each custom op by that number.
@@ -19,7 +25,7 @@ their CPU path and their reference. This room is the one switch they all ask:
 References:
     Tillet et al., Triton, MAPL 2019; PyTorch ``torch.library.custom_op`` and the
     ``triton_op`` tutorial (custom ops with a fake implementation and a registered backward);
-    Triton's interpreter mode (``TRITON_INTERPRET=1``).
+    Triton's interpreter mode (``TRITON_INTERPRET=1``) and ``do_not_specialize``.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["available", "use_triton", "interpreted", "kernel", "register_launches", "launches", "launch_tally"]
+__all__ = ["available", "use_triton", "interpreted", "kernel", "device_function", "variant_key", "register_launches",
+           "launches", "launch_tally"]
 
 _LAUNCHES: dict[str, int] = {}
 _LOCK = threading.Lock()
@@ -84,7 +91,7 @@ def interpreted() -> Iterator[None]:
         RuntimeError: Triton is not installed.
     """
     if not available():
-        raise RuntimeError("vispos._triton.interpreted() needs Triton (pip install triton)")
+        raise RuntimeError("vispos.ops._triton.interpreted() needs Triton (pip install triton)")
     before, env = getattr(_STATE, "forced", False), os.environ.get("TRITON_INTERPRET")
     _STATE.forced = True
     os.environ["TRITON_INTERPRET"] = "1"
@@ -102,13 +109,15 @@ class _Kernel:
     """A kernel's Python function, compiled for CUDA tensors and interpreted for CPU tensors on
     first use of each (see :func:`kernel`)."""
 
-    def __init__(self, fn: Callable[..., None]) -> None:
+    def __init__(self, fn: Callable[..., None], do_not_specialize: tuple[str, ...]) -> None:
         self.fn = fn
         self.__name__ = fn.__name__
+        self.do_not_specialize = do_not_specialize
         self._built: dict[bool, Any] = {}
         self._lock = threading.Lock()
 
-    def _variant(self, interpret: bool) -> Any:
+    def variant(self, interpret: bool) -> Any:
+        """The ``triton.jit`` function (``interpret=False``) or its interpreted twin."""
         built = self._built.get(interpret)
         if built is None:
             with self._lock:
@@ -119,7 +128,8 @@ class _Kernel:
 
                     # JITFunction, not triton.jit: triton.jit reads TRITON_INTERPRET, which another
                     # thread inside interpreted() may have set for the process
-                    built = InterpretedFunction(self.fn) if interpret else JITFunction(self.fn)
+                    cls = InterpretedFunction if interpret else JITFunction
+                    built = cls(self.fn, do_not_specialize=self.do_not_specialize)
                     self._built[interpret] = built
         return built
 
@@ -129,26 +139,72 @@ class _Kernel:
             tally = getattr(_STATE, "tally", None)
             if tally is not None:
                 tally[self.__name__] += 1
-            self._variant(first.device.type != "cuda")[grid](*args, **kwargs)
+            device = first.device
+            if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+                with torch.cuda.device(device):  # Triton launches on the current device
+                    self.variant(False)[grid](*args, **kwargs)
+                return
+            self.variant(device.type != "cuda")[grid](*args, **kwargs)
 
         return launch
 
 
-def kernel(fn: Callable[..., None]) -> _Kernel:
+def kernel(*, do_not_specialize: tuple[str, ...] = ()) -> Callable[[Callable[..., None]], _Kernel]:
     """Decorator: ``fn`` as a Triton kernel, launched with ``fn[grid](*args, **constexprs)``;
     compiled by ``triton.jit`` for CUDA tensors, run by Triton's interpreter for CPU tensors (the
-    first tensor argument decides). Nothing is imported from Triton until the first launch.
+    first tensor argument decides), under that tensor's device guard. Nothing is imported from
+    Triton until the first launch.
 
     Args:
-        fn (callable): a Triton kernel body (``tl.*`` calls, ``tl.constexpr`` parameters).
+        do_not_specialize (tuple of str): parameters Triton must not specialize on (sizes and
+            strides: a value of 1 or a multiple of 16 would otherwise compile a new variant).
 
     Returns:
-        a launcher object.
+        a decorator giving a launcher object.
 
     Raises:
         Nothing at decoration; Triton's own errors at launch.
     """
-    return _Kernel(fn)
+    return lambda fn: _Kernel(fn, tuple(do_not_specialize))
+
+
+def device_function(fn: Callable[..., Any]) -> Any:
+    """Decorator: ``fn`` as a ``@triton.jit`` helper that kernels call (compiled inline into each
+    kernel); under Triton's interpreter the call runs ``fn``'s Python body, whichever mode Triton
+    was imported in. Imports Triton: only modules of kernels use it.
+
+    Raises:
+        Nothing.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    class _Helper(JITFunction):
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:  # only the interpreter calls it
+            return self._interpreted(*args, **kwargs)
+
+    helper = _Helper(fn)
+    helper._interpreted = InterpretedFunction(fn)
+    return helper
+
+
+def variant_key(kern: _Kernel, *args: Any, **kwargs: Any) -> str:
+    """The key under which Triton caches a compiled variant of ``kern`` launched with ``args`` and
+    ``kwargs`` (its binder's specialization of every argument, and the options): two launches
+    with the same key share one compiled kernel. Runs without a GPU (meta tensors work).
+
+    Raises:
+        Triton's own errors for arguments a launch would refuse.
+    """
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    jit = kern.variant(False)
+    binder = getattr(kern, "_binder", None)
+    if binder is None:
+        binder = kern._binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+    _, specialization, options = binder(*args, **kwargs)
+    return str(specialization) + str(sorted(options.items()))
 
 
 @contextlib.contextmanager

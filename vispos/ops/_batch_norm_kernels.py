@@ -1,0 +1,304 @@
+"""Triton kernels of the masked batch norm and their launchers: statistics over every item's valid
+cells, two kernels each way.
+
+Forward, ``_bn_stats`` writes each chunk's shifted statistics (:mod:`._jit`); ``_bn_apply`` merges a
+channel's chunks, writes the output and, from its first block per channel, the mean, the inverse
+deviation and the running statistics. Backward, ``_bn_grad_sums`` writes each chunk's sums;
+``_bn_grad_apply`` the input's gradient and, from its first block per channel, the parameters'.
+
+The reference is :mod:`._norm_reference` (``batch_norm_forward``, ``batch_norm_backward``,
+``update_running_stats``); the launch sizes are :mod:`._sizes`'. Values are loaded under the
+padding mask (``other=0``), so whatever the padding holds is never read; statistics are float32
+(float64 for float64 inputs), and ``eps`` and ``momentum`` are read from a tensor in that dtype.
+``num_batches_tracked`` is bumped by the first kernel and read by the second, so no program reads
+what another of its launch writes. Sizes and strides are not specialized (one compiled variant per
+memory format, dtype and option set).
+
+References:
+    Ioffe and Szegedy, Batch Normalization, ICML 2015; Chan, Golub and LeVeque, Algorithms for
+    computing the sample variance, 1983.
+"""
+
+import torch
+import triton.language as tl
+
+from . import _triton
+from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
+from ._sizes import SPLIT_BLOCK, cdiv, flat, mask_rows, split, tiles, warps
+
+__all__ = ["batch_norm_forward", "batch_norm_backward"]
+
+_SIZES = ("C", "S", "NS", "CHUNK", "SPLIT", "stride_xb", "stride_xc", "stride_xs", "stride_yb", "stride_yc",
+          "stride_ys", "stride_db", "stride_dc", "stride_ds", "stride_gb", "stride_gc", "stride_gs", "stride_mb",
+          "stride_ms", "stride_rm", "stride_rv")
+
+
+def _sizes_of(fn):
+    """The size and stride parameters of ``fn``: never specialized."""
+    names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+    return _triton.kernel(do_not_specialize=tuple(n for n in names if n in _SIZES))(fn)
+
+
+@_sizes_of
+def _bn_stats(x_ptr, mask_ptr, part_ptr, nbt_ptr, C, NS, S, CHUNK, SPLIT, stride_xb, stride_xc, stride_xs,
+              stride_mb, stride_ms, BUMP: tl.constexpr, STAT: tl.constexpr, BLOCK_C: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    pc = tl.program_id(0)
+    ps = tl.program_id(1)
+    ch = pc * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = ch < C
+    cnt = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    shift = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    s1 = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    s2 = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    start = ps * CHUNK
+    stop = tl.minimum(start + CHUNK, NS)
+    for off in range(start, stop, BLOCK_N):
+        idx = off + tl.arange(0, BLOCK_N)
+        item = idx // S
+        cell = idx - item * S
+        keep = cmask[:, None] & kept(mask_ptr, item, cell, idx < stop, stride_mb, stride_ms)[None, :]
+        at = offsets(item[None, :], ch[:, None], cell[None, :], stride_xb, stride_xc, stride_xs)
+        v = tl.load(x_ptr + at, mask=keep, other=0.0).to(STAT)
+        cnt, shift, s1, s2 = lane_update(cnt, shift, s1, s2, v, keep)
+    rel, m2 = lanes_stats(cnt, s1, s2)
+    n, ref, mean, sq = merge(cnt, shift, rel, m2, 1)
+    at = ch * SPLIT + ps
+    tl.store(part_ptr + at, n, mask=cmask)
+    tl.store(part_ptr + C * SPLIT + at, ref, mask=cmask)
+    tl.store(part_ptr + 2 * C * SPLIT + at, mean, mask=cmask)
+    tl.store(part_ptr + 3 * C * SPLIT + at, sq, mask=cmask)
+    if BUMP:
+        if (pc == 0) & (ps == 0):
+            tl.store(nbt_ptr, tl.load(nbt_ptr) + 1)
+
+
+@_sizes_of
+def _bn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_ptr, scalars_ptr, rm_ptr, rv_ptr,
+              nbt_ptr, C, NS, S, SPLIT, stride_xb, stride_xc, stride_xs, stride_yb, stride_yc, stride_ys,
+              stride_mb, stride_ms, stride_rm, stride_rv, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+              ZERO_PAD: tl.constexpr, UPDATE: tl.constexpr, CUMULATIVE: tl.constexpr, STAT: tl.constexpr,
+              SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    pn = tl.program_id(0)
+    pc = tl.program_id(1)
+    ch = pc * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = ch < C
+    sp = tl.arange(0, SPLIT_BLOCK)
+    pmask = cmask[:, None] & (sp < SPLIT)[None, :]
+    at = ch[:, None] * SPLIT + sp[None, :]
+    total_n, ref, rel, sq = merge(tl.load(part_ptr + at, mask=pmask, other=0.0),
+                                  tl.load(part_ptr + C * SPLIT + at, mask=pmask, other=0.0),
+                                  tl.load(part_ptr + 2 * C * SPLIT + at, mask=pmask, other=0.0),
+                                  tl.load(part_ptr + 3 * C * SPLIT + at, mask=pmask, other=0.0), 1)
+    mean = ref + rel
+    count = tl.maximum(total_n, 1.0)
+    var = sq / count
+    eps = tl.load(scalars_ptr)
+    if STAT == tl.float64:  # sqrt_rn (IEEE rounding) takes float32 only; float64 sqrt is IEEE
+        invstd = 1.0 / tl.sqrt(var + eps)
+    else:
+        invstd = 1.0 / tl.sqrt_rn(var + eps)
+    a = invstd
+    if HAS_W:
+        a = a * tl.load(w_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    shift = tl.zeros([BLOCK_C], STAT)
+    if HAS_B:
+        shift = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    idx = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    inb = idx < NS
+    item = idx // S
+    cell = idx - item * S
+    keep = cmask[:, None] & kept(mask_ptr, item, cell, inb, stride_mb, stride_ms)[None, :]
+    v = tl.load(x_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_xb, stride_xc, stride_xs),
+                mask=keep, other=0.0).to(STAT)
+    y = tl.where(keep, (v - mean[:, None]) * a[:, None] + shift[:, None], 0.0 if ZERO_PAD else shift[:, None])
+    tl.store(y_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_yb, stride_yc, stride_ys),
+             y.to(y_ptr.dtype.element_ty), mask=cmask[:, None] & inb[None, :])
+    if pn == 0:
+        tl.store(mean_ptr + ch, mean, mask=cmask)
+        tl.store(invstd_ptr + ch, invstd, mask=cmask)
+        if UPDATE:
+            if CUMULATIVE:  # bumped by the statistics kernel: 1 / num_batches_tracked
+                factor = 1.0 / tl.load(nbt_ptr).to(STAT)
+            else:
+                factor = tl.load(scalars_ptr + 1)
+            unbiased = sq / tl.maximum(total_n - 1.0, 1.0)
+            rm = tl.load(rm_ptr + ch * stride_rm, mask=cmask, other=0.0).to(STAT)
+            rv = tl.load(rv_ptr + ch * stride_rv, mask=cmask, other=0.0).to(STAT)
+            tl.store(rm_ptr + ch * stride_rm, (rm * (1.0 - factor) + mean * factor).to(rm_ptr.dtype.element_ty),
+                     mask=cmask)
+            tl.store(rv_ptr + ch * stride_rv, (rv * (1.0 - factor) + unbiased * factor).to(rv_ptr.dtype.element_ty),
+                     mask=cmask)
+
+
+@_sizes_of
+def _bn_grad_sums(dy_ptr, x_ptr, mask_ptr, mean_ptr, part_ptr, C, NS, S, CHUNK, SPLIT, stride_db, stride_dc,
+                  stride_ds, stride_xb, stride_xc, stride_xs, stride_mb, stride_ms, ALL_DY: tl.constexpr,
+                  STAT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    pc = tl.program_id(0)
+    ps = tl.program_id(1)
+    ch = pc * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = ch < C
+    mean = tl.load(mean_ptr + ch, mask=cmask, other=0.0)[:, None]
+    cnt = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    sdz = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    sdzx = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    sdy = tl.zeros([BLOCK_C, BLOCK_N], STAT)
+    start = ps * CHUNK
+    stop = tl.minimum(start + CHUNK, NS)
+    for off in range(start, stop, BLOCK_N):
+        idx = off + tl.arange(0, BLOCK_N)
+        inb = idx < stop
+        item = idx // S
+        cell = idx - item * S
+        keep = cmask[:, None] & kept(mask_ptr, item, cell, inb, stride_mb, stride_ms)[None, :]
+        at_d = offsets(item[None, :], ch[:, None], cell[None, :], stride_db, stride_dc, stride_ds)
+        dz = tl.load(dy_ptr + at_d, mask=keep, other=0.0).to(STAT)
+        v = tl.load(x_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_xb, stride_xc, stride_xs),
+                    mask=keep, other=0.0).to(STAT)
+        cnt = cnt + keep.to(STAT)
+        sdz = sdz + dz
+        sdzx = sdzx + tl.where(keep, dz * (v - mean), 0.0)
+        if ALL_DY:  # the bias's gradient without zero_padding: the padding holds the bias
+            sdy = sdy + tl.load(dy_ptr + at_d, mask=cmask[:, None] & inb[None, :], other=0.0).to(STAT)
+    at = ch * SPLIT + ps
+    tl.store(part_ptr + at, total(cnt, 1), mask=cmask)
+    tl.store(part_ptr + C * SPLIT + at, total(sdz, 1), mask=cmask)
+    tl.store(part_ptr + 2 * C * SPLIT + at, total(sdzx, 1), mask=cmask)
+    tl.store(part_ptr + 3 * C * SPLIT + at, total(sdy, 1), mask=cmask)
+
+
+@_sizes_of
+def _bn_grad_apply(dy_ptr, x_ptr, mask_ptr, mean_ptr, invstd_ptr, w_ptr, part_ptr, gx_ptr, gw_ptr, gb_ptr,
+                   C, NS, S, SPLIT, stride_db, stride_dc, stride_ds, stride_xb, stride_xc, stride_xs, stride_gb,
+                   stride_gc, stride_gs, stride_mb, stride_ms, HAS_W: tl.constexpr, NEED_X: tl.constexpr,
+                   NEED_W: tl.constexpr, NEED_B: tl.constexpr, ALL_DY: tl.constexpr, STAT: tl.constexpr,
+                   SPLIT_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    pn = tl.program_id(0)
+    pc = tl.program_id(1)
+    ch = pc * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = ch < C
+    sp = tl.arange(0, SPLIT_BLOCK)
+    pmask = cmask[:, None] & (sp < SPLIT)[None, :]
+    at = ch[:, None] * SPLIT + sp[None, :]
+    count = tl.maximum(total(tl.load(part_ptr + at, mask=pmask, other=0.0), 1), 1.0)
+    sdz = total(tl.load(part_ptr + C * SPLIT + at, mask=pmask, other=0.0), 1)
+    sdzx = total(tl.load(part_ptr + 2 * C * SPLIT + at, mask=pmask, other=0.0), 1)
+    invstd = tl.load(invstd_ptr + ch, mask=cmask, other=0.0)
+    if pn == 0:
+        if NEED_W:
+            tl.store(gw_ptr + ch, (sdzx * invstd).to(gw_ptr.dtype.element_ty), mask=cmask)
+        if NEED_B:
+            if ALL_DY:
+                sdy = total(tl.load(part_ptr + 3 * C * SPLIT + at, mask=pmask, other=0.0), 1)
+                tl.store(gb_ptr + ch, sdy.to(gb_ptr.dtype.element_ty), mask=cmask)
+            else:
+                tl.store(gb_ptr + ch, sdz.to(gb_ptr.dtype.element_ty), mask=cmask)
+    if NEED_X:
+        a = invstd
+        if HAS_W:
+            a = a * tl.load(w_ptr + ch, mask=cmask, other=0.0).to(STAT)
+        mean = tl.load(mean_ptr + ch, mask=cmask, other=0.0)
+        k_mean = sdz / count
+        k_proj = invstd * invstd * sdzx / count
+        idx = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+        inb = idx < NS
+        item = idx // S
+        cell = idx - item * S
+        keep = cmask[:, None] & kept(mask_ptr, item, cell, inb, stride_mb, stride_ms)[None, :]
+        dz = tl.load(dy_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_db, stride_dc, stride_ds),
+                     mask=keep, other=0.0).to(STAT)
+        v = tl.load(x_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_xb, stride_xc, stride_xs),
+                    mask=keep, other=0.0).to(STAT)
+        g = tl.where(keep, a[:, None] * (dz - k_mean[:, None] - (v - mean[:, None]) * k_proj[:, None]), 0.0)
+        tl.store(gx_ptr + offsets(item[None, :], ch[:, None], cell[None, :], stride_gb, stride_gc, stride_gs),
+                 g.to(gx_ptr.dtype.element_ty), mask=cmask[:, None] & inb[None, :])
+
+
+def batch_norm_forward(y, x, weight, bias, mask, scalars, momentum, running_mean, running_var, num_batches_tracked,
+                       zero_padding):
+    """The Triton batch norm over valid cells (reference: :func:`._norm_reference.batch_norm_forward`
+    and :func:`._norm_reference.update_running_stats`): two launches, ``_bn_stats`` then
+    ``_bn_apply``; the running statistics (when both are given) updated by the second.
+
+    Args:
+        y (Tensor[B, C, *S]): the output, written (spatial axes that flatten to one stride).
+        x (Tensor[B, C, *S]): features, non-empty. weight, bias (Tensor[C], contiguous, optional).
+        mask (Tensor[B, 1, *S], bool): True = padding.
+        scalars (Tensor[2]): ``eps`` and ``momentum`` in the statistics' dtype.
+        momentum (float, optional): None: the cumulative average.
+        running_mean, running_var (Tensor[C], one stride, optional), num_batches_tracked (Tensor[],
+        optional): updated in place.
+        zero_padding (bool): zeros in the output's padding.
+
+    Returns:
+        ``(mean, invstd)`` (Tensor[C]) in the statistics' dtype.
+    """
+    batch, c = x.shape[:2]
+    xf, cells, (sxb, sxc, sxs) = flat(x)
+    yf, _, (syb, syc, sys_) = flat(y)
+    assert yf is y, "the output's spatial axes flatten"
+    m, smb, sms = mask_rows(mask, batch, cells)
+    block_c, block_n = tiles(xf, c)
+    cblocks = cdiv(c, block_c)
+    ns = batch * cells
+    nsplit, chunk = split(cblocks, ns, block_n)
+    stat = stat_type(x.dtype)
+    part = torch.empty(4 * c * nsplit, dtype=scalars.dtype, device=x.device)
+    mean = torch.empty(c, dtype=scalars.dtype, device=x.device)
+    invstd = torch.empty(c, dtype=scalars.dtype, device=x.device)
+    update = running_mean is not None and running_var is not None
+    bump = update and num_batches_tracked is not None
+    num_warps = warps(block_c, block_n)
+    _bn_stats[(cblocks, nsplit)](
+        xf, m, part, num_batches_tracked if bump else part, c, ns, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
+        BUMP=bump, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)
+    _bn_apply[(cdiv(ns, block_n), cblocks)](
+        xf, y, m, part, part if weight is None else weight, part if bias is None else bias, mean, invstd, scalars,
+        running_mean if update else part, running_var if update else part, num_batches_tracked if bump else part,
+        c, ns, cells, nsplit, sxb, sxc, sxs, syb, syc, sys_, smb, sms, running_mean.stride(0) if update else 0,
+        running_var.stride(0) if update else 0,
+        HAS_W=weight is not None, HAS_B=bias is not None, ZERO_PAD=bool(zero_padding), UPDATE=update,
+        CUMULATIVE=bump and momentum is None, STAT=stat, SPLIT_BLOCK=SPLIT_BLOCK, BLOCK_C=block_c, BLOCK_N=block_n,
+        num_warps=num_warps)
+    return mean, invstd
+
+
+def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight, need_bias, param_dtype):
+    """The Triton backward of :func:`batch_norm_forward` (reference:
+    :func:`._norm_reference.batch_norm_backward`): two launches, ``_bn_grad_sums`` then
+    ``_bn_grad_apply``. ``gx`` (Tensor[B, C, *S] or None: not needed) is written, zeros in its
+    padding; ``mean`` and ``invstd`` (Tensor[C]) are the forward's.
+
+    Returns:
+        ``(grad_weight, grad_bias)`` (Tensor[C] in ``param_dtype``), None where not needed.
+    """
+    batch, c = x.shape[:2]
+    xf, cells, (sxb, sxc, sxs) = flat(x)
+    df, _, (sdb, sdc, sds) = flat(dy)
+    m, smb, sms = mask_rows(mask, batch, cells)
+    block_c, block_n = tiles(xf, c)
+    cblocks = cdiv(c, block_c)
+    ns = batch * cells
+    nsplit, chunk = split(cblocks, ns, block_n)
+    all_dy = need_bias and not zero_padding
+    part = torch.empty(4 * c * nsplit, dtype=mean.dtype, device=x.device)
+    need_x = gx is not None
+    if need_x:
+        gf, _, (sgb, sgc, sgs) = flat(gx)
+        assert gf is gx, "the gradient's spatial axes flatten"
+    else:
+        gf, (sgb, sgc, sgs) = part, (0, 0, 0)
+    gw = torch.empty(c, dtype=param_dtype, device=x.device) if need_weight else None
+    gb = torch.empty(c, dtype=param_dtype, device=x.device) if need_bias else None
+    stat = stat_type(x.dtype)
+    num_warps = warps(block_c, block_n)
+    _bn_grad_sums[(cblocks, nsplit)](
+        df, xf, m, mean, part, c, ns, cells, chunk, nsplit, sdb, sdc, sds, sxb, sxc, sxs, smb, sms,
+        ALL_DY=all_dy, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)
+    _bn_grad_apply[(cdiv(ns, block_n) if need_x else 1, cblocks)](
+        df, xf, m, mean, invstd, part if weight is None else weight, part, gf, part if gw is None else gw,
+        part if gb is None else gb, c, ns, cells, nsplit, sdb, sdc, sds, sxb, sxc, sxs, sgb, sgc, sgs, smb, sms,
+        HAS_W=weight is not None, NEED_X=need_x, NEED_W=bool(need_weight), NEED_B=bool(need_bias), ALL_DY=all_dy,
+        STAT=stat, SPLIT_BLOCK=SPLIT_BLOCK, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)
+    return gw, gb
