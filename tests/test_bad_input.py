@@ -379,7 +379,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, files, argv, match, status):
     rc = main([*argv, "--out", str(out), "--repeats", "1"])
     err = capsys.readouterr().err
     assert rc == status
-    assert err.startswith("vispos: error:") and match in err, err
+    assert err.startswith(f"vispos {argv[0]}: error:") and match in err, err
     assert len(err.strip().splitlines()) == 1
     assert "Traceback" not in err
     assert not out.exists()
@@ -400,7 +400,7 @@ def test_cli_unexpected_error_is_one_line_and_writes_nothing(tmp_path, capsys, f
     rc = main(["run", "--config", str(cfg), "--images", files["png"], "--out", str(out), "--repeats", "1"])
     err = capsys.readouterr().err
     assert rc == 1
-    assert err.strip() == "vispos: error: RuntimeError: figure backend crashed second line"
+    assert err.strip() == "vispos run: error: RuntimeError: figure backend crashed second line"
     assert not out.exists()
     # an existing output folder keeps its earlier files and gets no temporary left behind
     out.mkdir()
@@ -614,6 +614,6 @@ def test_issue12_cli_errors_are_one_line(tmp_path, capsys, files12, argv, match)
     rc = main([*argv, *out, "--max-size", "16", "--repeats", "1"] if "--max-size" not in argv else [*argv, *out])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert err.startswith("vispos: error:") and match in err, err
+    assert err.startswith(f"vispos {argv[0]}: error:") and match in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()

@@ -1,10 +1,13 @@
 import os
+import re
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from vispos.app._run_args import WARMUP_CALLS
+from vispos.app._run_command import TABLE_HEADER
 from vispos.app.cli import main
 
 TINY = """
@@ -31,6 +34,10 @@ def test_demo_on_sample_photos(tmp_path, capsys):
     assert rc == 0
     assert "backbone weights: random" in text
     assert "level" in text and "valid frac" in text and "pos time (ms)" in text
+    # the steady state after warm-up, the cold first call apart (before: the median of 5 calls from cold)
+    header = next(line for line in text.splitlines() if line.startswith("level"))
+    assert re.split(r"\s{2,}", header.strip()) == list(TABLE_HEADER)
+    assert f"pos time: median of 1 uncached calls after {WARMUP_CALLS} warm-up calls (the steady state" in text
     assert "astronaut: 96x96" in text and "chelsea: 64x96" in text
     saved = torch.load(out / "embeddings.pt", weights_only=False)
     assert saved["names"] == ["astronaut", "chelsea"]
@@ -79,7 +86,7 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys, argv, match):
     rc = main([*argv, "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 2
-    assert err.startswith("vispos: error:") and match in err
+    assert err.startswith(f"vispos {argv[0]}: error:") and match in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists() or os.listdir(out) == []
 
@@ -240,7 +247,7 @@ def test_sigterm_keeps_old_outputs(tmp_path, capsys, monkeypatch):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, saved)
-    assert rc == 143 and capsys.readouterr().err.strip() == "vispos: error: terminated by SIGTERM"
+    assert rc == 143 and capsys.readouterr().err.strip() == "vispos run: error: terminated by SIGTERM"
     assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
     assert (out / "embeddings.pt").read_text() == "old embeddings"
     assert (out / "figure.png").read_text() == "old figure"
@@ -266,7 +273,7 @@ def _sigterm_in_subprocess(tmp_path, hook, after, existing):
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 143, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "vispos: error: terminated by SIGTERM"
+    assert proc.stderr.strip().splitlines()[-1] == "vispos run: error: terminated by SIGTERM"
     if existing:
         assert sorted(os.listdir(out)) == ["embeddings.pt", "figure.png"]
         assert (out / "embeddings.pt").read_text() == "old embeddings"
@@ -294,7 +301,7 @@ def test_flags_that_would_exhaust_memory_or_misplace_outputs(tmp_path, capsys, m
     out = [] if "--out" in flags else ["--out", str(tmp_path / "out")]
     rc = main(["run", "--images", img, *out, *flags])
     err = capsys.readouterr().err
-    assert rc == 2 and err.strip() == f"vispos: error: {match}"
+    assert rc == 2 and err.strip() == f"vispos run: error: {match}"
     assert sorted(os.listdir(tmp_path)) == ["img0.png"]
 
 
@@ -355,7 +362,7 @@ def test_run_refuses_batches_that_cannot_fit_before_decoding(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert rc == 2, err
     assert re.search(match, err), err
-    assert err.startswith("vispos: error: ") and err.count("\n") == 1
+    assert err.startswith("vispos run: error: ") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 
@@ -400,7 +407,7 @@ def test_plot_default_file_is_not_replaced_without_force(tmp_path, monkeypatch, 
     first = default.read_bytes()
     assert main(["plot", "similarity", "--shape", "4", "5", "6", "--dpi", "30"]) == 2
     err = capsys.readouterr().err
-    assert err == ("vispos: error: vispos-plot-similarity.png exists (an earlier vispos plot similarity wrote "
+    assert err == ("vispos plot: error: vispos-plot-similarity.png exists (an earlier vispos plot similarity wrote "
                    "it?) and is not replaced unless asked: give --out FILE.png to name this figure, or --force "
                    "to replace vispos-plot-similarity.png\n")
     assert default.read_bytes() == first
@@ -437,7 +444,7 @@ def test_plot_never_replaces_a_default_file_that_appears_while_drawing(tmp_path,
 
     monkeypatch.setattr(plot_command, "_figure", figure_then_race)
     assert main(["plot", "wavelengths", "--dpi", "30"]) == 2
-    assert ("vispos: error: cannot write 'vispos-plot-wavelengths.png': it exists and is not to be "
+    assert ("vispos plot: error: cannot write 'vispos-plot-wavelengths.png': it exists and is not to be "
             "replaced\n") == capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["vispos-plot-wavelengths.png"]
     assert (tmp_path / "vispos-plot-wavelengths.png").read_bytes() == b"theirs"
@@ -454,7 +461,7 @@ def test_run_default_folder_is_not_replaced_without_force(tmp_path, monkeypatch,
     capsys.readouterr()
     assert main(argv) == 2
     assert capsys.readouterr().err == (
-        "vispos: error: vispos-out/ (the default output folder) already holds embeddings.pt and figure.png "
+        "vispos run: error: vispos-out/ (the default output folder) already holds embeddings.pt and figure.png "
         "from an earlier run; give --out FOLDER for this run, or --force to replace them\n")
     assert (tmp_path / "vispos-out" / "embeddings.pt").read_bytes() == before
     assert main([*argv, "--force"]) == 0

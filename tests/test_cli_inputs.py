@@ -35,7 +35,7 @@ def test_run_refuses_to_write_over_an_input_image(tmp_path, monkeypatch, capsys,
     assert main(argv + (["--force"] if force else [])) == 2
     err = capsys.readouterr().err
     assert err == (
-        "vispos: error: --out '.' would write './figure.png' over the input 'figure.png'; inputs are never "
+        "vispos run: error: --out '.' would write './figure.png' over the input 'figure.png'; inputs are never "
         "replaced (--force or not): give --out another folder\n")
     assert (tmp_path / "figure.png").read_bytes() == photo
     assert sorted(os.listdir(tmp_path)) == ["figure.png", "tiny.yaml"]
@@ -114,7 +114,7 @@ def test_out_naming_an_input_file_is_refused_before_anything_is_read(tmp_path):
         return proc.stderr
 
     assert vispos("--out", "keep.jpg").startswith(
-        "vispos: error: --out 'keep.jpg' is the input 'keep.jpg', a file: --out names the folder")
+        "vispos run: error: --out 'keep.jpg' is the input 'keep.jpg', a file: --out names the folder")
     assert "--out 'notes.txt' exists and is not a folder (a file)" in vispos("--out", "notes.txt")
     assert "--out 'notes.txt/run' cannot be created: " in vispos("--out", "notes.txt/run")
     assert sorted(os.listdir(tmp_path)) == ["keep.jpg", "notes.txt"]

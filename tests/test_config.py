@@ -362,7 +362,7 @@ def test_cli_unknown_config_exits_2_listing_what_ships(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     assert main(["plot", "similarity", "--config", "detr_resnet51"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vispos: error: config file 'detr_resnet51' does not exist") and err.count("\n") == 1
+    assert err.startswith("vispos plot: error: config file 'detr_resnet51' does not exist") and err.count("\n") == 1
     assert "it ships deformable_detr_resnet50, detr_resnet18, detr_resnet50, detr_resnet50_dc5" in err
     assert list(tmp_path.iterdir()) == []
     from PIL import Image

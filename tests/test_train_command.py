@@ -57,7 +57,7 @@ def test_train_tiny_runs_from_an_empty_directory_outside_the_clone(tmp_path):
     assert metrics["task"] == "2d" and metrics["steps"] == list(range(1, 21))
     assert (run / "ablation.md").is_file() and (run / "curves.png").is_file()
     lines = proc.stdout.splitlines()
-    assert TINY_NOTE.format(steps=20) in lines
+    assert TINY_NOTE.format(steps=20, metric="AP", compared="arm", full_steps=3000, doc="docs/training.md") in lines
     assert any(line.startswith("[sine] train loss, mean of steps 1-5 -> steps 16-20: ") for line in lines), proc.stdout
     assert "| seed |" not in proc.stdout and "Paired comparison" not in proc.stdout  # no tables on the screen
     assert f"wrote {os.path.join('runs', 'train_detr', 'ablation.md')}" in proc.stdout
@@ -83,6 +83,18 @@ def test_train_saves_and_resumes(tmp_path, capsys, monkeypatch):
     assert "at step 2" in capsys.readouterr().out
     metrics = json.loads((tmp_path / "more" / "sine" / "seed0" / "metrics.json").read_text())
     assert metrics["steps"] == [1, 2, 3] and metrics["resumed_at"] == [2]
+    # the same --tiny again into the first run's folder: refused before any work, nothing replaced
+    # (before: a second tiny run silently replaced metrics.json, ablation.md and curves.png)
+    first = tmp_path / "runs" / "train_detr"
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as info:
+        main([*tiny, "--steps", "2", "--save-every", "2"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"vispos train: error: argument --out: {os.path.join('runs', 'train_detr', 'sine', 'seed0')}/ (metrics.json, "
+        "checkpoint.pt) holds a finished run, never replaced unless asked: give another --out, or --force to replace "
+        "it\n")
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
 
 
 def test_tiny_is_a_quick_run():
@@ -120,7 +132,7 @@ def test_missing_resume_file_is_one_line(tmp_path, capsys):
     """Before: the message came after 23 lines of usage."""
     missing = tmp_path / "nope.pt"
     assert main(["train", "--pos", "sine", "--resume", str(missing)]) == 2
-    assert f"vispos: error: argument --resume: no such checkpoint file: '{missing}'" in _one_line(capsys)
+    assert f"vispos train: error: argument --resume: no such checkpoint file: '{missing}'" in _one_line(capsys)
     from vispos.app.train import task2d
 
     with pytest.raises(SystemExit) as info:  # python -m demos.train_detr: the core's check
@@ -133,7 +145,7 @@ def test_unknown_plot_kind_is_one_line(capsys):
     """Before: a 12-line usage dump."""
     assert main(["plot", "histogram"]) == 2
     err = _one_line(capsys)
-    assert "vispos: error: unknown plot kind 'histogram'; expected one of channels, curves" in err
+    assert "vispos plot: error: unknown plot kind 'histogram'; (expected one of channels, curves" in err
 
 
 def test_version(capsys):
@@ -142,7 +154,8 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.strip() == f"vispos {vispos.__version__}"
+    # the version and the package that runs (a second clone can take over the environment)
+    assert capsys.readouterr().out.strip() == f"vispos {vispos.__version__} from {os.path.dirname(vispos.__file__)}"
 
 
 def test_config_show_prints_the_resolved_yaml(tmp_path, capsys):

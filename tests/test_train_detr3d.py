@@ -24,6 +24,7 @@ from demos import train_detr3d as T  # noqa: E402
 from vispos.app.train.cli import run  # noqa: E402
 from vispos.app.train import SetCriterion, build_model  # noqa: E402
 from vispos.app.train.cli import parse_args  # noqa: E402
+from vispos.app.train.report import TINY_NOTE  # noqa: E402
 
 OPS = T.BOX_OPS_3D
 
@@ -219,6 +220,12 @@ def test_cli_runs_tiny(tmp_path):
            "--eval-beside-largest", "--pos", *T.POS_ARMS]  # --tiny alone trains one arm
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the 2D run's summary, the 3D task's own full run in its hint, and what "map" averages
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == T.TASK.metric_legend and "map, AP averaged over IoU 0.10 to 0.50" in lines[-1]
+    assert lines[-3] == TINY_NOTE.format(steps=20, metric="AP", compared="arm", full_steps=2000,
+                                         doc="docs/training3d.md"), lines
+    assert lines[-4].startswith("[sine] train loss, mean of steps 1-5 -> steps 16-20: "), lines
     for arm in T.POS_ARMS:
         m = json.loads((out / arm / "seed0" / "metrics.json").read_text())
         assert m["task"] == "3d" and m["arm"] == arm and m["steps"] == list(range(1, 21))
@@ -245,6 +252,9 @@ def test_cli_runs_tiny(tmp_path):
     (out / "ablation.md").unlink()
     assert T.main(["--report", "--tiny", "--steps", "20", "--out", str(out)]) == 0
     assert (out / "ablation.md").read_text() == table
+    with pytest.raises(SystemExit) as info:  # the same run again: refused, nothing replaced
+        T.main(["--tiny", "--steps", "20", "--out", str(out)])
+    assert info.value.code == 2 and (out / "ablation.md").read_text() == table
 
 
 def _fake_3d_run(arm, seed, ap25):

@@ -225,3 +225,13 @@ def test_attention_recorder_refuses_sdpa_calls_it_cannot_recompute(kwargs):
     q = torch.ones(1, 1, 3, 4)
     with pytest.raises(ValueError, match="plain SDPA calls"):
         recorder.__torch_function__(F.scaled_dot_product_attention, (), (q, q, q), dict(kwargs))
+
+
+def test_diagnose_checks_its_arguments_through_the_shared_checks(tmp_path):
+    """``eval_images`` and ``batch_size`` are checked (vispos/_checks.py) before the checkpoint is
+    read, worded as every other argument check."""
+    missing = tmp_path / "none.pt"
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        diagnose_checkpoint(missing, batch_size=0)
+    with pytest.raises(TypeError, match=r"eval_images must be a positive int or None, got True \(bool\)"):
+        diagnose_checkpoint(missing, eval_images=True)

@@ -97,6 +97,9 @@ def test_check_checkpoint_refuses_bad_arguments(checkpoints):
     _, paths = checkpoints
     with pytest.raises(ValueError, match="metric must be one of"):
         check_checkpoint(paths["invariant"], metric="f1")
-    for bad in (0, True, 2.0):
-        with pytest.raises(ValueError, match=f"eval_images must be an int >= 1, got {bad}"):
+    # through vispos/_checks.py, worded as every other argument check
+    with pytest.raises(ValueError, match="eval_images must be a positive int, got 0"):
+        check_checkpoint(paths["invariant"], eval_images=0)
+    for bad, shown in ((True, r"True \(bool\)"), (2.0, r"2.0 \(float\)")):
+        with pytest.raises(TypeError, match=f"eval_images must be a positive int or None, got {shown}"):
             check_checkpoint(paths["invariant"], eval_images=bad)

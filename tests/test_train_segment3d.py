@@ -152,7 +152,52 @@ def tiny_runs(tmp_path_factory):
         cwd.mkdir()
         proc = _run_cli(cwd, "--pipeline", pipeline, "--out", str(out))
         assert proc.returncode == 0, proc.stderr[-3000:]
+        (root / f"{pipeline}.log").write_text(proc.stdout)
     return out
+
+
+@pytest.mark.slow
+def test_tiny_run_ends_like_the_2d_one_and_is_never_replaced(tiny_runs, capsys):
+    """The segmentation tiny run ends with the 2D run's summary (the train loss early against late,
+    then what a tiny run shows); a second one into the same folder is refused before any work
+    (before: nothing said whether the loss fell, and a second run replaced the first)."""
+    from vispos.app.train.report import TINY_NOTE
+
+    log = (tiny_runs.parent / "invariant.log").read_text().splitlines()
+    assert log[-2].startswith("[invariant] train loss, mean of step 1 -> step 6: "), log
+    assert log[-1] == TINY_NOTE.format(steps=6, metric="Dice", compared="pipeline", full_steps=250,
+                                       doc="docs/segmentation3d.md")
+    run = tiny_runs / "invariant" / "segresnet" / "seed0"
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(SystemExit) as info:
+        S.run([*TINY, "--pipeline", "invariant", "--out", str(tiny_runs)], log=lambda *_: None)
+    assert info.value.code == 2
+    assert "holds a finished run, never replaced unless asked" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_figure_legend_names_the_colours_it_draws():
+    """Before: the title said "blue outline = ground truth" over an orange outline."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgba
+
+    from vispos.app.figures.segment3d import GROUND_TRUTH, PREDICTION, plot_segmentations
+
+    image = torch.rand(8, 10, 12, generator=torch.Generator().manual_seed(0))
+    label = torch.zeros(8, 10, 12, dtype=torch.uint8)
+    label[2:6, 3:7, 4:9] = 1
+    fig = plot_segmentations(image, label, {"whole": label.roll(1, 0), "invariant": label})
+    title = fig._suptitle.get_text()
+    assert f"{GROUND_TRUTH[1]} outline = ground truth, {PREDICTION[1]} fill = prediction" in title
+
+    def nearest(rgba) -> str:  # the colour's common name
+        names = ("blue", "orange", "yellow", "red", "green", "purple")
+        return min(names, key=lambda n: float(np.sum((np.asarray(to_rgba(n)) - np.asarray(rgba)) ** 2)))
+
+    for ax in fig.axes:  # every row outlines the ground truth in the colour the title names
+        assert [nearest(c.get_edgecolor()[0]) for c in ax.collections] == [GROUND_TRUTH[1]]
+    fills = [im for ax in fig.axes for im in ax.images if im.get_cmap().name == PREDICTION[0]]
+    assert len(fills) == 6 and nearest(colormaps[PREDICTION[0]](1.0)) == PREDICTION[1]
 
 
 @pytest.mark.slow

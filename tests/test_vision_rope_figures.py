@@ -111,5 +111,5 @@ def test_cli_plot_rope_errors(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vispos: error: ") and match in err
+    assert err.startswith("vispos plot: error: ") and match in err
     assert list(tmp_path.iterdir()) == []

@@ -425,7 +425,7 @@ def test_cli_plot_errors(tmp_path, capsys, monkeypatch, argv, match):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vispos: error: ") and err.count("\n") == 1
+    assert err.startswith("vispos plot: error: ") and err.count("\n") == 1
     assert re.search(match, err), err
     assert list(tmp_path.iterdir()) == []
 
@@ -462,7 +462,7 @@ def test_cli_plot_bounds_are_checked_before_any_work(tmp_path, capsys, monkeypat
     start = time.perf_counter()
     assert main(["plot", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("vispos: error: ") and err.count("\n") == 1
+    assert err.startswith("vispos plot: error: ") and err.count("\n") == 1
     assert re.search(match, err), err
     assert list(tmp_path.iterdir()) == []
     assert time.perf_counter() - start < 30

@@ -106,8 +106,9 @@ def add_threads_argument(group: argparse.ArgumentParser | argparse._ArgumentGrou
 
     Args:
         group: where the flag goes.
-        machine_default (bool): the default is :func:`default_threads` (stated in ``--help``);
-            False: 0, torch's own default (``vispos train``, whose documented runs name it).
+        machine_default (bool): the default is :func:`default_threads` (stated in ``--help``), and 0
+            is refused; False: 0 is taken and is the default, all cores (torch's own default, one
+            thread per physical core; ``vispos train``, whose documented runs name it).
     """
     if machine_default:
         n, why = default_threads()
@@ -116,7 +117,8 @@ def add_threads_argument(group: argparse.ArgumentParser | argparse._ArgumentGrou
                                 "embedding's small ops, fewer than the cores slow the backbone)")
     else:
         group.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=0,
-                           help=f"torch threads per process (0: torch's default; at most {MAX_THREADS})")
+                           help=f"torch threads per process (default 0: all cores, torch's own default of one "
+                                f"thread per physical core; at most {MAX_THREADS})")
 
 
 @contextlib.contextmanager

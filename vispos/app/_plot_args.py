@@ -11,8 +11,10 @@ import math
 import os
 from typing import Any
 
+from .._suggest import did_you_mean
 from ._errors import CLIError
 from ._flags import add_threads_argument
+from .data._args import unknown_sample
 
 __all__ = ["KINDS", "add_plot_parser", "check_plot_args", "grid_shape", "output_path"]
 
@@ -135,14 +137,21 @@ def check_plot_args(args: argparse.Namespace) -> None:
     by ``--out`` is replaced, as asked).
 
     Raises:
-        CLIError: an unknown kind (one line, no usage); ``--out`` not a ``.png`` or in a missing folder; the default output exists
+        CLIError: an unknown kind or ``--samples`` name (one line, no usage, the nearest names
+            suggested); ``--out`` not a ``.png`` or in a missing folder; the default output exists
             and ``--force`` is not given; ``--dpi`` outside :data:`DPI_RANGE`; a list flag
             longer than :data:`MAX_ENTRIES`; an int flag outside :data:`INT_RANGES`; a
             ``--shape`` with more than :data:`MAX_CELLS` cells. Each message names the flag,
             the value and the bound.
     """
     if args.kind not in KINDS:
-        raise CLIError(f"unknown plot kind {args.kind!r}; expected one of {', '.join(KINDS)}")
+        hint = did_you_mean(args.kind, KINDS)
+        raise CLIError(f"unknown plot kind {args.kind!r}; " + (f"{hint} " if hint else "")
+                       + f"(expected one of {', '.join(KINDS)})")
+    for name in args.samples or ():
+        problem = unknown_sample(name)
+        if problem:
+            raise CLIError(f"--samples: {problem}")
     out = output_path(args)
     if not out.lower().endswith(".png"):
         raise CLIError(f"--out must name a .png file, got {out!r}")

@@ -16,9 +16,11 @@ from ..config import load_config, packaged_configs
 from ._errors import CLIError
 from ._flags import add_threads_argument
 from ._io import same_file
-from .data._args import SAMPLE_IMAGES, VOLUME_NORMALIZATIONS
+from ._model_names import backbone_problem
+from .data._args import SAMPLE_IMAGES, VOLUME_NORMALIZATIONS, unknown_sample
 
-__all__ = ["DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "add_run_parsers", "check_args", "input_files", "is_volume"]
+__all__ = ["DEFAULT_CONFIG", "DEFAULT_VOLUME_CONFIG", "WARMUP_CALLS", "add_run_parsers", "check_args", "input_files",
+           "is_volume"]
 
 
 def _packaged_config(name: str) -> dict[str, Any]:
@@ -43,6 +45,10 @@ OUTPUT_FILES = ("embeddings.pt", "figure.png")
 #: upper bounds of the integer flags (each value above is a typo or a way to exhaust memory:
 #: --queries draws one figure panel per query and item, --size-divisibility pads every axis)
 _FLAG_LIMITS = {"queries": 16, "repeats": 1000, "size_divisibility": 4096}
+#: untimed calls between the first (cold) call of a level's embedding and the timed ones: the first
+#: calls pay one-off costs (lazy imports, first dispatch of each op, the allocator's growth), tens
+#: of ms on a CPU, where a steady call takes tenths of a ms
+WARMUP_CALLS = 3
 #: most inputs of one run (each adds a row of panels to figure.png)
 MAX_INPUTS = 64
 
@@ -80,12 +86,16 @@ def add_run_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--size-divisibility", type=int, default=0, help="pad to a multiple of this")
         p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         p.add_argument("--queries", type=int, default=3, help="query cells per level in the figure")
-        p.add_argument("--repeats", type=int, default=5, help="timing repeats per level (median reported)")
+        p.add_argument("--repeats", type=int, default=10,
+                       help=f"timed calls per level after {WARMUP_CALLS} warm-up calls (default %(default)s; their "
+                            "median is the pos time, the steady state; the first, cold call is shown apart)")
         add_threads_argument(p)
 
     demo = sub.add_parser("demo", help="run on scikit-image's sample photos (or, with --volume, on MNI152)")
     common(demo, DEFAULT_OUT["demo"])
-    demo.add_argument("--samples", nargs="+", default=list(SAMPLE_IMAGES), help="scikit-image sample names")
+    demo.add_argument("--samples", nargs="+", default=list(SAMPLE_IMAGES),
+                      help="scikit-image sample names (default: %(default)s; any of the samples it ships, e.g. "
+                           "camera, moon, coins)")
     demo.add_argument("--volume", action="store_true",
                       help="run on three volumes cut from nilearn's MNI152 T1 template (3D backbone)")
     run = sub.add_parser("run", help="run on your own images or NIfTI volumes")
@@ -141,6 +151,34 @@ def _check_out_folder(args: argparse.Namespace) -> None:
         raise CLIError(f"--out {out!r}: the folder {nearest!r} is not writable")
 
 
+#: config backbone type -> (the key naming its model, the library whose model it is)
+_BACKBONE_NAMES = {"TimmBackbone": ("model_name", "timm"), "TorchvisionBackbone": ("name_or_model", "torchvision")}
+
+
+def _check_backbone_name(args: argparse.Namespace) -> None:
+    """A ``--config`` whose backbone names a model its library does not have is refused here,
+    with the nearest names, before torch is imported (:mod:`vispos.app._model_names`). A config
+    that cannot be read is left to the run, whose error names the problem.
+
+    Raises:
+        CLIError: the config's backbone is an unknown timm or torchvision model name.
+    """
+    if args.config is None:
+        return
+    try:
+        config = load_config(args.config)
+    except Exception:  # noqa: BLE001 - the run reads it again and says what is wrong
+        return
+    backbone = config.get("backbone") if isinstance(config, dict) else None
+    if not isinstance(backbone, dict) or backbone.get("type") not in _BACKBONE_NAMES:
+        return
+    key, package = _BACKBONE_NAMES[backbone["type"]]
+    name = backbone.get(key)
+    problem = backbone_problem(name, package) if isinstance(name, str) else None
+    if problem:
+        raise CLIError(f"--config {args.config}: backbone {key}: {problem}")
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Fills the default ``--out`` (and ``args.replace``: whether the outputs may replace
     existing files) and refuses flag values that would exhaust memory or write
@@ -180,6 +218,11 @@ def check_args(args: argparse.Namespace) -> None:
         if given is not None and len(given) > MAX_INPUTS:
             raise CLIError(f"--{flag} takes at most {MAX_INPUTS} files per run (one figure row each), "
                            f"got {len(given)}; run several times")
+    for name in getattr(args, "samples", None) or ():
+        problem = unknown_sample(name)
+        if problem:
+            raise CLIError(f"--samples: {problem}")
+    _check_backbone_name(args)
     if not args.out.strip():
         raise CLIError("--out must name a folder, got an empty string")
     _check_out_folder(args)

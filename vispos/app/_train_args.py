@@ -14,8 +14,9 @@ import os
 from collections.abc import Sequence
 
 from ._errors import CLIError, OneLineParser
+from ._model_names import backbone_problem
 from .train._args import parse_flags
-from .train._task_args import FLAGS_2D, FLAGS_3D
+from .train._task_args import FLAGS_2D, FLAGS_3D, VIT_NAME
 
 __all__ = ["PROG", "add_train_parser", "parse_train_args", "check_train_args"]
 
@@ -68,8 +69,15 @@ def check_train_args(args: argparse.Namespace) -> None:
     """Refuses, before torch is imported, what the arguments alone show cannot run.
 
     Raises:
-        CLIError: ``--resume`` names no file; ``--out`` exists and is not a folder.
+        CLIError: ``--resume`` names no file; ``--out`` exists and is not a folder; ``--backbone``
+            is neither a timm model nor ``vit`` (with the nearest names, answered in well under a
+            second: :func:`vispos.app._model_names.backbone_problem` imports neither timm nor torch).
     """
+    backbone = getattr(args, "backbone", None)
+    if backbone is not None and not args.report:
+        problem = backbone_problem(backbone, "timm", also=(VIT_NAME,))
+        if problem:
+            raise CLIError(f"argument --backbone: {problem} ({VIT_NAME}: a small ViT)")
     if args.resume is not None and not args.report and not os.path.isfile(args.resume):
         raise CLIError(f"argument --resume: no such checkpoint file: {args.resume!r}")
     if os.path.exists(args.out) and not os.path.isdir(args.out):

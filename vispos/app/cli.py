@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from .. import __version__
@@ -50,13 +52,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="vispos",
         description="Position embeddings for padded batches of real images on a real backbone.",
     )
-    parser.add_argument("--version", action="version", version=f"vispos {__version__}")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="show the version and the folder of the vispos package that runs, and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_parsers(sub)
     add_plot_parser(sub)
     add_config_parser(sub)
     add_train_parser(sub)
     return parser
+
+
+def version_line() -> str:
+    """``vispos VERSION from FOLDER``: what ``vispos --version`` prints, the folder being the
+    package that runs (a second clone or install that took over the environment shows here)."""
+    return f"vispos {__version__} from {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}"
 
 
 def load_command(command: str) -> Callable[[argparse.Namespace], None]:
@@ -80,17 +89,31 @@ def _one_line(exc: BaseException) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``vispos`` command.
 
-    Every error is printed to stderr as one line ``vispos: error: ...`` (no traceback) and no
-    output file is left behind, whole or partial. Returns the exit status: 0 ok, 2 a user
-    error (bad arguments, files, configs: ``ValueError``, ``TypeError``, ``OSError``, ...),
-    1 any other failure (named by its exception type), 130 on Ctrl-C, 128 + the signal
-    number on SIGTERM / SIGHUP while the outputs are written (143 for SIGTERM). argparse's own usage
-    errors are one line too (:class:`~vispos.app._errors.OneLineParser`, no usage block) and exit
-    with status 2 through ``SystemExit``. Every argument after ``train`` is the
-    training's own (:func:`vispos.app._train_args.parse_train_args`).
+    Every error is printed to stderr as one line ``vispos COMMAND: error: ...`` (``vispos train:
+    error: ...``: the prefix of argparse's own usage errors of that subcommand, so every message
+    of one command starts alike; no traceback) and no output file is left behind, whole or
+    partial. Returns the exit status: 0 ok, 2 a user error (bad arguments, files, configs:
+    ``ValueError``, ``TypeError``, ``OSError``, ...), 1 any other failure (named by its exception
+    type), 130 on Ctrl-C, 128 + the signal number on SIGTERM / SIGHUP while the outputs are
+    written (143 for SIGTERM). argparse's own usage errors are one line too
+    (:class:`~vispos.app._errors.OneLineParser`, no usage block) and exit with status 2 through
+    ``SystemExit``. Every argument after ``train`` is the training's own
+    (:func:`vispos.app._train_args.parse_train_args`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_train_args(argv[1:]) if argv[:1] == ["train"] else _parser().parse_args(argv)
+    prefix = f"vispos {args.command}: error:"
+
+    def show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # one line each
+        print(f"vispos {args.command}: warning: {_one_line(message)}", file=sys.stderr if file is None else file)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show_warning
+        return _run(args, prefix)
+
+
+def _run(args: argparse.Namespace, prefix: str) -> int:
+    """Runs the parsed command; every error is one line starting with ``prefix``."""
     try:
         _, check = _COMMANDS[args.command]
         if check is not None:
@@ -98,16 +121,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch_threads(getattr(args, "threads", None)):  # --threads; restored after the command
             load_command(args.command)(args)
     except (CLIError, ValueError, TypeError, FileNotFoundError, ImportError, OSError) as exc:
-        print(f"vispos: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prefix} {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("vispos: error: interrupted", file=sys.stderr)
+        print(f"{prefix} interrupted", file=sys.stderr)
         return 130
     except Terminated as exc:
-        print(f"vispos: error: {exc}", file=sys.stderr)
+        print(f"{prefix} {exc}", file=sys.stderr)
         return 128 + exc.signum
     except Exception as exc:  # noqa: BLE001 - the command never shows a traceback
-        print(f"vispos: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
+        print(f"{prefix} {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
 

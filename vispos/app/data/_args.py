@@ -6,12 +6,31 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from ..._suggest import did_you_mean
+
 #: scikit-image sample photos used by ``vispos demo``
 SAMPLE_IMAGES = ("astronaut", "coffee", "chelsea", "rocket")
+
+#: every scikit-image sample that loads as one 2D image from the package itself (no download, no
+#: optional dependency): the names ``--samples`` takes (a test loads each one)
+SAMPLE_NAMES = (
+    "astronaut", "binary_blobs", "brick", "camera", "cat", "cell", "checkerboard", "chelsea", "clock", "coffee",
+    "coins", "colorwheel", "grass", "gravel", "horse", "hubble_deep_field", "immunohistochemistry", "logo",
+    "microaneurysms", "moon", "page", "retina", "rocket", "shepp_logan_phantom", "text",
+)
 
 #: intensity normalisations :func:`~vispos.app.data.normalize_intensity` knows (None: leave
 #: intensities as read)
 VOLUME_NORMALIZATIONS = ("zscore", "minmax", "percentile", None)
+
+
+def unknown_sample(name: object) -> str | None:
+    """Why ``name`` is not one of :data:`SAMPLE_NAMES` (with the nearest names), or None."""
+    if name in SAMPLE_NAMES:
+        return None
+    hint = did_you_mean(name, SAMPLE_NAMES) if isinstance(name, str) else ""
+    return (f"unknown scikit-image sample {name!r}; " + (f"{hint} " if hint else "")
+            + f"(the samples: {', '.join(SAMPLE_NAMES)})")
 
 
 def check_paths(paths: object) -> None:

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_bool, check_file, check_int
-from ._args import SAMPLE_IMAGES, check_paths, shrunk_size
+from ._args import SAMPLE_IMAGES, check_paths, shrunk_size, unknown_sample
 
 __all__ = [
     "IMAGE_FORMATS",
@@ -122,7 +122,8 @@ def load_image(
     ``ImageOps.exif_transpose``. Integers are divided by their type's maximum (255 for 8 bits,
     65535 for 16 bits); 32-bit float images (TIFF mode ``F``) are taken as stored, expected in
     [0, 1] (clipped with a warning otherwise). Grey images are repeated to three channels; an
-    alpha channel is dropped; an animated file gives its first frame. A damaged file (truncated,
+    alpha channel is dropped; a file of several frames (a multipage TIFF, an animated GIF, WebP or
+    AVIF, an MPO) gives its first frame, with a ``UserWarning`` that says so. A damaged file (truncated,
     flipped bytes, forged header fields) raises ``ValueError``, never ends the process.
 
     Args:
@@ -186,6 +187,10 @@ def load_image(
                 f"image file {path!r} declares {w}x{h} = {w * h} pixels, more than max_pixels="
                 f"{max_pixels} (a decompression bomb?); refused before decoding"
             )
+        frames = getattr(im, "n_frames", 1)
+        if frames > 1:
+            warnings.warn(f"image file {path!r} holds {frames} frames (a multipage or animated image); frame 0 is "
+                          "used", UserWarning, stacklevel=2)
         if im.format in _TORCHCODEC_FORMATS:
             try:
                 image = _decode_torchcodec(path)
@@ -316,8 +321,8 @@ def sample_images(
     """scikit-image's shipped sample photos (``skimage.data.<name>()``), no download.
 
     Args:
-        names: sample names, default ``astronaut`` (512x512), ``coffee`` (400x600), ``chelsea``
-            (300x451) and ``rocket`` (427x640).
+        names: sample names (any of :data:`~vispos.app.data._args.SAMPLE_NAMES`), default
+            ``astronaut`` (512x512), ``coffee`` (400x600), ``chelsea`` (300x451) and ``rocket`` (427x640).
         max_size (int, optional): as in :func:`load_image`.
 
     Returns:
@@ -325,7 +330,7 @@ def sample_images(
 
     Raises:
         ImportError: scikit-image is missing (``pip install vispos[demo]``).
-        ValueError: an unknown sample name.
+        ValueError: an unknown sample name (the message suggests the nearest).
     """
     try:
         import skimage.data
@@ -335,11 +340,13 @@ def sample_images(
         ) from exc
     from PIL import Image
 
+    for name in names:  # every name before the first photo is read
+        problem = unknown_sample(name)
+        if problem:
+            raise ValueError(problem)
     out = []
     for name in names:
-        loader = getattr(skimage.data, name, None)
-        if loader is None or not callable(loader):
-            raise ValueError(f"unknown scikit-image sample {name!r}; try one of {SAMPLE_IMAGES}")
+        loader = getattr(skimage.data, name)
         arr = np.asarray(loader())
         out.append((name, _to_tensor(Image.fromarray(arr), max_size)))
     return out

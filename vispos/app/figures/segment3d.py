@@ -17,15 +17,20 @@ from torch import Tensor
 
 from ._draw import new_figure
 
-__all__ = ["plot_segmentations", "draw_segmentations"]
+__all__ = ["GROUND_TRUTH", "PREDICTION", "plot_segmentations", "draw_segmentations"]
 
 #: the order of the rows after the ground truth
 _ORDER = ("crop", "whole", "invariant")
+#: the ground truth's outline in every row: (matplotlib colour, its name in the title)
+GROUND_TRUTH = ("#00c0ff", "blue")
+#: the predictions' fill (a matplotlib colormap; its top, 1.0, is the colour drawn) and its name
+PREDICTION = ("autumn", "yellow")
 
 
 def plot_segmentations(image: Tensor, label: Tensor, predictions: Mapping[str, Tensor], spacing: Tensor | None = None):
     """Three orthogonal slices through the centre of the lesions: the volume with the ground
-    truth outlined, then one row per prediction (filled), each panel at the volume's aspect in mm.
+    truth outlined, then one row per prediction (filled) with the same outline, each panel at the
+    volume's aspect in mm. The title names the colours (:data:`GROUND_TRUTH`, :data:`PREDICTION`).
 
     Args:
         image (Tensor[D, H, W], float): the volume.
@@ -59,13 +64,11 @@ def plot_segmentations(image: Tensor, label: Tensor, predictions: Mapping[str, T
             im2, s2 = np.take(img, centre[a], axis=a), np.take(s, centre[a], axis=a)
             rest = [sp[i] for i in range(3) if i != a]
             ax.imshow(im2, cmap="gray", vmin=lo, vmax=hi, aspect=rest[0] / rest[1], interpolation="nearest")
-            if r == 0:
-                ax.contour(s2.astype(float), levels=[0.5], colors=["#ffb000"], linewidths=1.0)
-            else:
-                ax.imshow(np.ma.masked_where(~s2, s2.astype(float)), cmap="autumn", alpha=0.55, vmin=0, vmax=1,
+            if r > 0:
+                ax.imshow(np.ma.masked_where(~s2, s2.astype(float)), cmap=PREDICTION[0], alpha=0.55, vmin=0, vmax=1,
                           aspect=rest[0] / rest[1], interpolation="nearest")
-                ax.contour(np.take(label.numpy() > 0, centre[a], axis=a).astype(float), levels=[0.5],
-                           colors=["#00c0ff"], linewidths=0.8)
+            ax.contour(np.take(label.numpy() > 0, centre[a], axis=a).astype(float), levels=[0.5],
+                       colors=[GROUND_TRUTH[0]], linewidths=1.0 if r == 0 else 0.8)
             ax.set_xticks([])
             ax.set_yticks([])
             if a == 0:
@@ -73,7 +76,8 @@ def plot_segmentations(image: Tensor, label: Tensor, predictions: Mapping[str, T
             if r == 0:
                 ax.set_title(f"axis {a} slice {centre[a]}", fontsize=9)
     fig.suptitle("held-out volume " + "x".join(str(n) for n in image.shape) + " voxels, "
-                 + "x".join(f"{v:.2g}" for v in sp) + " mm; blue outline = ground truth", fontsize=9)
+                 + "x".join(f"{v:.2g}" for v in sp) + f" mm; {GROUND_TRUTH[1]} outline = ground truth, "
+                 f"{PREDICTION[1]} fill = prediction", fontsize=9)
     return fig
 
 

@@ -16,10 +16,15 @@ from typing import Any, NoReturn
 from .._errors import OneLineParser
 from .._flags import add_threads_argument, int_at_least, nonnegative_float, positive_float
 
-__all__ = ["POS_ARMS", "TINY_CORE", "MAX_SIZES", "TaskFlags", "build_parser", "parse_flags", "flag_error"]
+__all__ = ["POS_ARMS", "TINY_CORE", "MAX_SIZES", "CORE_DEFAULTS", "TaskFlags", "full_defaults", "build_parser",
+           "parse_flags", "flag_error", "finished_run"]
 
 #: the position-embedding arms: zeros, a mask-blind grid over the padded canvas, DETR's sine
 POS_ARMS = ("none", "grid", "sine")
+
+#: the core's defaults that depend on the task or the backbone, and that the help, the closing hint
+#: of ``--tiny`` and the docs state (:func:`full_defaults` gives a task's)
+CORE_DEFAULTS = {"steps": 3000, "eval_every": 300, "lr": 1e-3, "batch_size": 8, "eval_images": 48, "warmup": 100}
 
 #: --tiny's defaults for the core's flags (a task adds its own): one arm (sine), 20 steps whose
 #: warm-up ends early enough for the loss to fall within them (a 100-step warm-up never would)
@@ -49,6 +54,8 @@ class TaskFlags:
         tiny_defaults (mapping): ``--tiny``'s defaults (flags given explicitly still win).
         backbone_defaults (mapping): ``{--backbone value: defaults}``, applied after ``defaults``
             and before ``--tiny``'s (e.g. the small ViT's learning rate and steps).
+        doc (str): the page that documents the task's training, named in ``--help`` and in the
+            closing hint of ``--tiny``.
     """
 
     name: str
@@ -57,6 +64,20 @@ class TaskFlags:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
     backbone_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    doc: str = "docs/training.md"
+
+
+def full_defaults(task: TaskFlags, backbone: str | None = None) -> dict[str, Any]:
+    """The defaults of a full run (not ``--tiny``) of ``task``, with ``--backbone backbone``'s:
+    :data:`CORE_DEFAULTS`, then ``task.defaults``, then ``task.backbone_defaults[backbone]``. The
+    one source of every default that the help, the closing hint and the docs state."""
+    return {**CORE_DEFAULTS, **task.defaults, **task.backbone_defaults.get(backbone, {})}
+
+
+def _with_backbones(task: TaskFlags, name: str, show: Callable[[Any], str]) -> str:
+    """``"; 6000 with --backbone vit"`` for each backbone whose defaults change flag ``name``
+    (nothing for a task without ``--backbone``)."""
+    return "".join(f"; {show(d[name])} with --backbone {b}" for b, d in task.backbone_defaults.items() if name in d)
 
 
 def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False) -> argparse.ArgumentParser:
@@ -69,7 +90,8 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
             abbreviated flags (``--volume`` picks the task before the flags are parsed).
     """
     pos1, pos0 = int_at_least(1), int_at_least(0)
-    p = OneLineParser(prog=prog, description=task.description, allow_abbrev=not command)
+    full = full_defaults(task)
+    p = OneLineParser(prog=prog, description=f"{task.description} See {task.doc}.", allow_abbrev=not command)
     g = p.add_argument_group("run")
     if command:
         g.add_argument("--volume", action="store_true",
@@ -78,7 +100,8 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
         g.add_argument("--task", choices=("detect", "segment"), default="detect",
                        help="with --volume: detect (the 3D DETR) or segment (3D segmentation, docs/segmentation3d.md; "
                             "`vispos train --volume --task segment --help` lists its flags)")
-    g.add_argument("--steps", type=pos1, default=3000, help="optimiser steps (default %(default)s; 6000 with --backbone vit)")
+    g.add_argument("--steps", type=pos1, default=CORE_DEFAULTS["steps"],
+                   help=f"optimiser steps (default {full['steps']}{_with_backbones(task, 'steps', str)})")
     g.add_argument("--out", default=f"runs/train_detr{'' if task.name == '2d' else task.name}",
                    help="output folder: OUT/<arm>/seed<S>/metrics.json, OUT/ablation.md, OUT/curves.png")
     g.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK)")
@@ -87,19 +110,27 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
     add_threads_argument(g, machine_default=False)
     g.add_argument("--workers", type=pos0, default=0, help="DataLoader worker processes")
     g.add_argument("--tiny", action="store_true",
-                   help="a quick run: one arm (sine), 20 steps, small inputs and model; shows that training runs end "
-                        "to end and the loss falls, not accuracy (explicit flags win)")
+                   help=f"a quick run: one arm ({TINY_CORE['pos'][0]}), {TINY_CORE['steps']} steps, small inputs and "
+                        "model; shows that training runs end to end and the loss falls, not accuracy (explicit flags "
+                        "win)")
+    g.add_argument("--force", action="store_true",
+                   help="replace a finished run of the same arm and seed under OUT (without it, such a run is "
+                        "never overwritten: give another --out, or --resume an unfinished run)")
     g.add_argument("--report", action="store_true",
                    help="train nothing: rebuild OUT/ablation.md and OUT/curves.png from every "
                         "OUT/<arm>/seed*/metrics.json present (all arms and seeds)")
     g.add_argument("--save-every", type=pos0, default=0, help="write OUT/<arm>/seed<S>/checkpoint.pt every K steps (0: never)")
     g.add_argument("--resume", default=None, help="continue from this checkpoint (one arm)")
     g = p.add_argument_group("data and evaluation")
-    g.add_argument("--batch-size", type=pos1, default=8, help="items per process and step")
+    g.add_argument("--batch-size", type=pos1, default=CORE_DEFAULTS["batch_size"],
+                   help=f"items per process and step (default {full['batch_size']})")
     g.add_argument("--train-images", type=pos0, default=0,
                    help="training items per epoch (0: a fresh item for every sample of the run)")
-    g.add_argument("--eval-images", type=pos1, default=48, help="held-out items")
-    g.add_argument("--eval-every", type=pos1, default=None, help="evaluate every K steps (default 300; --tiny: steps/2)")
+    g.add_argument("--eval-images", type=pos1, default=CORE_DEFAULTS["eval_images"],
+                   help=f"held-out items (default {full['eval_images']})")
+    g.add_argument("--eval-every", type=pos1, default=None,
+                   help=f"evaluate every K steps (default {full['eval_every']}"
+                        f"{_with_backbones(task, 'eval_every', str)}; --tiny: steps/2)")
     g.add_argument("--eval-batch-sizes", type=pos1, nargs="+", default=None, metavar="B",
                    help="held-out batch sizes per process, independent of --batch-size; the first (the headline) "
                         "at every evaluation, all of them at the last 3 (default: --batch-size, then 1: the "
@@ -128,10 +159,11 @@ def build_parser(task: TaskFlags, prog: str | None = None, command: bool = False
                    help="padding-invariant backbone and input projection: every image gets the same features "
                         "(and predictions) alone or in any padded batch (default: off, DETR's numbers)")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default %(default)g; 3e-4 "
-                   "with --backbone vit)")
+    g.add_argument("--lr", type=positive_float, default=CORE_DEFAULTS["lr"],
+                   help=f"AdamW learning rate (default {full['lr']:g}{_with_backbones(task, 'lr', '{:g}'.format)})")
     g.add_argument("--weight-decay", type=nonnegative_float, default=1e-4)
-    g.add_argument("--warmup", type=pos1, default=100, help="linear warm-up steps (1: none)")
+    g.add_argument("--warmup", type=pos1, default=CORE_DEFAULTS["warmup"],
+                   help=f"linear warm-up steps (default {full['warmup']}; 1: none)")
     g.add_argument("--clip", type=nonnegative_float, default=0.1, help="gradient max norm (0: no clipping)")
     g.add_argument("--class-weight", type=nonnegative_float, default=2.0, help="class loss and matching cost weight")
     g.add_argument("--l1-weight", type=nonnegative_float, default=5.0, help="L1 box loss and matching cost weight")
@@ -168,9 +200,42 @@ def parse_flags(
         parser.set_defaults(**{**TINY_CORE, **task.tiny_defaults})  # the task's win
     args = parser.parse_args(argv)
     if args.eval_every is None:
-        args.eval_every = max(1, args.steps // 2) if args.tiny else 300
+        args.eval_every = max(1, args.steps // 2) if args.tiny else CORE_DEFAULTS["eval_every"]
     if args.eval_batch_sizes is None:  # the demo's batches, then one item at a time
         args.eval_batch_sizes = list(dict.fromkeys([args.batch_size, 1]))
     if args.memory_warmup is None:  # after the second evaluation: the first one imports the metric
         args.memory_warmup = min(2 * args.eval_every, args.steps // 2)
     return parser, args
+
+
+def finished_run(run_dirs: Sequence[str], resume: str | None = None) -> str | None:
+    """Why training into ``run_dirs`` would replace a finished run, or None.
+
+    A run folder (``OUT/<arm>/seed<S>``) holds a finished run once its ``metrics.json`` is
+    there: it is written last, whole or not at all, when the run ends. ``--resume`` of a
+    checkpoint inside that same folder continues that run (its metrics are carried on), so it
+    is not a replacement. torch-free: ``vispos train`` and the demos refuse before any work.
+
+    Args:
+        run_dirs (sequence of str): the run folders this training would write.
+        resume (str, optional): the ``--resume`` checkpoint.
+
+    Returns:
+        str or None: a message naming what is there and the ways out, for ``--out``'s error.
+    """
+    import os
+
+    taken = []
+    for run_dir in run_dirs:
+        metrics = os.path.join(run_dir, "metrics.json")
+        if not os.path.isfile(metrics):
+            continue
+        if resume is not None and os.path.abspath(os.path.dirname(resume)) == os.path.abspath(run_dir):
+            continue
+        others = sorted(n for n in os.listdir(run_dir) if n != "metrics.json")
+        taken.append(f"{run_dir}/ (metrics.json{''.join(', ' + n for n in others)})")
+    if not taken:
+        return None
+    return (f"{' and '.join(taken)} {'holds a finished run' if len(taken) == 1 else 'hold finished runs'}, "
+            "never replaced unless asked: give another --out, or --force to replace "
+            f"{'it' if len(taken) == 1 else 'them'}")

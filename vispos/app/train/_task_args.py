@@ -14,7 +14,7 @@ from typing import NoReturn
 from .._flags import int_at_least, positive_float
 from ._args import TaskFlags
 
-__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "MAX_VIT_REGISTERS", "VIT", "VIT_POS",
+__all__ = ["FLAGS_2D", "FLAGS_3D", "TRAIN_PHOTOS", "HELDOUT_PHOTOS", "MAX_SIDE", "MAX_VIT_REGISTERS", "VIT", "VIT_NAME", "VIT_POS",
            "VOLUMES", "TRAIN_VOLUMES", "HELDOUT_VOLUMES", "add_lesion_arguments", "check_volume_names"]
 
 # ---------------------------------------------------------------------------------------- 2D
@@ -27,6 +27,8 @@ TRAIN_PHOTOS = (
 HELDOUT_PHOTOS = ("text", "clock", "coins", "grace_hopper")
 #: the largest photo side and resize scale the demo accepts (px)
 MAX_SIDE = 2048
+#: the ``--backbone`` value of the small vision transformer below (any other value is a timm model name)
+VIT_NAME = "vit"
 #: ``--backbone vit``: a small vision transformer trained from scratch (timm ``Eva``, the class of
 #: timm's RoPE ViTs and EVA-02): patch 8 (stride 8, as the CNN's default level), 4 blocks of width
 #: 64, 4 heads, MLP ratio 4, a class token, no layer scale; the last block is the level
@@ -96,7 +98,7 @@ FLAGS_2D = TaskFlags(
                 "ablation.",
     add_arguments=_add_arguments_2d,
     tiny_defaults={"photo_size": 64, "scales": [48, 64], "min_object": 8, "max_object": 24, "photos": 3},
-    backbone_defaults={"vit": VIT_TRAINING},
+    backbone_defaults={VIT_NAME: VIT_TRAINING},
 )
 
 # ---------------------------------------------------------------------------------------- 3D
@@ -160,6 +162,7 @@ FLAGS_3D = TaskFlags(
                 "position-embedding ablation.",
     add_arguments=_add_arguments_3d,
     defaults={"hidden": 48, "ffn": 96, "batch_size": 4, "steps": 2000, "eval_every": 250, "memory_warmup": 300},
+    doc="docs/training3d.md",
     tiny_defaults={"spacing": 4.0, "crop": [12, 20], "min_object": 3, "max_object": 8, "widths": [8, 16],
                    "hidden": 24, "ffn": 48, "eval_every": None, "memory_warmup": None},
 )

@@ -19,7 +19,7 @@ import torch
 
 from .._flags import torch_threads
 from .._io import write_files
-from ._args import MAX_SIZES, flag_error, parse_flags
+from ._args import MAX_SIZES, finished_run, flag_error, full_defaults, parse_flags
 from .checkpoint import load_checkpoint
 from .distributed import init_distributed, launched_by_torchrun
 from .engine import resume_conflict, train_arm
@@ -86,6 +86,10 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         if not os.path.isfile(args.resume):
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
+    if not args.force:  # last, still before any work: a finished run is never replaced unless asked
+        taken = finished_run([os.path.join(args.out, arm, f"seed{args.seed}") for arm in args.pos], args.resume)
+        if taken:
+            error("--out", taken)
 
 
 def check_device(device: str, error: Callable[[str, str], NoReturn]) -> torch.device:
@@ -158,7 +162,10 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
     process, or data-parallel under torchrun) and write the report, or only the report with
     ``--report``. Returns 0. ``prog`` and ``command``: as :func:`parse_args`. A ``--tiny`` run
     logs, instead of the tables (still written), each arm's train loss early against late and one
-    line on what so short a run can and cannot show (:func:`vispos.app.train.report.tiny_summary`)."""
+    line on what so short a run can and cannot show (:func:`vispos.app.train.report.tiny_summary`);
+    every run ends with what the task's metric names mean (``task.metric_legend``), if it says.
+    An arm and seed whose finished run (``metrics.json``) is under ``--out`` is refused before any
+    work unless ``--force`` (:func:`vispos.app.train._args.finished_run`)."""
     parser, args = parse_args(task, argv, prog, command)
     if args.report:
         try:
@@ -177,9 +184,12 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
                                          on_step=on_step)
             if ctx.is_main:
                 if args.tiny:
-                    for line in tiny_summary(trained):
+                    full = full_defaults(task, getattr(args, "backbone", None))
+                    for line in tiny_summary(trained, full["steps"], task.doc):
                         log(line)
                 write_report(task, args, log, show_table=not args.tiny)
+                if task.metric_legend:
+                    log(task.metric_legend)
         finally:
             ctx.shutdown()
     return 0

@@ -139,15 +139,16 @@ def diagnose_checkpoint(path: str | os.PathLike, label: str | None = None, eval_
 
     Raises:
         FileNotFoundError / ValueError: from :func:`load_detector`; ``eval_images`` or
-            ``batch_size`` not >= 1.
+            ``batch_size`` below 1.
+        TypeError: ``eval_images`` or ``batch_size`` not an int (nor None).
     """
+    from ..._checks import check_int
     from .attention import vit_block_diagnostics
     from .heldout import held_out_compositions
     from .task2d import TASK
 
-    for name, value in (("eval_images", eval_images), ("batch_size", batch_size)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    eval_images = check_int(eval_images, "eval_images", minimum=1, optional=True)
+    batch_size = check_int(batch_size, "batch_size", minimum=1, optional=True)
     model, args, state, mode = load_detector(path, device)
     args.eval_images = eval_images or args.eval_images
     size = batch_size or args.eval_batch_sizes[0]

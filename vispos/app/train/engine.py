@@ -57,8 +57,8 @@ __all__ = ["WarmupStepDecay", "ResumableSampler", "build_model", "evaluate", "tr
 #: on (``--steps``: the schedule keeps the checkpoint's warm-up and decay step, the data its
 #: ``--train-images``; see :func:`resume_conflict`)
 RESUME_FREE = frozenset({
-    "resume", "save_every", "threads", "workers", "out", "report", "device", "eval_every", "memory_warmup", "steps",
-    "eval_batch_sizes", "eval_beside_largest",
+    "resume", "force", "save_every", "threads", "workers", "out", "report", "device", "eval_every", "memory_warmup",
+    "steps", "eval_batch_sizes", "eval_beside_largest",
 })
 #: per-step series in metrics.json
 SERIES = ("loss", "loss_last", "loss_ce", "loss_l1", "loss_giou", "lr", "seconds", "rss_mb", "padded_fraction")

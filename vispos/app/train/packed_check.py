@@ -96,21 +96,20 @@ def check_checkpoint(path: str | os.PathLike, metric: str = "ap50", eval_images:
         FileNotFoundError / ValueError / RuntimeError: from
             :func:`vispos.app.train.diagnose.load_detector`; a stock checkpoint (its padded
             predictions depend on the padding, so no packed twin can equal them); ``metric``
-            not one of the task's; ``eval_images`` not >= 1.
+            not one of the task's; ``eval_images`` below 1.
+        TypeError: ``metric`` not a str, ``eval_images`` not an int (nor None).
     """
     import torch
 
+    from ..._checks import check_choice, check_int
     from .criterion import SetCriterion
     from .distributed import DistContext
     from .engine import evaluate
     from .heldout import held_out_compositions
     from .task2d import TASK
 
-    if metric not in TASK.metric_names:
-        raise ValueError(f"metric must be one of {list(TASK.metric_names)}, got {metric!r}")
-    if eval_images is not None and (isinstance(eval_images, bool) or not isinstance(eval_images, int)
-                                    or eval_images < 1):
-        raise ValueError(f"eval_images must be an int >= 1, got {eval_images!r}")
+    metric = check_choice(metric, TASK.metric_names, "metric")
+    eval_images = check_int(eval_images, "eval_images", minimum=1, optional=True)
     model, args, state, mode = load_detector(path, device)
     if mode == "stock":
         raise ValueError(f"checkpoint {os.fspath(path)!r} is of a stock ViT, whose padded predictions depend on the "

@@ -27,14 +27,16 @@ __all__ = ["load_runs", "summarize", "summarize_compositions", "composition_labe
 
 ARM_LABELS = {"none": "(a) none", "grid": "(b) grid, mask-blind", "sine": "(c) sine, mask-aware"}
 #: settings that may differ between the runs of one report
-_FREE = {"seed", "threads", "workers", "out", "report", "resume", "save_every", "device", "eval_every",
+_FREE = {"seed", "threads", "workers", "out", "report", "resume", "force", "save_every", "device", "eval_every",
          "eval_batch_sizes", "eval_beside_largest"}
 #: the composition in which an item is alone
 ALONE = "batch1"
-#: what a ``--tiny`` run can and cannot show, in one line (``{steps}``: its number of steps)
+#: what a ``--tiny`` run can and cannot show, in one line: ``{steps}`` its number of steps,
+#: ``{metric}`` the held-out metric, ``{compared}`` what a full run compares (arm, pipeline),
+#: ``{full_steps}`` and ``{doc}`` a full run's default steps and the page that documents it
 TINY_NOTE = ("tiny run: {steps} steps show that training runs end to end and whether the loss falls, not "
-             "accuracy (held-out AP stays near 0 this early) nor which arm is better; for those, train without "
-             "--tiny (3000 steps, several seeds: docs/training.md)")
+             "accuracy (held-out {metric} stays near 0 this early) nor which {compared} is better; for those, "
+             "train without --tiny ({full_steps} steps, several seeds: {doc})")
 
 
 def load_runs(out: str, arms: Sequence[str] | None = None) -> dict[str, dict[int, dict[str, Any]]]:
@@ -400,14 +402,20 @@ def _span(first: int, last: int) -> str:
     return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
-def tiny_summary(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def tiny_summary(runs: Mapping[str, Mapping[str, Any]], full_steps: int, doc: str, metric: str = "AP",
+                 compared: str = "arm") -> list[str]:
     """What a ``--tiny`` run prints instead of the tables: per arm, the train loss (last decoder
     layer) as the mean of the first quarter of the steps against the mean of the last quarter (a
     single step is too noisy at batch 2), then :data:`TINY_NOTE`.
 
     Args:
         runs (mapping): ``{arm: metrics}``, the metrics of one run per arm
-            (:func:`vispos.app.train.engine.train_arm`'s).
+            (:func:`vispos.app.train.engine.train_arm`'s; the segmentation run's have the same
+            ``steps`` and ``loss_last``).
+        full_steps (int): a full run's default ``--steps`` (:func:`vispos.app.train._args.full_defaults`).
+        doc (str): the page that documents the full run.
+        metric (str): the held-out metric's name.
+        compared (str): what a full run compares (``"arm"``, ``"pipeline"``).
 
     Returns:
         list of str: one line per arm, then the note.
@@ -422,4 +430,4 @@ def tiny_summary(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         lines.append(f"[{arm}] train loss, mean of {_span(at[0], at[k - 1])} -> {_span(at[-k], at[-1])}: "
                      f"{early:.3f} -> {late:.3f} ({trend})")
         steps = max(steps, at[-1])
-    return [*lines, TINY_NOTE.format(steps=steps)]
+    return [*lines, TINY_NOTE.format(steps=steps, metric=metric, compared=compared, full_steps=full_steps, doc=doc)]

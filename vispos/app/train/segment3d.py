@@ -37,6 +37,7 @@ docs/segmentation3d.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -51,16 +52,18 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import vispos
 from vispos.app._flags import torch_threads
+from vispos.app._io import write_files
 
-from ._args import flag_error
+from ._args import finished_run, flag_error
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .cli import check_device
 from .distributed import DistContext, init_distributed, launched_by_torchrun
 from .engine import (RESUME_FREE, ResumableSampler, WarmupStepDecay, resident_memory_mb, resumable_batches,
-                     resume_conflict, sampler_state, write_json)
+                     resume_conflict, sampler_state)
 from .heldout import BESIDE_LARGEST
-from .segment3d_args import parse_segment_flags, run_folder
+from .segment3d_args import SEGMENT_DOC, build_segment_parser, parse_segment_flags, run_folder
 from .segment3d_data import LesionMasks, PatchesOf
+from .report import tiny_summary
 from .segment3d_eval import composition_batches, evaluate_all, infer, report_table, volume_metrics
 from .volumes3d import available_volumes
 
@@ -276,12 +279,18 @@ def train_run(args: argparse.Namespace, ctx: DistContext, log: Callable[[str], A
         metrics["max_logit_diff"] = ev["max_logit_diff"]
         metrics["heldout_sizes"] = [list(img.shape[1:]) for img, _ in held]
         metrics["heldout_spacings"] = [t["spacing"].tolist() for _, t in held]
-        write_json(os.path.join(out_dir, "metrics.json"), metrics)
         img, t = held[0]
-        save_checkpoint(os.path.join(out_dir, "prediction.pt"), {  # for --figure: tensors only
+        prediction = {  # for --figure: tensors only
             "step": step, "pipeline": args.pipeline, "network": args.network, "seed": args.seed,
             "image": img[0], "label": t["label"].to(torch.uint8), "spacing": t["spacing"],
-            "prediction": ev["logits"][0].argmax(0).to(torch.uint8)})
+            "prediction": ev["logits"][0].argmax(0).to(torch.uint8)}
+
+        def write_metrics(tmp: str) -> None:
+            with open(tmp, "w") as f:
+                json.dump(metrics, f)
+
+        write_files([(os.path.join(out_dir, "prediction.pt"), lambda tmp: torch.save(prediction, tmp)),
+                     (os.path.join(out_dir, "metrics.json"), write_metrics)], make_dirs=True)  # both or neither
         rows = ", ".join(f"{k} Dice {r['dice']:.3f} HD95 {r['hd95']} mm" for k, r in ev["by_composition"].items())
         diff = "" if ev["max_logit_diff"] is None else f"; max logit diff across compositions {ev['max_logit_diff']:.2e}"
         log(f"[{args.pipeline}] step {step} held-out {rows}{diff}; "
@@ -329,6 +338,10 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         conflict = resume_conflict(state, args.network, _resume_args(args), world)
         if conflict:
             error("--resume", conflict)
+    if not args.force:  # last, still before any work: a finished run is never replaced unless asked
+        taken = finished_run([run_folder(args)], args.resume)
+        if taken:
+            error("--out", taken)
 
 
 def run(argv: Sequence[str] | None = None, log: Callable[[str], Any] = print,
@@ -359,7 +372,11 @@ def run(argv: Sequence[str] | None = None, log: Callable[[str], Any] = print,
         try:
             if not args.train_images:
                 args.train_images = args.steps * args.batch_size * ctx.world_size
-            train_run(args, ctx, log=log if ctx.is_main else (lambda *_: None), on_step=on_step)
+            metrics = train_run(args, ctx, log=log if ctx.is_main else (lambda *_: None), on_step=on_step)
+            if args.tiny and ctx.is_main:
+                full_steps = build_segment_parser().get_default("steps")
+                for line in tiny_summary({args.pipeline: metrics}, full_steps, SEGMENT_DOC, "Dice", "pipeline"):
+                    log(line)
         finally:
             ctx.shutdown()
     return 0

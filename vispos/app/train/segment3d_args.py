@@ -20,9 +20,11 @@ from .._flags import add_threads_argument, int_at_least, nonnegative_float, posi
 from ._args import flag_error
 from ._task_args import HELDOUT_VOLUMES, TRAIN_VOLUMES, VOLUMES, add_lesion_arguments, check_volume_names
 
-__all__ = ["PIPELINES", "NETWORKS", "UNETR_POS", "TINY_SEGMENT", "SIZE_MULTIPLE", "build_segment_parser",
+__all__ = ["SEGMENT_DOC", "PIPELINES", "NETWORKS", "UNETR_POS", "TINY_SEGMENT", "SIZE_MULTIPLE", "build_segment_parser",
            "parse_segment_flags", "run_folder"]
 
+#: the page that documents the segmentation training (``--help``, ``--tiny``'s closing hint)
+SEGMENT_DOC = "docs/segmentation3d.md"
 #: ``--pipeline``: (a) MONAI's crop-and-slide, (b) whole volumes in padded batches through the
 #: stock network, (c) the same through the network made exact by ``vispos.make_padding_invariant``
 PIPELINES = ("crop", "whole", "invariant")
@@ -65,6 +67,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tiny", action="store_true",
                    help="a quick run (6 steps, 16-24 voxel volumes, 4 held-out); shows that the run goes end to "
                         "end, not accuracy (explicit flags win)")
+    g.add_argument("--force", action="store_true",
+                   help="replace a finished run of the same pipeline, network and seed under OUT (without it, such "
+                        "a run is never overwritten: give another --out, or --resume an unfinished run)")
     g.add_argument("--report", action="store_true",
                    help="train nothing: write OUT/segment3d.md, the tables over every run under OUT")
     g.add_argument("--figure", action="store_true",
@@ -105,7 +110,7 @@ def build_segment_parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The parser of ``vispos train --volume --task segment`` (no abbreviated flags)."""
     p = OneLineParser(prog=prog, allow_abbrev=False,
                       description="3D segmentation on whole volumes of different sizes: MONAI networks on padded "
-                                  "batches, exact per volume, against MONAI's crop-and-slide pipeline.")
+                                  f"batches, exact per volume, against MONAI's crop-and-slide pipeline. See {SEGMENT_DOC}.")
     _add_arguments(p)
     return p
 

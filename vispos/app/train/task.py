@@ -56,6 +56,9 @@ class DetrTask:
             3D, where the width must be divisible by 6 and 8), applied before ``--tiny``'s.
         tiny_defaults (mapping): ``--tiny``'s defaults (flags given explicitly still win).
         backbone_defaults (mapping): ``{--backbone value: defaults}``, applied before ``--tiny``'s.
+        doc (str): the page that documents the task's training (``--help``, ``--tiny``'s hint).
+        metric_legend (str): one line saying what the metric names mean, printed at the end of a
+            run ("" for names that need no word).
     """
 
     name: str
@@ -72,12 +75,14 @@ class DetrTask:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     tiny_defaults: Mapping[str, Any] = field(default_factory=dict)
     backbone_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    doc: str = "docs/training.md"
+    metric_legend: str = ""
 
     @classmethod
     def from_flags(cls, flags: TaskFlags, **parts: Any) -> DetrTask:
         """The task whose command-line fields (``name``, ``description``, ``add_arguments``,
-        ``defaults``, ``tiny_defaults``, ``backbone_defaults``) are ``flags``'s, the other fields
-        ``parts``."""
+        ``defaults``, ``tiny_defaults``, ``backbone_defaults``, ``doc``) are ``flags``'s, the other
+        fields ``parts``."""
         return cls(name=flags.name, description=flags.description, add_arguments=flags.add_arguments,
                    defaults=flags.defaults, tiny_defaults=flags.tiny_defaults,
-                   backbone_defaults=flags.backbone_defaults, **parts)
+                   backbone_defaults=flags.backbone_defaults, doc=flags.doc, **parts)

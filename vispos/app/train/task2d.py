@@ -40,7 +40,8 @@ import vispos
 
 from ...backbones import TimmBackbone
 from ...invariance import rule_for
-from ._task_args import FLAGS_2D, MAX_SIDE, MAX_VIT_REGISTERS, TRAIN_PHOTOS, VIT, VIT_POS, VIT_STEMS
+from .._model_names import backbone_problem
+from ._task_args import FLAGS_2D, MAX_SIDE, MAX_VIT_REGISTERS, TRAIN_PHOTOS, VIT, VIT_NAME, VIT_POS, VIT_STEMS
 from .cli import run
 from .criterion import BOX_OPS_2D
 from .metrics import coco_map
@@ -50,7 +51,7 @@ from .task import DetrTask
 __all__ = ["TASK", "VIT_NAME", "build_backbone", "build_datasets", "conv_stem", "vit_model_kwargs", "main"]
 
 #: ``--backbone vit``; the timm model it is built from (:data:`VIT` sets its sizes)
-VIT_NAME, VIT_BASE = "vit", "vit_small_patch16_rope_224"
+VIT_BASE = "vit_small_patch16_rope_224"
 
 
 def validate(args: argparse.Namespace, error) -> NoReturn | None:
@@ -99,7 +100,8 @@ def validate(args: argparse.Namespace, error) -> NoReturn | None:
         import timm
 
         if not timm.is_model(args.backbone):
-            error("--backbone", f"not a timm model name: {args.backbone!r} (or {VIT_NAME}: a small ViT)")
+            problem = backbone_problem(args.backbone, "timm", also=(VIT_NAME,)) or f"{args.backbone!r} is not a timm model name"
+            error("--backbone", f"{problem} ({VIT_NAME}: a small ViT)")
     if args.out_index is None:
         args.out_index = args.vit_depth - 1 if args.backbone == VIT_NAME else 2
     if args.packed and args.padding_invariant:

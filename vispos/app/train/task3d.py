@@ -82,6 +82,15 @@ BOX_OPS_3D = BoxOps(3, _corners, _giou, _iou, _scale_3d)
 
 
 # ---------------------------------------------------------------------------------- metric
+#: the IoU thresholds of ``ap25`` and ``ap50``, and the range ``map`` averages over (start, end, step)
+IOU_LIST = (0.25, 0.5)
+IOU_RANGE = (0.1, 0.5, 0.05)
+#: what the metric names of the 3D task mean, printed at the end of every run
+METRIC_LEGEND = (f"held-out metrics (MONAI's 3D box AP, up to 100 detections per volume): ap25 and ap50, AP at "
+                 f"IoU {IOU_LIST[0]:.2f} and {IOU_LIST[1]:.2f}; map, AP averaged over IoU {IOU_RANGE[0]:.2f} to "
+                 f"{IOU_RANGE[1]:.2f} in steps of {IOU_RANGE[2]:.2f}")
+
+
 def monai_ap(preds: Sequence[dict[str, Tensor]], gts: Sequence[dict[str, Tensor]]) -> dict[str, float]:
     """AP at 3D IoU 0.25 and 0.5 and mAP over IoU 0.10:0.50 (step 0.05), up to 100 detections per
     volume, from MONAI's detection metrics (``matching_batch`` with ``box_iou``, then ``COCOMetric``).
@@ -104,7 +113,7 @@ def monai_ap(preds: Sequence[dict[str, Tensor]], gts: Sequence[dict[str, Tensor]
     from monai.apps.detection.metrics.matching import matching_batch
     from monai.data.box_utils import box_iou
 
-    metric = COCOMetric(classes=CLASSES, iou_list=(0.25, 0.5), iou_range=(0.1, 0.5, 0.05),
+    metric = COCOMetric(classes=CLASSES, iou_list=IOU_LIST, iou_range=IOU_RANGE,
                         max_detection=(100,), per_class=True, verbose=False)
 
     def np_(t: Tensor, dtype: type) -> np.ndarray:
@@ -126,7 +135,8 @@ def monai_ap(preds: Sequence[dict[str, Tensor]], gts: Sequence[dict[str, Tensor]
         out, _ = metric(matched)
     finally:
         logger.setLevel(level)
-    keys = {"ap25": "AP_IoU_0.25_MaxDet_100", "ap50": "AP_IoU_0.50_MaxDet_100", "map": "mAP_IoU_0.10_0.50_0.05_MaxDet_100"}
+    keys = {"ap25": f"AP_IoU_{IOU_LIST[0]:.2f}_MaxDet_100", "ap50": f"AP_IoU_{IOU_LIST[1]:.2f}_MaxDet_100",
+            "map": "mAP_IoU_" + "_".join(f"{v:.2f}" for v in IOU_RANGE) + "_MaxDet_100"}
     result = {}
     for name, key in keys.items():
         # MONAI's own class mean counts a class without ground truth as -1; COCO leaves it out
@@ -215,6 +225,7 @@ TASK = DetrTask.from_flags(
     metric=monai_ap,
     metric_names=("ap25", "ap50", "map"),
     headline="ap25",
+    metric_legend=METRIC_LEGEND,
 )
 
 
