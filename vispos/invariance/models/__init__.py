@@ -1,6 +1,6 @@
 """Whole detectors and segmenters of the field made exact per image: torchvision's Faster R-CNN,
 Mask R-CNN, Keypoint R-CNN, RetinaNet and FCOS, its FCN / DeepLabV3 / LR-ASPP segmenters, and
-transformers' DETR and Conditional DETR.
+transformers' DETR, Conditional DETR and Deformable DETR.
 
 Each detector family is one :class:`~vispos.invariance.models._rule.WholeModelRule` in the rule
 book, keyed by the model's dotted class name (:data:`WHOLE_MODEL_RULES`, registered by
@@ -12,7 +12,7 @@ transformers: a family's module is imported when a model of it is wrapped.
 * :mod:`.torchvision_detection`: the detectors (their FPN: :mod:`._pyramid`);
 * :mod:`.torchvision_segmentation`: the segmenters' one row (DeepLabV3's ``ASPPPooling``); the
   segmenters themselves go through the graph rewrite, heads' resize to the input's size included;
-* :mod:`.transformers_detr`: DETR and Conditional DETR (Deformable DETR refused, with the reason).
+* :mod:`.transformers_detr`: DETR, Conditional DETR and Deformable DETR.
 
 References:
     torchvision ``models/detection/`` and ``models/segmentation/``; transformers
@@ -25,7 +25,6 @@ __all__ = ["WHOLE_MODEL_RULES", "WholeModelRule", "whole_model_rule"]
 
 _DETECTION = WholeModelRule("vispos.invariance.models.torchvision_detection", "invariant_detector")
 _DETR = WholeModelRule("vispos.invariance.models.transformers_detr", "invariant_detr")
-_DEFORMABLE = WholeModelRule("vispos.invariance.models.transformers_detr", "refuse_deformable_detr")
 
 #: ``(dotted class name, rule)``: every whole-model row of the rule book
 WHOLE_MODEL_RULES = (
@@ -38,6 +37,6 @@ WHOLE_MODEL_RULES = (
     ("transformers.models.detr.modeling_detr.DetrModel", _DETR),
     ("transformers.models.conditional_detr.modeling_conditional_detr.ConditionalDetrForObjectDetection", _DETR),
     ("transformers.models.conditional_detr.modeling_conditional_detr.ConditionalDetrModel", _DETR),
-    ("transformers.models.deformable_detr.modeling_deformable_detr.DeformableDetrForObjectDetection", _DEFORMABLE),
-    ("transformers.models.deformable_detr.modeling_deformable_detr.DeformableDetrModel", _DEFORMABLE),
+    ("transformers.models.deformable_detr.modeling_deformable_detr.DeformableDetrForObjectDetection", _DETR),
+    ("transformers.models.deformable_detr.modeling_deformable_detr.DeformableDetrModel", _DETR),
 )

@@ -120,7 +120,8 @@ def conv_sizes(padding: Padding, kernel: int, stride: int, pad: int, spatial: tu
 class InvariantTower:
     """A stack of layers on one map (a head's convolution tower: convolutions, norms,
     activations) made exact by :func:`~vispos.make_padding_invariant`, called on the maps of a
-    :class:`CallMaps`: its output has the input's padding, with zeros there.
+    :class:`CallMaps`: its output is recorded with its padding (the input's, for a stack that keeps
+    the map's size; by convolution arithmetic otherwise), with zeros there.
 
     Args:
         tower (nn.Module): the stack (shared, not copied); it keeps each map's size.
@@ -148,10 +149,7 @@ class _BoundTower:
         if padding is None:
             padding = self.maps.padding(x)
         out = self.invariant(NestedTensor(x, padding))
-        if out.padding != padding:
-            raise ValueError("a head's convolution tower changes the size of its map, which vispos' detector "
-                             "wrapper does not follow")
-        return self.maps.add(zero_padding(out.tensors, padding), padding)
+        return self.maps.add(zero_padding(out.tensors, out.padding), out.padding)
 
 
 class MaskedConv:

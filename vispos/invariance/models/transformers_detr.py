@@ -34,36 +34,23 @@ from torch import Tensor, nn
 
 from ...nested_tensor import NestedTensor
 from ...padding import Padding
-from ._parts import Override, refuse_hooks, share_modules, zero_padding
+import torch.nn.functional as F
 
-__all__ = ["InvariantDetr", "invariant_detr", "refuse_deformable_detr"]
+from ._parts import CallMaps, InvariantTower, Override, refuse_hooks, share_modules, zero_padding
+
+__all__ = ["InvariantDetr", "invariant_detr"]
 
 
 def invariant_detr(model: nn.Module, probe_size: Any = None) -> "InvariantDetr":
     """``model`` (transformers' ``DetrForObjectDetection``, ``DetrModel``,
-    ``ConditionalDetrForObjectDetection`` or ``ConditionalDetrModel``) as an :class:`InvariantDetr`.
+    ``ConditionalDetrForObjectDetection``, ``ConditionalDetrModel``,
+    ``DeformableDetrForObjectDetection`` or ``DeformableDetrModel``) as an :class:`InvariantDetr`.
 
     Raises:
         ValueError: a backbone the rule book cannot make exact (named by
             :func:`~vispos.make_padding_invariant`).
     """
     return InvariantDetr(model, probe_size=probe_size)
-
-
-def refuse_deformable_detr(model: nn.Module, probe_size: Any = None) -> nn.Module:
-    """Deformable DETR is refused: see the ``ValueError``'s text.
-
-    Raises:
-        ValueError: always, with the reason and the measured size of the difference.
-    """
-    raise ValueError(
-        f"make_padding_invariant does not make {type(model).__name__} exact yet: besides its backbone, its "
-        "input projections (a GroupNorm over each level, padding cells included) and the extra level's stride-2 "
-        "convolution read the padding, and its levels' masks are pixel_mask nearest-interpolated to each level "
-        "(valid ratios from those masks place the sampling points). Measured: an image's logits in a padded batch "
-        "differ from the image alone by about 0.5 of the logits' scale (float64, trained-like batch-norm statistics; "
-        "docs/detectors.md). Make its backbone exact with vispos.make_padding_invariant(model.model.backbone."
-        "conv_encoder.model), or use DETR / Conditional DETR, which vispos makes exact")
 
 
 def _encoder_owner(model: nn.Module) -> nn.Module:
@@ -109,14 +96,17 @@ class InvariantDetr(nn.Module):
                              "'model', which vispos' DETR wrapper runs")
         self.__dict__["_owner"] = owner
         self.__dict__["_body"] = make_padding_invariant(body, probe_size=probe_size)
+        projections = getattr(owner, "input_proj", None)  # Deformable DETR: a norm over each level
+        self.__dict__["_projections"] = None if projections is None else [InvariantTower(p) for p in projections]
         self.training = model.training
 
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
-    def _encode(self, pixel_values: Tensor, pixel_mask: Tensor) -> list[tuple[Tensor, Tensor]]:
+    def _encode(self, pixel_values: Tensor, pixel_mask: Tensor, maps: CallMaps) -> list[tuple[Tensor, Tensor]]:
         """The convolutional encoder's output: ``[(Tensor[B, C_l, H_l, W_l], Tensor[B, H_l, W_l]
-        bool, True = valid), ...]`` per level, as ``DetrConvEncoder`` returns it."""
+        bool, True = valid), ...]`` per level, as ``DetrConvEncoder`` returns it; each level is
+        recorded in ``maps``."""
         padding = Padding.from_mask(pixel_mask == 0)
         self._body.training = self.training
         levels = self._body(NestedTensor(pixel_values, padding))
@@ -127,8 +117,29 @@ class InvariantDetr(nn.Module):
             tensors = zero_padding(level.tensors, level.padding)
             valid = level.padding.valid if level.padding.kind != "none" else torch.ones(
                 (tensors.shape[0], *tensors.shape[2:]), dtype=torch.bool, device=tensors.device)
-            out.append((tensors, valid))
+            out.append((maps.add(tensors, level.padding), valid))
         return out
+
+    def _projection(self, index: int, tower: Any, maps: CallMaps, pixel_mask: Tensor, num_levels: int) -> Any:
+        """Deformable DETR's ``input_proj[index]`` for one call: exact on each level; an extra level
+        (past the backbone's) is checked against the mask the model computes for it, ``pixel_mask``
+        nearest-interpolated to the level's size, which is each image's own level size exactly when
+        the canvas is a multiple of the level's stride."""
+        def run(x: Tensor) -> Tensor:
+            out = tower(x)
+            if index >= num_levels:
+                theirs = F.interpolate(pixel_mask[None].to(out.dtype), size=out.shape[-2:]).to(torch.bool)[0]
+                padding = maps.padding(out)
+                mine = padding.valid if padding.kind != "none" else torch.ones_like(theirs)
+                if not torch.equal(theirs, mine):
+                    raise ValueError(
+                        f"{self.network}: its extra level {index} reads its mask from pixel_mask nearest-interpolated "
+                        f"to the level's size {tuple(out.shape[-2:])}, which marks other cells than each image's own "
+                        f"on a canvas of {tuple(pixel_mask.shape[-2:])}; pad the batch to a multiple of the level's "
+                        "stride (64 for a ResNet with four levels: DeformableDetrImageProcessor(pad_size=...), or "
+                        "pad pixel_values and pixel_mask yourself)")
+            return out
+        return run
 
     def forward(self, pixel_values: Tensor, pixel_mask: Tensor | None = None, **kwargs: Any) -> Any:
         model, owner = self._model, self._owner
@@ -137,7 +148,14 @@ class InvariantDetr(nn.Module):
                                     device=pixel_values.device)
         refuse_hooks(model, {"": model, "backbone": owner.backbone, **({"model": owner} if owner is not model else {})},
                      "make_padding_invariant")
-        inner = Override(owner, backbone=Override(owner.backbone, call=self._encode))
+        maps = CallMaps()
+        parts: dict[str, Any] = {
+            "backbone": Override(owner.backbone, call=lambda values, mask: self._encode(values, mask, maps))}
+        if self._projections is not None:
+            num_levels = len(owner.backbone.intermediate_channel_sizes)
+            parts["input_proj"] = [self._projection(i, t.bind(maps, self.training), maps, pixel_mask, num_levels)
+                                   for i, t in enumerate(self._projections)]
+        inner = Override(owner, **parts)
         if owner is model:
             return inner(pixel_values, pixel_mask=pixel_mask, **kwargs)
         return Override(model, model=inner)(pixel_values, pixel_mask=pixel_mask, **kwargs)
