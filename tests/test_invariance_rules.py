@@ -93,10 +93,13 @@ def test_rule_by_dotted_name_and_subclasses_that_keep_forward(registry):
 
 
 @pytest.mark.parametrize("module_type, rule, match", [
-    (int, vispos.CellWise(), "key must be an nn.Module subclass, a function, .* got <class 'int'>"),
-    ("not a name", vispos.CellWise(), "key must be .* got 'not a name'"),
-    (3, vispos.CellWise(), "key must be .* got int"),
+    (int, vispos.CellWise(), "key must be an nn.Module subclass, a function, .* got the class int"),
+    ("not a name", vispos.CellWise(), "key must be .* got the str 'not a name'"),
+    (3, vispos.CellWise(), "key must be .* got a int"),
     (ChannelCentre, "cellwise", "rule must be an InvarianceRule .* got str"),
+    # an instance is no key: it would never match a graph node (the class is what is looked up)
+    (nn.Hardtanh(0.5, 2), vispos.CellWise(), r"key must be .* got a Hardtanh \(an instance: register its class"),
+    (ChannelCentre(), vispos.Refuse("no"), r"got a ChannelCentre \(an instance"),
 ])
 def test_register_checks_its_arguments(module_type, rule, match):
     with pytest.raises(TypeError, match=match):

@@ -130,9 +130,10 @@ def test_keys_a_method_by_name_or_as_tensor_attribute(registry):
 
 
 @pytest.mark.parametrize("key, rule, match", [
-    (int, vispos.CellWise(), r"key must be an nn.Module subclass, a function, .* got <class 'int'>"),
-    ("two words", vispos.CellWise(), r"key must be .* got 'two words'"),
-    (None, vispos.CellWise(), r"key must be .* got NoneType"),
+    (int, vispos.CellWise(), r"key must be an nn.Module subclass, a function, .* got the class int"),
+    ("two words", vispos.CellWise(), r"key must be .* got the str 'two words'"),
+    (None, vispos.CellWise(), r"key must be .* got a NoneType"),
+    (nn.ReLU(), vispos.CellWise(), r"key must be .* got a ReLU \(an instance: register its class, ReLU\)"),
     (my_act, vispos.PaddingAware(lambda m, x, p: x), r"rule: PaddingAware\(fn\) .* must be an nn.Module subclass"),
     (my_act, "cellwise", r"rule must be an InvarianceRule .* got str"),
 ])

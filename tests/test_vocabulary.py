@@ -114,8 +114,7 @@ def test_parse_spatial_input_and_classify_module_n_spatial():
     with _old(r"parse_spatial_input\(n_spatial=\.\.\.\) is deprecated.*use num_axes="):
         old = parse_spatial_input(x, n_spatial=1)
     assert old == parse_spatial_input(x, num_axes=1) and old.padding.spatial == (5,)
-    with _old(r"classify_module\(n_spatial=\.\.\.\) is deprecated.*use num_axes="):
-        assert rules.classify_module(nn.Conv3d(1, 1, 3), n_spatial=3) == rules.classify_module(nn.Conv3d(1, 1, 3), 3)
+    assert rules.classify_module(nn.Conv3d(1, 1, 3))[0] == "conv"  # its unused num_axes (n_spatial) is gone
 
 
 def test_freeze_batch_norm_n_spatial():

@@ -70,6 +70,7 @@ CORE: tuple[str, ...] = (
     "CellWise",
     "PaddingAware",
     "Refuse",
+    "RuleBook",
 )
 
 #: ``vispos.__all__`` (``__version__`` lives in ``vispos/__init__.py`` itself)

@@ -1,7 +1,9 @@
 """Padding invariance: every item of a padded batch gets, on its own cells, what it gets alone.
 
-One home for the rule book (:mod:`vispos.invariance.rules`, open to a user's own layers through
-:func:`register_invariance_rule`), the maths over valid cells (every item's statistics in one
+One home for the rule book (:mod:`vispos.invariance.rules`: one :class:`RuleBook` object, the
+global one from :func:`default_rules`, built when this package is imported with every built-in
+entry, open to a user's own layers through :func:`register_invariance_rule` or, for one call, a
+copy passed as ``make_padding_invariant(..., rules=book)``), the maths over valid cells (every item's statistics in one
 masked reduction) and the rewrite of a traced network's graph.
 
 The entry point is :func:`make_padding_invariant` (any 2D / 3D network, a whole MONAI
@@ -38,17 +40,19 @@ from ._network import PaddingInvariant, make_graph_invariant, make_padding_invar
 from .tokens._tokens import (
     TokenModelRule, TokenRunner, has_hooks, item_grids, item_pos_embeds, item_rope_embeds, key_padding_keep, on_canvas,
 )
-from .rules import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, register_invariance_rule, rule_for
+from .rules import (
+    CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep, RuleBook, default_rules, register_invariance_rule, rule_for,
+)
 from .geometry._geometry import Window
 from .tokens._packed import PackedRunner
 from .geometry._run import InvariantRunner
 from .tokens._swin import refuse_swin
-from .rules import _builtin  # noqa: F401,E402  (registers every built-in entry of the one rule table)
+from .rules import _builtin  # noqa: F401,E402  (fills the global rule book with every built-in entry, once)
 
 __all__ = [
     "CellWise", "InvarianceRule", "InvariantProjection", "InvariantRunner", "ModeGraphModule", "PackedRunner",
-    "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep", "TokenModelRule", "TokenRunner",
-    "UntraceableLayer", "Window", "check_graph_hooks", "has_hooks", "item_grids", "item_pos_embeds",
+    "PaddingAware", "PaddingInvariant", "Refuse", "RewriteStep", "RuleBook", "TokenModelRule", "TokenRunner",
+    "UntraceableLayer", "Window", "check_graph_hooks", "default_rules", "has_hooks", "item_grids", "item_pos_embeds",
     "item_rope_embeds", "key_padding_keep", "make_graph_invariant", "make_padding_invariant", "on_canvas",
     "refuse_swin", "refuse_unrun_hooks", "register_invariance_rule", "rule_for", "trace_dual", "trace_features",
 ]

@@ -16,49 +16,57 @@ References:
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 
+from .. import _tracing
 from ..nested_tensor import NestedTensor
 from ._network_probe import (
-    _MAX_PROBE, _check_trace, _differs, _EagerFails, _modes, _probe_input, _restore, _whole_graph_modules, choose_probe,
+    _MAX_PROBE, _check_trace, _EagerFails, _probe_input, _whole_graph_modules, check_items, choose_probe, suspects,
 )
+from .rules import RuleBook, as_book
 
 __all__ = ["PaddingInvariant", "make_graph_invariant", "make_padding_invariant"]
 
 
-def _first_conv(model: nn.Module) -> nn.Module | None:
-    return next((m for m in model.modules() if isinstance(m, nn.modules.conv._ConvNd)), None)
+def _spatial_axes(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The convolutions of ``model`` (``(name, module)``, in ``modules()`` order)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.modules.conv._ConvNd)]
 
 
-def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any) -> tuple[int, int, Any, Any]:
-    """The arguments checked: ``(num_axes, in_channels, return_nodes as a dict or None,
-    probe_size as a tuple or None)``."""
+def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any, in_channels: Any,
+                ) -> tuple[int, Any, Any]:
+    """The arguments checked: ``(num_axes, return_nodes as a dict or None, probe_size as a tuple or
+    None)``."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if isinstance(model, torch.jit.ScriptModule):
         raise TypeError("model must be a Python nn.Module, got a TorchScript module (torch.fx cannot trace it)")
-    conv = _first_conv(model)
+    convs = _spatial_axes(model)
     if num_axes is None:
-        if conv is None:
+        if not convs:
             raise ValueError(
                 f"num_axes=None reads the spatial axes from the first convolution, but {type(model).__name__} has "
                 "none; pass num_axes (2 or 3)")
-        num_axes = len(conv.kernel_size)
+        num_axes = len(convs[0][1].kernel_size)
     elif isinstance(num_axes, bool) or not isinstance(num_axes, int):
         raise TypeError(f"num_axes must be an int (2 or 3) or None, got {type(num_axes).__name__}")
     if num_axes not in (2, 3):
         raise ValueError(f"num_axes must be 2 or 3, got {num_axes}")
-    if conv is None:
-        raise ValueError(f"{type(model).__name__} has no convolution to read its input channels from")
+    if convs and all(len(m.kernel_size) != num_axes for _, m in convs):
+        name, conv = convs[0]
+        raise ValueError(
+            f"num_axes={num_axes}, but the convolutions of {type(model).__name__} have {len(conv.kernel_size)} spatial "
+            f"axes (the first: {name}, {type(conv).__name__}); pass num_axes={len(conv.kernel_size)} or leave it None")
+    if in_channels is not None and (isinstance(in_channels, bool) or not isinstance(in_channels, int)
+                                    or in_channels < 1):
+        raise (TypeError if not isinstance(in_channels, int) or isinstance(in_channels, bool) else ValueError)(
+            f"in_channels must be a positive int or None, got {in_channels!r}")
     nodes = None
     if return_nodes is not None:
         if isinstance(return_nodes, Mapping):
@@ -81,54 +89,28 @@ def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any) -
         if len(entries) != num_axes or any(s < 1 for s in entries):
             raise ValueError(f"probe_size must hold {num_axes} positive sizes (one per spatial axis), got {probe_size!r}")
         size = tuple(entries)
-    return num_axes, conv.in_channels, nodes, size
+    return num_axes, nodes, size
 
 
-#: MONAI's U-Net decoder block: its skip concatenation is guarded by ``torch.jit.isinstance``
-_UPCAT = "monai.networks.nets.basic_unet.UpCat"
-
-
-#: held by each call of make_padding_invariant: calls from several threads trace and check one at a
-#: time, so each restores the torch.jit.isinstance it replaced (never another call's patch), and no
-#: call runs its eager check while another traces (torch.fx patches nn.Module.__call__ process-wide)
-_PATCH_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _traceable(model: nn.Module):
-    """While tracing ``model``: ``torch.jit.isinstance(value, torch.Tensor)`` is True for a traced
-    value (an ``fx.Proxy``), as it is for the tensor it stands for (MONAI's ``UpCat`` branches on
-    it: without this the trace drops its skip concatenation), and each ``UpCat``'s ``is_pad`` is
-    off (its one-cell replicate pad after an odd size was halved reads shapes in Python; with sizes
-    divisible by the total stride it never pads, and other sizes are refused when run, since the
-    two maps it concatenates then differ). Both are restored after, under a process-wide lock (the
-    patch is global: another thread calling ``torch.jit.isinstance`` meanwhile gets the same answers
-    for anything but a traced value; another thread running ``model`` meanwhile would not pad)."""
-    with _PATCH_LOCK:
-        with _patched(model):
-            yield
-
-
-@contextlib.contextmanager
-def _patched(model: nn.Module):
-    real = torch.jit.isinstance
-
-    def isinstance_(obj: Any, target_type: Any) -> bool:
-        if isinstance(obj, fx.Proxy) and target_type is torch.Tensor:
-            return True
-        return real(obj, target_type)
-
-    upcats = [m for m in model.modules()
-              if f"{type(m).__module__}.{type(m).__qualname__}" == _UPCAT and getattr(m, "is_pad", False)]
-    try:
-        torch.jit.isinstance = isinstance_
-        for m in upcats:
-            m.is_pad = False
-        yield
-    finally:
-        torch.jit.isinstance = real
-        for m in upcats:
-            m.is_pad = True
+def _input_channels(model: nn.Module, graph: fx.Graph, num_axes: int) -> int | None:
+    """The channels the graph's input takes: those of the first convolution the graph runs on it
+    (in the order the forward runs, not the order the modules were declared); None if none."""
+    for node in graph.nodes:
+        if node.op == "call_module":
+            module = model.get_submodule(node.target)
+            if isinstance(module, nn.modules.conv._ConvNd) and len(module.kernel_size) == num_axes:
+                return module.in_channels
+        elif node.op == "call_function" and getattr(node.target, "__name__", "") == f"conv{num_axes}d":
+            weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+            groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+            if isinstance(weight, fx.Node) and weight.op == "get_attr" and isinstance(groups, int):
+                try:
+                    value = model.get_parameter(weight.target)
+                except AttributeError:
+                    continue
+                if isinstance(value, Tensor) and value.dim() == 2 + num_axes:
+                    return int(value.shape[1]) * groups
+    return None
 
 
 def make_padding_invariant(
@@ -136,6 +118,8 @@ def make_padding_invariant(
     num_axes: int | None = None,
     return_nodes: Sequence[str] | Mapping[str, str] | None = None,
     probe_size: int | Sequence[int] | None = None,
+    in_channels: int | None = None,
+    rules: RuleBook | None = None,
 ) -> "PaddingInvariant":
     """``model`` as a module that gives every item of a padded batch what the model gives it alone.
 
@@ -148,7 +132,11 @@ def make_padding_invariant(
 
     Args:
         model (nn.Module): a 2D or 3D network taking ``Tensor[B, C, *S]`` (MONAI's SegResNet,
-            UNet, DynUNet, BasicUNet; a torchvision / timm classifier; any module torch.fx traces).
+            UNet, DynUNet, BasicUNet; a torchvision / timm classifier or segmenter; any module torch.fx
+            traces). A whole detector the rule book holds a whole-model rule for (torchvision's Faster /
+            Mask / Keypoint R-CNN, RetinaNet, FCOS; transformers' DETR and Conditional DETR) is
+            wrapped as a whole (:mod:`vispos.invariance.models`): the returned module takes and
+            returns what the model does (``return_nodes`` not given).
             Not copied: the returned module shares its submodules, parameters and buffers.
         num_axes (int, optional): spatial axes, 2 or 3. Default: those of the first convolution.
         return_nodes (list[str] | dict[str, str], optional): cut the graph at these torch.fx node
@@ -157,6 +145,11 @@ def make_padding_invariant(
         probe_size (int | sequence of int, optional): the spatial size of the probe input (two
             items, the model's dtype and device). Default: the smallest size that is a multiple of
             every total stride of the graph and leaves every feature map at least 2 cells per axis.
+        in_channels (int, optional): the channels of the input. Default: those of the first
+            convolution the traced forward runs.
+        rules (RuleBook, optional): the rule book the tracer, the rewrite and the checks ask (for
+            this call only: ``vispos.invariance.default_rules().copy()`` with entries of your own).
+            Default: the global book (:func:`~vispos.invariance.default_rules`).
 
     Returns:
         PaddingInvariant: takes a :class:`~vispos.NestedTensor` (or ``tensors`` and a ``mask``,
@@ -167,23 +160,33 @@ def make_padding_invariant(
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` (or is TorchScript); ``num_axes``,
-            ``return_nodes`` or ``probe_size`` of the wrong type.
-        ValueError: ``num_axes`` not 2 or 3, or None for a model without a convolution; a
+            ``return_nodes``, ``probe_size``, ``in_channels`` or ``rules`` of the wrong type.
+        ValueError: ``num_axes`` not 2 or 3, or None for a model without a convolution, or other
+            than the spatial axes of every convolution of the model (both counts named); the
+            input channels neither given nor read from a convolution of the graph; a
             ``probe_size`` of the wrong length or with a size below 1; a layer torch.fx cannot trace
             (named); a traced graph that differs from the eager forward in eval or training mode (the trace drops or changes
             code, such as a branch on ``torch.jit.isinstance``, ``if x.shape[...]`` or a value read
             outside the traced arguments), named with how; a layer that cannot be made exact
-            (named); an output that is neither a feature map nor a per-item value; a value that the
-            two probe items, padded in one batch, do not each get as alone (an operation across the
-            batch axis after a global pool, which the rule book does not see); a return node
-            not in the model; a model that cannot run at the probe size (pass ``probe_size``).
+            (named, with what to do: ``return_nodes`` to cut before it, a registered rule); an
+            output that is neither a feature map nor a per-item value; a value that the two probe
+            items, padded in one batch, do not each get as without padding, in eval or in training
+            mode (named with the likely causes: a hook, a norm without running statistics, an
+            operation across the batch axis after a global pool); a return node not in the model;
+            a model that cannot run at the probe size (pass ``probe_size`` or ``in_channels``).
+            At a call of the returned module, see :class:`PaddingInvariant`.
 
     Note:
-        While it traces, ``torch.jit.isinstance`` answers True for a traced value and ``Tensor``
-        (process-wide: torch.fx itself patches ``nn.Module.__call__`` process-wide while tracing),
-        and MONAI ``UpCat.is_pad`` is off; both are restored before it returns or raises. Calls
-        from several threads take turns (one lock); a thread that runs other modules meanwhile is
-        not covered by it (torch.fx's own limitation).
+        The returned module follows the model it shares modules with: ``train()`` / ``eval()`` on
+        either is seen by both, and a hook registered or removed on any module (or torch's global
+        module hooks), a submodule replaced at any depth, or a module whose traced code branches on
+        its mode put in another mode than the model is refused at the next call, naming it
+        (call ``make_padding_invariant`` again on the model as it is then). While it traces, the
+        rule book's tracing patches are on (``torch.jit.isinstance`` answers True for a traced
+        value and ``Tensor``, process-wide as torch.fx's own patch of ``nn.Module.__call__``;
+        MONAI's patches only on the MONAI modules that need them); all are restored before it
+        returns or raises. Calls from several threads take turns (one lock); a thread that runs
+        other modules meanwhile is not covered by it (torch.fx's own limitation).
 
     Example:
         >>> import torch, vispos
@@ -196,22 +199,39 @@ def make_padding_invariant(
     References:
         torch.fx; torchvision ``create_feature_extractor``; Carion et al., DETR, ECCV 2020.
     """
-    with _PATCH_LOCK:  # torch.fx patches nn.Module.__call__ process-wide while it traces
-        return _build(model, num_axes, return_nodes, probe_size)
+    from .tracing._policy import TRACE_LOCK
+
+    book = as_book(rules)
+    from .models._rule import whole_model_rule
+
+    whole = whole_model_rule(model, book) if return_nodes is None else None
+    if whole is not None:  # a whole detector (vispos.invariance.models): the model's own call and outputs
+        return whole.build(model, probe_size=probe_size)
+    with TRACE_LOCK:  # torch.fx patches nn.Module.__call__ process-wide while it traces
+        return _build(model, num_axes, return_nodes, probe_size, in_channels, book)
 
 
-def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) -> "PaddingInvariant":
+def _refused(name: str, why: tuple[str, str], probe: tuple[int, ...], model: nn.Module) -> ValueError:
+    mode, what = why
+    return ValueError(
+        f"make_padding_invariant cannot make {name} exact: the two probe items of size {probe} in a padded "
+        f"batch ({mode} mode) do not get what they get without padding: {what}. Likely: {suspects(model)}")
+
+
+def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any, in_channels: Any,
+           book: RuleBook) -> "PaddingInvariant":
+    from .rewrite._rewrite_base import NETWORK_ADVICE, refusal_voice
     from .tokens._swin import refuse_swin
+    from .tracing._follow import mode_dependent
     from .tracing._trace import UntraceableLayer, trace_features
 
-    num_axes, in_channels, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size)
+    num_axes, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size, in_channels)
     name = type(model).__name__
     refuse_swin(model)
     attributes = set(vars(model))
     try:
-        with _traceable(model):
-            body = trace_features(model, num_axes, return_nodes=nodes, class_name=name)
-            whole = _whole_graph_modules(model, num_axes) if nodes is not None else None
+        body = trace_features(model, num_axes, return_nodes=nodes, class_name=name, rules=book)
+        whole = _whole_graph_modules(model, num_axes, book) if nodes is not None else None
     except UntraceableLayer as exc:
         raise ValueError(f"make_padding_invariant traces {name} with torch.fx, which fails: {exc}") from exc
     finally:  # torch.fx stores a tensor made in forward on the traced module (_tensor_constant*):
@@ -220,9 +240,16 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
     if whole is None:
         whole = {True: fx.GraphModule(body, copy.deepcopy(body.train_graph), name),
                  False: fx.GraphModule(body, copy.deepcopy(body.eval_graph), name)}
+    if in_channels is None:
+        in_channels = _input_channels(whole[False], whole[False].graph, num_axes)
+        if in_channels is None:
+            raise ValueError(f"{name} runs no {num_axes}D convolution on its input to read its channels from; pass "
+                             "in_channels")
+    modal = mode_dependent(whole[True].graph, whole[False].graph)
     refusal, runner = None, None
     try:
-        runner = make_graph_invariant(body, num_axes, per_item=True)
+        with refusal_voice("make_padding_invariant", NETWORK_ADVICE):
+            runner = make_graph_invariant(body, num_axes, per_item=True, rules=book)
     except ValueError as exc:
         refusal = exc
     if probe is None:
@@ -236,8 +263,8 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
             raise refusal
         exc = fails.error
         raise ValueError(
-            f"{name} cannot run on a probe input of size {probe} in {fails.mode} mode ({type(exc).__name__}: "
-            f"{exc}); pass a probe_size it takes") from exc
+            f"{name} cannot run on a probe input of size {probe} with {in_channels} channels in {fails.mode} mode "
+            f"({type(exc).__name__}: {exc}); pass a probe_size (or in_channels) it takes") from exc
     if why is not None:
         raise ValueError(
             f"make_padding_invariant cannot use the torch.fx trace of {name}: on a probe input of size {probe} "
@@ -246,19 +273,16 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any) 
             "a graph that differs from the model is never run")
     if refusal is not None:
         raise refusal
-    invariant = PaddingInvariant(model, body, runner, num_axes, in_channels, probe)
-    why = _check_items(model, invariant, _probe_input(model, in_channels, probe))
+    invariant = PaddingInvariant(model, body, runner, num_axes, in_channels, probe, modal)
+    why = check_items(model, invariant, _probe_input(model, in_channels, probe))
     if why is not None:
-        raise ValueError(
-            f"make_padding_invariant cannot make {name} exact: the two probe items of size {probe} in a padded "
-            f"batch (eval mode) do not each get what they get alone: {why}. A value computed "
-            "across the batch's items (a mean, softmax, flip or index over the batch axis after a global pool) "
-            "is not each item's own")
+        raise _refused(name, why, probe, model)
+    invariant.follow()  # the model as it was checked: any change after this is refused at a call
     return invariant
 
 
 def make_graph_invariant(graph: fx.GraphModule, num_axes: int, inputs: Sequence[Any] | None = None,
-                         per_item: bool = False) -> Any:
+                         per_item: bool = False, rules: RuleBook | None = None) -> Any:
     """Rewrites a traced network in place so that it runs exactly on padded batches, and returns the
     runner that feeds it each batch's paddings: the step :func:`make_padding_invariant` is built on,
     and the one the backbone adapters, the :class:`~vispos.backbones.Joiner`'s projections and
@@ -283,6 +307,7 @@ def make_graph_invariant(graph: fx.GraphModule, num_axes: int, inputs: Sequence[
         per_item (bool): also accept outputs without spatial axes that are each item's own (a
             pooled classifier head, ``Tensor[B, ...]``) or that do not depend on the input.
             Default False: every output must be a feature map.
+        rules (RuleBook, optional): the rule book to ask. Default: the global one.
 
     Returns:
         InvariantRunner: ``runner(graph, x)`` runs the graph of ``graph.training``'s mode on a
@@ -300,47 +325,7 @@ def make_graph_invariant(graph: fx.GraphModule, num_axes: int, inputs: Sequence[
     """
     from .tracing._trace import make_invariant
 
-    return make_invariant(graph, num_axes, inputs=inputs, per_item=per_item)
-
-
-@torch.no_grad()
-def _check_items(model: nn.Module, invariant: "PaddingInvariant", x: Tensor) -> str | None:
-    """None when each item of ``x`` (two probe items), at the origin of a canvas twice its size with
-    a fill around it, gets from ``invariant`` (eval mode) what it gets alone (no padding: the graph
-    that was checked against the eager forward), else why
-    not: the rule book checks each layer on maps; this catches what follows a global pool (values
-    without spatial axes are not rewritten), such as an operation across the batch axis."""
-    from ..padding import Padding
-
-    modes, training = _modes(model), invariant.training
-    size = tuple(x.shape[2:])
-    canvas = tuple(2 * s for s in size)
-    tensors = x.new_full((x.shape[0], x.shape[1], *canvas), 3.0)
-    tensors[(slice(None), slice(None), *(slice(0, s) for s in size))] = x
-    batch = NestedTensor(tensors, Padding.from_sizes([size] * x.shape[0], canvas, device=x.device))
-    try:
-        model.eval()
-        invariant.training = False
-        got = pytree.tree_leaves(invariant(batch))
-        for b in range(x.shape[0]):
-            want = [w.tensors if isinstance(w, NestedTensor) else w  # the graph checked against the eager forward
-                    for w in pytree.tree_leaves(invariant(NestedTensor(x[b:b + 1], None)))]
-            if len(got) != len(want):
-                return f"{len(got)} outputs where the item alone gets {len(want)}"
-            parts = []
-            for i, (g, w) in enumerate(zip(got, want)):
-                if isinstance(g, NestedTensor):
-                    g = g.tensors[(slice(b, b + 1), slice(None), *(slice(0, s) for s in w.shape[2:]))]
-                elif isinstance(g, Tensor) and g.dim() and g.shape[0] == x.shape[0] and w.dim() and w.shape[0] == 1:
-                    g = g[b:b + 1]  # one row per item; any other value (a constant) compared whole
-                parts.append(g)
-            why = _differs(parts, want)
-            if why is not None:
-                return f"item {b}: {why.replace('the eager forward', 'the item alone')}"
-        return None
-    finally:
-        _restore(model, modes)
-        invariant.training = training
+    return make_invariant(graph, num_axes, inputs=inputs, per_item=per_item, rules=as_book(rules))
 
 
 class PaddingInvariant(nn.Module):
@@ -348,11 +333,15 @@ class PaddingInvariant(nn.Module):
 
     Holds the network's own children, parameters and buffers under their own names (shared, not
     copied: its ``state_dict`` is the network's, keys and tensors), and runs the network's
-    rewritten torch.fx graph of the current mode (``train()`` / ``eval()`` switch graphs).
+    rewritten torch.fx graph of the current mode. Its mode is the network's: ``training`` reads
+    the network's own flag, ``train()`` / ``eval()`` on either one switch both (and the graph).
+    At each call it checks that the network is as it was wrapped (see
+    :func:`make_padding_invariant`'s note), in a few microseconds.
 
     Attributes:
         num_axes (int): spatial axes. in_channels (int): the input channels.
         probe_size (tuple[int, ...]): the size the trace was checked at.
+        training (bool): the network's own training flag (read and set through).
 
     Shape:
         - input: NestedTensor ``(B, in_channels, *S)`` (each item at the origin of its box, or at
@@ -366,10 +355,14 @@ class PaddingInvariant(nn.Module):
         ValueError: (forward) ``x`` of another rank or channel count; an arbitrary (non-box) mask;
             an item whose offset is not a multiple of the strides, or too small for the network; a
             hooked module the graph does not call.
+        RuntimeError: (forward) the network changed since it was wrapped: a hook registered or
+            removed on one of its modules (or a global module hook), a submodule replaced or
+            removed, a module whose traced code branches on its mode in another mode than the
+            network; the message names the module and what changed.
     """
 
     def __init__(self, model: nn.Module, body: nn.Module, runner: Any, num_axes: int, in_channels: int,
-                 probe_size: tuple[int, ...]) -> None:
+                 probe_size: tuple[int, ...], mode_paths: Sequence[str] = ()) -> None:
         super().__init__()
         for child_name, child in model.named_children():
             self.add_module(child_name, child)
@@ -389,7 +382,32 @@ class PaddingInvariant(nn.Module):
         self._runner = runner
         self.network = type(model).__name__
         self.num_axes, self.in_channels, self.probe_size = num_axes, in_channels, tuple(probe_size)
-        self.training = model.training  # the shared submodules keep their own modes
+        self.__dict__["_mode_paths"] = tuple(mode_paths)
+        self.__dict__["_state"] = None  # set by follow(), once the wrapped network was checked
+        self.__dict__["_model"] = model  # the network whose flag is this module's (not a child)
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        model = self.__dict__.get("_model")
+        return model.training if model is not None else self.__dict__.get("_training", True)
+
+    @training.setter
+    def training(self, mode: bool) -> None:
+        model = self.__dict__.get("_model")
+        if model is not None:
+            model.training = mode
+        else:  # nn.Module.__init__ sets it before the network is known
+            self.__dict__["_training"] = mode
+
+    def follow(self) -> "PaddingInvariant":
+        """Records the network as it is now (module tree, hooks, modes of the modules whose traced
+        code branches on the mode): each later call refuses any change to it. Returns ``self``."""
+        from .tracing._follow import ModelState
+
+        state = ModelState(self.__dict__["_model"], self.__dict__["_mode_paths"])
+        state.also_follow(self)
+        self.__dict__["_state"] = state
+        return self
 
     def extra_repr(self) -> str:
         return f"network={self.network}, num_axes={self.num_axes}, probe_size={self.probe_size}"
@@ -411,9 +429,19 @@ class PaddingInvariant(nn.Module):
         if tensors.dim() != 2 + self.num_axes or tensors.shape[1] != self.in_channels:
             axes = ", ".join("DHW"[-self.num_axes:])
             raise ValueError(f"x must have shape (B, {self.in_channels}, {axes}), got {tuple(tensors.shape)}")
-        body = self._body
-        if body.training != self.training:  # the graph of this mode (the submodules keep theirs)
-            body.graph = body.train_graph if self.training else body.eval_graph
-            body.training = self.training
-        check_graph_hooks(body, "make_padding_invariant")
-        return self._runner.run(self._graph_forward, x, self.training, structured=True)
+        body, training = self._body, self.training
+        if body.training != training:  # the graph of this mode (the submodules keep theirs)
+            body.graph = body.train_graph if training else body.eval_graph
+            body.training = training
+        state = self.__dict__["_state"]
+        if state is None:
+            check_graph_hooks(body, "make_padding_invariant")
+        elif not _tracing.tracing():
+            changed = state.changed(training)
+            if changed is not None:
+                raise RuntimeError(
+                    f"make_padding_invariant wrapped {self.network}, and since then {changed}. The rewritten graph "
+                    "and its checks are those of the network as it was wrapped: call "
+                    "vispos.make_padding_invariant(model) again on the network as it is now (its probe checks the "
+                    "change), or undo the change")
+        return self._runner.run(self._graph_forward, x, training, structured=True)

@@ -1,7 +1,9 @@
 """The probe checks behind :func:`vispos.invariance._network.make_padding_invariant`: the probe
-size a network's strides ask for, and the traced graphs run against the network's own eager
-forward on it (eval and training, the same random draws, running statistics put back), so a trace
-that drops or changes code is refused by name instead of run.
+size a network's strides ask for, the traced graphs run against the network's own eager forward
+on it (eval and training, the same random draws, running statistics put back), so a trace that
+drops or changes code is refused by name instead of run, and the rewritten network run on the
+probe items padded and alone, in eval and in training, with the likely causes named when they
+differ.
 
 References:
     torch.fx (``GraphModule``); Dumoulin and Visin, A guide to convolution arithmetic for deep
@@ -16,8 +18,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils import _pytree as pytree
 
+from ..nested_tensor import NestedTensor
+from ..padding import Padding
 from .geometry._geometry import Geometry, Window
 
 #: the largest probe (cells per axis) chosen from the strides; beyond it, pass probe_size
@@ -87,16 +92,20 @@ def _differs(got: Any, want: Any) -> str | None:
     return None
 
 
-def _whole_graph_modules(model: nn.Module, num_axes: int) -> dict[bool, fx.GraphModule]:
+def _whole_graph_modules(model: nn.Module, num_axes: int, rules: Any = None) -> dict[bool, fx.GraphModule]:
     """``model`` traced whole in training and in eval mode (for the check against its eager
     forward, when the graphs to rewrite are cut at return nodes)."""
-    from .tracing._trace import PathTracer
+    from .tracing._trace import PathTracer, _drop_specialized, defaults_of
 
     modes, traced = _modes(model), {}
     try:
         for training in (True, False):
             model.train(training)
-            traced[training] = fx.GraphModule(model, PathTracer(num_axes).trace(model), type(model).__name__)
+            defaults = defaults_of(model)
+            graph = PathTracer(num_axes, rules=rules).trace(model, defaults or None)
+            if defaults:
+                _drop_specialized(graph)
+            traced[training] = fx.GraphModule(model, graph, type(model).__name__)
     finally:
         _restore(model, modes)
     return traced
@@ -149,3 +158,105 @@ def _check_trace(model: nn.Module, traced: dict[bool, fx.GraphModule], x: Tensor
         return None
     finally:
         _restore(model, modes)
+
+
+def _padded(x: Tensor) -> NestedTensor:
+    """The items of ``x`` each at the origin of a canvas twice their size, the rest filled."""
+    size = tuple(x.shape[2:])
+    canvas = tuple(2 * s for s in size)
+    tensors = x.new_full((x.shape[0], x.shape[1], *canvas), 3.0)
+    tensors[(slice(None), slice(None), *(slice(0, s) for s in size))] = x
+    return NestedTensor(tensors, Padding.from_sizes([size] * x.shape[0], canvas, device=x.device))
+
+
+def _own_cells(got: list[Any], want: list[Any], rows: slice) -> list[Any]:
+    """``got`` (outputs on the padded canvas) cut to the items' own cells and the rows ``rows``."""
+    parts = []
+    for g, w in zip(got, want):
+        if isinstance(g, NestedTensor):
+            g = g.tensors[(rows, slice(None), *(slice(0, s) for s in w.shape[2:]))]
+        elif isinstance(g, Tensor) and g.dim() and w.dim() and g.shape[0] != w.shape[0]:
+            g = g[rows]  # one row per item; any other value (a constant) compared whole
+        parts.append(g)
+    return parts
+
+
+def _plain(out: Any) -> list[Any]:
+    return [w.tensors if isinstance(w, NestedTensor) else w for w in pytree.tree_leaves(out)]
+
+
+def _seeded(fn: Any, seed: int = 0) -> Any:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return fn()
+
+
+@torch.no_grad()
+def check_items(model: nn.Module, invariant: nn.Module, x: Tensor) -> tuple[str, str] | None:
+    """None when the two probe items of ``x``, each at the origin of a canvas twice its size with
+    a fill around it, get from ``invariant`` what they get without padding (the graph that was
+    checked against the eager forward), in eval mode (each item alone) and in training mode (the
+    two items together, so batch statistics are alike; skipped where the training forward draws
+    random numbers even with its dropout layers in eval), else ``(mode, why not)``. The rule book
+    checks each layer on maps; this catches what it cannot see: a hook, a layer whose value at
+    zero is not zero, statistics over the batch, an operation across the batch axis after a
+    global pool. Modes and buffers are as they were after."""
+    modes = _modes(model)
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    try:
+        model.eval()
+        got = pytree.tree_leaves(invariant(_padded(x)))
+        for b in range(x.shape[0]):
+            want = _plain(invariant(NestedTensor(x[b:b + 1], None)))
+            if len(got) != len(want):
+                return "eval", f"{len(got)} outputs where the item alone gets {len(want)}"
+            why = _differs(_own_cells(got, want, slice(b, b + 1)), want)
+            if why is not None:
+                return "eval", f"item {b}: {why.replace('the eager forward', 'the item alone')}"
+        model.train()
+        for m in model.modules():  # the training forward's own draws: dropout layers as in eval
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.training = False
+        alone = _seeded(lambda: _plain(invariant(NestedTensor(x, None))))
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+        again = _seeded(lambda: _plain(invariant(NestedTensor(x, None))), seed=1)
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+        if _differs(again, alone) is not None:
+            return None  # random draws of its own: no item-for-item comparison
+        got = pytree.tree_leaves(_seeded(lambda: invariant(_padded(x))))
+        if len(got) != len(alone):
+            return "training", f"{len(got)} outputs where the items without padding get {len(alone)}"
+        why = _differs(_own_cells(got, alone, slice(None)), alone)
+        return None if why is None else ("training", why.replace("the eager forward", "the items without padding"))
+    finally:
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+        _restore(model, modes)
+
+
+def suspects(model: nn.Module) -> str:
+    """The likely reasons why items in a padded batch do not get what they get alone, where the
+    rule book saw every layer as exact: hooks, norms without running statistics, else an
+    operation across the batch's items after a global pool."""
+    from torch.nn.modules import module as torch_module
+
+    found = []
+    hooked = [n or "the model" for n, m in model.named_modules()
+              if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks]
+    if hooked:
+        found.append(f"hooks on {', '.join(hooked[:5])} (a hook runs on the padded map, after or before the "
+                     "zeros the rewrite writes into its padding; remove it, or register it after wrapping a "
+                     "model whose output you hook instead)")
+    if any(getattr(torch_module, t) for t in ("_global_forward_hooks", "_global_forward_pre_hooks")):
+        found.append("torch's global module hooks (register_module_forward_hook / _pre_hook)")
+    batch_stats = [n for n, m in model.named_modules() if isinstance(m, _NormBase) and m.running_mean is None
+                   and not isinstance(m, nn.modules.instancenorm._InstanceNorm)]
+    if batch_stats:
+        found.append(f"norms without running statistics ({', '.join(batch_stats[:5])}: track_running_stats=False "
+                     "normalises with the statistics of the whole batch in eval mode too, which mix the items)")
+    if not found:
+        found.append("a value computed across the batch's items (a mean, softmax, flip or index over the batch "
+                     "axis after a global pool), which is not each item's own")
+    return "; ".join(found)

@@ -14,21 +14,55 @@ References:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from ... import _deprecation
 from . import _ops as ops
 from . import _values as values
 from ..geometry._geometry import Geometry, TransposedWindow, Window
-from ..rules import InvarianceRule, rule_for_call
+from ..rules import InvarianceRule, RuleBook, as_book
+from ..rules._sized import CANVAS_SIZE
 
-__all__ = ["RewriterBase", "Split"]
+__all__ = ["NETWORK_ADVICE", "RewriterBase", "Split", "refusal_voice"]
+
+#: what a backbone adapter (``padding_invariant=True``) tells its user to do about a refused layer
+BACKBONE_ADVICE = (
+    "Cut the backbone before this layer (return_nodes naming an earlier node), register an exact rule for it "
+    "(vispos.register_invariance_rule), or use padding_invariant=False (DETR's behaviour)")
+#: what make_padding_invariant tells its user to do about a refused layer
+NETWORK_ADVICE = (
+    "Cut the network before this layer (make_padding_invariant(..., return_nodes=[an earlier node]; "
+    "torchvision.models.feature_extraction.get_graph_node_names lists them)), register an exact rule for it "
+    "(vispos.register_invariance_rule, or rules= with a RuleBook of your own), or write it with layers the rule "
+    "book knows")
+#: (who refuses, what to do), for the messages of a refused layer
+_VOICE: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "vispos_refusal_voice", default=("padding_invariant=True", BACKBONE_ADVICE))
+
+
+@contextlib.contextmanager
+def refusal_voice(who: str, advice: str) -> Iterator[None]:
+    """Meanwhile (in this thread or task), a refused layer's message opens with ``who`` and ends
+    with ``advice`` (default: a backbone adapter's ``padding_invariant=True`` and its advice)."""
+    token = _VOICE.set((who, advice))
+    try:
+        yield
+    finally:
+        _VOICE.reset(token)
+
+
+def voice() -> tuple[str, str]:
+    """``(who, advice)`` of the current refusal messages (see :func:`refusal_voice`)."""
+    return _VOICE.get()
 
 _NEG_INF = float("-inf")
 
@@ -77,8 +111,10 @@ class RewriterBase:
     n_spatial = _deprecation.renamed_attribute("n_spatial", "num_axes")
 
     def __init__(self, gm: fx.GraphModule, graph: fx.Graph, geometry: Geometry, num_axes: int,
-                 inputs: Any = None) -> None:
+                 inputs: Any = None, rules: RuleBook | None = None) -> None:
         self.gm, self.old, self.geometry, self.num_axes = gm, graph, geometry, num_axes
+        self.rules = as_book(rules)
+        self._keeps_zero: dict[fx.Node, bool] = {}
         self.inputs = ((),) if inputs is None else tuple(inputs)  # per placeholder: windows from input 0
         self.new = fx.Graph(tracer_cls=graph._tracer_cls)
         self.env: dict[fx.Node, fx.Node] = {}
@@ -102,10 +138,8 @@ class RewriterBase:
         return f"{target} in {path} (graph node {node.name!r})"
 
     def refuse(self, node: fx.Node, why: str) -> None:
-        raise ValueError(
-            f"padding_invariant=True cannot run {self.where(node)} exactly on a padded batch: {why}. "
-            "Use padding_invariant=False (DETR's behaviour), or a backbone without this layer"
-        )
+        who, advice = voice()
+        raise ValueError(f"{who} cannot run {self.where(node)} exactly on a padded batch: {why}. {advice}")
 
     def padding_of(self, geometry_id: int) -> fx.Node:
         """The node holding the :class:`~vispos.Padding` of geometry ``geometry_id`` (made once,
@@ -133,7 +167,44 @@ class RewriterBase:
         """The table's rule for what ``node`` calls, and the module it calls (None for a function
         or method)."""
         module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
-        return rule_for_call(node.op, node.target, module), module
+        return self.rules.rule_for_call(node.op, node.target, module), module
+
+    def keeps_zero(self, node: fx.Node, rule: InvarianceRule | None) -> bool:
+        """The call of ``node`` maps a zero cell to zero: its rule says so for the class
+        (``zero_preserving``) and the call itself, with its own attributes and constant arguments
+        (``nn.Hardtanh(0.5, 2)``, ``F.hardtanh(x, 0.5, 2)``, ``nn.Threshold(0.1, 20)``), gives 0
+        on a zero input. Run once per node on a one-cell map (the module's ``forward``, so no hook
+        runs); a call that cannot run on it counts as not keeping zeros."""
+        if rule is None or not rule.zero_preserving:
+            return False
+        known = self._keeps_zero.get(node)
+        if known is None:
+            known = self._keeps_zero[node] = self._zero_at_zero(node)
+        return known
+
+    def _zero_at_zero(self, node: fx.Node) -> bool:
+        rest, kwargs = node.args[1:], dict(node.kwargs)
+        constants = fx.node.map_arg((rest, kwargs), lambda n: n)
+        if any(isinstance(a, fx.Node) for a in pytree.tree_leaves(constants)):
+            return False  # another map or a computed value: not a fixed function of one cell
+        module = self.gm.get_submodule(node.target) if node.op == "call_module" else None
+        tensors = [] if module is None else [t for t in module.parameters()] + [t for t in module.buffers()]
+        dtype = next((t.dtype for t in tensors if t.is_floating_point()), torch.float64)
+        sizes = {1} | {t.numel() for t in tensors if t.dim() == 1}
+        for channels in sorted(sizes):
+            zero = torch.zeros((1, channels) + (1,) * self.num_axes, dtype=dtype)
+            try:
+                with torch.no_grad():
+                    if module is not None:
+                        out = module.forward(zero, *rest, **kwargs)
+                    elif node.op == "call_method":
+                        out = getattr(zero, node.target)(*rest, **kwargs)
+                    else:
+                        out = node.target(zero, *rest, **kwargs)
+            except Exception:  # noqa: BLE001 - another shape may fit (a per-channel parameter)
+                continue
+            return isinstance(out, Tensor) and out.shape == zero.shape and not bool(out.ne(0).any())
+        return False
 
     @staticmethod
     def input_of(node: fx.Node) -> Any:
@@ -202,7 +273,8 @@ class RewriterBase:
         chain, cur, nonneg = [], x, False
         while True:
             rule = self.rule_of(cur)[0] if cur.op in ("call_module", "call_function", "call_method") else None
-            zero, positive = (rule.zero_preserving, rule.nonnegative) if rule is not None else (False, False)
+            zero = self.keeps_zero(cur, rule)
+            positive = zero and rule.nonnegative
             inputs = [a for a in cur.all_input_nodes if a in self.maps.geometry]
             if not zero or len(inputs) != 1 or cur.args[:1] != (inputs[0],):
                 break
@@ -258,7 +330,7 @@ class RewriterBase:
             zeros.storage[node] = zeros.owner(written)
         rule = self.rule_of(node)[0] if node.op in ("call_module", "call_function", "call_method") else None
         if written is not None and written in self.maps.from_input and (
-                written is not first or rule is None or not rule.zero_preserving):
+                written is not first or not self.keeps_zero(node, rule)):
             owner = zeros.owner(written)
             zeros.overwritten.add(owner)
             zeros.zeroed = {n for n in zeros.zeroed if zeros.owner(n) != owner}
@@ -299,23 +371,25 @@ class RewriterBase:
         return True
 
     def sized_features(self, node: fx.Node) -> None:
-        """A computation on features with a value read from a map's size: a sum over every
-        spatial axis divided by the map's own ``H * W`` (``* D``) becomes each item's mean; anything
-        else is refused."""
-        if len(node.args) == 2 and not node.kwargs and (
-                (node.op == "call_function" and node.target in (operator.truediv, torch.div, torch.true_divide))
-                or (node.op == "call_method" and node.target in ("div", "true_divide"))):
-            total, size = node.args
-            summed, canvas = self.maps.spatial_sums.get(total), self.maps.sizes.get(size)
-            if summed is not None and canvas is not None and canvas.geometry_id == summed[0] and \
-                    canvas.axes == tuple(range(2, 2 + self.num_axes)):
-                geometry_id, keepdim = summed
-                self.env[node] = self.new.call_function(
-                    ops.per_item_mean, (self.env[total], self.padding_of(geometry_id), self.env[size], keepdim))
-                self.maps.from_input.add(node)
-                return
-        self.refuse(node, (
-            "it computes on features with a value read from the size of a feature map (x.shape, "
-            "x.size(), x.numel()), which on a padded batch is the canvas's size, not the item's; only "
-            "a sum over every spatial axis divided by that map's own H * W is rewritten (to each item's "
-            "mean). Compute the value from a fixed hyper-parameter, or use x.mean over the spatial axes"))
+        """A computation on features with a value read from a map's size: the book's sized rule
+        for it (:meth:`~vispos.invariance.RuleBook.register_sized`; built in: a sum over every
+        spatial axis divided by the map's own ``H * W``, ``* D``, becomes each item's mean);
+        without one, refused."""
+        rule = self.rules.sized_rule(node.op, node.target)
+        if rule is None:
+            self.refuse(node, CANVAS_SIZE)
+        rule.apply(self, node, {})
+
+    def mean_of_spatial_sum(self, node: fx.Node, total: Any, size: Any) -> bool:
+        """Rewrites ``node`` (``total / size``) to each item's mean when ``total`` is a sum over
+        every spatial axis of a map and ``size`` that map's own spatial size; False otherwise."""
+        summed = self.maps.spatial_sums.get(total) if isinstance(total, fx.Node) else None
+        canvas = self.maps.sizes.get(size) if isinstance(size, fx.Node) else None
+        if summed is None or canvas is None or canvas.geometry_id != summed[0] or \
+                canvas.axes != tuple(range(2, 2 + self.num_axes)):
+            return False
+        geometry_id, keepdim = summed
+        self.env[node] = self.new.call_function(
+            ops.per_item_mean, (self.env[total], self.padding_of(geometry_id), self.env[size], keepdim))
+        self.maps.from_input.add(node)
+        return True

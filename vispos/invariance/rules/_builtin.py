@@ -1,6 +1,9 @@
 """Every built-in entry of the one rule table (:mod:`vispos.invariance.rules`), registered here and
-nowhere else: modules, functions and tensor methods of torch, torchvision and timm, and the
-whole-model rules of the token models (ViT, Eva, SAM's ViT, Swin) and the Swin refusals.
+nowhere else, when the package is imported: modules, functions and tensor methods of torch, torchvision and timm, and the
+whole-model rules of the token models (ViT, Eva, SAM's ViT, Swin) and the Swin refusals; MONAI's
+rows (:mod:`._monai`), the tracer's policy (:mod:`vispos.invariance.tracing._policy`: what it keeps
+whole, traces through, traces as another function and patches) and the rewrite of a sum divided by
+a map's own size (:mod:`._sized`), all registered by :func:`register_builtins`.
 
 A row says what a call does to the cells of a padded batch, as data: cell-wise (with the facts
 the rewrite uses: may alias its input, keeps zeros zero, non-negative output, a fresh output),
@@ -24,7 +27,10 @@ from ..tokens import _swin, _swin_timm, _vit, _windowed
 from ._types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
                           InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Permute, Reduction, Repeat,
                           Split)
-from ._book import CellWise, Refuse, register_invariance_rule
+from . import _monai
+from ..tracing import _policy
+from ._book import CellWise, Refuse, RuleBook, default_rules
+from ._sized import SumOverCanvas
 
 __all__ = ["register_builtins"]
 
@@ -100,15 +106,22 @@ _ROWS = (
 )
 
 
-def register_builtins() -> None:
-    """Registers every built-in row (called once, when :mod:`vispos.invariance` is imported)."""
+def register_builtins(book: RuleBook) -> None:
+    """Registers every built-in entry in ``book`` (the global book, once, when
+    :mod:`vispos.invariance.rules` is imported): the rows above, the token models' whole-model
+    rules and the Swin refusals, MONAI's rows (by dotted names), the tracer's policy and the
+    rewrite of a sum divided by a map's own size."""
     for rule, keys in _ROWS:
         for key in keys:
-            register_invariance_rule(key, rule)
+            book.register(key, rule)
     for name, why in _swin.SWIN_REFUSALS.items():
-        register_invariance_rule(name, Refuse(why))
+        book.register(name, Refuse(why))
     for name, rule in (*_vit.TOKEN_RULES, *_swin_timm.TOKEN_RULES, *_windowed.TOKEN_RULES):
-        register_invariance_rule(name, rule)
+        book.register(name, rule)
+    _monai.register(book)
+    _policy.register(book)
+    for key in (operator.truediv, torch.div, torch.true_divide, "div", "true_divide"):
+        book.register_sized(key, SumOverCanvas())
 
 
-register_builtins()
+register_builtins(default_rules())

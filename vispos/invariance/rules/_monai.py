@@ -1,7 +1,8 @@
 """The rule book's entries for MONAI's layers, and what the tracer does while it traces a MONAI
 network so that the traced graph is the network's own code.
 
-Rules (registered by dotted name, so importing vispos never imports MONAI):
+Rules (registered by dotted name, so importing vispos never imports MONAI; :func:`register` is
+called once, with every other built-in entry, by :mod:`._builtin`):
 
 * ``ChannelPad`` (HighResNet's residual: zeros appended to the channels, or a 1x1 projection)
   and MONAI's ``Swish`` / ``MemoryEfficientSwish`` read one cell at a time (:class:`CellWise`);
@@ -13,12 +14,25 @@ Rules (registered by dotted name, so importing vispos never imports MONAI):
   is the exact one) and einops' ``Rearrange``; ``SubpixelUpsample`` (pixel shuffle reshapes
   channels into cells).
 
-While tracing (:func:`tracing_patches`), restored on exit: ``torch.as_tensor`` returns a traced
-value as it is (it returns a tensor itself; HighResNet wraps outputs in it), ``SegResNetDS``'s
-shape check is skipped for a traced value (it iterates over the shape), EfficientNet's
-``drop_connect`` reads the number of spatial axes from the tracer rather than ``len(x.shape)``
-(its random draw is the same call on the same shape), and ``DynUNet``'s list of
-deep-supervision heads, which its forward fills with traced values, gets its own entries back.
+Tracing patches (entries of the book's tracing policy, keyed by the MONAI class whose instances
+need them, so nothing is patched while any other network is traced; each restored when the trace
+ends or fails):
+
+* ``UpCat`` (BasicUNet's decoder block, whose skip concatenation is guarded by
+  ``torch.jit.isinstance``, which the tracer answers for a traced value:
+  :mod:`vispos.invariance.tracing._policy`): its ``is_pad`` is off (the one-cell replicate pad
+  after an odd size was halved reads shapes in Python; with sizes divisible by the total stride
+  it never pads, and other sizes are refused when run, since the two maps it concatenates then
+  differ);
+* ``HighResNet`` and its ``HighResBlock``: ``torch.as_tensor`` returns a traced value as it is (it returns a tensor itself;
+  HighResNet wraps outputs in it), process-wide for the same reason;
+* ``SegResNetDS``: its shape check is skipped for a traced value (it iterates over the shape), on
+  the instance;
+* ``EfficientNet``: ``efficientnet.drop_connect`` reads the number of spatial axes from the tracer
+  rather than ``len(x.shape)`` (its random draw is the same call on the same shape), on MONAI's
+  module attribute;
+* ``DynUNet``: its list of deep-supervision heads, which its forward fills with traced values, gets
+  its own entries back.
 
 References:
     MONAI (``monai.networks.nets``: ``HighResNet``, ``SegResNetDS``, ``DynUNet``, ``EfficientNetBN``,
@@ -37,9 +51,9 @@ import torch.fx as fx
 from torch import nn
 
 from ..geometry._geometry import Window
-from ._book import CellWise, InvarianceRule, Refuse, register_invariance_rule
+from ._rule import CellWise, InvarianceRule, Refuse
 
-__all__ = ["ZeroPadRule", "tracing_patches"]
+__all__ = ["ZeroPadRule", "register"]
 
 #: the reason a stock ViT / UNETR is refused (its patch embedding is the first layer that fails)
 FIXED_GRID = (
@@ -57,7 +71,8 @@ class ZeroPadRule(InvarianceRule):
 
     kind = "window"
 
-    def rewrite(self, step, node, module):
+    def apply(self, step, node, args):
+        module = args["module"]
         pad, n = tuple(module.padding), step.num_axes
         if float(module.value) != 0.0 or any(p < 0 for p in pad) or len(pad) > 2 * n:
             step.refuse(node, f"padding={pad} with value={module.value} (only zeros added to spatial axes are what "
@@ -68,29 +83,8 @@ class ZeroPadRule(InvarianceRule):
         step.window(node, Window((1,) * n, (1,) * n, lo, hi, (1,) * n, False), "zero")
 
 
-def _register() -> None:
-    for name in ("monai.networks.layers.simplelayers.ChannelPad", "monai.networks.blocks.activation.Swish",
-                 "monai.networks.blocks.activation.MemoryEfficientSwish"):
-        register_invariance_rule(name, CellWise())
-    for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d):
-        register_invariance_rule(cls, ZeroPadRule())
-    register_invariance_rule("monai.networks.blocks.patchembedding.PatchEmbeddingBlock", Refuse(FIXED_GRID))
-    register_invariance_rule("einops.layers.torch.Rearrange", Refuse(
-        "einops' Rearrange reshapes the map by a pattern whose sizes are the canvas's, without a padding mask"))
-    register_invariance_rule("monai.networks.blocks.upsample.SubpixelUpsample", Refuse(
-        "pixel shuffle (upsample='pixelshuffle') reshapes channels into cells after a convolution, with a "
-        "replicate pad and average pool of the canvas; use upsample='deconv' or 'nontrainable'"))
-
-
-_register()
-
-
-def _dotted(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
 @contextlib.contextmanager
-def _as_tensor_passes_traced_values() -> Iterator[None]:
+def _as_tensor_passes_traced_values(module: nn.Module, num_axes: int) -> Iterator[None]:
     real = torch.as_tensor
 
     def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Any:
@@ -103,6 +97,54 @@ def _as_tensor_passes_traced_values() -> Iterator[None]:
         yield
     finally:
         torch.as_tensor = real
+
+
+@contextlib.contextmanager
+def _upcat(module: nn.Module, num_axes: int) -> Iterator[None]:
+    pad = getattr(module, "is_pad", False)
+    module.is_pad = False
+    try:
+        yield
+    finally:
+        module.is_pad = pad
+
+
+@contextlib.contextmanager
+def _segresnet_ds(module: nn.Module, num_axes: int) -> Iterator[None]:
+    if "is_valid_shape" in vars(module):
+        yield
+        return
+    check = module.is_valid_shape
+    module.is_valid_shape = lambda x: isinstance(x, fx.Proxy) or check(x)
+    try:
+        yield
+    finally:
+        vars(module).pop("is_valid_shape", None)
+
+
+@contextlib.contextmanager
+def _dynunet(module: nn.Module, num_axes: int) -> Iterator[None]:
+    heads = getattr(module, "heads", None)
+    saved = list(heads) if isinstance(heads, list) else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            heads[:] = saved
+
+
+@contextlib.contextmanager
+def _efficientnet(module: nn.Module, num_axes: int) -> Iterator[None]:
+    efficientnet = sys.modules.get("monai.networks.nets.efficientnet")
+    real = getattr(efficientnet, "drop_connect", None)
+    if real is None or getattr(real, "_vispos_traced", False):
+        yield
+        return
+    efficientnet.drop_connect = _drop_connect(num_axes, real)
+    try:
+        yield
+    finally:
+        efficientnet.drop_connect = real
 
 
 def _drop_connect(num_axes: int, real: Any):
@@ -122,31 +164,26 @@ def _drop_connect(num_axes: int, real: Any):
         random_tensor += keep_prob
         return inputs / keep_prob * torch.floor(random_tensor)
 
+    drop_connect._vispos_traced = True  # one patch for several EfficientNets in one network
     return drop_connect
 
 
-@contextlib.contextmanager
-def tracing_patches(root: nn.Module, num_axes: int) -> Iterator[None]:
-    """While torch.fx traces ``root``: the patches of the module docstring, each restored on exit
-    (also when tracing fails). Only the instances inside ``root`` and, for ``torch.as_tensor`` and
-    EfficientNet's ``drop_connect``, the module attribute are patched, and only meanwhile."""
-    undo: list[Any] = []
-    try:
-        with _as_tensor_passes_traced_values():
-            for m in root.modules():
-                name = _dotted(m)
-                if name.startswith("monai.networks.nets.segresnet_ds.SegResNetDS") and "is_valid_shape" not in vars(m):
-                    check = m.is_valid_shape
-                    m.is_valid_shape = lambda x, check=check: isinstance(x, fx.Proxy) or check(x)
-                    undo.append(lambda m=m: vars(m).pop("is_valid_shape", None))
-                elif name == "monai.networks.nets.dynunet.DynUNet" and isinstance(getattr(m, "heads", None), list):
-                    undo.append(lambda heads=m.heads, saved=list(m.heads): heads.__setitem__(slice(None), saved))
-            efficientnet = sys.modules.get("monai.networks.nets.efficientnet")
-            if efficientnet is not None and hasattr(efficientnet, "drop_connect"):
-                real = efficientnet.drop_connect
-                efficientnet.drop_connect = _drop_connect(num_axes, real)
-                undo.append(lambda: setattr(efficientnet, "drop_connect", real))
-            yield
-    finally:
-        for restore in reversed(undo):
-            restore()
+def register(book: Any) -> None:
+    """Registers MONAI's rows and tracing patches in ``book`` (a :class:`~vispos.invariance.RuleBook`)."""
+    for name in ("monai.networks.layers.simplelayers.ChannelPad", "monai.networks.blocks.activation.Swish",
+                 "monai.networks.blocks.activation.MemoryEfficientSwish"):
+        book.register(name, CellWise())
+    for cls in (nn.ConstantPad1d, nn.ConstantPad2d, nn.ConstantPad3d):
+        book.register(cls, ZeroPadRule())
+    book.register("monai.networks.blocks.patchembedding.PatchEmbeddingBlock", Refuse(FIXED_GRID))
+    book.register("einops.layers.torch.Rearrange", Refuse(
+        "einops' Rearrange reshapes the map by a pattern whose sizes are the canvas's, without a padding mask"))
+    book.register("monai.networks.blocks.upsample.SubpixelUpsample", Refuse(
+        "pixel shuffle (upsample='pixelshuffle') reshapes channels into cells after a convolution, with a "
+        "replicate pad and average pool of the canvas; use upsample='deconv' or 'nontrainable'"))
+    book.tracing_patch("monai.networks.nets.basic_unet.UpCat", _upcat)
+    for name in ("monai.networks.nets.highresnet.HighResNet", "monai.networks.nets.highresnet.HighResBlock"):
+        book.tracing_patch(name, _as_tensor_passes_traced_values)
+    book.tracing_patch("monai.networks.nets.segresnet_ds.SegResNetDS", _segresnet_ds)
+    book.tracing_patch("monai.networks.nets.dynunet.DynUNet", _dynunet)
+    book.tracing_patch("monai.networks.nets.efficientnet.EfficientNet", _efficientnet)

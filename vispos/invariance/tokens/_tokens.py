@@ -104,7 +104,7 @@ class TokenModelRule(InvarianceRule):
             if value is not None and not callable(value):
                 raise TypeError(f"TokenModelRule: {name} must be callable or None, got {type(value).__name__}")
 
-    def rewrite(self, step: Any, node: Any, module: nn.Module) -> None:
+    def apply(self, step: Any, node: Any, args: dict[str, Any]) -> None:
         step.refuse(node, "a whole token model inside a traced backbone (its rule runs the model as a whole; "
                           "use it as the backbone itself, e.g. TimmBackbone(name, padding_invariant=True))")
 

@@ -9,15 +9,16 @@ models. The model is traced once in training and once in eval mode (code that br
 ``eval()`` and keeps them through deep copies and pickles. The module hierarchy and so the
 ``state_dict`` keys stay those of the traced module.
 
-Leaves: torch.nn's own modules (FX's default), every module vispos has a rule for
-(:func:`vispos.invariance.rules.classify_module`), timm's "do not trace" modules and
-functions (``timm.models._features_fx``) and torchvision's ops modules (as torchvision's feature
-extraction keeps them), except modules made of layers the rule book knows, which are traced
-through: torchvision's ``Conv2dNormActivation`` and its subclasses (RegNet's ``SimpleStemIN``),
-``SqueezeExcitation``, ``StochasticDepth`` (in training, one Bernoulli factor per item) and
-``Permute``, and timm's ``NormFreeBlock`` (NF-Nets). Every node
-records the module it was traced in (``node.meta["vispos_path"]``); an error raised while tracing
-becomes a ``ValueError`` that names the module being traced.
+Which modules stay one call of the graph is asked of the rule book
+(:class:`~vispos.invariance.RuleBook`, the global one unless a call passes its own): every module
+it has a rule for or keeps whole (torchvision's ops), timm's "do not trace" modules and functions
+(``timm.models._features_fx``) and torch.nn's own modules (FX's default), except the modules the
+book traces through; the book also says which modules are traced as another function
+(torchvision's ``StochasticDepth``) and what is patched while a network is traced (MONAI's
+networks), see :mod:`vispos.invariance.tracing._policy`. A forward's parameters after the first
+that have defaults (``forward(x, y=None)``) are traced at their defaults. Every node records the
+module it was traced in (``node.meta["vispos_path"]``); an error raised while tracing becomes a
+``ValueError`` that names the module being traced.
 
 References:
     torch.fx (``Tracer``, ``GraphModule``); torchvision ``models/feature_extraction.py``
@@ -27,8 +28,11 @@ References:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,9 +43,10 @@ from torch.utils import _pytree as pytree
 from torchvision.models.feature_extraction import NodePathTracer
 
 from ..rewrite._rewrite import make_padding_invariant
-from ..rules import classify_module, registered_functions
+from ..rewrite._rewrite_base import voice
+from ..rules import RuleBook, as_book
 from ._mode_graphs import ModeGraphModule
-from ..rules._monai import tracing_patches
+from ._policy import TRACE_LOCK
 
 __all__ = [
     "PathTracer", "UntraceableLayer", "count_outputs", "hooked_features", "make_invariant", "trace_dual",
@@ -52,29 +57,25 @@ __all__ = [
 HookFeature = tuple[nn.Module, str]
 
 
-#: timm "do not trace" modules that trace fine and whose insides the rule book knows (NF-Nets'
-#: block: weight-standardised convolutions, activations, a gain and a residual sum)
-_TIMM_OPENED = frozenset({"NormFreeBlock"})
-
-
 @functools.lru_cache(maxsize=1)
 def _timm_notrace() -> tuple[tuple[type, ...], tuple[Any, ...]]:
     try:
         from timm.models._features_fx import get_notrace_functions, get_notrace_modules
     except ImportError:  # pragma: no cover - timm is a dependency; older releases lack the helpers
         return (), ()
-    modules = tuple(m for m in get_notrace_modules() if m.__name__ not in _TIMM_OPENED)
-    return modules, tuple(get_notrace_functions())
+    return tuple(get_notrace_modules()), tuple(get_notrace_functions())
 
 
-@functools.lru_cache(maxsize=1)
-def _torchvision_containers() -> tuple[tuple[type, ...], str]:
-    """torchvision modules traced through (their insides are layers of the rule book), and the
-    module path of torchvision's other ops, which stay leaves."""
-    from torchvision.ops import StochasticDepth, misc
-
-    opened = (misc.ConvNormActivation, misc.SqueezeExcitation, misc.Permute, StochasticDepth)
-    return opened, "torchvision.ops"
+def defaults_of(module: nn.Module) -> dict[str, Any]:
+    """The parameters of ``module.forward`` after the first that have a default (``y=None``), at
+    that default: torch.fx's ``concrete_args``, so the trace runs the forward as a call with one
+    input does."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in parameters[1:]
+            if p.default is not inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 class UntraceableLayer(ValueError):
@@ -99,16 +100,19 @@ class PathTracer(NodePathTracer):
     last input or output; errors raised while tracing a module become :class:`UntraceableLayer`.
 
     Args:
-        num_axes (int): spatial axes of the feature maps (the rule book's leaves depend on it).
+        num_axes (int): spatial axes of the feature maps (traced-as functions depend on it).
         qualnames (bool): record torchvision's node names (quadratic in the graph's size; needed
             to cut the graph at named nodes only).
         watch (dict[int, str], optional): ``{id(module): "forward" | "forward_pre"}``.
+        rules (RuleBook, optional): the rule book asked. Default: the global one.
     """
 
-    def __init__(self, num_axes: int = 2, qualnames: bool = False, watch: Mapping[int, str] | None = None) -> None:
+    def __init__(self, num_axes: int = 2, qualnames: bool = False, watch: Mapping[int, str] | None = None,
+                 rules: RuleBook | None = None) -> None:
         # every argument has a default: a pickled GraphModule re-traces its code with this class
+        self.rules = as_book(rules)
         leaves, functions = _timm_notrace()
-        mine = tuple(f for f in registered_functions() if f not in functions)
+        mine = tuple(f for f in self.rules.registered_functions() if f not in functions)
         super().__init__(autowrap_modules=(math,), autowrap_functions=functions + mine)
         self._timm_leaves, self._num_axes, self._qualnames = leaves, num_axes, qualnames
         self._watch = dict(watch or {})
@@ -116,13 +120,13 @@ class PathTracer(NodePathTracer):
         self._path: list[tuple[str, str]] = []
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, self._timm_leaves) or classify_module(m, self._num_axes)[0] != "refuse":
-            return not isinstance(m, nn.Sequential)
-        opened, ops_module = _torchvision_containers()
-        if isinstance(m, opened):
+        book = self.rules
+        if book.opens(m):
             return False
-        if type(m).__module__.startswith(ops_module):
+        if book.keeps_whole(m):
             return True
+        if isinstance(m, self._timm_leaves):
+            return not isinstance(m, nn.Sequential)
         return fx.Tracer.is_leaf_module(self, m, module_qualified_name)
 
     def _here(self) -> tuple[str, str]:
@@ -136,8 +140,9 @@ class PathTracer(NodePathTracer):
             raise UntraceableLayer(layer, layer_type, (
                 f"it calls a {type(m).__name__} that is not one of its registered submodules (built in "
                 "forward), which a traced graph cannot hold")) from None
-        if isinstance(m, _torchvision_containers()[0][-1]):  # StochasticDepth, whose function FX keeps whole
-            return args[0] if not m.training or m.p == 0.0 else _stochastic_depth(args[0], m.p, m.mode, self._num_axes)
+        substitute = self.rules.substitute_for(m)
+        if substitute is not None:  # traced as another function (StochasticDepth, whose function FX keeps whole)
+            return substitute(m, args[0], self._num_axes)
         kind = self._watch.get(id(m))
         if kind == "forward_pre" and args:
             self.seen[id(m)] = args[0]
@@ -168,7 +173,10 @@ class PathTracer(NodePathTracer):
     def trace(self, root: Any, concrete_args: Any = None) -> fx.Graph:  # noqa: D102
         self._path = []
         try:
-            with tracing_patches(root, self._num_axes):
+            with TRACE_LOCK, contextlib.ExitStack() as patches:
+                if isinstance(root, nn.Module):
+                    for patch in self.rules.patches_for(root, self._num_axes):
+                        patches.enter_context(patch)
                 return super().trace(root, concrete_args)
         except UntraceableLayer:
             raise
@@ -176,15 +184,29 @@ class PathTracer(NodePathTracer):
             raise UntraceableLayer("", type(root).__name__, f"{type(exc).__name__}: {exc}") from exc
 
 
-def _stochastic_depth(x: Any, p: float, mode: str, num_axes: int) -> Any:
-    """torchvision's ``stochastic_depth`` in training, written with operations the rule book knows:
-    one Bernoulli factor per item (``"row"``) or per batch (``"batch"``), the same on every cell."""
-    survival = 1.0 - p
-    size = [x.shape[0]] + [1] * (1 + num_axes) if mode == "row" else [1] * (2 + num_axes)
-    noise = torch.empty(size, dtype=x.dtype, device=x.device).bernoulli_(survival)
-    if survival > 0.0:
-        noise = noise.div_(survival)
-    return x * noise
+#: what torch.fx writes into a graph to check an argument traced at a fixed value
+_SPECIALIZED = {getattr(fx._symbolic_trace, "_assert_is_none", None), torch._assert, operator.eq}
+
+
+def _drop_specialized(graph: fx.Graph) -> None:
+    """Removes the inputs torch.fx adds for arguments traced at a fixed value (``concrete_args``)
+    and the checks it adds on them, so the graph takes the one input a call with one input gives."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for node in placeholders[1:]:
+        checks, stack = [], list(node.users)
+        while stack:
+            user = stack.pop()
+            checks.append(user)
+            stack.extend(user.users)
+        if not all(c.op == "call_function" and c.target in _SPECIALIZED for c in checks):
+            continue
+        remaining = set(checks)
+        while remaining:
+            done = [c for c in remaining if not c.users]
+            for check in done:
+                graph.erase_node(check)
+            remaining.difference_update(done)
+        graph.erase_node(node)
 
 
 def _failing_node(exc: BaseException) -> fx.Node | None:
@@ -199,9 +221,10 @@ def _failing_node(exc: BaseException) -> fx.Node | None:
     return found
 
 
-def make_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None, per_item: bool = False) -> Any:
-    """:func:`~vispos.invariance.rewrite._rewrite.make_padding_invariant` on ``gm`` (``inputs`` and
-    ``per_item`` as there),
+def make_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None, per_item: bool = False,
+                   rules: RuleBook | None = None) -> Any:
+    """:func:`~vispos.invariance.rewrite._rewrite.make_padding_invariant` on ``gm`` (``inputs``,
+    ``per_item`` and ``rules`` as there),
     with every failure a ``ValueError`` that names the layer: a refusal of the rule book as it is,
     an error from inside the rewrite (a value the rules cannot read) with the graph node it was
     rewriting.
@@ -210,17 +233,17 @@ def make_invariant(gm: fx.GraphModule, num_axes: int, inputs: Any = None, per_it
         ValueError: a layer that cannot be made exact (named).
     """
     try:
-        return make_padding_invariant(gm, num_axes=num_axes, inputs=inputs, per_item=per_item)
+        return make_padding_invariant(gm, num_axes=num_axes, inputs=inputs, per_item=per_item, rules=rules)
     except ValueError:
         raise
     except Exception as exc:
         node = _failing_node(exc)
         where = "a layer" if node is None else (
             f"{node.meta.get('vispos_layer') or type(gm).__name__} (graph node {node.name!r})")
+        who, advice = voice()
         raise ValueError(
-            f"padding_invariant=True cannot run {where} exactly on a padded batch: its arguments could not be "
-            f"read ({type(exc).__name__}: {exc}). Use padding_invariant=False (DETR's behaviour), or a backbone "
-            "without this layer"
+            f"{who} cannot run {where} exactly on a padded batch: its arguments could not be read "
+            f"({type(exc).__name__}: {exc}). {advice}"
         ) from exc
 
 
@@ -290,6 +313,7 @@ def trace_features(
     return_nodes: Mapping[str, str] | None = None,
     hooks: Sequence[HookFeature] | None = None,
     class_name: str | None = None,
+    rules: RuleBook | None = None,
 ) -> ModeGraphModule:
     """``module`` traced in training and in eval mode, as one :class:`ModeGraphModule` that shares
     ``module``'s submodules (parameters and buffers are the same objects) and keeps its modes.
@@ -303,6 +327,7 @@ def trace_features(
             input (``"forward_pre"``) the graphs return, as a list, in order (timm's
             ``FeatureHookNet``, see :func:`hooked_features`).
         class_name (str, optional): the name ``repr`` shows. Default: ``module``'s class name.
+        rules (RuleBook, optional): the rule book the tracer asks. Default: the global one.
 
     Returns:
         ModeGraphModule: its graphs return ``module``'s own outputs when neither ``return_nodes``
@@ -319,8 +344,11 @@ def trace_features(
     try:
         for mode in (True, False):
             module.train(mode)
-            tracer = PathTracer(num_axes, qualnames=return_nodes is not None, watch=watch)
-            graph = tracer.trace(module)
+            tracer = PathTracer(num_axes, qualnames=return_nodes is not None, watch=watch, rules=rules)
+            defaults = defaults_of(module)
+            graph = tracer.trace(module, defaults or None)
+            if defaults:
+                _drop_specialized(graph)
             gm = fx.GraphModule(tracer.root, graph, name)  # dead-code elimination asks modules
             if return_nodes is not None:
                 _cut_at_nodes(gm.graph, tracer.node_to_qualname, return_nodes, name)
