@@ -50,10 +50,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def registry():
-    """vispos.invariance's registered rules, restored after the test (a test may register its own)."""
-    from vispos.invariance import rules
+    """vispos.invariance's global rule book, restored after the test (a test may register its own
+    rules or tracing policy)."""
+    from vispos.invariance import default_rules
 
-    saved = dict(rules._book._RULES)
-    yield
-    rules._book._RULES.clear()
-    rules._book._RULES.update(saved)
+    saved = default_rules().copy()
+    yield default_rules()
+    default_rules().restore(saved)

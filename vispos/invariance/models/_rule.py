@@ -54,7 +54,7 @@ class WholeModelRule(InvarianceRule):
         """The model wrapped by the rule's builder (see the class docstring)."""
         return getattr(import_module(self.home), self.builder)(model, probe_size=probe_size)
 
-    def rewrite(self, step: RewriteStep, node: Any, module: nn.Module | None) -> None:
+    def apply(self, step: RewriteStep, node: Any, args: dict[str, Any]) -> None:
         step.refuse(node, "a whole detector or segmenter inside another network (call "
                           "vispos.make_padding_invariant on the model itself)")
 
