@@ -35,7 +35,7 @@ class Between(nn.Module):
         return self.c2(self.how(self.norm(self.c1(x))))
 
 
-def check(how, train: bool, n: int = 2, starts=((0, 0), (2, 3)), **kwargs) -> None:
+def check(how, train: bool, n: int = 2, starts=((2, 3),), **kwargs) -> None:
     """:func:`assert_alone_equals_in_batch` of :class:`Between` for every start: in eval beside a
     partner with batch norm, in training beside a partner with group norm."""
     body = Between(how, n, "group" if train else "batch", **kwargs)
@@ -90,3 +90,112 @@ def test_functional_pad_that_cannot_be_exact_is_refused_by_name(how, match):
 
     with pytest.raises(ValueError, match=match):
         _InvariantN(Between(Fn(how), out_channels=6 if "channel" in match else None), 2)
+
+
+# ------------------------------------------------------------ channel axis, element-wise
+def _cbam(x):
+    """CBAM's spatial attention: the channel mean and max (``torch.max(..., 1, keepdim=True)[0]``
+    and ``.values``) as a two-channel map."""
+    pair = torch.min(x, dim=1, keepdim=True)
+    return torch.cat([torch.mean(x, dim=1, keepdim=True), torch.max(x, 1, keepdim=True)[0], pair.values], dim=1)
+
+
+#: how: map -> map; each reads a cell's channels alone, or each item's own pooled value
+CHANNELS = {
+    "softmax_log_softmax": lambda x: F.softmax(x, 1) + torch.log_softmax(x, dim=1) + x.softmax(-3),
+    "argmax_argmin": lambda x: x * x.argmax(1, keepdim=True).to(x.dtype) + torch.argmin(x, 1, True).double(),
+    "sum_mean_amax_amin": lambda x: x * x.sum(1, keepdim=True) - torch.mean(x, dim=1, keepdim=True)
+    + x.amax(1, keepdim=True) * torch.amin(x, (1,), keepdim=True),
+    "comparisons": lambda x: x * (x > 0).to(x.dtype) + x * torch.le(x, 0.2).double() + x * x.ne(0).double()
+    + x * ((x >= -0.5) & (x < 0.5)).double(),
+    "masked_fill_where": lambda x: x.masked_fill(x > 0.5, 0.25) + torch.where(x > 0, x, 0.1 * x)
+    + x.where(x < 1, torch.zeros_like(x)),
+    "likes_clamp": lambda x: torch.ones_like(x) * x + torch.full_like(x, 2.0) + x.clamp(min=-0.5, max=0.7)
+    + torch.clamp_max(x, 0.3),
+    "senet_expand_as": lambda x: x * torch.sigmoid(x.mean((2, 3)).view(x.size()[0], x.size()[1], 1, 1)).expand_as(x),
+    "expand_to_sizes_read_from_the_map": lambda x: x * x.amax((2, 3), keepdim=True).expand(
+        x.size(0), -1, x.shape[2], x.size(3)),
+}
+
+
+@TRAIN
+@pytest.mark.parametrize("case", list(CHANNELS))
+def test_channel_axis_and_element_wise_operations_item_alone(case, train):
+    check(Fn(CHANNELS[case]), train)
+
+
+@TRAIN
+def test_cbam_channel_mean_and_max_item_alone(train):
+    """The channel mean, max and min (keepdim) of CBAM's spatial attention, then its 7x7 convolution."""
+    check(Fn(_cbam), train, out_channels=3)
+
+
+@pytest.mark.parametrize("how,match", [
+    (lambda x: x * x.sum(1)[:, None], "without keepdim=True"),
+    (lambda x: x * x.argmax(1)[:, None], "without keepdim=True"),
+    (lambda x: F.softmax(x, dim=2), "along dim=2"),
+    (lambda x: x * torch.max(x, 2, keepdim=True)[0], "along dim=2"),
+    (lambda x: x * x.mean((2,), keepdim=True), r"over dims \(2,\)"),
+    (lambda x: x * x.mean((2, 3), keepdim=True).expand(x.size(0), x.size(1), x.size(2), 5), "not one feature map's"),
+])
+def test_channel_operations_that_cannot_be_exact_are_refused_by_name(how, match):
+    from item_alone import _InvariantN
+
+    with pytest.raises(ValueError, match=match):
+        _InvariantN(Between(Fn(how)), 2)
+
+
+# ---------------------------------------------------------------------- per-item statistics
+STATISTICS = {
+    "std_var": lambda x: x * x.std((2, 3), keepdim=True) + torch.var(x, dim=(-2, -1), keepdim=True, correction=0),
+    "std_unbiased_positional": lambda x: x / (1 + x.std((2, 3), True, True)),
+    "amin": lambda x: x - torch.amin(x, (2, 3), keepdim=True) + x.amin((-1, -2), True),
+    "norms_p1_p2_pinf": lambda x: x / (1 + x.norm(p=1, dim=(2, 3), keepdim=True)) + x * torch.norm(
+        x, 2, (2, 3), True) + x * x.norm(float("inf"), (2, 3), keepdim=True),
+    "per_item_vector": lambda x: x * x.std((2, 3))[:, :, None, None],
+}
+
+
+@TRAIN
+@pytest.mark.parametrize("case", list(STATISTICS))
+def test_statistics_over_space_item_alone(case, train):
+    """Each item's statistics over its own cells (Bessel's correction from its own cell count)."""
+    check(Fn(STATISTICS[case]), train)
+
+
+@pytest.mark.parametrize("how,match", [
+    (lambda x: x * x.norm(p=3, dim=(2, 3), keepdim=True), "p=3"),
+    (lambda x: x * x.std((2, 3), keepdim=True, correction=x.shape[1]), "a constant number only"),
+    (lambda x: x * x.sum((2, 3), keepdim=True, dtype=torch.float32), "dtype=torch.float32"),
+])
+def test_statistics_that_cannot_be_exact_are_refused_by_name(how, match):
+    from item_alone import _InvariantN
+
+    with pytest.raises(ValueError, match=match):
+        _InvariantN(Between(Fn(how)), 2)
+
+
+class FunctionalInstanceNorm(nn.InstanceNorm2d):
+    """An instance norm that tracks running statistics, written with ``F.instance_norm``."""
+
+    def forward(self, x):
+        return F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training, 0.2,
+                               self.eps)
+
+
+@TRAIN
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+def test_instance_norm_tracking_running_statistics_item_alone(functional, train):
+    """In training each item's statistics over its own cells, and the running ones updated from
+    them as the item alone updates them (alone on a larger canvas); in eval the running statistics
+    (each cell alone), beside a partner."""
+    norm = (FunctionalInstanceNorm if functional else nn.InstanceNorm2d)(4, affine=True, track_running_stats=True)
+    body = Between(norm, 2, "group")
+    assert_alone_equals_in_batch(body, 2, (7, 9), (11, 12), (2, 3), train, partner=not train)
+
+
+@TRAIN
+def test_batch_norm_without_running_statistics_item_alone(train):
+    """The batch's statistics in eval too (over valid cells): alone on a larger canvas."""
+    body = Between(nn.BatchNorm2d(4, track_running_stats=False), 2, "group")
+    assert_alone_equals_in_batch(body, 2, (7, 9), (11, 12), (2, 3), train, partner=False)

@@ -101,17 +101,40 @@ def group_norm(x: Tensor, padding: Padding | None, num_groups: int, weight, bias
 
 
 @_graph_op
-def instance_norm_fn(x: Tensor, padding: Padding | None, weight, bias, eps: float) -> Tensor:
-    if padding is None:
-        return F.instance_norm(x, None, None, weight, bias, True, 0.0, eps)
+def instance_norm_fn(x: Tensor, padding: Padding | None, weight, bias, eps: float, running_mean=None,
+                     running_var=None, momentum: float = 0.1, use_input_stats: bool = True) -> Tensor:
+    """``F.instance_norm`` with each item's statistics over its own cells; the running statistics,
+    when given, updated as torch does (:func:`_track_instance_statistics`); with
+    ``use_input_stats=False`` the running statistics (each cell alone)."""
+    if padding is None or not use_input_stats:
+        return F.instance_norm(x, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+    if running_mean is not None:
+        _track_instance_statistics(x, padding, running_mean, running_var, momentum)
     return _norms.group_norm(x, padding, x.shape[1], weight, bias, eps)
+
+
+def _track_instance_statistics(x: Tensor, padding: Padding, running_mean: Tensor, running_var: Tensor,
+                               momentum: float | None) -> None:
+    """Instance norm's running statistics as ``F.instance_norm`` updates them in training: each
+    running value moves by ``momentum`` towards the batch's mean of the items' means and unbiased
+    variances (here over each item's own cells)."""
+    if not momentum:
+        return
+    with torch.no_grad():
+        dims = tuple(range(2, x.dim()))
+        mean = _pools.global_pool(x.detach(), padding, "mean", dims, False).mean(0)
+        var = _pools.global_pool(x.detach(), padding, "var:1", dims, False).mean(0)
+        running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+        running_var.mul_(1 - momentum).add_(var.to(running_var.dtype), alpha=momentum)
 
 
 @_graph_op
 def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padding: bool = False) -> Tensor:
     """A batch / group / instance norm module (timm's ``BatchNormAct2d`` / ``GroupNormAct`` with
-    their ``drop`` and ``act`` after) with statistics over valid cells; the module itself without
-    padding, or when it was swapped for a frozen batch norm after the graph was built. With
+    their ``drop`` and ``act`` after) with statistics over valid cells (a batch norm without running
+    statistics takes the batch's in eval too; an instance norm with them updates them in training,
+    and is cell-wise in eval); the module itself without padding, or when it was swapped for a
+    frozen batch norm after the graph was built. With
     ``zero_padding`` the output's padding holds zeros (the rewrite asks for it where a layer
     that reads neighbours follows, instead of a fill of its own)."""
     if padding is None:
@@ -119,11 +142,20 @@ def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padd
     if not isinstance(module, (_BatchNorm, nn.GroupNorm, _InstanceNorm)):
         y = module(x)
         return _pools.fill(y, padding, 0.0) if zero_padding else y
+    if isinstance(module, _InstanceNorm) and module.running_mean is not None and not module.training:
+        y = module(x)  # the running statistics: each cell alone
+        return _pools.fill(y, padding, 0.0) if zero_padding else y
     drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
     extras = isinstance(drop, nn.Module) or isinstance(act, nn.Module)
-    if isinstance(module, _BatchNorm):
+    if isinstance(module, _BatchNorm) and module.running_mean is None and not module.training:
+        # no running statistics: the batch's statistics in eval as in training (over valid cells)
+        y = _norms.batch_norm(x, padding, None, None, module.weight, module.bias, True, module.momentum, module.eps,
+                              None, zero_padding and not extras)
+    elif isinstance(module, _BatchNorm):
         y = _norms.batch_norm_module(x, padding, module, zero_padding and not extras)
     else:  # zeros in the padding already
+        if isinstance(module, _InstanceNorm) and module.running_mean is not None:
+            _track_instance_statistics(x, padding, module.running_mean, module.running_var, module.momentum)
         groups = module.num_groups if isinstance(module, nn.GroupNorm) else x.shape[1]
         y = _norms.group_norm(x, padding, groups, module.weight, module.bias, module.eps)
     if isinstance(drop, nn.Module):

@@ -111,6 +111,8 @@ class _Rewriter(RewriterBase):
         without feature maps, or a node on feature maps (by the rule book)."""
         inputs = node.all_input_nodes
         from_input = any(n in self.maps.from_input for n in inputs)
+        if self.pair_field(node):
+            return
         if from_input and self.reads_facts(node):
             return
         if any(n in self.maps.sizes for n in inputs):
@@ -135,10 +137,25 @@ class _Rewriter(RewriterBase):
             self.maps.from_input.add(node)
             self.track_writes(node)
 
+    def pair_field(self, node: fx.Node) -> bool:
+        """``torch.max(x, 1, keepdim=True).values`` / ``.indices``: one map of the pair a reduction
+        along the channels returns, on its cells (as ``[0]`` / ``[1]``). False for any other node."""
+        if node.op != "call_function" or node.target is not getattr or len(node.args) != 2:
+            return False
+        src, attr = node.args
+        pair = self.maps.geometry.get(src)
+        if not isinstance(pair, Split) or attr not in ("values", "indices"):
+            return False
+        self.maps.geometry[node] = pair.geometry_id
+        self.env[node] = self.copy(node)
+        self.maps.from_input.add(node)
+        return True
+
     def takes_sizes(self, node: fx.Node) -> bool:
-        """A call on one feature map whose rule reads a size read from a map itself
-        (``reads_sizes``: an interpolation to another map's size)."""
-        if node.op not in ("call_module", "call_function", "call_method") or len(self.spatial_args(node)) != 1:
+        """A call on one feature map (or on a value of each item's own) whose rule reads a size read
+        from a map itself (``reads_sizes``: an interpolation to another map's size, an expand over a
+        map's cells)."""
+        if node.op not in ("call_module", "call_function", "call_method") or len(self.spatial_args(node)) > 1:
             return False
         rule = self.rule_of(node)[0]
         return bool(getattr(rule, "reads_sizes", False))
@@ -170,7 +187,14 @@ class _Rewriter(RewriterBase):
             self.env[x], self.padding_of(geometry_in), self.padding_of(out), *args))
         self.maps.geometry[node] = out
 
-    # ------------------------------------------------------------- RewriteStep (for rules)
+    def broadcast(self, node: fx.Node, geometry_id: int) -> None:
+        """The node as it is: each item's own value (or a map of the same cells) spread over the
+        cells of map ``geometry_id``."""
+        for n in self.spatial_args(node):
+            self.geometry.require_equal(self.merge(node, [n]), geometry_id, self.where(node))
+        self.maps.geometry[node] = geometry_id
+        self.env[node] = self.copy(node)
+
     def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
         """Each output cell reads the same cell of its inputs: the node as it is."""
         spatial = self.spatial_args(node)

@@ -24,9 +24,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tokens import _swin, _swin_timm, _vit, _windowed
+from .. import models as _models
+from ..models import torchvision_segmentation as _segmentation
 from ._types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
-                          InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Permute, Reduction, Repeat,
-                          Split)
+                          InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Pad, Permute, Reduction, Repeat,
+                          Split, AlongChannels, Expand)
 from . import _monai
 from ..tracing import _policy
 from ._book import CellWise, Refuse, RuleBook, default_rules
@@ -78,6 +80,23 @@ _ROWS = (
     (GlobalPool("max"), (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d, F.adaptive_max_pool1d,
                          F.adaptive_max_pool2d, F.adaptive_max_pool3d)),
     (Interpolate(), (nn.Upsample, F.interpolate, F.upsample)),
+    (Pad(), (F.pad,)),
+    # channel-axis, element-wise and per-item statistics rows (each cell alone, or each item's cells)
+    (CellWise(), (
+        operator.gt, operator.lt, operator.ge, operator.le, operator.eq, operator.ne, operator.and_, operator.or_,
+        operator.invert, torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne, torch.greater, torch.less,
+        torch.greater_equal, torch.less_equal, torch.not_equal, torch.logical_and, torch.logical_or,
+        torch.logical_not, torch.masked_fill, torch.clamp_max, "gt", "lt", "ge", "le", "eq", "ne", "logical_and",
+        "logical_or", "logical_not", "where", "masked_fill_", "expand_as")),
+    (CellWise(fresh_output=True), (torch.zeros_like, torch.ones_like, torch.full_like)),
+    (CellWise(alias=True), ("bool", "long", "int")),
+    (AlongChannels(), (F.softmax, torch.softmax, "softmax", F.log_softmax, torch.log_softmax, "log_softmax")),
+    (AlongChannels(reduces=True), (torch.argmax, "argmax", torch.argmin, "argmin")),
+    (AlongChannels(reduces=True, pair=True), (torch.max, "max", torch.min, "min")),
+    (Reduction("min"), (torch.amin, "amin")),
+    (Reduction("var"), (torch.var, "var")),
+    (Reduction("std"), (torch.std, "std")),
+    (Expand(), ("expand",)),
     (Norm(), (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm, nn.InstanceNorm1d,
               nn.InstanceNorm2d, nn.InstanceNorm3d)),
     (Norm(activation=True), ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.GroupNormAct",
@@ -117,6 +136,8 @@ def register_builtins(book: RuleBook) -> None:
     for name, why in _swin.SWIN_REFUSALS.items():
         book.register(name, Refuse(why))
     for name, rule in (*_vit.TOKEN_RULES, *_swin_timm.TOKEN_RULES, *_windowed.TOKEN_RULES):
+        book.register(name, rule)
+    for name, rule in (*_models.WHOLE_MODEL_RULES, *_segmentation.SEGMENTATION_RULES):  # detectors, segmenters
         book.register(name, rule)
     _monai.register(book)
     _policy.register(book)

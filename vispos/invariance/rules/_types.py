@@ -36,9 +36,9 @@ from ..geometry._geometry import TransposedWindow, Window
 from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
-    "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "GetItem", "GlobalPool", "GroupNormFunction",
-    "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Pad", "Permute", "Reduction", "Repeat",
-    "Split",
+    "AlongChannels", "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "Expand", "GetItem", "GlobalPool",
+    "GroupNormFunction", "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Pad", "Permute",
+    "Reduction", "Repeat", "Split",
 ]
 
 
@@ -250,11 +250,27 @@ class GlobalPool(InvarianceRule):
         step.global_pool(node, self.mode)
 
 
+def _channels_only(dims: Any, layout: tuple[int, ...]) -> bool:
+    """Whether ``dims`` (an int or a sequence of ints) name the channels axis only, read through
+    ``layout`` (the channels-first axis of each tensor axis)."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims) if isinstance(dims, (tuple, list)) else None
+    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return False
+    return {layout[d % len(layout)] for d in dims} == {1}
+
+
+#: the p of a norm over space the rewrite takes over each item's cells, as its global-pool mode
+_NORMS = {1: "norm:1", 2: "norm", "fro": "norm", float("inf"): "norm:inf"}
+
+
 @dataclass(frozen=True)
 class Reduction(InvarianceRule):
-    """``torch.mean`` / ``sum`` / ``amax`` / ``norm`` and their methods over every spatial axis:
-    each item's own cells (``mode``: ``"mean"``, ``"sum"``, ``"max"``, ``"norm"``; a norm with
-    ``p=2`` only, no ``dtype``). Over some axes only: refused."""
+    """``torch.mean`` / ``sum`` / ``amax`` / ``amin`` / ``norm`` / ``var`` / ``std`` and their
+    methods. Over every spatial axis: each item's own cells (``mode``: ``"mean"``, ``"sum"``,
+    ``"max"``, ``"min"``, ``"norm"`` with ``p`` 1, 2 or inf, ``"var"`` / ``"std"`` with their
+    correction). Over the channels with ``keepdim=True`` (CBAM's channel mean, a segmentation
+    head's post-processing): cell-wise. Refused: a ``dtype``, another ``p``, some spatial axes only
+    or the channels without ``keepdim`` (the map would lose its channel axis), each by name."""
 
     mode: str
     kind = "reduction"
@@ -262,20 +278,87 @@ class Reduction(InvarianceRule):
 
     @property
     def signature(self):  # type: ignore[override]
-        return sig._sig_norm if self.mode == "norm" else sig._sig_reduce
+        return {"norm": sig._sig_norm, "var": sig._sig_var, "std": sig._sig_var}.get(self.mode, sig._sig_reduce)
 
-    def _plain(self, args: dict[str, Any]) -> bool:
-        return args.get("dtype") is None and ("p" not in args or args["p"] in (2, 2.0, "fro"))
+    def _pool_mode(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> str:
+        """The global-pool mode of this call (refused by name where no mode is exact)."""
+        if args.get("dtype") is not None:
+            step.refuse(node, f"a reduction with dtype={args['dtype']!r} (cast the map before it)")
+        if self.mode == "norm":
+            p = args.get("p")
+            try:
+                mode = None if isinstance(p, bool) else _NORMS.get(p)  # 1.0 and 1 are one key
+            except TypeError:  # an unhashable p
+                mode = None
+            if mode is None:
+                step.refuse(node, f"a norm with p={p!r} over space (p = 1, 2 or inf are taken over each item's "
+                                  "cells)")
+            return mode
+        if self.mode in ("var", "std"):
+            correction, unbiased = args.get("correction"), args.get("unbiased")
+            if correction is None:
+                correction = 0 if unbiased is False else 1
+            if not isinstance(correction, (int, float)) or isinstance(correction, bool):
+                step.refuse(node, f"{self.mode} with correction={correction!r} (a constant number only)")
+            return f"{self.mode}:{correction}"
+        return self.mode
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        if not _spatial_dims(args["dim"], 2 + step.num_axes) or not self._plain(args):
-            step.refuse(node, f"a reduction over dims {args['dim']!r} (only over every spatial axis)")
-        step.global_pool(node, self.mode, args["keepdim"])
+        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
 
     def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
-        if _spatial_dims(args["dim"], len(layout), layout) and self._plain(args):
-            return step.global_pool(node, self.mode, args["keepdim"])
-        super().on_permuted(step, node, args, layout)
+        dims = args["dim"]
+        if args.get("out") is not None:
+            step.refuse(node, f"a {self.mode} written into out= (use its result)")
+        if _channels_only(dims, layout):
+            if not args["keepdim"]:
+                step.refuse(node, f"a {self.mode} over the channels without keepdim=True (the map would lose its "
+                                  "channel axis; keep it, and squeeze it after the network)")
+            if args.get("dtype") is not None:
+                step.refuse(node, f"a reduction with dtype={args['dtype']!r} (cast the map before it)")
+            return step.cell_wise(node)
+        if not _spatial_dims(dims, len(layout), layout):
+            step.refuse(node, f"a {self.mode} over dims {dims!r} (only over every spatial axis, each item's own "
+                              "cells, or over the channels with keepdim=True)")
+        step.global_pool(node, self._pool_mode(step, node, args), args["keepdim"])
+
+
+@dataclass(frozen=True)
+class AlongChannels(InvarianceRule):
+    """An operation along one axis (``softmax``, ``log_softmax``; with ``reduces``: ``argmax``,
+    ``argmin``, and ``torch.max`` / ``min`` with a ``dim``, whose values and indices are a pair)
+    along the channels: each cell alone, cell-wise (every segmentation head's post-processing). A
+    reduction keeps its channel axis (``keepdim=True``). ``torch.max(a, b)`` of two maps is
+    cell-wise. Refused: along a spatial axis, or over every element.
+
+    Args:
+        reduces (bool): it removes the axis unless ``keepdim``.
+        pair (bool): it returns ``(values, indices)`` (``torch.max`` / ``min`` with a ``dim``).
+    """
+
+    reduces: bool = False
+    pair: bool = False
+    kind = "along_channels"
+
+    @property
+    def signature(self):  # type: ignore[override]
+        return sig._sig_argmax if self.reduces else sig._sig_softmax
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        dim = args.get("dim")
+        if self.pair and isinstance(dim, fx.Node):  # torch.max(a, b): element-wise
+            return step.cell_wise(node)
+        if not _channels_only(dim, layout):
+            step.refuse(node, f"it runs along dim={dim!r} (only along the channels is each cell alone)")
+        if self.reduces and not args.get("keepdim"):
+            step.refuse(node, "it reduces the channels without keepdim=True (the map would lose its channel axis; "
+                              "keep it, and squeeze it after the network)")
+        if self.pair:
+            return step.split(node)
+        step.cell_wise(node)
 
 
 @dataclass(frozen=True)
@@ -297,9 +380,6 @@ class Norm(InvarianceRule):
         return not self.activation
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        module = args["module"]
-        if getattr(module, "track_running_stats", False) and isinstance(module, nn.modules.instancenorm._InstanceNorm):
-            step.refuse(node, "track_running_stats=True (running statistics of instance norm)")
         step.norm(node)
 
 
@@ -332,19 +412,17 @@ class GroupNormFunction(InvarianceRule):
 
 @dataclass(frozen=True)
 class InstanceNormFunction(InvarianceRule):
-    """``F.instance_norm``: each item's statistics over its own cells; with the running statistics
-    (``use_input_stats=False``) cell-wise; tracking running statistics refused."""
+    """``F.instance_norm``: each item's statistics over its own cells (running statistics, when
+    given, updated from them as torch does); with the running statistics (``use_input_stats=False``)
+    each cell alone."""
 
     kind = "instance_norm"
     reads_one_map = True
     signature = staticmethod(sig._sig_instance_norm)
 
     def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        if not args["use_input_stats"]:
-            return step.cell_wise(node)
-        if args["running_mean"] is not None:
-            step.refuse(node, "instance norm that tracks running statistics")
-        step.with_padding(node, ops.instance_norm_fn, args["weight"], args["bias"], args["eps"])
+        step.with_padding(node, ops.instance_norm_fn, args["weight"], args["bias"], args["eps"], args["running_mean"],
+                          args["running_var"], args["momentum"], args["use_input_stats"])
 
 
 # ----------------------------------------------------------------- moves and channels
@@ -401,6 +479,33 @@ class Repeat(InvarianceRule):
             step.refuse(node, f"repeats {tuple(repeats)!r} copy the map along {where} (only a repeat over the "
                               "channels, 1 on every other axis, is cell-wise)")
         step.cell_wise(node)
+
+
+@dataclass(frozen=True)
+class Expand(InvarianceRule):
+    """``y.expand(b, c, h, w)`` of each item's own value (a pooled ``[B, C, 1, 1]``, SENet's and
+    ECA's gate) over the cells of a feature map whose sizes ``h, w`` are read from it
+    (``x.size(2)``, ``x.shape[3]``): the value on every cell of that map, as alone. With ``-1`` on
+    every spatial axis: cell-wise. Refused: spatial sizes that are not one map's own."""
+
+    kind = "expand"
+    reads_sizes = True  # its sizes are read from a feature map
+    signature = staticmethod(sig._sig_expand)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        sizes = tuple(args.get("sizes") or ())
+        if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+            sizes = tuple(sizes[0])
+        n = step.num_axes
+        if len(sizes) != 2 + n:
+            step.refuse(node, f"it expands to {len(sizes)} axes, not a feature map's {2 + n}")
+        if all(isinstance(v, int) and v == -1 for v in sizes[2:]):
+            return step.cell_wise(node)
+        target = step.size_source(sizes[2:])
+        if target is None:
+            step.refuse(node, f"it expands to spatial sizes {sizes[2:]!r}, not one feature map's own (use "
+                              "y.expand_as(x), or x.size(2), x.size(3), ... of that map)")
+        step.broadcast(node, target)
 
 
 @dataclass(frozen=True)
