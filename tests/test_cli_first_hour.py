@@ -62,6 +62,23 @@ def test_progress_shows_only_when_work_is_long():
         StageProgress([], "x")
 
 
+def test_progress_goes_to_a_terminal_only(monkeypatch):
+    """On stderr the bar is drawn only when stderr is a terminal: redrawn in place, it would be
+    noise in a log or a pipe."""
+    from vispos.app._progress import StageProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, shown in ((io.StringIO(), False), (Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        with StageProgress(["backbone"], "vispos run", delay=0.0, interval=0.02) as progress:
+            with progress.stage("backbone"):
+                time.sleep(0.05)
+        assert ("vispos run: now backbone" in stream.getvalue()) is shown
+
+
 def test_model_names_are_the_libraries_own_lists():
     """The torch-free read of timm's and torchvision's registered names equals their
     ``list_models()``: the suggestion for ``--backbone resnet_18`` comes before torch is imported."""

@@ -21,6 +21,13 @@ __all__ = ["DELAY_S", "StageProgress"]
 DELAY_S = 2.0
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
+
+
 class StageProgress:
     """Progress through named stages, e.g. ``with progress.stage("backbone"): ...``.
 
@@ -29,7 +36,8 @@ class StageProgress:
         desc (str): the bar's label, e.g. ``"vispos run"``.
         delay (float): seconds before anything is shown (:data:`DELAY_S`).
         interval (float): seconds between refreshes while a stage runs.
-        file (text stream, optional): where the bar goes (default: ``sys.stderr``).
+        file (text stream, optional): where the bar goes; default ``sys.stderr``, and only when it
+            is a terminal (a bar redrawn in place is noise in a log or a pipe).
 
     Raises:
         ValueError: no stage, a delay or interval below 0.
@@ -43,6 +51,7 @@ class StageProgress:
             raise ValueError(f"delay must be >= 0 and interval > 0, got delay={delay}, interval={interval}")
         self.stages, self.desc, self.delay, self.interval = list(stages), desc, delay, interval
         self.file = file
+        self.enabled = file is not None or _is_terminal(sys.stderr)
         self._bar: Any = None
         self._start = time.perf_counter()
         self._done = 0
@@ -51,7 +60,7 @@ class StageProgress:
     def _show(self, name: str) -> None:
         """Draws the bar (made on the first call after the delay) at the current stage."""
         with self._lock:
-            if time.perf_counter() - self._start < self.delay:
+            if not self.enabled or time.perf_counter() - self._start < self.delay:
                 return
             label = f"{self.desc}: now {name}"
             if self._bar is None:
@@ -75,6 +84,10 @@ class StageProgress:
                 self._show(name)
 
         self._show(name)
+        if not self.enabled:
+            yield
+            self._done += 1
+            return
         ticker = threading.Thread(target=tick, name="vispos-progress", daemon=True)
         ticker.start()
         try:

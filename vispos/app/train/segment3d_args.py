@@ -56,7 +56,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="MONAI SegResNet, DynUNet, or UNETR (vispos.monai.AnySizeUNETR; --pipeline invariant only)")
     g.add_argument("--unetr-pos", choices=UNETR_POS, default="learned",
                    help="--network unetr: its learned position table resampled per item, or MONAI's sin-cos")
-    g.add_argument("--steps", type=pos1, default=250, help="optimiser steps")
+    g.add_argument("--steps", type=pos1, default=250, help="optimiser steps (default %(default)s)")
     g.add_argument("--out", default="runs/segment3d",
                    help="output root: OUT/<pipeline>/<network>/seed<S>/ (metrics.json, prediction.pt, "
                         "checkpoint.pt); --report and --figure read every run under it")
@@ -65,8 +65,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     add_threads_argument(g, machine_default=False)
     g.add_argument("--workers", type=pos0, default=0, help="DataLoader worker processes")
     g.add_argument("--tiny", action="store_true",
-                   help="a quick run (6 steps, 16-24 voxel volumes, 4 held-out); shows that the run goes end to "
-                        "end, not accuracy (explicit flags win)")
+                   help=f"a quick run ({TINY_SEGMENT['steps']} steps, {TINY_SEGMENT['sizes'][0]}-"
+                        f"{TINY_SEGMENT['sizes'][1]} voxel volumes, {TINY_SEGMENT['eval_images']} held-out); shows "
+                        "that the run goes end to end, not accuracy (explicit flags win)")
     g.add_argument("--force", action="store_true",
                    help="replace a finished run of the same pipeline, network and seed under OUT (without it, such "
                         "a run is never overwritten: give another --out, or --resume an unfinished run)")
