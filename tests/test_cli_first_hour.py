@@ -103,6 +103,10 @@ def test_model_names_are_the_libraries_own_lists():
     (["demo", "--samples", "camra"], "vispos demo: error: --samples: unknown scikit-image sample 'camra'; did you "
                                      "mean 'camera'?"),
     (["config", "show", "detr_resnet19"], "vispos config: error: config file 'detr_resnet19' does not exist"),
+    (["train", "--pos", "sin"], "vispos train: error: argument --pos: invalid choice: 'sin' (choose from 'none', "
+                                "'grid', 'sine'); did you mean 'sine'?"),
+    (["trian"], "vispos: error: argument command: invalid choice: 'trian' (choose from 'demo', 'run', 'plot', "
+                "'config', 'train'); did you mean 'train'?"),
     (["run", "--images", "a.png", "--config", "{bad}"], "vispos run: error: --config {bad}: backbone model_name: "
                                                         "'resnet_50' is not a timm model name; did you mean 'resnet50'"),
 ])

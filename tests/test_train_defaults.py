@@ -130,14 +130,26 @@ def test_a_finished_run_is_refused_before_any_work(tmp_path, capsys, argv, run):
     out = tmp_path / "out"
     before = _finished(out / run, "checkpoint.pt")
     (out / "ablation.md").write_text("table")
-    with pytest.raises(SystemExit) as info:
-        main(["train", *argv, "--out", str(out)])
-    assert info.value.code == 2
+    assert main(["train", *argv, "--out", str(out)]) == 2  # before torch is imported (CLI's own check)
     err = capsys.readouterr().err
     assert err == (f"vispos train: error: argument --out: {out / run}/ (metrics.json, checkpoint.pt) holds a finished "
                    "run, never replaced unless asked: give another --out, or --force to replace it\n")
     assert {p.name: p.read_bytes() for p in (out / run).iterdir()} == before
     assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["ablation.md", "checkpoint.pt", "metrics.json"]
+    with pytest.raises(SystemExit) as info:  # the training core's check: the demos' entry points
+        if argv[-1] == "segment":
+            from vispos.app.train.segment3d import run as run_segment
+
+            run_segment([*argv, "--out", str(out)])
+        else:
+            from vispos.app.train.cli import parse_args
+
+            if "--volume" in argv:
+                from vispos.app.train.task3d import TASK
+            else:
+                from vispos.app.train.task2d import TASK
+            parse_args(TASK, [a for a in argv if a != "--volume"] + ["--out", str(out)])
+    assert info.value.code == 2 and "holds a finished run" in capsys.readouterr().err
 
 
 def test_force_and_resume_of_that_run_pass_and_other_arms_join(tmp_path):
