@@ -262,9 +262,11 @@ class _Rewriter(RewriterBase):
         self.with_padding(node, ops.norm_module, self.module_ref(node))
 
     def padding_aware(self, node: fx.Node) -> None:
-        rule = self.rule_of(node)[0]
-        fn = () if self.rules is default_rules() else (rule.fn,)  # the global book's is looked up when run
-        self.with_padding(node, ops.call_with_padding, self.module_ref(node), *fn)
+        if self.rules is default_rules():  # the global book's function is looked up when the graph runs
+            return self.with_padding(node, ops.call_with_padding, self.module_ref(node))
+        name = f"_vispos_padding_aware_{node.name}"  # a book of the caller's: its function, held by the module
+        setattr(self.gm, name, self.rule_of(node)[0].fn)
+        self.with_padding(node, ops.call_with_padding, self.module_ref(node), self.new.get_attr(name))
 
     def module_ref(self, node: fx.Node) -> fx.Node:
         """A node that reads the module ``node`` calls (for a function given to :meth:`with_padding`)."""

@@ -141,8 +141,9 @@ def register_builtins(book: RuleBook) -> None:
         book.register(name, rule)
     _monai.register(book)
     _policy.register(book)
+    sized = SumOverCanvas()
     for key in (operator.truediv, torch.div, torch.true_divide, "div", "true_divide"):
-        book.register_sized(key, SumOverCanvas())
+        book.register_sized(key, sized)
 
 
 register_builtins(default_rules())
