@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import _triton
 from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
-from ._sizes import SPLIT_BLOCK, cdiv, flat, mask_rows, split, tiles, warps
+from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, plan, split, tiles, warps
 
 __all__ = ["batch_norm_forward", "batch_norm_backward"]
 
@@ -215,6 +215,21 @@ def _bn_grad_apply(dy_ptr, x_ptr, mask_ptr, mean_ptr, invstd_ptr, w_ptr, part_pt
                  g.to(gx_ptr.dtype.element_ty), mask=cmask[:, None] & inb[None, :])
 
 
+def _sizes(x, m, out):
+    """A launch's sizes for ``x`` (Tensor[B, C, *S]), its mask ``m`` (Tensor[B, 1, *S]) and the map
+    ``out`` it writes (None: none): cells per item, the three maps' (batch, channel, cell) strides,
+    the tile, the channel blocks, the cells of the batch, the chunks and the warps."""
+    c = x.shape[1]
+    _, cells, x_strides = flat(x)
+    out_strides = (0, 0, 0) if out is None else flat(out)[2]
+    block_c, block_n = tiles(x, c)
+    cblocks = cdiv(c, block_c)
+    ns = x.shape[0] * cells
+    nsplit, chunk = split(cblocks, ns, block_n)
+    return (cells, x_strides, out_strides, flat(m)[2], block_c, block_n, cblocks, ns, nsplit, chunk,
+            warps(block_c, block_n))
+
+
 def batch_norm_forward(y, x, weight, bias, mask, scalars, momentum, running_mean, running_var, num_batches_tracked,
                        zero_padding):
     """The Triton batch norm over valid cells (reference: :func:`._norm_reference.batch_norm_forward`
@@ -234,22 +249,16 @@ def batch_norm_forward(y, x, weight, bias, mask, scalars, momentum, running_mean
     Returns:
         ``(mean, invstd)`` (Tensor[C]) in the statistics' dtype.
     """
-    batch, c = x.shape[:2]
-    xf, cells, (sxb, sxc, sxs) = flat(x)
-    yf, _, (syb, syc, sys_) = flat(y)
-    assert yf is y, "the output's spatial axes flatten"
-    m, smb, sms = mask_rows(mask, batch, cells)
-    block_c, block_n = tiles(xf, c)
-    cblocks = cdiv(c, block_c)
-    ns = batch * cells
-    nsplit, chunk = split(cblocks, ns, block_n)
+    x, m = flat_or_copy(x), flat_or_copy(mask)
+    cells, (sxb, sxc, sxs), (syb, syc, sys_), (smb, _, sms), block_c, block_n, cblocks, ns, nsplit, chunk, \
+        num_warps = plan(("bn", x.shape, x.stride(), y.stride(), m.stride()), lambda: _sizes(x, m, y))
     stat = stat_type(x.dtype)
-    part = torch.empty(4 * c * nsplit, dtype=scalars.dtype, device=x.device)
-    mean = torch.empty(c, dtype=scalars.dtype, device=x.device)
-    invstd = torch.empty(c, dtype=scalars.dtype, device=x.device)
+    part = torch.empty(4 * x.shape[1] * nsplit, dtype=scalars.dtype, device=x.device)
+    mean = torch.empty(x.shape[1], dtype=scalars.dtype, device=x.device)
+    invstd = torch.empty(x.shape[1], dtype=scalars.dtype, device=x.device)
     update = running_mean is not None and running_var is not None
     bump = update and num_batches_tracked is not None
-    num_warps = warps(block_c, block_n)
+    c, xf = x.shape[1], x
     _bn_stats[(cblocks, nsplit)](
         xf, m, part, num_batches_tracked if bump else part, c, ns, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
         BUMP=bump, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)
@@ -273,26 +282,19 @@ def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, nee
     Returns:
         ``(grad_weight, grad_bias)`` (Tensor[C] in ``param_dtype``), None where not needed.
     """
-    batch, c = x.shape[:2]
-    xf, cells, (sxb, sxc, sxs) = flat(x)
-    df, _, (sdb, sdc, sds) = flat(dy)
-    m, smb, sms = mask_rows(mask, batch, cells)
-    block_c, block_n = tiles(xf, c)
-    cblocks = cdiv(c, block_c)
-    ns = batch * cells
-    nsplit, chunk = split(cblocks, ns, block_n)
+    x, dy, m = flat_or_copy(x), flat_or_copy(dy), flat_or_copy(mask)
+    key = ("bn_backward", x.shape, x.stride(), dy.stride(), None if gx is None else gx.stride(), m.stride())
+    cells, (sxb, sxc, sxs), (sgb, sgc, sgs), (smb, _, sms), block_c, block_n, cblocks, ns, nsplit, chunk, \
+        num_warps = plan(key, lambda: _sizes(x, m, gx))
+    _, (sdb, sdc, sds) = plan(("strides", dy.shape, dy.stride()), lambda: flat(dy)[1:])
+    c, xf, df = x.shape[1], x, dy
     all_dy = need_bias and not zero_padding
     part = torch.empty(4 * c * nsplit, dtype=mean.dtype, device=x.device)
     need_x = gx is not None
-    if need_x:
-        gf, _, (sgb, sgc, sgs) = flat(gx)
-        assert gf is gx, "the gradient's spatial axes flatten"
-    else:
-        gf, (sgb, sgc, sgs) = part, (0, 0, 0)
+    gf = gx if need_x else part
     gw = torch.empty(c, dtype=param_dtype, device=x.device) if need_weight else None
     gb = torch.empty(c, dtype=param_dtype, device=x.device) if need_bias else None
     stat = stat_type(x.dtype)
-    num_warps = warps(block_c, block_n)
     _bn_grad_sums[(cblocks, nsplit)](
         df, xf, m, mean, part, c, ns, cells, chunk, nsplit, sdb, sdc, sds, sxb, sxc, sxs, smb, sms,
         ALL_DY=all_dy, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from . import _triton
 from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
-from ._sizes import SPLIT_BLOCK, cdiv, flat, mask_rows, split, tiles, warps
+from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, plan, split, tiles, warps
 
 __all__ = ["group_norm_forward", "group_norm_backward"]
 
@@ -216,6 +216,23 @@ def _gn_grad_apply(dy_ptr, x_ptr, mask_ptr, w_ptr, mean_ptr, rstd_ptr, partg_ptr
                 tl.store(gb_ptr + ch, gb.to(gb_ptr.dtype.element_ty), mask=cmask)
 
 
+def _sizes(x, m, out, num_groups):
+    """A launch's sizes for ``x`` (Tensor[B, C, *S]), its mask ``m`` (Tensor[B, 1, *S]), the map
+    ``out`` it writes (None: none) and ``num_groups``: cells per item, the three maps' strides, the
+    group size and rows (items x groups), the statistics kernels' tile and chunks, the apply
+    kernels' tile."""
+    batch, c = x.shape[:2]
+    _, cells, x_strides = flat(x)
+    out_strides = (0, 0, 0) if out is None else flat(out)[2]
+    size = c // num_groups
+    rows = batch * num_groups
+    group_c, block_n = tiles(x, size)
+    nsplit, chunk = split(rows, cells, block_n)
+    block_c, block_n2 = tiles(x, c)
+    return (cells, x_strides, out_strides, flat(m)[2], size, rows, group_c, block_n, nsplit, chunk, block_c,
+            block_n2)
+
+
 def group_norm_forward(y, x, weight, bias, mask, num_groups, scalars):
     """The Triton group norm over each item's valid cells (reference:
     :func:`._norm_reference.group_norm_forward`): two launches, ``_gn_stats`` then ``_gn_apply``.
@@ -229,22 +246,19 @@ def group_norm_forward(y, x, weight, bias, mask, num_groups, scalars):
     Returns:
         ``(mean, rstd)`` (Tensor[B, G]) in the statistics' dtype.
     """
+    x, m = flat_or_copy(x), flat_or_copy(mask)
     batch, c = x.shape[:2]
-    xf, cells, (sxb, sxc, sxs) = flat(x)
-    yf, _, (syb, syc, sys_) = flat(y)
-    assert yf is y, "the output's spatial axes flatten"
-    m, smb, sms = mask_rows(mask, batch, cells)
+    cells, (sxb, sxc, sxs), (syb, syc, sys_), (smb, _, sms), size, rows, group_c, block_n, nsplit, chunk, \
+        block_c, block_n2 = plan(("gn", x.shape, x.stride(), y.stride(), m.stride(), num_groups),
+                                 lambda: _sizes(x, m, y, num_groups))
     stat, dtype = stat_type(x.dtype), scalars.dtype
-    size = c // num_groups
-    rows = batch * num_groups
-    group_c, block_n = tiles(xf, size)
-    nsplit, chunk = split(rows, cells, block_n)
+    xf = x
     part = torch.empty(4 * rows * nsplit, dtype=dtype, device=x.device)
     mean = torch.empty(batch, num_groups, dtype=dtype, device=x.device)
     rstd = torch.empty(batch, num_groups, dtype=dtype, device=x.device)
     _gn_stats[(rows, nsplit)](xf, m, part, rows, num_groups, size, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
                               STAT=stat, BLOCK_C=group_c, BLOCK_N=block_n, num_warps=warps(group_c, block_n))
-    block_c, block_n = tiles(xf, c)
+    block_n = block_n2
     _gn_apply[(cdiv(cells, block_n), cdiv(c, block_c), batch)](
         xf, y, m, part, part if weight is None else weight, part if bias is None else bias, mean, rstd, scalars,
         rows, c, num_groups, size, cells, nsplit, sxb, sxc, sxs, syb, syc, sys_, smb, sms,
@@ -262,30 +276,25 @@ def group_norm_backward(gx, dy, x, mask, weight, mean, rstd, num_groups, need_we
     Returns:
         ``(grad_weight, grad_bias)`` (Tensor[C] in ``param_dtype``), None where not needed.
     """
+    x, dy, m = flat_or_copy(x), flat_or_copy(dy), flat_or_copy(mask)
     batch, c = x.shape[:2]
-    xf, cells, (sxb, sxc, sxs) = flat(x)
-    df, _, (sdb, sdc, sds) = flat(dy)
-    m, smb, sms = mask_rows(mask, batch, cells)
+    key = ("gn_backward", x.shape, x.stride(), None if gx is None else gx.stride(), m.stride(), num_groups)
+    cells, (sxb, sxc, sxs), (sgb, sgc, sgs), (smb, _, sms), size, rows, group_c, block_n, nsplit, chunk, \
+        block_c, block_n2 = plan(key, lambda: _sizes(x, m, gx, num_groups))
+    _, (sdb, sdc, sds) = plan(("strides", dy.shape, dy.stride()), lambda: flat(dy)[1:])
     stat, dtype = stat_type(x.dtype), mean.dtype
-    size = c // num_groups
-    rows = batch * num_groups
-    group_c, block_n = tiles(xf, size)
-    nsplit, chunk = split(rows, cells, block_n)
+    xf, df = x, dy
     partg = torch.empty(3 * rows * nsplit, dtype=dtype, device=x.device)
     partc = torch.empty(2 * batch * c * nsplit, dtype=dtype, device=x.device)
     need_x = gx is not None
-    if need_x:
-        gf, _, (sgb, sgc, sgs) = flat(gx)
-        assert gf is gx, "the gradient's spatial axes flatten"
-    else:
-        gf, (sgb, sgc, sgs) = partg, (0, 0, 0)
+    gf = gx if need_x else partg
     gw = torch.empty(c, dtype=param_dtype, device=x.device) if need_weight else None
     gb = torch.empty(c, dtype=param_dtype, device=x.device) if need_bias else None
     w = partg if weight is None else weight
     _gn_grad_sums[(rows, nsplit)](df, xf, m, w, mean, partg, partc, rows, batch, c, num_groups, size, cells, chunk,
                                   nsplit, sdb, sdc, sds, sxb, sxc, sxs, smb, sms, HAS_W=weight is not None,
                                   STAT=stat, BLOCK_C=group_c, BLOCK_N=block_n, num_warps=warps(group_c, block_n))
-    block_c, block_n = tiles(xf, c)
+    block_n = block_n2
     grid = (cdiv(cells, block_n), cdiv(c, block_c), batch) if need_x else (1, cdiv(c, block_c), 1)
     _gn_grad_apply[grid](
         df, xf, m, w, mean, rstd, partg, partc, gf, partg if gw is None else gw, partg if gb is None else gb,

@@ -20,10 +20,15 @@ References:
 """
 
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
-__all__ = ["p2", "cdiv", "flat", "tiles", "warps", "split", "mask_rows", "out_like", "SPLIT_BLOCK"]
+__all__ = ["p2", "cdiv", "flat", "tiles", "warps", "split", "out_like", "plan", "flat_or_copy",
+           "SPLIT_BLOCK"]
 
 #: cells per block along the flattened spatial axis, and channels per block in channels last;
 #: tests lower them to run several chunks and blocks on tiny maps
@@ -92,13 +97,6 @@ def warps(block_c: int, block_n: int) -> int:
     return 4 if size <= 2048 else 8 if size <= 8192 else 16
 
 
-def mask_rows(mask: torch.Tensor, batch: int, cells: int) -> tuple[torch.Tensor, int, int]:
-    """The padding mask ``Tensor[B, 1, *S]`` (bool, True = padding) as ``Tensor[B, S]`` (a view
-    where it can be) and its two strides."""
-    rows = mask.reshape(batch, cells)
-    return rows, rows.stride(0), rows.stride(1)
-
-
 def out_like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised map like ``x`` (Tensor[B, C, *S]) whose spatial axes flatten to one stride:
     ``x``'s own strides with one spatial axis, channels last where ``x`` is, else contiguous. The
@@ -109,3 +107,31 @@ def out_like(x: torch.Tensor) -> torch.Tensor:
     if fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt):
         return torch.empty_like(x, memory_format=fmt)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+_PLANS: OrderedDict = OrderedDict()
+_PLANS_MAX = 4096
+_PLANS_LOCK = threading.Lock()
+
+
+def plan(key: Hashable, build: Callable[[], Any]) -> Any:
+    """A launch's sizes computed once per ``key`` (the shapes, strides, dtypes and options they
+    depend on): ``build()`` on the first call, the cached value after. The cache is bounded (least
+    recently used entries go first) and thread-safe; the tile constants are part of the key, so a
+    test that lowers them gets fresh sizes."""
+    key = (key, BLOCK_CELLS, BLOCK_CHANNELS_LAST, TARGET_PROGRAMS, MIN_CHUNK_BLOCKS, MAX_SPLIT)
+    found = _PLANS.get(key)  # a dict read is atomic: no lock on the hot path
+    if found is not None:
+        return found
+    value = build()
+    with _PLANS_LOCK:
+        _PLANS[key] = value
+        while len(_PLANS) > _PLANS_MAX:
+            _PLANS.popitem(last=False)
+    return value
+
+
+def flat_or_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` when its spatial axes flatten to one stride (:func:`flat`), else a contiguous copy;
+    the answer is cached per shape and strides."""
+    return t if plan(("flattens", t.shape, t.stride()), lambda: flat(t)[0] is t) else t.contiguous()

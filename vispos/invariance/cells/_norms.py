@@ -23,6 +23,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -34,7 +35,7 @@ from ...ops._norm_reference import update_running_stats
 from ...ops.batch_norm import batch_norm as masked_batch_norm
 from ...ops.group_norm import group_norm as masked_group_norm
 from ...padding import Padding
-from ._pools import fill, valid_total
+from ._pools import fill
 
 __all__ = ["update_running_stats", "check_sync_batch_norm", "batch_norm", "batch_norm_module", "group_norm"]
 
@@ -51,6 +52,20 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
             "use BatchNorm2d per process (the statistics of each process's valid cells) or frozen "
             "batch norm instead of SyncBatchNorm"
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _boxes_total(starts: tuple, stops: tuple) -> int:
+    """The number of valid cells of boxes ``starts`` / ``stops`` (at least 1), once per batch's boxes
+    (every batch norm of a network asks for the same)."""
+    return max(sum(math.prod(e - s for s, e in zip(a, b)) for a, b in zip(starts, stops)), 1)
+
+
+def _host_total(padding: Padding) -> int:
+    """The number of valid cells of a padding without an arbitrary mask, from its host facts."""
+    if padding.kind == "none":
+        return max(padding.batch * math.prod(padding.spatial), 1)
+    return _boxes_total(padding.starts, padding.stops)
 
 
 def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> Tensor:
@@ -117,9 +132,9 @@ def batch_norm(
             return y
         return fill(y, padding, 0.0) if isinstance(padding, Padding) else y.masked_fill(padding, 0.0)
     mask = _mask_of(x, padding, "batch norm")
-    # the count from the boxes on the host (valid_total reads no map for them); an arbitrary mask's
+    # the count from the boxes on the host (no map read for them); an arbitrary mask's
     # is counted on the device (0)
-    n = valid_total(padding, None) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
+    n = _host_total(padding) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
     if not training:  # batch statistics without running ones: nothing to update
         running_mean = running_var = num_batches_tracked = None
     return masked_batch_norm(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
