@@ -94,11 +94,26 @@ class ModelState:
         self.hooks = [_hooks_state(m) for _, m in self.modules]  # aligned with modules (ids change in a copy)
         self.global_hooks = _global_state()
         self.mode_modules = [(p, model.get_submodule(p)) for p in mode_paths]
+        self._index()
+
+    def _index(self) -> None:
+        """The fast views :meth:`changed` reads: each parent's children as they were, the hook
+        tables of the modules that had no hook (all empty then), the modules that had one."""
+        parents: dict[int, tuple[dict, list]] = {}
+        for table, _, child, _ in self.links:
+            parents.setdefault(id(table), (table, []))[1].append(child)
+        self._children = [(table, tuple(children)) for table, children in parents.values()]
+        self._empty = [getattr(m, t) for (_, m), h in zip(self.modules, self.hooks) if h is None for t in _HOOK_TABLES]
+        self._hooked = [(p, m, h) for (p, m), h in zip(self.modules, self.hooks) if h is not None]
 
     def also_follow(self, holder: nn.Module) -> None:
         """Also checks ``holder``'s own children (a wrapper that holds the model's children under
         the same names): each must stay the module it holds now."""
         self.links.extend((holder._modules, name, child, name) for name, child in holder._modules.items())
+        self._index()
+
+    def _replaced(self) -> str:
+        return _replaced_message(self.links)
 
     def changed(self, training: bool) -> str | None:
         """What changed since the model was wrapped, in words naming the module; None if nothing.
@@ -106,16 +121,10 @@ class ModelState:
         Args:
             training (bool): the mode the wrapper runs in (its graph's mode).
         """
-        for table, name, child, path in self.links:
-            now = table.get(name, _MISSING)
-            if now is not child:
-                if now is _MISSING:
-                    return f"its submodule {path} ({type(child).__name__}) was removed"
-                return (f"its submodule {path} was replaced (a {type(now).__name__} where it was wrapped with a "
-                        f"{type(child).__name__})")
-        for (path, module), before in zip(self.modules, self.hooks):
-            if (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                    or module._backward_pre_hooks or before is not None):
+        if any(tuple(table.values()) != children for table, children in self._children):
+            return self._replaced()
+        if any(self._empty) or any(_hooks_state(m) != h for _, m, h in self._hooked):
+            for (path, module), before in zip(self.modules, self.hooks):
                 if _hooks_state(module) != before:
                     where = f"{path} ({type(module).__name__})" if path else f"the model ({type(module).__name__})"
                     return f"hooks were registered on or removed from {where}"
@@ -131,3 +140,14 @@ class ModelState:
 
 
 _MISSING = object()
+
+
+def _replaced_message(links: list) -> str | None:
+    for table, name, child, path in links:
+        now = table.get(name, _MISSING)
+        if now is not child:
+            if now is _MISSING:
+                return f"its submodule {path} ({type(child).__name__}) was removed"
+            return (f"its submodule {path} was replaced (a {type(now).__name__} where it was wrapped with a "
+                    f"{type(child).__name__})")
+    return "a submodule was added to a module it wraps"
