@@ -187,7 +187,7 @@ def load_image(
                 f"image file {path!r} declares {w}x{h} = {w * h} pixels, more than max_pixels="
                 f"{max_pixels} (a decompression bomb?); refused before decoding"
             )
-        frames = getattr(im, "n_frames", 1)
+        frames = _frame_count(path)
         if frames > 1:
             warnings.warn(f"image file {path!r} holds {frames} frames (a multipage or animated image); frame 0 is "
                           "used", UserWarning, stacklevel=2)
@@ -210,6 +210,21 @@ def load_image(
             except Exception as exc:  # noqa: BLE001 - Pillow's decoders: OSError, SyntaxError ...
                 raise ValueError(_damaged(path, "Pillow", exc)) from None
     return _shrink(image, max_size)
+
+
+def _frame_count(path: str) -> int:
+    """The frames of an image file (a multipage TIFF, an animated GIF / WebP / AVIF, an MPO), read
+    through a handle of its own, so the decoding is not disturbed; 1 when the count cannot be read
+    (a damaged file: its decoder then says what is wrong)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as other:
+                return int(getattr(other, "n_frames", 1))
+    except Exception:  # noqa: BLE001 - only the warning is at stake
+        return 1
 
 
 def _why(exc: BaseException) -> str:
