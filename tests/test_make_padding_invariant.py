@@ -203,6 +203,15 @@ def test_layers_that_cannot_be_exact_are_refused_by_name():
      r"return_nodes \['layer9'\] are not all nodes of ResNet"),
     (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 7), probe_size=3), ValueError,
      "cannot run on a probe input of size"),
+    # a bare IndexError from the probe before
+    (lambda: vispos.make_padding_invariant(torchvision.models.resnet18(), num_axes=3), ValueError,
+     r"num_axes=3, but the convolutions of ResNet have 2 spatial axes \(the first: conv1, Conv2d\); pass num_axes=2"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), in_channels=0), ValueError,
+     "in_channels must be a positive int or None, got 0"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), in_channels="1"), TypeError,
+     "in_channels must be a positive int or None, got '1'"),
+    (lambda: vispos.make_padding_invariant(nn.Conv2d(1, 1, 1), rules=[]), TypeError,
+     "rules must be a vispos.invariance.RuleBook or None, got list"),
 ])
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
@@ -359,3 +368,77 @@ def test_an_output_that_does_not_depend_on_the_input_is_returned_as_it_is():
     maps, anchors = vispos.make_padding_invariant(net)(_batch(torch.randn(1, 5, 7, dtype=torch.float64), (3, 9)))
     assert isinstance(maps, NestedTensor) and anchors.shape == (1, 4)
     assert_close(anchors, net.anchors * 2.0)
+
+
+class _HeadFirst(nn.Module):
+    """A head declared before the stem: the first convolution in modules() order takes 16 channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Conv2d(16, 2, 1)
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.head(self.stem(x).relu())
+
+
+def test_input_channels_come_from_the_graph_or_the_caller():
+    """The channels were read from the first convolution in declaration order (refused: "cannot run
+    on a probe input"), with no argument to fix it."""
+    torch.manual_seed(0)
+    net = _HeadFirst().double()
+    inv = vispos.make_padding_invariant(net)
+    assert inv.in_channels == 3
+    item = torch.randn(3, 5, 7, dtype=torch.float64)
+    with torch.no_grad():
+        _assert_item_alone(net(item[None]), inv(_batch(item, (3, 9))))
+    assert vispos.make_padding_invariant(net, in_channels=3).in_channels == 3
+    with pytest.raises(ValueError, match=r"cannot run on a probe input of size \(\d+, \d+\) with 5 channels.*in_channels"):
+        vispos.make_padding_invariant(net, in_channels=5)
+
+
+class _Reduces(nn.Module):
+    def __init__(self, reduce):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.reduce = reduce
+
+    def forward(self, x):
+        return self.reduce(self.conv(x))
+
+
+@pytest.mark.parametrize("reduce, match", [
+    (lambda y: y.norm(p=3, dim=(2, 3)), r"norm in .*a norm with p=3 over space"),
+    (lambda y: y.flatten(1), r"flatten in .*it flattens the spatial axes"),
+    (lambda y: y[:, :, ::2], r"getitem in .*indexing a feature map with .*only channels may be selected"),
+], ids=["norm-p3", "flatten", "strided-index"])
+def test_a_refusal_names_the_layer_the_reason_and_what_to_do(reduce, match):
+    """Every refusal said "Use padding_invariant=False", an argument make_padding_invariant does not have."""
+    with pytest.raises(ValueError, match=rf"make_padding_invariant cannot run {match}.*Cut the network before this "
+                                         r"layer \(make_padding_invariant\(\.\.\., return_nodes=.*register an exact "
+                                         r"rule for it \(vispos\.register_invariance_rule") as info:
+        vispos.make_padding_invariant(_Reduces(reduce).double())
+    assert "padding_invariant=False" not in str(info.value)
+
+
+@pytest.mark.parametrize("reduce", [lambda y: y.std((2, 3)), lambda y: y.var((2, 3), keepdim=True),
+                                    lambda y: y.amin((2, 3)), lambda y: y.norm(p=1, dim=(2, 3))],
+                         ids=["std", "var", "amin", "norm-p1"])
+def test_per_item_statistics_once_refused_as_moving_cells_are_exact(reduce):
+    """std, var and amin were refused as "reshapes, moves or mixes cells", norm(p=1) as a reduction
+    over the wrong dims: each item's own statistics now."""
+    torch.manual_seed(0)
+    net = _Reduces(reduce).double()
+    inv = vispos.make_padding_invariant(net)
+    item = torch.randn(3, 5, 7, dtype=torch.float64)
+    with torch.no_grad():
+        _assert_item_alone(net(item[None]), inv(_batch(item, (3, 9))))
+
+
+def test_a_probe_failure_names_a_norm_without_running_statistics():
+    """It blamed "a value computed across the batch's items after a global pool"."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, track_running_stats=False),
+                        nn.Conv2d(4, 2, 3, padding=1)).double()
+    with pytest.raises(ValueError, match=r"\(eval mode\).*Likely: norms without running statistics \(1: "
+                                         r"track_running_stats=False"):
+        vispos.make_padding_invariant(net)

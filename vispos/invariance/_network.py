@@ -227,7 +227,8 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any, 
 
     num_axes, nodes, probe = _check_args(model, num_axes, return_nodes, probe_size, in_channels)
     name = type(model).__name__
-    refuse_swin(model)
+    with refusal_voice("make_padding_invariant", NETWORK_ADVICE):
+        refuse_swin(model)
     attributes = set(vars(model))
     try:
         body = trace_features(model, num_axes, return_nodes=nodes, class_name=name, rules=book)

@@ -63,5 +63,7 @@ def refuse_swin(model) -> None:
             why = SWIN_REFUSALS.get(f"{cls.__module__}.{cls.__qualname__}")
             if why is not None:
                 where = f"{path} ({type(module).__name__})" if path else type(module).__name__
-                raise ValueError(f"padding_invariant=True cannot run {where} exactly on a padded batch: {why}. "
-                                 "Use padding_invariant=False (DETR's behaviour), or a backbone without this layer")
+                from ..rewrite._rewrite_base import voice  # who refuses, and the advice its caller can take
+
+                who, advice = voice()
+                raise ValueError(f"{who} cannot run {where} exactly on a padded batch: {why}. {advice}")
