@@ -11,10 +11,10 @@ bias in every norm: fresh statistics keep zero padding zero and hide a leak):
 * eval: each of two items (the partner larger along an axis) in a padded batch (padding filled
   with 5.0, the canvas beyond both) against the stock model on the item alone, every output;
 * training: two items of one size on a larger padded canvas against the stock model on the two
-  items unpadded (batch statistics over the same cells), every output, then every running
-  statistic and batch count after that step.
+  items unpadded (batch statistics over the same cells): every output, every running statistic
+  and batch count after that step, and every parameter gradient of the outputs' mean square.
 
-``exact``: the largest difference, relative to the largest value of each output (or statistic), is
+``exact``: the largest difference, relative to the largest value of each output (statistic, gradient), is
 at most :data:`TOL` in both modes. ``SILENT``: accepted, and an item does not get what it gets
 alone (the bug this table is for). ``refused``: ``ValueError`` when wrapping, or when called on an
 input the stock model takes. ``error``: another exception from vispos. ``skipped``: the stock model
@@ -126,25 +126,59 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max()) / (scale or 1.0) if want.numel() else 0.0
 
 
-def item_difference(batched, alone, b: int, size: tuple) -> tuple[float, str]:
-    """The worst relative difference between item ``b``'s part of every output leaf of ``batched``
-    and the matching leaf of ``alone`` (its spatial part ``size`` cells from the origin), and where."""
+def item_part(got, want: torch.Tensor, items: slice):
+    """The part of the output leaf ``got`` (a NestedTensor or tensor of the padded batch) that
+    belongs to ``items``, shaped as their own ``want``; None when the leaf's mask marks any of those
+    cells as padding."""
     from vispos import NestedTensor
 
+    if isinstance(got, NestedTensor):
+        region = (items, *(slice(0, s) for s in want.shape[2:]))
+        if got.mask is not None and got.mask[region].any():
+            return None
+        return got.tensors[(region[0], slice(None), *region[1:])]
+    if isinstance(got, torch.Tensor) and got.dim() and want.dim():
+        return got[items]  # one row per item
+    return got
+
+
+def differences(batched, alone, items: slice) -> list[tuple[float, str, object]]:
+    """``(relative difference, where, part)`` for every output leaf: ``items``' part of ``batched``
+    against the matching leaf of ``alone`` (inf where a mask is wrong or the leaves do not match)."""
     got, want = _leaves(batched), [w for w in _leaves(alone) if isinstance(w, torch.Tensor)]
     if len(got) != len(want):
-        return float("inf"), f"{len(got)} outputs where the item alone gets {len(want)}"
-    worst, where = 0.0, ""
+        return [(float("inf"), f"{len(got)} outputs where the items alone get {len(want)}", None)]
+    out = []
     for i, (g, w) in enumerate(zip(got, want)):
-        if isinstance(g, NestedTensor):
-            region = tuple(slice(0, s) for s in w.shape[2:])
-            g = g.tensors[(slice(b, b + 1), slice(None), *region)]
-        elif isinstance(g, torch.Tensor) and g.dim() and w.dim() and w.shape[0] == 1:
-            g = g[b:b + 1]  # one row per item
-        rel = relative(g, w) if isinstance(g, torch.Tensor) else float("inf")
+        part = item_part(g, w, items)
+        rel = relative(part, w) if isinstance(part, torch.Tensor) else float("inf")
+        out.append((rel, f"output {i} {tuple(w.shape)}" + ("" if part is not None else " (masked as padding)"), part))
+    return out
+
+
+def _worst(pairs, prefix: str, worst: float = 0.0, where: str = "") -> tuple[float, str]:
+    for rel, at, *_ in pairs:
         if not rel <= worst:
-            worst, where = rel, f"output {i} {tuple(w.shape)}"
+            worst, where = rel, f"{prefix}{at}"
     return worst, where
+
+
+def gradient_differences(model: nn.Module, twin: nn.Module) -> list[tuple[float, str]]:
+    """Every parameter gradient of ``twin`` (the padded batch) against ``model``'s (the items alone),
+    relative to its largest value or to 1e-3 of the largest gradient of all, whichever is larger
+    (a gradient that is zero in exact arithmetic, a bias before a batch norm, is rounding noise)."""
+    grads = [(name, p1.grad, p2.grad) for (name, p1), p2 in zip(model.named_parameters(), twin.parameters())]
+    top = max((float(g.abs().max()) for _, g, _ in grads if g is not None and g.numel()), default=0.0)
+    out = []
+    for name, want, got in grads:
+        if want is None:
+            out.append((float("inf") if got is not None and got.any() else 0.0, f"{name}.grad"))
+        elif got is None or got.shape != want.shape or not torch.isfinite(got).all():
+            out.append((float("inf"), f"{name}.grad"))
+        else:
+            scale = max(float(want.abs().max()), 1e-3 * top) or 1.0
+            out.append((float((got - want).abs().max()) / scale, f"{name}.grad"))
+    return out
 
 
 def padded(items: list[torch.Tensor], multiple: int):
@@ -235,33 +269,27 @@ def check(case: Case) -> dict:
             batched = inv(padded(xs[:2], case.multiple))
         worst, where = 0.0, ""
         for b in range(2):
-            rel, at = item_difference(batched, alone[b], b, tuple(xs[b].shape[1:]))
-            if not rel <= worst:
-                worst, where = rel, f"eval, item {b}, {at}"
+            worst, where = _worst(differences(batched, alone[b], slice(b, b + 1)), f"eval, item {b}, ", worst, where)
         out.update(eval_rel=worst, where=where)
     except Exception as exc:  # noqa: BLE001
         return _fail(out, exc, "eval call")
-    try:  # training: two items of one size padded, against the two unpadded; then the statistics
+    try:  # training: two items of one size padded, against the two unpadded; statistics, gradients
         model.train()
         inv.train()
-        pair = [xs[0], xs[2]]
-        stock = model(torch.stack(pair))
-        batched = inv(padded(pair, case.multiple))
-        worst, where = 0.0, ""
-        for b in range(2):
-            want = torch.utils._pytree.tree_map(lambda t, b=b: t[b:b + 1] if isinstance(t, torch.Tensor) and t.dim()
-                                                else t, stock)
-            rel, at = item_difference(batched, want, b, tuple(pair[b].shape[1:]))
-            if not rel <= worst:
-                worst, where = rel, f"training, item {b}, {at}"
+        pair = torch.stack([xs[0], xs[2]])
+        stock = model(pair)
+        diffs = differences(inv(padded(list(pair), case.multiple)), stock, slice(None))
+        worst, where = _worst(diffs, "training, ")
         mine = twin.state_dict()
-        for key, value in model.state_dict().items():
-            if isinstance(value, torch.Tensor):
-                rel = relative(mine[key].double(), value.double())
-                if not rel <= worst:
-                    worst, where = rel, f"training, {key}"
+        worst, where = _worst([(relative(mine[k].double(), v.double()), k) for k, v in model.state_dict().items()
+                               if isinstance(v, torch.Tensor)], "training, ", worst, where)
+        want = [w for w in _leaves(stock) if isinstance(w, torch.Tensor) and w.requires_grad]
+        if want and all(isinstance(d[2], torch.Tensor) for d in diffs):
+            sum(w.square().mean() for w in want).backward()
+            sum(d[2].square().mean() for d in diffs if d[2].requires_grad).backward()
+            worst, where = _worst(gradient_differences(model, twin), "training, ", worst, where)
         out.update(train_rel=worst)
-        if worst > (out["eval_rel"] or 0.0):
+        if not worst <= (out["eval_rel"] or 0.0):
             out["where"] = where
     except Exception as exc:  # noqa: BLE001
         return _fail(out, exc, "training call")
@@ -324,8 +352,9 @@ def _fmt(value) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
-def markdown(results: list[dict], header: str) -> str:
-    """The coverage report: counts, refusals grouped by reason, one row per model."""
+def markdown(results: list[dict], header: str, rows: bool = True) -> str:
+    """The coverage report: counts, counts per source, refusals grouped by reason, and (``rows``)
+    one row per model."""
     s = summarise(results)
     c = s["counts"]
     lines = [header, "", "| outcome | models |", "|---|---:|"]
@@ -339,8 +368,10 @@ def markdown(results: list[dict], header: str) -> str:
     lines += ["", "Refusals by reason:", "", "| reason | models | which |", "|---|---:|---|"]
     for reason, models in s["refusals"].items():
         lines.append(f"| {reason} | {len(models)} | {', '.join(models)} |")
-    lines += ["", "Every model (relative differences: worst over items, outputs and, in training, running "
-              "statistics):", "", "| model | source | outcome | eval | training | reason, or where it differs |",
+    if not rows:
+        return "\n".join(lines) + "\n"
+    lines += ["", "Every model (relative differences: worst over items and outputs; in training also running "
+              "statistics and parameter gradients):", "", "| model | source | outcome | eval | training | reason, or where it differs |",
               "|---|---|---|---:|---:|---|"]
     for r in results:
         note = r.get("where") if r["status"] == "SILENT" else r.get("reason", "")
@@ -370,16 +401,9 @@ def _versions() -> str:
             f"MONAI {monai_version}; vispos at {commit or '?'}; float64, tolerance {TOL:g}")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
-    p.add_argument("--models", nargs="*", default=None, help="only these models (name, or source:name)")
-    p.add_argument("--json", default=None, help="write every model's outcome and the counts to this file")
-    p.add_argument("--markdown", default=None, help="write the report (counts, refusals, rows) to this file")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per model before it is skipped")
-    p.add_argument("--memory-gb", type=float, default=6.0, help="address space per model beyond the parent's")
-    p.add_argument("--no-isolate", action="store_true", help="run in this process (no time / memory budget)")
-    args = p.parse_args(argv)
+def sweep(args) -> tuple[list[dict], str]:
+    """Every selected case checked (isolated unless ``--no-isolate``), one line printed per model;
+    the results and the report's header."""
     torch.set_num_threads(1)
     import monai  # noqa: F401 - imported once before forking, as vispos and the model libraries
     import timm  # noqa: F401
@@ -402,13 +426,37 @@ def main(argv=None) -> int:
     summary = summarise(results)
     header = (f"Coverage of `vispos.make_padding_invariant`: {summary['models']} architectures "
               f"({time.perf_counter() - start:.0f} s on {os.cpu_count()} cores, one thread). {_versions()}.")
+    return results, header
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    p.add_argument("--models", nargs="*", default=None, help="only these models (name, or source:name)")
+    p.add_argument("--json", default=None, help="write every model's outcome and the counts to this file")
+    p.add_argument("--markdown", default=None, help="write the report (counts, refusals, rows) to this file")
+    p.add_argument("--summary", default=None, help="write the report without the per-model rows (the docs' table)")
+    p.add_argument("--from-json", default=None, help="write the reports from this --json file instead of running")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per model before it is skipped")
+    p.add_argument("--memory-gb", type=float, default=6.0, help="address space per model beyond the parent's")
+    p.add_argument("--no-isolate", action="store_true", help="run in this process (no time / memory budget)")
+    args = p.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        results, header = saved["results"], saved["header"]
+    else:
+        results, header = sweep(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "header": header, "results": results}, f, indent=1)
+            json.dump({"summary": summarise(results), "header": header, "results": results}, f, indent=1)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(results, header))
-    print(json.dumps(summary["counts"]))
+    if args.summary:
+        with open(args.summary, "w") as f:
+            f.write(markdown(results, header, rows=False))
+    print(json.dumps(summarise(results)["counts"]))
     return 0
 
 

@@ -77,18 +77,29 @@ def test_accepted_but_inexact_is_silent(monkeypatch, leaks_in):
 
 
 def test_leaked_running_statistics_are_silent(monkeypatch):
-    """Outputs right, running statistics wrong after the training step: SILENT."""
+    """Outputs right, a batch count wrong after the training step: SILENT."""
     def wrap(model):
         def bump(module, args, output):
             if module.training:
                 with torch.no_grad():
-                    module.running_mean.add_(1e-3)
+                    module.num_batches_tracked.add_(1)
         model[1].register_forward_hook(bump)
         return _Wrapper(model)
 
     monkeypatch.setattr(vispos, "make_padding_invariant", wrap)
     result = cov.check(_case(_net))
-    assert result["status"] == "SILENT" and result["where"] == "training, 1.running_mean", result
+    assert result["status"] == "SILENT" and result["where"] == "training, 1.num_batches_tracked", result
+
+
+def test_leaked_gradients_are_silent(monkeypatch):
+    """Outputs and statistics right, a parameter gradient wrong: SILENT."""
+    def wrap(model):
+        model[0].weight.register_hook(lambda g: g * 1.001)
+        return _Wrapper(model)
+
+    monkeypatch.setattr(vispos, "make_padding_invariant", wrap)
+    result = cov.check(_case(_net))
+    assert result["status"] == "SILENT" and result["where"] == "training, 0.weight.grad", result
 
 
 def test_refusal_records_type_first_line_and_reason():
