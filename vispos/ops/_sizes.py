@@ -74,11 +74,14 @@ def flat(t: torch.Tensor) -> tuple[torch.Tensor, int, tuple[int, int, int]]:
 
 
 def tiles(t: torch.Tensor, channels: int) -> tuple[int, int]:
-    """``(BLOCK_C, BLOCK_N)``: a tile of channels by cells, wide along the contiguous axis (one
-    channel by :data:`BLOCK_CELLS` cells in channels first; up to :data:`BLOCK_CHANNELS_LAST`
-    channels in channels last)."""
-    if t.stride(1) == 1 and channels > 1:
-        return min(BLOCK_CHANNELS_LAST, p2(channels)), max(BLOCK_CELLS // BLOCK_CHANNELS_LAST, 1)
+    """``(BLOCK_C, BLOCK_N)``: a tile of channels by cells, wide along the contiguous axis: one
+    channel by :data:`BLOCK_CELLS` cells in channels first; in channels last
+    :data:`BLOCK_CHANNELS_LAST` channels, or a quarter of them for a few channels (a group norm's
+    groups), by as many cells as make :data:`BLOCK_CELLS` elements. Three tiles in all, whatever
+    the sizes: each kernel compiles at most three variants per dtype and option set."""
+    if t.stride(1) == 1 and channels > 1:  # two tiles only, so that few variants compile
+        block_c = BLOCK_CHANNELS_LAST if channels > BLOCK_CHANNELS_LAST // 4 else max(BLOCK_CHANNELS_LAST // 4, 1)
+        return block_c, max(BLOCK_CELLS // block_c, 1)
     return 1, BLOCK_CELLS
 
 
