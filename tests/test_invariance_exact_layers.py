@@ -199,3 +199,75 @@ def test_batch_norm_without_running_statistics_item_alone(train):
     """The batch's statistics in eval too (over valid cells): alone on a larger canvas."""
     body = Between(nn.BatchNorm2d(4, track_running_stats=False), 2, "group")
     assert_alone_equals_in_batch(body, 2, (7, 9), (11, 12), (2, 3), train, partner=False)
+
+
+# ------------------------------------------------------------------ fixed-size adaptive pools
+def assert_item_value_alone(body: nn.Module, item_size, canvas, start, train: bool) -> None:
+    """``body`` (returning one value of each item's own, ``Tensor[B, ...]``) on one item alone and
+    on a padded batch (the item at ``start``, a partner at the origin, 5.0 in the padding): equal
+    values, and in training equal parameter and input gradients. float64."""
+    from item_alone import assert_same_gradients, trained_like
+    from vispos import NestedTensor, Padding
+    from vispos.invariance.rewrite._rewrite import make_padding_invariant
+    from vispos.invariance.tracing._trace import trace_dual
+
+    torch.manual_seed(0)
+    body = trained_like(body).to(F64).train(train)
+    nets = []
+    for copy_ in (body, copy.deepcopy(body)):
+        graph = trace_dual(copy_, 2)
+        nets.append((graph, make_padding_invariant(graph, 2, per_item=True)))
+    g = torch.Generator().manual_seed(2)
+    item = torch.randn((1, 3, *item_size), generator=g, dtype=F64, requires_grad=True)
+    images = torch.full((2, 3, *canvas), 5.0, dtype=F64)
+    images[0, :, : canvas[0] - 1, : canvas[1] - 1] = torch.randn((3, canvas[0] - 1, canvas[1] - 1), generator=g,
+                                                                 dtype=F64)
+    box = (slice(start[0], start[0] + item_size[0]), slice(start[1], start[1] + item_size[1]))
+    images[(1, slice(None), *box)] = item[0].detach()
+    images.requires_grad_(True)
+    padding = Padding.from_sizes([(canvas[0] - 1, canvas[1] - 1), tuple(item_size)], canvas,
+                                 starts=[(0, 0), tuple(start)])
+    (alone,) = nets[0][1](nets[0][0], NestedTensor(item, None))
+    (batch,) = nets[1][1](nets[1][0], NestedTensor(images, padding))
+    torch.testing.assert_close(batch[1], alone[0], rtol=1e-10, atol=1e-10)
+    if train:
+        weights = torch.randn(alone.shape[1:], generator=g, dtype=F64)
+        (alone[0] * weights).sum().backward()
+        (batch[1] * weights).sum().backward()
+        assert_same_gradients(nets[1][0], nets[0][0])
+        torch.testing.assert_close(images.grad[(1, slice(None), *box)], item.grad[0], rtol=1e-9, atol=1e-12)
+
+
+class PoolHead(nn.Module):
+    """A convolution, group norm, a fixed-size adaptive pool (``pool``), a convolution on the pooled
+    grid, a flatten and a linear classifier."""
+
+    def __init__(self, pool, size):
+        super().__init__()
+        self.c1, self.norm, self.pool = nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4), pool
+        self.c2, self.fc = nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4 * size[0] * size[1], 3)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.c2(self.pool(self.norm(self.c1(x)))), 1))
+
+
+@TRAIN
+@pytest.mark.parametrize("pool,size", [
+    (nn.AdaptiveAvgPool2d((3, 4)), (3, 4)),
+    (Fn(lambda x: F.adaptive_max_pool2d(x, (2, 5))), (2, 5)),
+], ids=["avg_3x4", "max_2x5_functional"])
+def test_fixed_size_adaptive_pool_item_alone(pool, size, train):
+    """Each item's own bins, an item further in, on an axis shorter than the output too (bins that
+    repeat its cells, as alone)."""
+    for item_size in [(7, 9), (2, 9)]:
+        assert_item_value_alone(PoolHead(copy.deepcopy(pool), size), item_size, (11, 12), (2, 3), train)
+
+
+@TRAIN
+def test_torchvision_vgg_head_item_alone(train):
+    """torchvision's VGG forward (features, ``AdaptiveAvgPool2d((7, 7))``, ``torch.flatten``, the
+    classifier) on small features and a small classifier."""
+    vgg = pytest.importorskip("torchvision.models.vgg")
+    model = vgg.VGG(vgg.make_layers([4, "M", 8]), init_weights=False)
+    model.classifier = nn.Sequential(nn.Linear(8 * 7 * 7, 6), nn.ReLU(), nn.Dropout(0.0), nn.Linear(6, 3))
+    assert_item_value_alone(model, (10, 12), (13, 16), (2, 4), train)

@@ -29,7 +29,7 @@ from ...padding import Padding
 
 __all__ = [
     "valid_cells", "item_counts", "valid_total", "fill", "filled", "valid_count", "global_pool", "cell_count",
-    "avg_pool",
+    "avg_pool", "item_boxes", "adaptive_pool",
 ]
 
 
@@ -214,6 +214,83 @@ def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[in
             out = squares / (count - float(arg)).clamp(min=0)
             out = torch.where(any_cell, out.sqrt() if kind == "std" else out, 0.0)
     return out if keepdim else out.flatten(1)
+
+
+def item_boxes(padding: Padding, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Each item's box as tensors: ``(starts, sizes)``, each ``Tensor[B, num_axes]`` (int64) on
+    ``device``. From the host boxes of a rectangular padding; while compiling or tracing, where the
+    graph gets each map's box as its mask alone, from the mask on the device (its bounding box along
+    every axis; no host read).
+
+    Raises:
+        ValueError: an arbitrary padding mask outside a trace (no box per item).
+    """
+    n = padding.num_axes
+    if padding.kind == "arbitrary":
+        if not _tracing.tracing():
+            raise ValueError("padding_invariant=True: resizing or pooling each item over its own bins needs each "
+                             "item's box (a rectangular padding), got an arbitrary padding mask")
+        valid = padding.valid
+        starts, sizes = [], []
+        for axis in range(n):
+            others = tuple(1 + a for a in range(n) if a != axis)
+            line = valid.any(dim=others) if others else valid
+            sizes.append(line.sum(1))
+            starts.append(line.to(torch.uint8).argmax(1))  # the first valid cell (0 for an empty item)
+        return torch.stack(starts, 1).to(device), torch.stack(sizes, 1).to(device)
+    box = np.asarray([list(a) + list(z) for a, z in zip(padding.starts, padding.sizes)], dtype=np.int64)
+    box = box.reshape(padding.batch, 2 * n)
+    (box,) = _tracing.host_arrays([box], device)
+    return box[:, :n], box[:, n:]
+
+
+def adaptive_pool(x: Tensor, padding: Padding | None, mode: str, output_size: Sequence[int]) -> Tensor:
+    """A fixed-size adaptive pool (VGG's and AlexNet's ``AdaptiveAvgPool2d((7, 7))``) of each item
+    over its own bins: along every axis, bin ``i`` of an item of ``n`` cells covers its cells
+    ``floor(i * n / o)`` to ``ceil((i + 1) * n / o)`` (ATen's ``start_index`` / ``end_index``), as
+    alone; one table of bins per axis for the whole batch (no loop over items), applied axis after
+    axis (a box's mean or max is the mean or max of its lines').
+
+    Args:
+        x (Tensor[B, C, *S]): features. padding (Padding, optional): None: the stock pool.
+        mode (str): ``"mean"`` or ``"max"``. output_size (sequence of int): ``o`` per axis.
+
+    Returns:
+        Tensor[B, C, *output_size] in ``x``'s dtype: every item's own pool (no padding); zeros for
+        an item without a cell. Differentiable (a padded cell gets no gradient).
+
+    Raises:
+        ValueError: an arbitrary padding mask outside a trace (:func:`item_boxes`).
+    """
+    n = x.dim() - 2
+    if padding is None or padding.kind == "none":
+        pool = {"mean": (F.adaptive_avg_pool1d, F.adaptive_avg_pool2d, F.adaptive_avg_pool3d),
+                "max": (F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d)}[mode][n - 1]
+        return pool(x, tuple(output_size))
+    starts, sizes = item_boxes(padding, x.device)
+    valid = valid_cells(padding)
+    x = torch.where(valid, x, 0.0 if mode == "mean" else float("-inf"))
+    for axis in range(n):
+        dim, cells, o = 2 + axis, x.shape[2 + axis], int(output_size[axis])
+        size, start = sizes[:, axis : axis + 1], starts[:, axis : axis + 1]
+        i = torch.arange(o, device=x.device)[None]
+        lo = (i * size).div(o, rounding_mode="floor") + start  # (B, o)
+        hi = ((i + 1) * size + o - 1).div(o, rounding_mode="floor") + start
+        k = torch.arange(cells, device=x.device)[None, None]
+        inside = (k >= lo[..., None]) & (k < hi[..., None])  # (B, o, cells)
+        moved = x.movedim(dim, -1)  # (B, C, ..., cells)
+        lead = [x.shape[0]] + [1] * (moved.dim() - 2)  # the batch, then one per other axis
+        if mode == "mean":
+            weights = inside.to(x.dtype) / (hi - lo).clamp(min=1)[..., None].to(x.dtype)
+            out = moved @ weights.transpose(1, 2).reshape(*lead[:-1], cells, o)
+        else:
+            picked = torch.where(inside.reshape(*lead, o, cells), moved.unsqueeze(-2), float("-inf"))
+            out = picked.amax(-1)
+        x = out.movedim(-1, dim)
+    if mode == "max":  # an item without a cell: zeros, not -inf
+        any_cell = valid.flatten(1).any(1).view((-1,) + (1,) * (x.dim() - 1))
+        x = torch.where(any_cell, x, 0.0)
+    return x
 
 
 def cell_count(x: Tensor, padding: Padding | None, dims: Sequence[int], keepdim: bool) -> Tensor:

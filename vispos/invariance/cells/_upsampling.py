@@ -43,16 +43,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ... import _tracing
 from ...padding import Padding
+from ._pools import item_boxes
 from ..rules._functions import _tuple
 from ..geometry._geometry import TransposedWindow
 
-__all__ = ["transposed_window", "fill_edges", "resize", "item_boxes", "ScaledWindow", "NEAREST", "LINEAR"]
+__all__ = ["transposed_window", "fill_edges", "resize", "ScaledWindow", "NEAREST", "LINEAR"]
 
 #: modes whose output cell reads one input cell, and modes that weigh neighbouring cells
 NEAREST = ("nearest", "nearest-exact", "area")
@@ -104,34 +103,6 @@ class ScaledWindow:
 
     def start_of(self, start: int, axis: int) -> int:
         return int(math.floor(float(start) * self.scale[axis]))
-
-
-def item_boxes(padding: Padding, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Each item's box as tensors: ``(starts, sizes)``, each ``Tensor[B, num_axes]`` (int64) on
-    ``device``. From the host boxes of a rectangular padding; while compiling or tracing, where the
-    graph gets each map's box as its mask alone, from the mask on the device (its bounding box along
-    every axis; no host read).
-
-    Raises:
-        ValueError: an arbitrary padding mask outside a trace (no box per item).
-    """
-    n = padding.num_axes
-    if padding.kind == "arbitrary":
-        if not _tracing.tracing():
-            raise ValueError("padding_invariant=True: resizing each item to its own size needs each item's box, "
-                             "got an arbitrary padding mask")
-        valid = padding.valid
-        starts, sizes = [], []
-        for axis in range(n):
-            others = tuple(1 + a for a in range(n) if a != axis)
-            line = valid.any(dim=others) if others else valid
-            sizes.append(line.sum(1))
-            starts.append(line.to(torch.uint8).argmax(1))  # the first valid cell (0 for an empty item)
-        return torch.stack(starts, 1).to(device), torch.stack(sizes, 1).to(device)
-    box = np.asarray([list(a) + list(z) for a, z in zip(padding.starts, padding.sizes)], dtype=np.int64)
-    box = box.reshape(padding.batch, 2 * n)
-    (box,) = _tracing.host_arrays([box], device)
-    return box[:, :n], box[:, n:]
 
 
 def _cubic(t: Tensor) -> list[Tensor]:

@@ -25,7 +25,8 @@ from ...padding import Padding
 
 __all__ = [
     "padding_at", "fill", "fill_in_place", "norm_module", "call_with_padding", "batch_norm_fn", "group_norm",
-    "instance_norm_fn", "fill_edges", "resize", "avg_pool", "global_pool", "global_pool_permuted", "per_item_mean",
+    "instance_norm_fn", "fill_edges", "resize", "avg_pool", "adaptive_pool", "global_pool", "global_pool_permuted",
+    "per_item_mean",
 ]
 
 
@@ -183,6 +184,12 @@ def avg_pool(x: Tensor, padding: Padding | None, *args: Any) -> Tensor:
 @_graph_op
 def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: tuple[int, ...], keepdim: bool) -> Tensor:
     return _pools.global_pool(x, padding, mode, dims, keepdim)
+
+
+@_graph_op
+def adaptive_pool(x: Tensor, padding: Padding | None, mode: str, output_size: tuple[int, ...]) -> Tensor:
+    """A fixed-size adaptive pool of each item over its own bins (:func:`._pools.adaptive_pool`)."""
+    return _pools.adaptive_pool(x, padding, mode, output_size)
 
 
 @_graph_op

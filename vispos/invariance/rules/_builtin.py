@@ -26,9 +26,10 @@ from torch import nn
 from ..tokens import _swin, _swin_timm, _vit, _windowed
 from .. import models as _models
 from ..models import torchvision_segmentation as _segmentation
-from ._types import (AvgPool, BatchNormFunction, Cat, Conv, ConvTranspose, GetItem, GlobalPool, GroupNormFunction,
-                          InstanceNormFunction, Interpolate, MaxPool, Norm, OverChannels, Pad, Permute, Reduction, Repeat,
-                          Split, AlongChannels, Expand)
+from ._types import (AvgPool, Cat, Conv, ConvTranspose, Expand, GetItem, Interpolate, MaxPool, OverChannels, Pad,
+                     Permute, Repeat, Split)
+from ._reductions import (AlongChannels, BatchNormFunction, GlobalPool, GroupNormFunction, InstanceNormFunction, Norm,
+                          Reduction)
 from . import _monai
 from ..tracing import _policy
 from ._book import CellWise, Refuse, RuleBook, default_rules

@@ -1,16 +1,16 @@
-"""The built-in rule types of the one table (:mod:`vispos.invariance.rules`): each states what a
+"""The built-in rule types of the one table (:mod:`vispos.invariance.rules`) for windows and moves: each states what a
 module, function or method does to the cells of a padded batch, reads its arguments by name (a
 module's from its attributes, a function's by its signature) and rewrites its node through the
 :class:`~vispos.invariance.rules.RewriteStep`. One object serves a module and its functional twin
 (``nn.Conv2d`` and ``F.conv2d``); :mod:`vispos.invariance.rules._builtin` registers them.
 
 * **reads neighbours** (:class:`Conv`, :class:`ConvTranspose`, :class:`MaxPool`,
-  :class:`AvgPool`, :class:`Interpolate`): a window; its input's padding is filled (0, ``-inf``,
+  :class:`AvgPool`, :class:`Interpolate`, :class:`Pad`): a window; its input's padding is filled (0, ``-inf``,
   or each item's edge values) and its output gets a new geometry by convolution arithmetic;
-* **per-item statistics** (:class:`Norm`, :class:`BatchNormFunction`, :class:`GroupNormFunction`,
-  :class:`InstanceNormFunction`, :class:`GlobalPool`, :class:`Reduction`): over valid cells;
+* **per-item statistics** and reductions along the channels: :mod:`._reductions`;
 * **moves cells without mixing them** (:class:`Permute`, :class:`Cat`, :class:`Split`,
-  :class:`GetItem`, :class:`Repeat` over the channels) and **reads the channels axis**
+  :class:`GetItem`, :class:`Repeat` over the channels, :class:`Expand` of each item's value over a
+  map's cells) and **reads the channels axis**
   (:class:`OverChannels`: a layer norm or linear layer over the last axis, cell-wise when that
   axis holds the channels).
 
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.fx as fx
-from torch import nn
 
 from . import _functions as sig
 from ..rewrite import _ops as ops
@@ -36,20 +35,9 @@ from ..geometry._geometry import TransposedWindow, Window
 from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
-    "AlongChannels", "AvgPool", "BatchNormFunction", "Cat", "Conv", "ConvTranspose", "Expand", "GetItem", "GlobalPool",
-    "GroupNormFunction", "InstanceNormFunction", "Interpolate", "MaxPool", "Norm", "OverChannels", "Pad", "Permute",
-    "Reduction", "Repeat", "Split",
+    "AvgPool", "Cat", "Conv", "ConvTranspose", "Expand", "GetItem", "Interpolate", "MaxPool", "OverChannels", "Pad",
+    "Permute", "Repeat", "Split",
 ]
-
-
-def _spatial_dims(dims: Any, rank: int, layout: tuple[int, ...] | None = None) -> bool:
-    """Whether ``dims`` (an int, a sequence or None) are exactly the spatial axes of a map of
-    ``rank`` axes, read through ``layout`` (a permuted map) when given."""
-    if dims is None:
-        return False
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
-    axes = [(layout[d % rank] if layout is not None else d % rank) for d in dims]
-    return sorted(axes) == list(range(2, rank))
 
 
 def _channels_dim(dim: Any, rank: int) -> bool:
@@ -227,202 +215,6 @@ class Pad(InvarianceRule):
         lo = tuple(pad[2 * (n - 1 - a)] for a in range(n))
         hi = tuple(pad[2 * (n - 1 - a) + 1] for a in range(n))
         step.window(node, Window((1,) * n, (1,) * n, lo, hi, (1,) * n, False), fill)
-
-
-# ------------------------------------------------------------------------- statistics
-@dataclass(frozen=True)
-class GlobalPool(InvarianceRule):
-    """``nn.AdaptiveAvgPool*`` / ``nn.AdaptiveMaxPool*`` and their functions with output size 1:
-    each item's own cells (``mode``: ``"mean"`` or ``"max"``)."""
-
-    mode: str
-    kind = "global"
-    reads_one_map = True
-    signature = staticmethod(sig._sig_adaptive)
-    attributes = ("output_size", "return_indices")
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        size = args["output_size"]
-        if any(s != 1 for s in (size if isinstance(size, (tuple, list)) else (size,))):
-            step.refuse(node, f"output_size={size!r} (only a global pool, output size 1, has the item's bins)")
-        if args["return_indices"]:
-            step.refuse(node, "return_indices=True (indices into the padded canvas differ from the item's)")
-        step.global_pool(node, self.mode)
-
-
-def _channels_only(dims: Any, layout: tuple[int, ...]) -> bool:
-    """Whether ``dims`` (an int or a sequence of ints) name the channels axis only, read through
-    ``layout`` (the channels-first axis of each tensor axis)."""
-    dims = (dims,) if isinstance(dims, int) else tuple(dims) if isinstance(dims, (tuple, list)) else None
-    if not dims or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        return False
-    return {layout[d % len(layout)] for d in dims} == {1}
-
-
-#: the p of a norm over space the rewrite takes over each item's cells, as its global-pool mode
-_NORMS = {1: "norm:1", 2: "norm", "fro": "norm", float("inf"): "norm:inf"}
-
-
-@dataclass(frozen=True)
-class Reduction(InvarianceRule):
-    """``torch.mean`` / ``sum`` / ``amax`` / ``amin`` / ``norm`` / ``var`` / ``std`` and their
-    methods. Over every spatial axis: each item's own cells (``mode``: ``"mean"``, ``"sum"``,
-    ``"max"``, ``"min"``, ``"norm"`` with ``p`` 1, 2 or inf, ``"var"`` / ``"std"`` with their
-    correction). Over the channels with ``keepdim=True`` (CBAM's channel mean, a segmentation
-    head's post-processing): cell-wise. Refused: a ``dtype``, another ``p``, some spatial axes only
-    or the channels without ``keepdim`` (the map would lose its channel axis), each by name."""
-
-    mode: str
-    kind = "reduction"
-    reads_one_map = True
-
-    @property
-    def signature(self):  # type: ignore[override]
-        return {"norm": sig._sig_norm, "var": sig._sig_var, "std": sig._sig_var}.get(self.mode, sig._sig_reduce)
-
-    def _pool_mode(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> str:
-        """The global-pool mode of this call (refused by name where no mode is exact)."""
-        if args.get("dtype") is not None:
-            step.refuse(node, f"a reduction with dtype={args['dtype']!r} (cast the map before it)")
-        if self.mode == "norm":
-            p = args.get("p")
-            try:
-                mode = None if isinstance(p, bool) else _NORMS.get(p)  # 1.0 and 1 are one key
-            except TypeError:  # an unhashable p
-                mode = None
-            if mode is None:
-                step.refuse(node, f"a norm with p={p!r} over space (p = 1, 2 or inf are taken over each item's "
-                                  "cells)")
-            return mode
-        if self.mode in ("var", "std"):
-            correction, unbiased = args.get("correction"), args.get("unbiased")
-            if correction is None:
-                correction = 0 if unbiased is False else 1
-            if not isinstance(correction, (int, float)) or isinstance(correction, bool):
-                step.refuse(node, f"{self.mode} with correction={correction!r} (a constant number only)")
-            return f"{self.mode}:{correction}"
-        return self.mode
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
-
-    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
-        dims = args["dim"]
-        if args.get("out") is not None:
-            step.refuse(node, f"a {self.mode} written into out= (use its result)")
-        if _channels_only(dims, layout):
-            if not args["keepdim"]:
-                step.refuse(node, f"a {self.mode} over the channels without keepdim=True (the map would lose its "
-                                  "channel axis; keep it, and squeeze it after the network)")
-            if args.get("dtype") is not None:
-                step.refuse(node, f"a reduction with dtype={args['dtype']!r} (cast the map before it)")
-            return step.cell_wise(node)
-        if not _spatial_dims(dims, len(layout), layout):
-            step.refuse(node, f"a {self.mode} over dims {dims!r} (only over every spatial axis, each item's own "
-                              "cells, or over the channels with keepdim=True)")
-        step.global_pool(node, self._pool_mode(step, node, args), args["keepdim"])
-
-
-@dataclass(frozen=True)
-class AlongChannels(InvarianceRule):
-    """An operation along one axis (``softmax``, ``log_softmax``; with ``reduces``: ``argmax``,
-    ``argmin``, and ``torch.max`` / ``min`` with a ``dim``, whose values and indices are a pair)
-    along the channels: each cell alone, cell-wise (every segmentation head's post-processing). A
-    reduction keeps its channel axis (``keepdim=True``). ``torch.max(a, b)`` of two maps is
-    cell-wise. Refused: along a spatial axis, or over every element.
-
-    Args:
-        reduces (bool): it removes the axis unless ``keepdim``.
-        pair (bool): it returns ``(values, indices)`` (``torch.max`` / ``min`` with a ``dim``).
-    """
-
-    reduces: bool = False
-    pair: bool = False
-    kind = "along_channels"
-
-    @property
-    def signature(self):  # type: ignore[override]
-        return sig._sig_argmax if self.reduces else sig._sig_softmax
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
-
-    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
-        dim = args.get("dim")
-        if self.pair and isinstance(dim, fx.Node):  # torch.max(a, b): element-wise
-            return step.cell_wise(node)
-        if not _channels_only(dim, layout):
-            step.refuse(node, f"it runs along dim={dim!r} (only along the channels is each cell alone)")
-        if self.reduces and not args.get("keepdim"):
-            step.refuse(node, "it reduces the channels without keepdim=True (the map would lose its channel axis; "
-                              "keep it, and squeeze it after the network)")
-        if self.pair:
-            return step.split(node)
-        step.cell_wise(node)
-
-
-@dataclass(frozen=True)
-class Norm(InvarianceRule):
-    """Batch, group and instance norm modules, and timm's norm + activation modules: statistics
-    over valid cells (:meth:`RewriteStep.norm`).
-
-    Args:
-        activation (bool): the module applies an activation after the norm (timm's
-            ``BatchNormAct2d``), whose backward may read the output: never filled in place.
-    """
-
-    activation: bool = False
-    kind = "norm"
-    reads_one_map = True
-
-    @property
-    def fresh_output(self) -> bool:  # type: ignore[override]
-        return not self.activation
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        step.norm(node)
-
-
-@dataclass(frozen=True)
-class BatchNormFunction(InvarianceRule):
-    """``F.batch_norm``: statistics over valid cells."""
-
-    kind = "batch_norm"
-    fresh_output = True
-    reads_one_map = True
-    signature = staticmethod(sig._sig_batch_norm)
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        step.with_padding(node, ops.batch_norm_fn, args["running_mean"], args["running_var"], args["weight"],
-                          args["bias"], args["training"], args["momentum"], args["eps"])
-
-
-@dataclass(frozen=True)
-class GroupNormFunction(InvarianceRule):
-    """``F.group_norm``: each item's statistics over its own cells."""
-
-    kind = "group_norm"
-    fresh_output = True
-    reads_one_map = True
-    signature = staticmethod(sig._sig_group_norm)
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        step.with_padding(node, ops.group_norm, args["num_groups"], args["weight"], args["bias"], args["eps"])
-
-
-@dataclass(frozen=True)
-class InstanceNormFunction(InvarianceRule):
-    """``F.instance_norm``: each item's statistics over its own cells (running statistics, when
-    given, updated from them as torch does); with the running statistics (``use_input_stats=False``)
-    each cell alone."""
-
-    kind = "instance_norm"
-    reads_one_map = True
-    signature = staticmethod(sig._sig_instance_norm)
-
-    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
-        step.with_padding(node, ops.instance_norm_fn, args["weight"], args["bias"], args["eps"], args["running_mean"],
-                          args["running_var"], args["momentum"], args["use_input_stats"])
 
 
 # ----------------------------------------------------------------- moves and channels
