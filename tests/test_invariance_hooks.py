@@ -96,6 +96,27 @@ def test_hooks_on_the_layers_the_graph_calls_run_as_in_the_model(kind, padding_i
     assert calls[-1] == 2
 
 
+@pytest.mark.parametrize("register, hook", [("register_forward_hook", lambda m, i, o: o + 1.0),
+                                            ("register_forward_pre_hook", lambda m, i: (i[0] + 1.0,))])
+def test_a_forward_hook_on_a_called_layer_is_refused_on_a_padded_batch(register, hook):
+    """The fill is written before the layer that reads it: a hook adding 1 left ones in the padding
+    of the map the next convolution reads (silently wrong); without padding it runs as the model."""
+    bb = _cnn("tv", True).eval()
+    handle = getattr(bb.get_submodule("body.layer1.0.conv1"), register)(hook)
+    with pytest.raises(ValueError, match=r"forward hooks on layer1\.0\.conv1 \(Conv2d\) run on the padded maps.*hook "
+                                         r"the backbone's output levels"):
+        bb(_batch())
+    bb(vispos.nested_tensor_from_tensor_list([_batch().tensors[0]]))  # no padding: the model's numbers
+    handle.remove()
+    global_handle = torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: None)
+    try:
+        with pytest.raises(ValueError, match=r"forward hooks on torch's global module hooks"):
+            bb(_batch())
+    finally:
+        global_handle.remove()
+    bb(_batch())
+
+
 def test_a_hook_registered_after_a_copy_or_a_mode_switch_is_checked():
     import copy
 

@@ -155,7 +155,8 @@ class BackboneAdapter(_deprecation.RenamedAttributes, nn.Module):
             return self._packed(self.body, x)
         if isinstance(self.body, fx.GraphModule):
             check_graph_hooks(self.body, "padding_invariant=True" if self._invariant is not None
-                              else f"{type(self).__name__} (torch.fx feature extraction)")
+                              else f"{type(self).__name__} (torch.fx feature extraction)",
+                              padding=x.padding if self._invariant is not None else None)
         if self._invariant is not None:
             return self._invariant(self.body, x)
         return [x.with_features(f) for f in self._features(tensors)]

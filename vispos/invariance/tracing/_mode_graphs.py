@@ -133,20 +133,67 @@ def refuse_unrun_hooks(graph: fx.GraphModule, modules: Any, what: str) -> None:
         )
 
 
+def _forward_hooked(body: nn.Module, graph: fx.Graph, hooked: list[nn.Module]) -> list[str]:
+    """The names of the modules ``graph`` calls (or that sit inside one it calls) among ``hooked``
+    that carry a forward or forward-pre hook, and ``"torch's global module hooks"`` when set."""
+    found = []
+    if _global_forward_hooks():
+        found.append("torch's global module hooks")
+    hooked = [m for m in hooked if m._forward_hooks or m._forward_pre_hooks]
+    if hooked:
+        called, _ = _usage(body, graph, False)
+        wanted = {id(m) for m in hooked if id(m) in called}
+        found += [f"{n} ({type(m).__name__})" for n, m in body.named_modules() if id(m) in wanted]
+    return found
+
+
+def _padded(padding: Any) -> bool:
+    """Some item of ``padding`` (a :class:`~vispos.Padding`) leaves cells of the canvas padded."""
+    if padding.kind == "none":
+        return False
+    if padding.kind != "rectangular":
+        return True
+    return not (padding.at_origin and all(tuple(size) == padding.spatial for size in padding.sizes))
+
+
+def _global_forward_hooks() -> bool:
+    from torch.nn.modules import module as torch_module
+
+    return bool(torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks)
+
+
 @_tracing.outside_graph  # a host check of the modules: run eagerly, never traced into a graph
-def check_graph_hooks(body: nn.Module, owner: str) -> None:
+def check_graph_hooks(body: nn.Module, owner: str, padding: Any = None) -> None:
     """Raises ``ValueError`` when a module of the traced backbone ``body`` carries a hook that
-    its graphs would not run (see :func:`unrun_hooks`), instead of running without it.
+    its graphs would not run (see :func:`unrun_hooks`), instead of running without it; with
+    ``padding`` (a rewritten graph's input padding), also when a module the graph calls carries a
+    forward or forward-pre hook (or torch's global module hooks are set) and the batch is padded:
+    the hook runs on the padded map, before or after the zeros the rewrite writes into its
+    padding, so the next layer would read what the hook left there.
 
     Args:
         body (fx.GraphModule): the traced backbone (a ``DualGraphModule``'s graph of the current
             mode: ``train()`` / ``eval()`` switch graphs, and each forward checks its own).
         owner (str): what traced it, for the message (``"padding_invariant=True"``,
             ``"torchvision's feature extraction"``).
+        padding (Padding, optional): the batch's padding, for a graph rewritten for padding
+            invariance. Default None: no such check.
 
     Raises:
         ValueError: naming the modules (at most five) and their types.
     """
+    hooked = _hooked(body)  # one walk: the usual case, no hook, ends here
+    if not hooked and (padding is None or not _global_forward_hooks()):
+        return
+    if padding is not None:
+        hooked = _forward_hooked(body, body.graph, hooked)
+        if hooked and _padded(padding):
+            raise ValueError(
+                f"{owner} runs the backbone as a rewritten torch.fx graph that writes zeros into each map's padding "
+                f"before the layers that read it; forward hooks on {', '.join(hooked[:5])} run on the padded maps, "
+                "before or after those zeros, so the next layer would read what the hook left in the padding. Remove "
+                "the hooks, hook the backbone's output levels, or run items without padding (one item, or items "
+                "of one size)")
     unrun = unrun_hooks(body, body.graph)
     if unrun:
         named = ", ".join(f"{n} ({type(m).__name__})" for n, m in unrun[:5])
