@@ -383,7 +383,7 @@ def markdown(results: list[dict], header: str, rows: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _versions() -> str:
+def _versions(commit: str | None = None) -> str:
     import timm
     import torchvision
 
@@ -392,11 +392,12 @@ def _versions() -> str:
         monai_version = monai.__version__
     except ImportError:
         monai_version = "absent"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "?"
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                    text=True).stdout.strip()
+        except OSError:
+            commit = ""
     return (f"torch {torch.__version__}, torchvision {torchvision.__version__}, timm {timm.__version__}, "
             f"MONAI {monai_version}; vispos at {commit or '?'}; float64, tolerance {TOL:g}")
 
@@ -425,7 +426,7 @@ def sweep(args) -> tuple[list[dict], str]:
               f"{result.get('where') or result.get('reason', '')}", flush=True)
     summary = summarise(results)
     header = (f"Coverage of `vispos.make_padding_invariant`: {summary['models']} architectures "
-              f"({time.perf_counter() - start:.0f} s on {os.cpu_count()} cores, one thread). {_versions()}.")
+              f"({time.perf_counter() - start:.0f} s on {os.cpu_count()} cores, one thread). {_versions(args.commit)}.")
     return results, header
 
 
@@ -439,6 +440,7 @@ def main(argv=None) -> int:
     p.add_argument("--from-json", default=None, help="write the reports from this --json file instead of running")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model before it is skipped")
     p.add_argument("--memory-gb", type=float, default=6.0, help="address space per model beyond the parent's")
+    p.add_argument("--commit", default=None, help="the vispos commit to name (default: git's HEAD here)")
     p.add_argument("--no-isolate", action="store_true", help="run in this process (no time / memory budget)")
     args = p.parse_args(argv)
     if args.from_json:
