@@ -51,11 +51,11 @@ def test_progress_shows_only_when_work_is_long():
             pass
     assert quick.getvalue() == ""
     slow = io.StringIO()
-    with StageProgress(["read", "backbone"], "vispos run", delay=0.05, interval=0.02, file=slow) as progress:
+    with StageProgress(["read", "backbone"], "vispos run", delay=0.25, interval=0.02, file=slow) as progress:
         with progress.stage("read"):
             pass
         with progress.stage("backbone"):
-            time.sleep(0.3)  # one long call that reports nothing itself: the bar still moves
+            time.sleep(0.6)  # one long call that reports nothing itself: the bar still moves
     shown = slow.getvalue()
     assert "vispos run: now backbone (1/2 stages done) [00:00]" in shown and "now read" not in shown, shown
     with pytest.raises(ValueError, match="stages must name at least one stage"):
