@@ -133,12 +133,37 @@ class InvariantTower:
         from .._network import make_padding_invariant
 
         self.module = tower
-        self.invariant = make_padding_invariant(tower, probe_size=probe_size)
+        self.invariant = None if _one_conv(tower) else make_padding_invariant(tower, probe_size=probe_size)
 
-    def bind(self, maps: CallMaps, training: bool) -> "_BoundTower":
+    def bind(self, maps: CallMaps, training: bool) -> Any:
         """The tower for one call of the owner (``training``: the owner's mode)."""
+        if self.invariant is None:
+            return _ZeroFilled(self.module, maps)
         self.invariant.training = training
         return _BoundTower(self.invariant, maps)
+
+
+def _one_conv(module: nn.Module) -> bool:
+    """``module`` is one size-keeping convolution, alone or in ``nn.Sequential`` containers with
+    ReLUs (an FPN block, the RPN's tower): zeros in its input's padding make it exact, no trace
+    needed."""
+    leaves = [m for m in module.modules() if not any(True for _ in m.children())]
+    containers = [m for m in module.modules() if any(True for _ in m.children())]
+    convs = [m for m in leaves if type(m) is nn.Conv2d]
+    return (len(convs) == 1 and all(type(m) in (nn.Conv2d, nn.ReLU, nn.Identity) for m in leaves)
+            and all(isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward for m in containers)
+            and all(s == 1 for s in convs[0].stride) and convs[0].padding_mode == "zeros"
+            and all(2 * p == d * (k - 1) for p, d, k in zip(convs[0].padding, convs[0].dilation, convs[0].kernel_size)))
+
+
+class _ZeroFilled:
+    def __init__(self, module: nn.Module, maps: CallMaps) -> None:
+        self.module, self.maps = module, maps
+
+    def __call__(self, x: Tensor, padding: Padding | None = None) -> Tensor:
+        if padding is None:
+            padding = self.maps.padding(x)
+        return self.maps.add(zero_padding(self.module(zero_padding(x, padding)), padding), padding)
 
 
 class _BoundTower:

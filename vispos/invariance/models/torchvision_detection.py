@@ -110,6 +110,13 @@ class InvariantDetector(nn.Module):
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
+    def train(self, mode: bool = True) -> "nn.Module":
+        """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
+        mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
+        self._model.train(mode)
+        self.training = mode
+        return self
+
     def forward(self, images: list[Tensor], targets: list[dict[str, Tensor]] | None = None) -> Any:
         model = self._model
         maps, call = CallMaps(), {"size_divisible": model.transform.size_divisible}
@@ -121,7 +128,7 @@ class InvariantDetector(nn.Module):
 
         def backbone(tensors: Tensor) -> "OrderedDict[str, Tensor]":
             sizes = [tuple(s) for s in call["images"].image_sizes]
-            levels = self._pyramid(tensors, sizes, call["size_divisible"], maps, self.training)
+            levels = self._pyramid(tensors, sizes, call["size_divisible"], maps, model.training)
             call["levels"] = levels
             return levels.as_dict()
 
@@ -130,7 +137,7 @@ class InvariantDetector(nn.Module):
         hooked = {"backbone": model.backbone, "backbone.fpn": model.backbone.fpn}
         if hasattr(model, "rpn"):
             rpn = model.rpn
-            head = Override(rpn.head, conv=self._towers["rpn"].bind(maps, self.training),
+            head = Override(rpn.head, conv=self._towers["rpn"].bind(maps, model.training),
                             cls_logits=MaskedConv(rpn.head.cls_logits, maps, "lowest"),
                             bbox_pred=MaskedConv(rpn.head.bbox_pred, maps))
             rpn_parts = {"head": head, "anchor_generator": _Anchors(rpn.anchor_generator, call)}
@@ -142,9 +149,9 @@ class InvariantDetector(nn.Module):
             hooked.update({"rpn": rpn, "rpn.head": rpn.head, "roi_heads": model.roi_heads})
         else:
             cls_head, reg_head = model.head.classification_head, model.head.regression_head
-            cls = Override(cls_head, conv=self._towers["classification"].bind(maps, self.training),
+            cls = Override(cls_head, conv=self._towers["classification"].bind(maps, model.training),
                            cls_logits=MaskedConv(cls_head.cls_logits, maps, "lowest"))
-            reg_parts = {"conv": self._towers["regression"].bind(maps, self.training),
+            reg_parts = {"conv": self._towers["regression"].bind(maps, model.training),
                          "bbox_reg": MaskedConv(reg_head.bbox_reg, maps)}
             if hasattr(reg_head, "bbox_ctrness"):
                 reg_parts["bbox_ctrness"] = MaskedConv(reg_head.bbox_ctrness, maps)

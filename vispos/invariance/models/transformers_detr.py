@@ -103,12 +103,19 @@ class InvariantDetr(nn.Module):
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
+    def train(self, mode: bool = True) -> "nn.Module":
+        """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
+        mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
+        self._model.train(mode)
+        self.training = mode
+        return self
+
     def _encode(self, pixel_values: Tensor, pixel_mask: Tensor, maps: CallMaps) -> list[tuple[Tensor, Tensor]]:
         """The convolutional encoder's output: ``[(Tensor[B, C_l, H_l, W_l], Tensor[B, H_l, W_l]
         bool, True = valid), ...]`` per level, as ``DetrConvEncoder`` returns it; each level is
         recorded in ``maps``."""
         padding = Padding.from_mask(pixel_mask == 0)
-        self._body.training = self.training
+        self._body.training = self._model.training
         levels = self._body(NestedTensor(pixel_values, padding))
         if isinstance(levels, dict):
             levels = list(levels.values())
@@ -153,7 +160,7 @@ class InvariantDetr(nn.Module):
             "backbone": Override(owner.backbone, call=lambda values, mask: self._encode(values, mask, maps))}
         if self._projections is not None:
             num_levels = len(owner.backbone.intermediate_channel_sizes)
-            parts["input_proj"] = [self._projection(i, t.bind(maps, self.training), maps, pixel_mask, num_levels)
+            parts["input_proj"] = [self._projection(i, t.bind(maps, model.training), maps, pixel_mask, num_levels)
                                    for i, t in enumerate(self._projections)]
         inner = Override(owner, **parts)
         if owner is model:
