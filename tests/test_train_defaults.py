@@ -13,7 +13,7 @@ import re
 import pytest
 
 from vispos.app._train_args import parse_train_args
-from vispos.app.train._args import build_parser, finished_run, full_defaults
+from vispos.app.train._args import build_parser, finished_arms, finished_run, full_defaults
 from vispos.app.train._task_args import FLAGS_2D, FLAGS_3D
 from vispos.app.train.report import tiny_summary
 from vispos.app.train.segment3d_args import SEGMENT_DOC, build_segment_parser
@@ -166,6 +166,8 @@ def test_force_and_resume_of_that_run_pass_and_other_arms_join(tmp_path):
     run = str(out / "sine" / "seed0")
     assert finished_run([run], resume=os.path.join(run, "checkpoint.pt")) is None
     assert "holds a finished run" in finished_run([run], resume=str(tmp_path / "elsewhere" / "checkpoint.pt"))
+    assert finished_arms(str(out), ["none", "sine", "grid"], 0).endswith(
+        "--force to replace it; or train the others: --pos none grid")  # a run of three arms stopped part way
     _finished(out / "grid" / "seed0")
     two = finished_run([run, str(out / "grid" / "seed0")])
     assert " and " in two and two.endswith("hold finished runs, never replaced unless asked: give another --out, or "

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ._errors import CLIError, OneLineParser
 from ._model_names import backbone_problem
-from .train._args import finished_run, parse_flags
+from .train._args import finished_arms, finished_run, parse_flags
 from .train._task_args import FLAGS_2D, FLAGS_3D, VIT_NAME
 
 __all__ = ["PROG", "add_train_parser", "parse_train_args", "check_train_args"]
@@ -86,16 +86,11 @@ def check_train_args(args: argparse.Namespace) -> None:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise CLIError(f"argument --out: {args.out!r} exists and is not a folder")
     if not (args.report or getattr(args, "figure", False) or args.force):  # in a fraction of a second
-        taken = finished_run(_run_folders(args), args.resume)
+        if getattr(args, "task", "detect") == "segment":
+            from .train.segment3d_args import run_folder
+
+            taken = finished_run([run_folder(args)], args.resume)
+        else:
+            taken = finished_arms(args.out, args.pos, args.seed, args.resume)
         if taken:
             raise CLIError(f"argument --out: {taken}")
-
-
-def _run_folders(args: argparse.Namespace) -> list[str]:
-    """The run folders a training with ``args`` writes: ``OUT/<arm>/seed<S>`` per ``--pos`` arm, or
-    the segmentation run's (:func:`vispos.app.train.segment3d_args.run_folder`)."""
-    if getattr(args, "task", "detect") == "segment":
-        from .train.segment3d_args import run_folder
-
-        return [run_folder(args)]
-    return [os.path.join(args.out, arm, f"seed{args.seed}") for arm in args.pos]

@@ -17,7 +17,7 @@ from .._errors import OneLineParser
 from .._flags import add_threads_argument, int_at_least, nonnegative_float, positive_float
 
 __all__ = ["POS_ARMS", "TINY_CORE", "MAX_SIZES", "CORE_DEFAULTS", "TaskFlags", "full_defaults", "build_parser",
-           "parse_flags", "flag_error", "finished_run"]
+           "parse_flags", "flag_error", "finished_run", "finished_arms"]
 
 #: the position-embedding arms: zeros, a mask-blind grid over the padded canvas, DETR's sine
 POS_ARMS = ("none", "grid", "sine")
@@ -239,3 +239,17 @@ def finished_run(run_dirs: Sequence[str], resume: str | None = None) -> str | No
     return (f"{' and '.join(taken)} {'holds a finished run' if len(taken) == 1 else 'hold finished runs'}, "
             "never replaced unless asked: give another --out, or --force to replace "
             f"{'it' if len(taken) == 1 else 'them'}")
+
+
+def finished_arms(out: str, arms: Sequence[str], seed: int, resume: str | None = None) -> str | None:
+    """:func:`finished_run` for the arms of one seed under ``out`` (``OUT/<arm>/seed<S>``), and,
+    when only some of them have finished (a run of several arms stopped part way), the ``--pos``
+    that trains the others."""
+    import os
+
+    folders = [os.path.join(out, arm, f"seed{seed}") for arm in arms]
+    taken = finished_run(folders, resume)
+    if taken is None:
+        return None
+    left = [arm for arm, folder in zip(arms, folders) if finished_run([folder]) is None]
+    return taken + (f"; or train the others: --pos {' '.join(left)}" if left else "")

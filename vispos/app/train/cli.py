@@ -19,7 +19,7 @@ import torch
 
 from .._flags import torch_threads
 from .._io import write_files
-from ._args import MAX_SIZES, finished_run, flag_error, full_defaults, parse_flags
+from ._args import MAX_SIZES, finished_arms, flag_error, full_defaults, parse_flags
 from .checkpoint import load_checkpoint
 from .distributed import init_distributed, launched_by_torchrun
 from .engine import resume_conflict, train_arm
@@ -87,7 +87,7 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
     if not args.force:  # last, still before any work: a finished run is never replaced unless asked
-        taken = finished_run([os.path.join(args.out, arm, f"seed{args.seed}") for arm in args.pos], args.resume)
+        taken = finished_arms(args.out, args.pos, args.seed, args.resume)
         if taken:
             error("--out", taken)
 
@@ -165,7 +165,7 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
     line on what so short a run can and cannot show (:func:`vispos.app.train.report.tiny_summary`);
     every run ends with what the task's metric names mean (``task.metric_legend``), if it says.
     An arm and seed whose finished run (``metrics.json``) is under ``--out`` is refused before any
-    work unless ``--force`` (:func:`vispos.app.train._args.finished_run`)."""
+    work unless ``--force`` (:func:`vispos.app.train._args.finished_arms`)."""
     parser, args = parse_args(task, argv, prog, command)
     if args.report:
         try:
