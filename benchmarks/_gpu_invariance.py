@@ -8,7 +8,9 @@ and these times describe the same steps. Items: random images with sides drawn i
 or volumes with sides in 48-80 voxels (3D), each its own size. ``float32`` runs with torch's TF32
 defaults; ``bfloat16`` under ``torch.autocast``. Compiled rows: ``torch.compile`` (default mode) of
 the stock and the invariant model, the training step of ResNet-50 and ViT-S at B = 8, timed warm
-after two calls (compilation excluded; its time is in the row).
+after two calls (compilation excluded; its time is in the row). CUDA-graph rows: the training step
+(forward, backward; the batch's boxes on the host) of each arm captured once with
+``torch.cuda.graph`` after three warm steps on a side stream, the replays timed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from count_launches import MODELS, _model, random_batch, step_fn
 EAGER = (("resnet50", ("train", "frozen", "eval")), ("convnext_tiny", ("train", "eval")),
          ("vit_small", ("train", "eval", "packed")), ("r3d_18", ("train", "eval")))
 COMPILED = (("resnet50", "train"), ("vit_small", "train"))
+#: the training steps captured in a CUDA graph; B = 8 and 32, float32 and bfloat16
+GRAPHED = (("resnet50", "train"), ("vit_small", "train"))
 SIDES = {2: (320, 512), 3: (48, 80)}
 
 
@@ -97,3 +101,45 @@ def compiled_rows(table, dev: torch.device, repeats: int) -> None:
 
             crit = f"torch.compile default mode, B = 8, median of {repeats} interleaved; target <= 1.10x"
             table.check("invariance cost, compiled", f"{name} {step}, {precision}", crit, run)
+
+
+def _captured(fn, dev: torch.device):
+    """``fn`` (a training step) captured in a CUDA graph after three warm calls; the graph's replay."""
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def graphed_rows(table, dev: torch.device, repeats: int) -> None:
+    """The CUDA-graph rows (:data:`GRAPHED`): each arm's training step captured, B = 8 and 32."""
+    for name, step in GRAPHED:
+        axes = MODELS[name][1]
+        for b in (8, 32):
+            for precision in ("float32", "bfloat16"):
+                def run(name=name, step=step, b=b, precision=precision, axes=axes):
+                    models = _pair(name, step, dev)
+                    batch = random_batch(b, axes, sides=SIDES[axes]).to(dev)
+                    with _autocast(dev, precision):
+                        fns = {arm: _graph_step(m, batch, dev) for arm, m in models.items()}
+                        return interleaved_ratio(fns, dev, repeats)
+
+                crit = f"CUDA graph of the training step, median of {repeats} interleaved replays"
+                table.check("invariance cost, CUDA graph", f"{name} {step}, B = {b}, {precision}", crit, run)
+
+
+def _graph_step(model: torch.nn.Module, batch, dev: torch.device):
+    """The replay of ``model``'s training step on ``batch`` (gradients accumulated, not zeroed: the
+    graph keeps its buffers)."""
+    model.train()
+
+    def step():  # count_launches.step_fn's training step, without zeroing the gradients
+        sum(level.tensors.float().mean() for level in model(batch)).backward()
+
+    return _captured(step, dev)

@@ -24,15 +24,19 @@ every row, so a run cut short still leaves what it measured. Sections, in this o
    defaults leave it).
 5. **torch.compile**: the sine embedding (``fullgraph=True``) and the invariant backbones
    (default mode; graph breaks counted), compared with eager, with the compile time.
-6. **Invariance cost** (``_gpu_invariance.py``): the invariant / stock time ratio of one step for
+6. **Host overhead** (``host_overhead.py``): vispos' Python per call of the fused ops on the CUDA
+   code path with launches stubbed (measured on the CPU, on any machine), the invariant / stock
+   ResNet-50 training step's host-time proxy, and the most compiled variants of a kernel.
+7. **Invariance cost** (``_gpu_invariance.py``): the invariant / stock time ratio of one step for
    ResNet-50 (trainable and frozen batch norm), ConvNeXt-T, ViT-S/16 padded and packed and r3d_18,
-   at B = 8 and 32, eval and train, float32 and bfloat16 autocast; then the compiled training
-   step of ResNet-50 and ViT-S.
+   at B = 8 and 32, eval and train, float32 and bfloat16 autocast; then the training step of
+   ResNet-50 and ViT-S compiled (B = 8) and captured in a CUDA graph (B = 8 and 32).
 
 Every section has a time budget (and the whole run ``--budget`` seconds, with a watchdog that
 ends the process after it); an error or a timeout goes into its row and the run goes on. Without
-CUDA (``--device cpu``) the CUDA rows read "skipped (no CUDA)" and the timings run on the CPU
-(``--quick``: smaller workloads, no ResNet-50); ``tests/test_gpu_check.py`` runs it that way.
+CUDA (``--device cpu``) the CUDA rows read "skipped (no CUDA)" (the ResNet-50 timings too: a GPU
+timing), the other timings run on the CPU (``--quick``: smaller workloads), and the command exits 0
+when every row it ran passed; ``tests/test_gpu_check.py`` runs it that way.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vispos  # noqa: E402
 import bench_position_embedding as bench_pe  # noqa: E402
 from _gpu_invariance import compiled_rows as invariance_compiled_rows, interleaved_ratio, invariance_rows  # noqa: E402
+from _gpu_invariance import graphed_rows as invariance_graphed_rows  # noqa: E402
 from _gpu_cases import BACKBONES, FAMILIES, c5_level, flat, item_alone, on, padded_items, valid_cells  # noqa: E402
 from vispos import nested_tensor_from_tensor_list  # noqa: E402
 
@@ -369,9 +374,10 @@ def resnet50_ratio(table: Table, dev, small: bool, repeats: int) -> None:
     sides = [s for size in RESNET50_SIZES for s in size]
     crit = (f"B = {len(RESNET50_SIZES)}, {min(sides)}-{max(sides)} px padded, median of {repeats} interleaved, "
             "TF32 default")
-    if dev.type == "cpu" and small:
+    if dev.type == "cpu":  # a GPU timing: on the CPU it measures convolutions and runs past its budget
         for mode in MODES:
-            table.add("timing", f"ResNet-50 invariant / stock, {mode}", "skipped (--quick on CPU)", "-", crit)
+            table.add("timing", f"ResNet-50 invariant / stock, {mode}", "skipped (--quick on CPU)" if small else NO_CUDA,
+                      "-", crit)
         return
     state: dict = {}
 
@@ -393,6 +399,26 @@ def resnet50_ratio(table: Table, dev, small: bool, repeats: int) -> None:
             return interleaved_ratio(fns, dev, repeats)
 
         table.check("timing", f"ResNet-50 invariant / stock, {mode}", crit, run, cuda=False)
+
+
+def host_overhead_rows(table: Table, small: bool) -> None:
+    """``host_overhead.py``'s rows: vispos' Python per call on the CUDA code path (launches stubbed,
+    measured on the CPU whatever the device) and the kernels' compiled variants, against the
+    targets."""
+    import host_overhead
+
+    rows = host_overhead.measure(small)
+    add = rows["torch_add_us"]
+    for key in host_overhead.KEYS:
+        value, target = rows[key], host_overhead.TARGETS[key]
+        if key.endswith("_us"):
+            shown = f"{value:.1f} us ({rows['normalized_to_add_1.2us'][key]:.1f} us at torch.add = 1.2 us)"
+        elif key == "resnet50_train_step_host_ratio":
+            shown = f"{value:.2f}x (ResNet-50's graph at 1/16 width, B = {2 if small else 8}, CPU proxy)"
+        else:
+            shown = f"{value} ({', '.join(f'{k} {v}' for k, v in rows['kernel_variants'].items())})"
+        crit = f"target <= {target:g}; torch.add on one element {add:.2f} us here"
+        table.add("host overhead", key, "measured", shown, crit)
 
 
 # ---------------------------------------------------------------------------------- main
@@ -441,9 +467,11 @@ def main(argv=None, started: float | None = None) -> int:
         ("CUDA graph", 25, lambda: cuda_graphs(table, dev, args.quick)),
         ("embedding timings", 45, lambda: embedding_timings(table, dev, args.quick, repeats)),
         ("ResNet-50 timings", 40, lambda: resnet50_ratio(table, dev, args.quick, repeats)),
+        ("host overhead", 90, lambda: host_overhead_rows(table, args.quick)),
         ("torch.compile", 150, lambda: compiled_rows(table, dev, args.quick)),
         ("invariance cost", 200, lambda: invariance_rows(table, dev, args.quick, min(repeats, 5))),
         ("invariance cost, compiled", 150, lambda: invariance_compiled_rows(table, dev, min(repeats, 5))),
+        ("invariance cost, CUDA graph", 120, lambda: invariance_graphed_rows(table, dev, min(repeats, 5))),
     ]
     for name, budget, fn in sections:
         left = deadline - time.monotonic()
