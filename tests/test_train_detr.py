@@ -291,7 +291,8 @@ def test_tiny_run_resumes_for_more_steps(tiny_checkpoint, tmp_path):
     (["--lr", "2e-3", "--batch-size", "3"],
      "argument --resume: the settings differ from the checkpoint's: --batch-size (checkpoint 2, given 3), "
      "--lr (checkpoint 0.001, given 0.002); a resumed run keeps every setting of its checkpoint except "
-     "--device, --eval-batch-sizes, --eval-beside-largest, --eval-every, --memory-warmup, --out, --save-every, --steps, --threads, --workers"),
+     "--device, --eval-batch-sizes, --eval-beside-largest, --eval-every, --force, --memory-warmup, --out, --save-every, "
+     "--steps, --threads, --workers"),
     (["--train-images", "6"], "--train-images (checkpoint 4, given 6)"),
     (["--pos", "grid"], "argument --resume: the checkpoint is of arm 'sine', this run trains 'grid'"),
     (["--steps", "1"], "argument --resume: the checkpoint is at step 2; --steps must be >= 2, got 1"),
