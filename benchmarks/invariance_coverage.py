@@ -67,7 +67,9 @@ REASONS = [
     (r"'same' padding", "TensorFlow 'same' padding"),
     (r"windows are laid out on the canvas", "windowed attention on the canvas (Swin)"),
     (r"fixed patch grid|position table|adds a fixed spatial tensor", "fixed spatial tensor (position table)"),
-    (r"reshapes, moves or mixes cells|flattens the spatial axes|mixes or moves cells", "reshape / permute / attention"),
+    (r"flattens the spatial axes", "spatial axes flattened (tokens, a flatten)"),
+    (r"reshapes, moves or mixes cells|mixes or moves cells", "cells reshaped, moved or mixed"),
+    (r"axes were permuted", "an op on a channels-last map without a rule"),
     (r"layer norm over the trailing axes", "layer norm over trailing axes"),
     (r"pixel shuffle", "pixel shuffle"),
     (r"no rule for this function", "function without a rule"),
@@ -228,8 +230,9 @@ def _fail(out: dict, exc: BaseException, when: str) -> dict:
     if isinstance(exc, ValueError):
         reason = refusal_reason(str(exc))
         return out | {"status": "refused", "reason": reason if when == "wrap" else f"{reason} ({when})",
-                      "exception": kind, "message": line[:300]}
-    return out | {"status": "error", "reason": f"{kind} ({when})", "exception": kind, "message": line[:300]}
+                      "exception": kind, "message": line[:300], "when": when}
+    return out | {"status": "error", "reason": f"{kind} ({when})", "exception": kind, "message": line[:300],
+                  "when": when}
 
 
 def check(case: Case) -> dict:
@@ -416,6 +419,9 @@ def sweep(args) -> tuple[list[dict], str]:
     wanted = QUICK if args.quick else args.models
     if wanted:
         cases = [c for c in cases if c.name in wanted or c.key in wanted]
+    if args.shard:
+        k, n = (int(v) for v in args.shard.split("/"))
+        cases = cases[k - 1::n]
     results, start = [], time.perf_counter()
     for case in cases:
         t0 = time.perf_counter()
@@ -430,6 +436,14 @@ def sweep(args) -> tuple[list[dict], str]:
     return results, header
 
 
+def _merged_header(results: list[dict], headers: list[str]) -> str:
+    """One header for shards run at once: the model count of all, the longest wall time."""
+    seconds = max(int(m.group(1)) for h in headers if (m := re.search(r"\((\d+) s on", h)))
+    head = re.sub(r"\d+ architectures", f"{len(results)} architectures", headers[0])
+    return re.sub(r"\(\d+ s on (\d+) cores, one thread\)",
+                  rf"({seconds} s on \1 cores, {len(headers)} shards of one thread at once)", head)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
@@ -437,16 +451,27 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write every model's outcome and the counts to this file")
     p.add_argument("--markdown", default=None, help="write the report (counts, refusals, rows) to this file")
     p.add_argument("--summary", default=None, help="write the report without the per-model rows (the docs' table)")
-    p.add_argument("--from-json", default=None, help="write the reports from this --json file instead of running")
+    p.add_argument("--from-json", nargs="+", default=None,
+                   help="write the reports from these --json files (shards merged) instead of running")
+    p.add_argument("--shard", default=None, help="K/N: only every N-th model from the K-th (1-based), to run N at once")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model before it is skipped")
     p.add_argument("--memory-gb", type=float, default=6.0, help="address space per model beyond the parent's")
     p.add_argument("--commit", default=None, help="the vispos commit to name (default: git's HEAD here)")
     p.add_argument("--no-isolate", action="store_true", help="run in this process (no time / memory budget)")
     args = p.parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            saved = json.load(f)
-        results, header = saved["results"], saved["header"]
+        results, headers = [], []
+        for path in args.from_json:
+            with open(path) as f:
+                saved = json.load(f)
+            results += saved["results"]
+            headers.append(saved["header"])
+        order = {(c.source, c.name): i for i, c in enumerate(all_cases())}
+        results.sort(key=lambda r: order.get((r["source"], r["model"]), len(order)))
+        header = headers[0] if len(headers) == 1 else _merged_header(results, headers)
+        for r in results:  # the reasons as this version groups them
+            if r["status"] == "refused" and r.get("when", "wrap") == "wrap":
+                r["reason"] = refusal_reason(r["message"])
     else:
         results, header = sweep(args)
     if args.json:

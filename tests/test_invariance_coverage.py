@@ -142,6 +142,21 @@ def test_too_large_is_skipped(monkeypatch):
     assert result["status"] == "skipped" and "too large" in result["reason"]
 
 
+def test_shards_merge_into_one_report(tmp_path):
+    rows = [{"model": "resnet18", "source": "timm", "status": "exact", "eval_rel": 0.0, "train_rel": 0.0},
+            {"model": "resnet18", "source": "torchvision", "status": "refused", "when": "wrap", "exception": "ValueError",
+             "message": "x (Foo) exactly on a padded batch: it flattens the spatial axes of a feature map"}]
+    for i, row in enumerate(rows):
+        (tmp_path / f"{i}.json").write_text(json.dumps(
+            {"header": f"Coverage: 1 architectures ({10 * i + 5} s on 2 cores, one thread). v.", "results": [row]}))
+    cov.main(["--from-json", str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--json", str(tmp_path / "m.json")])
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert [r["source"] for r in data["results"]] == ["torchvision", "timm"]  # the sweep's order
+    assert data["summary"]["counts"]["exact"] == 1 and data["summary"]["refusals"] == {
+        "spatial axes flattened (tokens, a flatten)": ["resnet18"]}
+    assert data["header"] == "Coverage: 2 architectures (15 s on 2 cores, 2 shards of one thread at once). v."
+
+
 def test_sweep_has_at_least_150_architectures():
     keys = [c.key for c in cases.all_cases()]
     assert len(keys) >= 150 and len(set(keys)) == len(keys)
