@@ -8,7 +8,8 @@ Run (about a minute; ``--quick``: a few seconds):
 On a GPU the device waits for the host: every op's Python runs before its kernels start. This
 measures that Python on the CPU, with the code path CUDA takes chosen (``vispos.ops._triton``'s
 interpreted mode routes CPU tensors to the Triton launchers) and every Triton launch replaced by a
-no-op, so only vispos' own Python is timed, beside torch's own op on the same tensors and
+no-op, and the host-side shortcuts of CPU tensors off (as for CUDA tensors), so only vispos' own
+Python is timed, beside torch's own op on the same tensors and
 ``torch.add`` on one element (the machine's dispatcher cost: the issue's figures were taken where
 it cost 1.2 us). Rows (the ``--json`` keys):
 
@@ -51,6 +52,8 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import vispos  # noqa: E402
+import vispos._sincos  # noqa: E402
+import vispos._tracing  # noqa: E402
 from vispos import Padding, PositionEmbeddingSine  # noqa: E402
 from vispos.invariance.cells import _norms as norms  # noqa: E402
 from vispos.ops import _batch_norm_kernels as bn_kernels  # noqa: E402
@@ -68,14 +71,21 @@ RESNET50_LEVELS = ((2, (64,)), (4, (64, 256)), (8, (128, 512)), (16, (256, 1024)
 
 @contextlib.contextmanager
 def stubbed_launches():
-    """CPU tensors take the ops' Triton path (the code CUDA runs), every launch a no-op."""
+    """The code CUDA runs, on the CPU: the ops' Triton path with every launch a no-op, and no
+    host-side shortcut (``host_side`` answers False, as for a CUDA tensor: no mask read on the host)."""
     original = _triton._Kernel.__getitem__
     _triton._Kernel.__getitem__ = lambda self, grid: (lambda *args, **kwargs: None)
+    switches = [m for m in (vispos._sincos, vispos._tracing) if hasattr(m, "host_side")]
+    saved = [m.host_side for m in switches]
+    for m in switches:
+        m.host_side = lambda device: False
     try:
         with _triton.interpreted():
             yield
     finally:
         _triton._Kernel.__getitem__ = original
+        for m, f in zip(switches, saved):
+            m.host_side = f
 
 
 def per_call_us(fn: Callable[[], object], calls: int, rounds: int) -> float:

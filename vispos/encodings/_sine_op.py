@@ -27,9 +27,6 @@ from ..padding import Padding
 
 __all__ = ["BOXES", "COUNTS", "takes_kernel", "embed", "sine_boxes", "sine_counts"]
 
-# the dispatcher's entry points, called without the Python wrapper's per-call work
-_sine_boxes = torch.ops.vispos.sine_boxes.default
-_sine_counts = torch.ops.vispos.sine_counts.default
 
 
 def takes_kernel(divisors: Tensor) -> bool:
@@ -95,13 +92,13 @@ def embed(
     if kind == "arbitrary" or (kind == "rectangular" and not host):
         mask = padding.mask
         counts = [torch.cumsum(mask, i + 1, dtype=torch.int32) for i in range(n)]
-        _sine_counts(target, counts, *args)
+        sine_counts(target, counts, *args)
     else:
         boxes = None
         if kind == "rectangular":  # one small copy of host values, no synchronisation
             rows = [(*a, *b) for a, b in zip(padding.starts, padding.stops)]
             boxes = _tracing.host_tensor(rows, torch.int32, device)
-        _sine_boxes(target, boxes, *args)
+        sine_boxes(target, boxes, *args)
     if out is not None and target is not out:
         return out.copy_(target)
     return target

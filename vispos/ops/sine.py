@@ -10,17 +10,20 @@ the torch path (a dozen small kernels and host work). Two ops, each declaring on
 * ``vispos::sine_counts`` -- any mask: ``torch.cumsum`` of the mask along each axis (``n`` tensors)
   feeds the kernel, which turns the padding counts into DETR's counts.
 
-Both write into an ``out`` they are given (``mutates_args``; a fake implementation lets
-``torch.compile`` and ``torch.export`` see one op), after checking it and the boxes or counts as a
-torch op checks its arguments (a kernel writes through raw pointers). Their torch implementation is
+Both write into an ``out`` they are given (declared ``Tensor(a!)`` in their schemas; a fake
+implementation lets ``torch.compile`` and ``torch.export`` see one op), after checking it and the
+boxes or counts as a torch op checks its arguments (a kernel writes through raw pointers). They are
+``torch.library.Library`` definitions, as the norms are: a call reaches its implementation with no
+Python layer in between (``custom_op``'s in-place and autograd layers cost about a third of the
+call on the CUDA path), and nothing in them is differentiable. Their torch implementation is
 the reference and the path of every call that does not take Triton: the same float32 steps as the
 torch path (:class:`~vispos._positions.PositionRule`, :func:`~vispos._sincos._embed_axis`), hence the
 same numbers. :mod:`vispos.encodings._sine_op` says which calls take the ops and makes the call.
 
 References:
     Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
-    (``PositionEmbeddingSine``); PyTorch ``torch.library.custom_op``; Tillet et al., Triton,
-    MAPL 2019.
+    (``PositionEmbeddingSine``); PyTorch ``torch.library`` (``Library.define``, ``register_fake``);
+    Tillet et al., Triton, MAPL 2019.
 """
 
 import functools
@@ -33,7 +36,7 @@ from torch import Tensor
 from . import _triton
 from .._positions import PositionRule
 from .._sincos import _embed_axis
-from ._sizes import p2
+from ._sizes import p2, plan
 
 __all__ = ["BOXES", "COUNTS", "sine_boxes", "sine_counts"]
 
@@ -45,8 +48,14 @@ _MAX_CELLS = 2**31 - 1  # the kernel indexes cells with int32
 
 
 # ------------------------------------------------------------------------------------ the ops
-@torch.library.custom_op(BOXES, mutates_args=("out",))
-def sine_boxes(
+_LIB = torch.library.Library("vispos", "FRAGMENT")
+_LIB.define("sine_boxes(Tensor(a!) out, Tensor? boxes, Tensor divisors, Tensor? spacing, bool normalize, float scale, "
+            "float offset, float eps, float? extent) -> ()")
+_LIB.define("sine_counts(Tensor(a!) out, Tensor[] counts, Tensor divisors, Tensor? spacing, bool normalize, "
+            "float scale, float offset, float eps, float? extent) -> ()")
+
+
+def _sine_boxes(
     out: Tensor,
     boxes: Optional[Tensor],
     divisors: Tensor,
@@ -103,8 +112,7 @@ def sine_boxes(
         _write_axis(out, i, count, length, divisors, spacing, rule)
 
 
-@torch.library.custom_op(COUNTS, mutates_args=("out",))
-def sine_counts(
+def _sine_counts(
     out: Tensor,
     counts: list[Tensor],
     divisors: Tensor,
@@ -196,21 +204,22 @@ def _check_int_tensor(op: str, name: str, t: Tensor, out: Tensor, shape: tuple[i
         raise ValueError(f"{op}: {name} is on {t.device}, out on {out.device}: both must be on one device")
 
 
-@sine_boxes.register_fake
 def _sine_boxes_fake(out, boxes, divisors, spacing, normalize, scale, offset, eps, extent) -> None:
-    return None
+    _check_common("sine_boxes", out, divisors, spacing)
 
 
-@sine_counts.register_fake
 def _sine_counts_fake(out, counts, divisors, spacing, normalize, scale, offset, eps, extent) -> None:
-    return None
+    _check_common("sine_counts", out, divisors, spacing)
 
 
-_triton.register_launches(BOXES, 1)
-_triton.register_launches(COUNTS, 1)
-# the dispatcher's entry points, called without the Python wrapper's per-call work
-_sine_boxes = torch.ops.vispos.sine_boxes.default
-_sine_counts = torch.ops.vispos.sine_counts.default
+for _name, _impl, _fake in (("sine_boxes", _sine_boxes, _sine_boxes_fake),
+                            ("sine_counts", _sine_counts, _sine_counts_fake)):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"vispos::{_name}", _fake, lib=_LIB)
+    _triton.register_launches(f"vispos::{_name}", 1)
+#: the ops (the dispatcher's entry points: no Python layer between a call and its implementation)
+sine_boxes = torch.ops.vispos.sine_boxes.default
+sine_counts = torch.ops.vispos.sine_counts.default
 
 
 # -------------------------------------------------------------------------------- helpers
@@ -245,29 +254,42 @@ def _kernel() -> _triton._Kernel:
     return _triton.kernel(do_not_specialize=sizes)(sine_embed_kernel)
 
 
+def _sizes(out: Tensor, half: int) -> tuple:
+    """The launch's sizes for ``out`` (Tensor[B, n * F, *S]) and ``half`` divisors: the rows (every
+    spatial axis but the last) and width of an item, the two leading axes of the frame (1 where
+    missing), the grid and the tile.
+
+    Raises:
+        ValueError: more than 2**31 - 1 cells per item and axis block (int32 indexing).
+    """
+    batch, spatial = out.shape[0], tuple(out.shape[2:])
+    n = len(spatial)
+    width, rows = spatial[-1], math.prod(spatial[:-1])
+    if rows * width > _MAX_CELLS:
+        raise ValueError(f"the Triton sine kernel indexes cells with int32: got {rows * width} cells per item")
+    block_w = min(p2(width), 128)
+    block_r = min(p2(rows), max(1, _TILE_CELLS // block_w))
+    grid = (-(-rows // block_r) * -(-width // block_w), batch, -(-half // _FREQUENCIES))
+    return rows, width, spatial[0] if n == 3 else 1, spatial[-2] if n >= 2 else 1, grid, block_r, block_w
+
+
 def _launch(
     out: Tensor, mode: int, boxes: Optional[Tensor], counts: list[Tensor], divisors: Tensor,
     spacing: Optional[Tensor], rule: PositionRule,
 ) -> None:
     """One launch of the kernel over ``out`` (see :mod:`vispos.ops._sine_kernels`), under ``out``'s
     device guard."""
-    batch, spatial = out.shape[0], tuple(out.shape[2:])
-    n, half = len(spatial), divisors.shape[0]
-    width, rows = spatial[-1], math.prod(spatial[:-1])
     if out.numel() == 0:
         return
-    if rows * width > _MAX_CELLS:
-        raise ValueError(f"the Triton sine kernel indexes cells with int32: got {rows * width} cells per item")
-    block_w = min(p2(width), 128)
-    block_r = min(p2(rows), max(1, _TILE_CELLS // block_w))
-    grid = (-(-rows // block_r) * -(-width // block_w), batch, -(-half // _FREQUENCIES))
+    n, half = out.dim() - 2, divisors.shape[0]
+    rows, width, size0, size1, grid, block_r, block_w = plan(("sine", out.shape, half), lambda: _sizes(out, half))
     dummy = divisors  # a pointer the kernel does not read in this mode
     planes = list(counts) + [dummy] * (3 - len(counts))
     _kernel()[grid](
         out, dummy if boxes is None else boxes, *planes, divisors, divisors.stride(0),
         dummy if spacing is None else spacing,
         0 if spacing is None else spacing.stride(0), 0 if spacing is None else spacing.stride(1),
-        rows, width, spatial[0] if n == 3 else 1, spatial[-2] if n >= 2 else 1, half,
+        rows, width, size0, size1, half,
         float(rule.offset), float(rule.eps), float(rule.scale), 1.0 if rule.extent is None else float(rule.extent),
         N_AXES=n, MODE=mode, NORMALIZE=bool(rule.normalize), HAS_OFFSET=bool(rule.offset),
         HAS_SPACING=spacing is not None, HAS_EXTENT=rule.extent is not None,
