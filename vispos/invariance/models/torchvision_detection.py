@@ -110,6 +110,14 @@ class InvariantDetector(nn.Module):
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
+    def _apply(self, fn: Any, recurse: bool = True) -> "InvariantDetector":
+        super()._apply(fn, recurse)  # the model's modules; then the traced parts' own constants
+        for part in (self._pyramid.body, *(t.invariant for t in (*self._pyramid.inner, *self._pyramid.layer,
+                                                                 *self._towers.values()))):
+            if part is not None:
+                part._apply(fn, recurse)
+        return self
+
     def train(self, mode: bool = True) -> "nn.Module":
         """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
         mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
