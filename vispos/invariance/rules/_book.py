@@ -52,7 +52,7 @@ from ... import _deprecation
 from ._rule import CellWise, InvarianceRule, PaddingAware, Refuse, RewriteStep
 
 __all__ = [
-    "CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "RuleBook", "classify_module",
+    "CellWise", "InvarianceRule", "PaddingAware", "Refuse", "RewriteStep", "RuleBook", "as_book", "classify_module",
     "default_rules", "register_invariance_rule", "registered_functions", "rule_for", "rule_for_call",
 ]
 
