@@ -31,7 +31,8 @@ _BUILT: dict[str, tuple] = {}
 def _model(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     small = {"rpn_pre_nms_top_n_train": 300, "rpn_post_nms_top_n_train": 100, "rpn_pre_nms_top_n_test": 1000,
-             "rpn_post_nms_top_n_test": 1000, "box_batch_size_per_image": 64} if "rcnn" in name else {}
+             "rpn_post_nms_top_n_test": 1000, "box_batch_size_per_image": 64,
+             "box_detections_per_img": 20} if "rcnn" in name else {}
     model = getattr(detection, name)(weights=None, weights_backbone=None, num_classes=5, min_size=64, max_size=128,
                                      **small)
     owner = getattr(model, "roi_heads", model)  # untrained scores sit below the default thresholds
@@ -195,3 +196,32 @@ def test_import_vispos_imports_no_detection_package():
             "print(any(m.startswith(('torchvision.models.detection', 'transformers')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_backbone_with_fpn_alone_equals_in_batch_and_stock():
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    from vispos.invariance.models._pyramid import InvariantBackboneWithFPN
+
+    torch.manual_seed(0)
+    backbone = trained_like(resnet_fpn_backbone(backbone_name="resnet18", weights=None).double()).eval()
+    inv = vispos.make_padding_invariant(backbone)
+    assert isinstance(inv, InvariantBackboneWithFPN) and inv.state_dict().keys() == backbone.state_dict().keys()
+    images = _images(sizes=[(64, 96), (50, 70), (37, 45)])
+    with torch.no_grad():
+        batch = inv(vispos.nested_tensor_from_tensor_list(images))
+        for i, image in enumerate(images):
+            alone = inv(vispos.nested_tensor_from_tensor_list([image]))
+            assert list(alone) == ["0", "1", "2", "3", "pool"]
+            for name, level in alone.items():
+                h, w = level.padding.sizes[0]
+                assert batch[name].padding.sizes[i] == (h, w)
+                torch.testing.assert_close(batch[name].tensors[i, :, :h, :w], level.tensors[0, :, :h, :w])
+        stock = backbone(images[0][None])
+        alone = inv(vispos.nested_tensor_from_tensor_list(images[:1]))
+        for name in stock:
+            torch.testing.assert_close(alone[name].tensors, stock[name])
+    with pytest.raises(ValueError, match="boxes at the origin"):
+        mask = torch.ones(1, 64, 96, dtype=torch.bool)
+        mask[:, 10:40, 10:40] = False
+        inv(torch.rand(1, 3, 64, 96, dtype=torch.float64), mask)

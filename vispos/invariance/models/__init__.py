@@ -9,7 +9,8 @@ returns the wrapper, which shares the model's parameters under their own names a
 and output types. Importing this package imports neither torchvision's detection package nor
 transformers: a family's module is imported when a model of it is wrapped.
 
-* :mod:`.torchvision_detection`: the detectors (their FPN: :mod:`._pyramid`);
+* :mod:`.torchvision_detection`: the detectors; :mod:`._pyramid`: their ``BackboneWithFPN``
+  (a whole-model row of its own too: ``resnet_fpn_backbone`` alone);
 * :mod:`.torchvision_segmentation`: the segmenters' one row (DeepLabV3's ``ASPPPooling``); the
   segmenters themselves go through the graph rewrite, heads' resize to the input's size included;
 * :mod:`.transformers_detr`: DETR, Conditional DETR and Deformable DETR.
@@ -28,6 +29,8 @@ _DETR = WholeModelRule("vispos.invariance.models.transformers_detr", "invariant_
 
 #: ``(dotted class name, rule)``: every whole-model row of the rule book
 WHOLE_MODEL_RULES = (
+    ("torchvision.models.detection.backbone_utils.BackboneWithFPN",
+     WholeModelRule("vispos.invariance.models._pyramid", "invariant_backbone")),
     ("torchvision.models.detection.faster_rcnn.FasterRCNN", _DETECTION),
     ("torchvision.models.detection.mask_rcnn.MaskRCNN", _DETECTION),
     ("torchvision.models.detection.keypoint_rcnn.KeypointRCNN", _DETECTION),

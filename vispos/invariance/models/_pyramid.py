@@ -29,7 +29,7 @@ from ...nested_tensor import NestedTensor
 from ...padding import Padding
 from ._parts import CallMaps, InvariantTower, Override, conv_sizes, zero_padding
 
-__all__ = ["InvariantPyramid", "Levels"]
+__all__ = ["InvariantBackboneWithFPN", "InvariantPyramid", "Levels", "invariant_backbone"]
 
 _MAX_POOL = "torchvision.ops.feature_pyramid_network.LastLevelMaxPool"
 _P6P7 = "torchvision.ops.feature_pyramid_network.LastLevelP6P7"
@@ -162,3 +162,75 @@ def _alone_sizes(image_sizes: list[tuple[int, int]], size_divisible: int, canvas
         else:
             out.append([tuple((n - 1) // 2 + 1 for n in prev) for prev in out[-1]])
     return out
+
+
+def invariant_backbone(model: nn.Module, probe_size: Any = None) -> "InvariantBackboneWithFPN":
+    """torchvision's ``BackboneWithFPN`` as an :class:`InvariantBackboneWithFPN` (the whole-model
+    rule of :func:`~vispos.make_padding_invariant` for that class)."""
+    return InvariantBackboneWithFPN(model, probe_size=probe_size)
+
+
+class InvariantBackboneWithFPN(nn.Module):
+    """torchvision's ``BackboneWithFPN`` (``resnet_fpn_backbone``, ``mobilenet_backbone(fpn=True)``)
+    made exact per item: a padded batch in, each level as a :class:`~vispos.NestedTensor` out
+    (its padding by convolution arithmetic, zeros there). Build it with
+    :func:`~vispos.make_padding_invariant`.
+
+    The batch's canvas is first padded (at the end of each axis) to a multiple of
+    ``size_divisible`` (the body's deepest stride, 32 for a ResNet), where the FPN's top-down
+    up-sampling is exactly twice each level; each item's output equals what it gets alone.
+
+    Args:
+        model (nn.Module): the ``BackboneWithFPN`` (shared, not copied: the state_dict is its own).
+        probe_size (int | tuple, optional): passed to ``make_padding_invariant`` for the body.
+        size_divisible (int): the canvas multiple. Default: 32.
+
+    Shape:
+        - input: NestedTensor ``(B, C, H, W)`` (each item a box at the origin), or ``tensors`` and
+          ``mask`` ``(B, H, W)`` bool, True = padding.
+        - output: ``OrderedDict[str, NestedTensor]``, the FPN's level names, finest first.
+
+    Raises:
+        TypeError: (forward) ``x`` neither a NestedTensor nor a tensor.
+        ValueError: (forward) items that are not boxes at the origin.
+    """
+
+    def __init__(self, model: nn.Module, probe_size: Any = None, size_divisible: int = 32) -> None:
+        from ._parts import share_modules
+
+        super().__init__()
+        share_modules(self, model)
+        self.__dict__["_pyramid"] = InvariantPyramid(model, probe_size=probe_size)
+        self.size_divisible = size_divisible
+        self.training = model.training
+
+    def extra_repr(self) -> str:
+        return f"size_divisible={self.size_divisible}"
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "InvariantBackboneWithFPN":
+        super()._apply(fn, recurse)
+        pyramid = self._pyramid
+        for part in (pyramid.body, *(t.invariant for t in (*pyramid.inner, *pyramid.layer))):
+            if part is not None:
+                part._apply(fn, recurse)
+        return self
+
+    def forward(self, x: NestedTensor | Tensor, mask: Tensor | None = None) -> "OrderedDict[str, NestedTensor]":
+        import torch.nn.functional as F
+
+        if isinstance(x, Tensor):
+            x = NestedTensor(x, mask)
+        elif not isinstance(x, NestedTensor):
+            raise TypeError(f"x must be a NestedTensor or a Tensor (B, C, H, W), got {type(x).__name__}")
+        elif mask is not None:
+            raise TypeError("mask is given by the NestedTensor itself; pass mask only with a plain tensor")
+        padding = x.padding
+        if padding.kind == "arbitrary" or not padding.at_origin:
+            raise ValueError("InvariantBackboneWithFPN takes items that are boxes at the origin of the canvas "
+                             "(padding at the end of each axis), as torchvision's transform pads them")
+        div = self.size_divisible
+        tensors = x.tensors
+        h, w = tensors.shape[-2:]
+        tensors = F.pad(tensors, (0, -(-w // div) * div - w, 0, -(-h // div) * div - h))
+        levels = self._pyramid(tensors, [tuple(s) for s in padding.sizes], div, CallMaps(), self.training)
+        return OrderedDict((name, NestedTensor(t, p)) for name, t, p in zip(levels.names, levels.maps, levels.paddings))
