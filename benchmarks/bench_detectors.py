@@ -300,17 +300,20 @@ def render(rows: dict[str, dict], args, seconds: float) -> str:
 
 def gpu_rows(table, dev: torch.device, small: bool, repeats: int) -> None:
     """:mod:`gpu_check`'s rows: per model, the batch dependence of the stock model and of vispos'
-    wrapper (float64 on ``dev``) and the eval / training step cost ratio (float32, interleaved)."""
+    wrapper (float64 on ``dev``) and the eval / training step cost ratio (float32, interleaved;
+    the same pair, converted)."""
     sizes = QUICK_SIZES if small else SIZES
     for case in CASES if not small else [c for c in CASES if c.name in QUICK]:
-        def dependence(case=case):
-            stock, inv = pair(case, torch.float64, dev)
+        built: dict = {}
+
+        def dependence(case=case, built=built):
+            stock, inv = built["pair"] = pair(case, torch.float64, dev)
             s, _ = batch_dependence(case, stock, sizes)
             v, _ = batch_dependence(case, inv, sizes)
             return v < 1e-6, f"stock {_fmt(s)}, vispos {_fmt(v)}"
 
-        def cost(case=case):
-            stock, inv = pair(case, torch.float64, dev)
+        def cost(case=case, built=built):
+            stock, inv = built.pop("pair", None) or pair(case, torch.float64, dev)
             inv.float()  # built in float64: the build's training-mode probe check is float64-exact
             parts = []
             for step in ("eval", "train"):
