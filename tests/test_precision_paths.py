@@ -249,7 +249,7 @@ _NOT_ENCODERS = {
     "__version__", "CacheInfo", "caching", "is_caching_enabled", "set_caching", "Padding", "NestedTensor",
     "nested_tensor_from_tensor_list", "interpolate_mask", "collate_fn", "PaddedCollate",
     "attn_mask_from_padding", "build_from_config", "register",
-    "register_invariance_rule", "CellWise", "PaddingAware", "Refuse",  # the invariance rule book
+    "register_invariance_rule", "CellWise", "PaddingAware", "Refuse", "RuleBook",  # the invariance rule book
     "make_padding_invariant",  # a network made padding-invariant (tests/test_make_padding_invariant.py)
     "init_mixed_freqs",  # a random initialiser of MixedRotaryEmbedding's parameter (covered by "mixed")
 }
