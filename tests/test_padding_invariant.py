@@ -220,9 +220,9 @@ class _Flatten(nn.Module):
 
 
 @pytest.mark.parametrize("layer, match", [
-    (nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True), r"layer \(Upsample\) .* align_corners=True"),
+    (nn.Upsample(size=(12, 12), mode="bilinear"), r"layer \(Upsample\) .* fixed size=\(12, 12\)"),
     (nn.LayerNorm(128), r"layer \(LayerNorm\) .* trailing axes"),
-    (nn.AdaptiveAvgPool2d(4), r"layer \(AdaptiveAvgPool2d\) .* output_size=4"),
+    (nn.AdaptiveAvgPool2d((4, None)), r"layer \(AdaptiveAvgPool2d\) .* output_size=\(4, None\)"),
     (nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"), r"padding_mode='reflect'"),
     (_Flatten(), r"flatten .*graph node 'flatten'.* flattens the spatial axes"),
 ])

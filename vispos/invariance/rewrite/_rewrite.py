@@ -195,6 +195,27 @@ class _Rewriter(RewriterBase):
         self.maps.geometry[node] = geometry_id
         self.env[node] = self.copy(node)
 
+    def channel_view(self, node: fx.Node, batch: Any, channels: tuple, spatial: tuple) -> None:
+        """``x.view(batch, *channels, *spatial)`` of the node's map: the node as it is when
+        ``spatial`` are the map's own sizes read from it and ``batch`` and ``channels`` are not read
+        from a spatial size; its channels then span ``len(channels)`` axes (a layout with several
+        channel axes), one again after a view back."""
+        x = self.input_of(node)
+        geometry_id = self.maps.geometry.get(x)
+        if not isinstance(geometry_id, int):
+            self.refuse(node, "it reshapes something that is not a whole feature map")
+        if self.size_source(tuple(spatial)) != geometry_id and not (
+                len(spatial) == 1 and self.size_source(spatial[0]) == geometry_id):
+            self.refuse(node, f"it reshapes to spatial sizes {tuple(spatial)!r}, not the map's own read from it "
+                              "(only the channels may be split or merged)")
+        if any(isinstance(v, fx.Node) and v in self.maps.sizes for v in (batch, *channels)) or not channels:
+            self.refuse(node, "it reshapes the batch or channel axes with a spatial size")
+        self.env[node] = self.copy(node)
+        self.maps.geometry[node] = geometry_id
+        layout = (0,) + (1,) * len(channels) + tuple(range(2, 2 + self.num_axes))
+        if len(channels) > 1:
+            self.maps.layout[node] = layout
+
     def cell_wise(self, node: fx.Node, alias: bool = False) -> None:
         """Each output cell reads the same cell of its inputs: the node as it is."""
         spatial = self.spatial_args(node)
@@ -241,6 +262,8 @@ class _Rewriter(RewriterBase):
         value ``[B, C, 1, ...]`` (``keepdim``) or ``[B, C]``."""
         x = self.input_of(node)
         padding = self.padding_of(self.maps.geometry[x])
+        if len(set(self.layout_of(x))) != len(self.layout_of(x)):
+            self.refuse(node, "it pools a map whose channels span several axes (view the channels back first)")
         if x in self.maps.layout:
             self.env[node] = self.new.call_function(ops.global_pool_permuted, (
                 self.env[x], padding, mode, self.layout_of(x), keepdim))

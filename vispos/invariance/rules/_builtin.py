@@ -26,8 +26,8 @@ from torch import nn
 from ..tokens import _swin, _swin_timm, _vit, _windowed
 from .. import models as _models
 from ..models import torchvision_segmentation as _segmentation
-from ._types import (AvgPool, Cat, Conv, ConvTranspose, Expand, GetItem, Interpolate, MaxPool, OverChannels, Pad,
-                     Permute, Repeat, Split)
+from ._types import (AvgPool, Cat, ChannelView, Conv, ConvTranspose, Expand, GetItem, Interpolate, MaxPool,
+                     OverChannels, Pad, Permute, Repeat, Split, Transpose)
 from ._reductions import (AlongChannels, BatchNormFunction, GlobalPool, GroupNormFunction, InstanceNormFunction, Norm,
                           Reduction)
 from . import _monai
@@ -98,6 +98,8 @@ _ROWS = (
     (Reduction("var"), (torch.var, "var")),
     (Reduction("std"), (torch.std, "std")),
     (Expand(), ("expand",)),
+    (Transpose(), (torch.transpose, "transpose")),
+    (ChannelView(), ("view", "reshape", torch.reshape)),
     (Norm(), (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.GroupNorm, nn.InstanceNorm1d,
               nn.InstanceNorm2d, nn.InstanceNorm3d)),
     (Norm(activation=True), ("timm.layers.norm_act.BatchNormAct2d", "timm.layers.norm_act.GroupNormAct",

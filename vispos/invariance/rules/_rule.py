@@ -82,6 +82,10 @@ class RewriteStep(Protocol):
         node) lists in axis order (``skip.shape[-2:]``), or None: the rule may resize each item to
         its own size on that map."""
 
+    def channel_view(self, node: fx.Node, batch: Any, channels: tuple, spatial: tuple) -> None:
+        """``x.view(batch, *channels, *spatial)``: the channels split or merged, the map's own
+        spatial sizes kept (read from it); refused otherwise."""
+
     def broadcast(self, node: fx.Node, geometry_id: int) -> None:
         """Run the node as it is: each item's own value spread over the cells of map
         ``geometry_id`` (``y.expand(b, c, h, w)`` with ``h, w`` read from that map)."""

@@ -35,8 +35,8 @@ from ..geometry._geometry import TransposedWindow, Window
 from ._book import InvarianceRule, RewriteStep
 
 __all__ = [
-    "AvgPool", "Cat", "Conv", "ConvTranspose", "Expand", "GetItem", "Interpolate", "MaxPool", "OverChannels", "Pad",
-    "Permute", "Repeat", "Split",
+    "AvgPool", "Cat", "ChannelView", "Conv", "ConvTranspose", "Expand", "GetItem", "Interpolate", "MaxPool",
+    "OverChannels", "Pad", "Permute", "Repeat", "Split", "Transpose",
 ]
 
 
@@ -298,6 +298,54 @@ class Expand(InvarianceRule):
             step.refuse(node, f"it expands to spatial sizes {sizes[2:]!r}, not one feature map's own (use "
                               "y.expand_as(x), or x.size(2), x.size(3), ... of that map)")
         step.broadcast(node, target)
+
+
+@dataclass(frozen=True)
+class Transpose(InvarianceRule):
+    """``torch.transpose`` / ``x.transpose(a, b)``: a permute that swaps two axes (the batch axis
+    stays first), so ShuffleNet's swap of its channel groups is cell-wise."""
+
+    kind = "transpose"
+    signature = staticmethod(sig._sig_transpose)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        a, b, rank = args["dim0"], args["dim1"], len(layout)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and -rank <= d < rank for d in (a, b)):
+            step.refuse(node, f"it swaps axes {a!r} and {b!r} of a map of {rank} axes")
+        dims = list(range(rank))
+        dims[a % rank], dims[b % rank] = dims[b % rank], dims[a % rank]
+        step.permute(node, tuple(dims))
+
+
+@dataclass(frozen=True)
+class ChannelView(InvarianceRule):
+    """``x.view(b, g, c // g, h, w)`` / ``reshape`` that splits or merges the channels and keeps the
+    map's own spatial sizes (read from it, ``h, w = x.shape[2:]``, or -1 nowhere among them):
+    ShuffleNet's channel shuffle (a view, a transpose of the channel groups, a view back), each
+    cell's channels rearranged alone. Refused: any other shape (one that moves cells)."""
+
+    kind = "view"
+    reads_sizes = True  # its spatial sizes are read from the map
+    signature = staticmethod(sig._sig_view)
+
+    def apply(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> None:
+        self.on_permuted(step, node, args, tuple(range(2 + step.num_axes)))
+
+    def on_permuted(self, step: RewriteStep, node: fx.Node, args: dict[str, Any], layout: tuple[int, ...]) -> None:
+        shape = tuple(args.get("shape") or ())
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        n = step.num_axes
+        split = layout[: len(layout) - n]  # a map whose channels are one axis or split in several
+        if layout[len(layout) - n:] != tuple(range(2, 2 + n)) or split[:1] != (0,) or set(split[1:]) != {1}:
+            step.refuse(node, "it reshapes a map whose spatial axes were moved")
+        if len(shape) < 2 + n:
+            step.refuse(node, f"it reshapes a feature map to {len(shape)} axes (only the channels may be split or "
+                              "merged, the spatial axes kept)")
+        step.channel_view(node, shape[0], shape[1:len(shape) - n], shape[len(shape) - n:])
 
 
 @dataclass(frozen=True)
