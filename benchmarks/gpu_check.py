@@ -64,6 +64,7 @@ import bench_position_embedding as bench_pe  # noqa: E402
 from _gpu_invariance import compiled_rows as invariance_compiled_rows, interleaved_ratio, invariance_rows  # noqa: E402
 from _gpu_invariance import graphed_rows as invariance_graphed_rows  # noqa: E402
 from _gpu_cases import BACKBONES, FAMILIES, c5_level, flat, item_alone, on, padded_items, valid_cells  # noqa: E402
+from bench_detectors import gpu_rows as detector_rows  # noqa: E402
 from vispos import nested_tensor_from_tensor_list  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -411,7 +412,7 @@ def host_overhead_rows(table: Table, small: bool) -> None:
     targets."""
     import host_overhead
 
-    rows = host_overhead.measure(small)
+    rows = host_overhead.measure(small, calls=None if small else 100, rounds=None if small else 3)
     add = rows["torch_add_us"]
     for key in host_overhead.KEYS:
         value, target = rows[key], host_overhead.TARGETS[key]
@@ -476,6 +477,7 @@ def main(argv=None, started: float | None = None) -> int:
         ("invariance cost", 200, lambda: invariance_rows(table, dev, args.quick, min(repeats, 5))),
         ("invariance cost, compiled", 150, lambda: invariance_compiled_rows(table, dev, min(repeats, 5))),
         ("invariance cost, CUDA graph", 120, lambda: invariance_graphed_rows(table, dev, min(repeats, 5))),
+        ("detectors", 150, lambda: detector_rows(table, dev, args.quick, min(repeats, 5))),
     ]
     for name, budget, fn in sections:
         left = deadline - time.monotonic()

@@ -104,12 +104,17 @@ def out_like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised map like ``x`` (Tensor[B, C, *S]) whose spatial axes flatten to one stride:
     ``x``'s own strides with one spatial axis, channels last where ``x`` is, else contiguous. The
     layout of the Triton path's outputs (and of their fakes)."""
-    if x.dim() <= 3:
-        return torch.empty_like(x)
+    return torch.empty_like(x, memory_format=plan(("out_like", x.shape, x.stride()), lambda: _out_format(x)))
+
+
+def _out_format(x: torch.Tensor) -> torch.memory_format:
+    """The memory format of :func:`out_like`'s map for ``x``."""
     fmt = _CHANNELS_LAST.get(x.dim())
+    if x.dim() <= 3:
+        return torch.preserve_format
     if fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt):
-        return torch.empty_like(x, memory_format=fmt)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+        return fmt
+    return torch.contiguous_format
 
 
 _PLANS: OrderedDict = OrderedDict()
@@ -121,9 +126,13 @@ def plan(key: Hashable, build: Callable[[], Any]) -> Any:
     """A launch's sizes computed once per ``key`` (the shapes, strides, dtypes and options they
     depend on): ``build()`` on the first call, the cached value after. The cache is bounded (least
     recently used entries go first) and thread-safe; the tile constants are part of the key, so a
-    test that lowers them gets fresh sizes."""
+    test that lowers them gets fresh sizes. Symbolic sizes (tracing with dynamic shapes) are
+    computed every time."""
     key = (key, BLOCK_CELLS, BLOCK_CHANNELS_LAST, TARGET_PROGRAMS, MIN_CHUNK_BLOCKS, MAX_SPLIT)
-    found = _PLANS.get(key)  # a dict read is atomic: no lock on the hot path
+    try:
+        found = _PLANS.get(key)  # a dict read is atomic: no lock on the hot path
+    except TypeError:  # symbolic sizes (a trace with dynamic shapes) are not hashable: not cached
+        return build()
     if found is not None:
         return found
     value = build()

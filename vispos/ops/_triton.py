@@ -73,10 +73,9 @@ def use_triton(t: torch.Tensor) -> bool:
     Raises:
         Nothing.
     """
-    device = t.device.type
-    if device == "cuda":
-        return available()
-    return device == "cpu" and getattr(_STATE, "forced", False) and available()
+    if t.is_cuda:
+        return _AVAILABLE
+    return _AVAILABLE and getattr(_STATE, "forced", False) and t.device.type == "cpu"
 
 
 @contextlib.contextmanager

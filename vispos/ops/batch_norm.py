@@ -54,12 +54,23 @@ def _count(valid: Tensor, n: int, dtype: torch.dtype) -> Tensor | int:
     return n if n > 0 else valid.sum().clamp_(min=1).to(dtype)
 
 
+_KERNELS = None
+
+
+def _kernels():
+    """The kernels' module, imported on the first call that launches them (it imports Triton)."""
+    global _KERNELS
+    if _KERNELS is None:
+        from . import _batch_norm_kernels
+
+        _KERNELS = _batch_norm_kernels
+    return _KERNELS
+
 
 def _bn(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked):
     """``vispos::valid_batch_norm``: ``(y, mean, invstd, xc)``; see :func:`batch_norm`."""
     if triton_path(x):
-        from . import _batch_norm_kernels as kernels
-
+        kernels = _kernels()
         y = out_like(x)
         mean, invstd = kernels.batch_norm_forward(
             y, x, weight, bias, mask, stat_scalars(x, eps, momentum), momentum, running_mean, running_var,
@@ -101,8 +112,7 @@ def _bn_bwd(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x, need
     """``vispos::valid_batch_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``xc`` is empty)."""
     if triton_path(dy) and x is not None:
-        from ._batch_norm_kernels import batch_norm_backward as kernels
-
+        kernels = _kernels().batch_norm_backward
         return triton_backward(kernels, dy, x, mask, weight, need_x, need_weight, need_bias, mean, invstd,
                                 zero_padding)
     return grads(dy, *_bn_backward_torch(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x,

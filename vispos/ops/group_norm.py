@@ -42,12 +42,23 @@ for _name in ("valid_group_norm", "valid_group_norm_backward"):
 _GN, _GN_BACKWARD = torch.ops.vispos.valid_group_norm.default, torch.ops.vispos.valid_group_norm_backward.default
 
 
+_KERNELS = None
+
+
+def _kernels():
+    """The kernels' module, imported on the first call that launches them (it imports Triton)."""
+    global _KERNELS
+    if _KERNELS is None:
+        from . import _group_norm_kernels
+
+        _KERNELS = _group_norm_kernels
+    return _KERNELS
+
 
 def _gn(x, weight, bias, mask, num_groups, eps):
     """``vispos::valid_group_norm``: ``(y, mean, rstd, centred)``; see :func:`group_norm`."""
     if triton_path(x):
-        from . import _group_norm_kernels as kernels
-
+        kernels = _kernels()
         y = out_like(x)
         mean, rstd = kernels.group_norm_forward(y, x, weight, bias, mask, num_groups, stat_scalars(x, eps))
         return y, mean, rstd, x.new_empty(0, dtype=mean.dtype)
@@ -76,8 +87,7 @@ def _gn_bwd(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, need_w
     """``vispos::valid_group_norm_backward``: ``(grad_x, grad_weight, grad_bias)``, an empty tensor
     for each one not asked for; ``x`` is given when the forward ran on Triton (``centred`` empty)."""
     if triton_path(dy) and x is not None:
-        from ._group_norm_kernels import group_norm_backward as kernels
-
+        kernels = _kernels().group_norm_backward
         return triton_backward(kernels, dy, x, mask, weight, need_x, need_weight, need_bias, mean, rstd,
                                 num_groups)
     return grads(dy, *_gn_backward_torch(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x,

@@ -156,14 +156,17 @@ def batch_norm_module(x: Tensor, padding: Padding | Tensor | None, bn: nn.Module
         y = bn(x)
         return fill(y, padding, 0.0) if zero_padding and isinstance(padding, Padding) else y
     check_sync_batch_norm(bn)
-    track = bn.training and bn.track_running_stats
-    use_running = not bn.training and bn.running_mean is not None
+    # parameters and buffers read from their dicts: nn.Module.__getattr__ costs a microsecond each,
+    # and a network calls this for every batch norm of every step
+    params, buffers, training = bn._parameters, bn._buffers, bn.training
+    running_mean = buffers.get("running_mean")
+    track = training and bn.track_running_stats
+    use_running = not training and running_mean is not None
+    keep = track or use_running
     return batch_norm(
-        x, padding,
-        bn.running_mean if track or use_running else None,
-        bn.running_var if track or use_running else None,
-        bn.weight, bn.bias, bn.training, bn.momentum, bn.eps,
-        bn.num_batches_tracked if track else None, zero_padding,
+        x, padding, running_mean if keep else None, buffers.get("running_var") if keep else None,
+        params.get("weight"), params.get("bias"), training, bn.momentum, bn.eps,
+        buffers.get("num_batches_tracked") if track else None, zero_padding,
     )
 
 
