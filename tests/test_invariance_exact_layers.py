@@ -331,3 +331,14 @@ def test_torchvision_shufflenet_item_alone(train):
     models = pytest.importorskip("torchvision.models")
     model = models.shufflenet_v2_x0_5(num_classes=5)
     assert_item_value_alone(model, (32, 40), (64, 64), (32, 0), train, partner=not train)
+
+
+# ------------------------------------------------------------------------------ whole models
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", ["ecaresnet26t", "seresnet18", "hgnetv2_b0"])
+def test_timm_models_with_these_layers_item_alone(name):
+    """timm's ECA and squeeze-excitation ResNets (a pooled gate expanded over the map) and hgnetv2
+    (F.pad in its stem), whole, in eval beside a partner."""
+    timm = pytest.importorskip("timm")
+    model = timm.create_model(name, pretrained=False, num_classes=3)
+    assert_item_value_alone(model, (64, 96), (96, 128), (32, 0), False)
