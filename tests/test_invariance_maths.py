@@ -148,3 +148,28 @@ def test_batch_norm_zero_padding_writes_zeros_and_keeps_the_padding_out_of_the_g
     for a, r in zip(got, want):
         torch.testing.assert_close(a, r)
     assert torch.autograd.gradcheck(lambda x, w, b: fn(x, w, b, True), (x, w, b))
+
+
+def test_item_boxes_from_the_host_and_from_the_mask_agree(monkeypatch):
+    """Each item's box as tensors: from the host boxes, and from the mask (what a compiled graph or
+    a CUDA graph capture reads), an empty item included; an arbitrary mask outside a trace is
+    refused."""
+    padding = Padding.from_sizes([(3, 5), (6, 3), (0, 4)], (6, 7), starts=[(2, 1), (0, 4), (0, 0)])
+    starts, sizes = pools.item_boxes(padding, torch.device("cpu"))
+    assert starts.tolist() == [[2, 1], [0, 4], [0, 0]] and sizes.tolist() == [[3, 5], [6, 3], [0, 0]]
+    monkeypatch.setattr(pools._tracing, "host_facts", lambda device: False)
+    masked = pools.item_boxes(padding, torch.device("cpu"))
+    assert masked[0].tolist() == starts.tolist() and masked[1].tolist() == sizes.tolist()
+    with pytest.raises(ValueError, match="arbitrary padding mask"):
+        pools.item_boxes(ARBITRARY, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("mode", ["min", "norm:1", "norm:inf", "var:1", "std:0"])
+def test_global_pool_statistics_equal_each_item_alone(mode):
+    """Each item's minimum, L1 / max norm, variance and standard deviation over its own cells equal
+    torch's on the item cropped to its box (float64), a NaN in the padding never reaching them."""
+    x = torch.randn(3, 4, 6, 7, dtype=torch.float64).masked_fill(PADDING.mask[:, None], float("nan"))
+    got = pools.global_pool(x, PADDING, mode, (2, 3), False)
+    for b in range(3):
+        item = x[(b, slice(None), *PADDING.region(b))][None]
+        torch.testing.assert_close(got[b], pools.global_pool(item, None, mode, (2, 3), False)[0])

@@ -218,18 +218,18 @@ def global_pool(x: Tensor, padding: Padding | None, mode: str, dims: Sequence[in
 
 def item_boxes(padding: Padding, device: torch.device) -> tuple[Tensor, Tensor]:
     """Each item's box as tensors: ``(starts, sizes)``, each ``Tensor[B, num_axes]`` (int64) on
-    ``device``. From the host boxes of a rectangular padding; while compiling or tracing, where the
-    graph gets each map's box as its mask alone, from the mask on the device (its bounding box along
-    every axis; no host read).
+    ``device``. From the host boxes of a rectangular padding (one transfer); while compiling or
+    tracing (where the graph gets each map's box as its mask alone) or capturing a CUDA graph, from
+    the mask on the device (its bounding box along every axis; no host read).
 
     Raises:
         ValueError: an arbitrary padding mask outside a trace (no box per item).
     """
     n = padding.num_axes
-    if padding.kind == "arbitrary":
-        if not _tracing.tracing():
-            raise ValueError("padding_invariant=True: resizing or pooling each item over its own bins needs each "
-                             "item's box (a rectangular padding), got an arbitrary padding mask")
+    if padding.kind == "arbitrary" and not _tracing.tracing():
+        raise ValueError("padding_invariant=True: resizing or pooling each item over its own bins needs each "
+                         "item's box (a rectangular padding), got an arbitrary padding mask")
+    if padding.kind == "arbitrary" or not _tracing.host_facts(device):
         valid = padding.valid
         starts, sizes = [], []
         for axis in range(n):
