@@ -142,27 +142,25 @@ def test_a_finished_run_is_refused_before_any_work(tmp_path, capsys, argv, run):
 
             run_segment([*argv, "--out", str(out)])
         else:
-            from vispos.app.train.cli import parse_args
+            from vispos.app.train.cli import run
 
             if "--volume" in argv:
                 from vispos.app.train.task3d import TASK
             else:
                 from vispos.app.train.task2d import TASK
-            parse_args(TASK, [a for a in argv if a != "--volume"] + ["--out", str(out)])
+            run(TASK, [a for a in argv if a != "--volume"] + ["--out", str(out)])
     assert info.value.code == 2 and "holds a finished run" in capsys.readouterr().err
 
 
 def test_force_and_resume_of_that_run_pass_and_other_arms_join(tmp_path):
     """``--force`` replaces; ``--resume`` of a checkpoint in the finished run's own folder continues
     it; another arm or seed under the same ``--out`` joins the report as before."""
-    from vispos.app.train.cli import parse_args
-    from vispos.app.train.task2d import TASK
+    from vispos.app._train_args import check_train_args
 
     out = tmp_path / "out"
     _finished(out / "sine" / "seed0")
-    assert parse_args(TASK, ["--tiny", "--out", str(out), "--force"])[1].force is True
-    assert parse_args(TASK, ["--tiny", "--out", str(out), "--seed", "1"])[1].seed == 1
-    assert parse_args(TASK, ["--tiny", "--out", str(out), "--pos", "grid"])[1].pos == ["grid"]
+    for given in (["--force"], ["--seed", "1"], ["--pos", "grid"], ["--report"]):
+        check_train_args(parse_train_args(["--tiny", "--out", str(out), *given]))  # nothing to refuse
     run = str(out / "sine" / "seed0")
     assert finished_run([run], resume=os.path.join(run, "checkpoint.pt")) is None
     assert "holds a finished run" in finished_run([run], resume=str(tmp_path / "elsewhere" / "checkpoint.pt"))

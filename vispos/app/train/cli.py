@@ -86,10 +86,6 @@ def validate(args: argparse.Namespace, task: DetrTask, error: Callable[[str, str
         if not os.path.isfile(args.resume):
             error("--resume", f"no such checkpoint file: {args.resume!r}")
     task.validate(args, error)
-    if not args.force:  # last, still before any work: a finished run is never replaced unless asked
-        taken = finished_arms(args.out, args.pos, args.seed, args.resume)
-        if taken:
-            error("--out", taken)
 
 
 def check_device(device: str, error: Callable[[str, str], NoReturn]) -> torch.device:
@@ -167,6 +163,10 @@ def run(task: DetrTask, argv: Sequence[str] | None = None, log: Callable[[str], 
     An arm and seed whose finished run (``metrics.json``) is under ``--out`` is refused before any
     work unless ``--force`` (:func:`vispos.app.train._args.finished_arms`)."""
     parser, args = parse_args(task, argv, prog, command)
+    if not (args.report or args.force):  # before any work: a finished run is never replaced unless asked
+        taken = finished_arms(args.out, args.pos, args.seed, args.resume)
+        if taken:
+            flag_error(parser)("--out", taken)
     if args.report:
         try:
             write_report(task, args, log)

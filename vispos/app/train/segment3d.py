@@ -338,19 +338,21 @@ def _validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         conflict = resume_conflict(state, args.network, _resume_args(args), world)
         if conflict:
             error("--resume", conflict)
-    if not args.force:  # last, still before any work: a finished run is never replaced unless asked
-        taken = finished_run([run_folder(args)], args.resume)
-        if taken:
-            error("--out", taken)
 
 
 def run(argv: Sequence[str] | None = None, log: Callable[[str], Any] = print,
         on_step: Callable[[int, nn.Module], Any] | None = None, prog: str | None = None) -> int:
     """``vispos train --volume --task segment``: train one pipeline and seed, or ``--report``
     (OUT/segment3d.md) or ``--figure`` (OUT/segment3d_seed<S>.png). Returns 0; a bad flag ends
-    the program with argparse's exit status 2 and one line naming it."""
+    the program with argparse's exit status 2 and one line naming it, as does a finished run of
+    this pipeline, network and seed under ``--out`` unless ``--force``
+    (:func:`vispos.app.train._args.finished_run`)."""
     parser, args = parse_segment_flags(argv, prog)
     _validate(args, parser)
+    if not (args.report or args.figure or args.force):  # before any work: a finished run is never replaced
+        taken = finished_run([run_folder(args)], args.resume)
+        if taken:
+            flag_error(parser)("--out", taken)
     if args.report or args.figure:
         try:
             if args.report:
