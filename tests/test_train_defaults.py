@@ -77,6 +77,10 @@ def test_docs_state_the_defaults_of_each_task():
     assert [int(found[i]) for i in (1, 2, 3, 4, 6)] == [full3[k] for k in ("steps", "batch_size", "eval_every",
                                                                             "eval_images", "warmup")]
     assert float(found[5]) == full3["lr"]
+    spacing = re.search(r"`--spacing` mm \(default ([\d.]+),", text)
+    assert spacing and float(spacing[1]) == build_parser(FLAGS_3D).get_default("spacing")
+    out = re.search(r"\(default `([^`]+)`, relative to where you run it\)", text)
+    assert out and out[1] == build_parser(FLAGS_3D).get_default("out")
     full2 = full_defaults(FLAGS_2D)
     found = re.search(r"at the defaults \((\d+) steps of batch (\d+),", _doc("training.md"))
     assert found and (int(found[1]), int(found[2])) == (full2["steps"], full2["batch_size"])
