@@ -19,8 +19,8 @@ gives the image alone, and, when the image has no padding alone (``pixel_mask`` 
 the stock model gives it alone; in training the losses and gradients do not change with padding.
 
 References:
-    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020 (and DETR's issue
-    #239: AP depends on the images per GPU); Meng et al., Conditional DETR, ICCV 2021; Zhu et al.,
+    Carion et al., End-to-End Object Detection with Transformers, ECCV 2020
+    (facebookresearch/detr#239: AP depends on the images per GPU); Meng et al., Conditional DETR, ICCV 2021; Zhu et al.,
     Deformable DETR, ICLR 2021; transformers ``models/detr/modeling_detr.py``,
     ``models/conditional_detr/modeling_conditional_detr.py``.
 """
