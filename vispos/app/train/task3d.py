@@ -86,7 +86,7 @@ BOX_OPS_3D = BoxOps(3, _corners, _giou, _iou, _scale_3d)
 IOU_LIST = (0.25, 0.5)
 IOU_RANGE = (0.1, 0.5, 0.05)
 #: what the metric names of the 3D task mean, printed at the end of every run
-METRIC_LEGEND = (f"held-out metrics (MONAI's 3D box AP, up to 100 detections per volume): ap25 and ap50, AP at "
+METRIC_LEGEND = (f"held-out metrics (MONAI's 3D box AP, up to 100 detections per crop): ap25 and ap50, AP at "
                  f"IoU {IOU_LIST[0]:.2f} and {IOU_LIST[1]:.2f}; map, AP averaged over IoU {IOU_RANGE[0]:.2f} to "
                  f"{IOU_RANGE[1]:.2f} in steps of {IOU_RANGE[2]:.2f}")
 
