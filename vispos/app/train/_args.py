@@ -9,6 +9,7 @@ need torch or the data (devices, backbones, volumes, ``--resume``) are :mod:`vis
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -223,8 +224,6 @@ def finished_run(run_dirs: Sequence[str], resume: str | None = None) -> str | No
     Returns:
         str or None: a message naming what is there and the ways out, for ``--out``'s error.
     """
-    import os
-
     taken = []
     for run_dir in run_dirs:
         metrics = os.path.join(run_dir, "metrics.json")
@@ -245,8 +244,6 @@ def finished_arms(out: str, arms: Sequence[str], seed: int, resume: str | None =
     """:func:`finished_run` for the arms of one seed under ``out`` (``OUT/<arm>/seed<S>``), and,
     when only some of them have finished (a run of several arms stopped part way), the ``--pos``
     that trains the others."""
-    import os
-
     folders = [os.path.join(out, arm, f"seed{seed}") for arm in arms]
     taken = finished_run(folders, resume)
     if taken is None:
