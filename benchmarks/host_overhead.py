@@ -212,9 +212,8 @@ def kernel_variants(batches) -> dict[str, int]:
                     vec = torch.empty(c, device=meta)
                     scalars = torch.empty(2, device=meta)
                     tracked = torch.empty((), dtype=torch.long, device=meta)
-                    y = torch.empty_like(x)
-                    mean, invstd = bn_kernels.batch_norm_forward(y, x, vec, vec, mask, scalars, 0.1, vec.clone(),
-                                                                 vec.clone(), tracked, True)
+                    y, mean, invstd = bn_kernels.batch_norm_forward(x, vec, vec, mask, scalars, 0.1, vec.clone(),
+                                                                    vec.clone(), tracked, True)
                     bn_kernels.batch_norm_backward(torch.empty_like(x), x, x, mask, vec, mean, invstd, True, True,
                                                    True, torch.float32)
                     mean, rstd = gn_kernels.group_norm_forward(y, x, vec, vec, mask, 32, scalars)

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from . import _triton
 from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
-from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, plan, split, tiles, warps
+from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, out_format, out_like, plan, split, tiles, warps
 
 __all__ = ["batch_norm_forward", "batch_norm_backward"]
 
@@ -230,14 +230,23 @@ def _sizes(x, m, out):
             warps(block_c, block_n))
 
 
-def batch_norm_forward(y, x, weight, bias, mask, scalars, momentum, running_mean, running_var, num_batches_tracked,
+def _forward_sizes(x, mask):
+    """:func:`_sizes` of a forward on ``x`` and ``mask`` as given, with the output's memory format, or
+    None when either must be copied first (its spatial axes do not flatten to one stride)."""
+    if flat(x)[0] is not x or flat(mask)[0] is not mask:
+        return None
+    fmt = out_format(x)
+    return fmt, _sizes(x, mask, torch.empty_like(x, device="meta", memory_format=fmt))
+
+
+def batch_norm_forward(x, weight, bias, mask, scalars, momentum, running_mean, running_var, num_batches_tracked,
                        zero_padding):
     """The Triton batch norm over valid cells (reference: :func:`._norm_reference.batch_norm_forward`
     and :func:`._norm_reference.update_running_stats`): two launches, ``_bn_stats`` then
-    ``_bn_apply``; the running statistics (when both are given) updated by the second.
+    ``_bn_apply``; the running statistics (when both are given) updated by the second. The sizes of
+    a launch are computed once per shape and strides (:func:`._sizes.plan`).
 
     Args:
-        y (Tensor[B, C, *S]): the output, written (spatial axes that flatten to one stride).
         x (Tensor[B, C, *S]): features, non-empty. weight, bias (Tensor[C], contiguous, optional).
         mask (Tensor[B, 1, *S], bool): True = padding.
         scalars (Tensor[2]): ``eps`` and ``momentum`` in the statistics' dtype.
@@ -247,30 +256,38 @@ def batch_norm_forward(y, x, weight, bias, mask, scalars, momentum, running_mean
         zero_padding (bool): zeros in the output's padding.
 
     Returns:
-        ``(mean, invstd)`` (Tensor[C]) in the statistics' dtype.
+        ``(y, mean, invstd)``: the output (Tensor[B, C, *S] laid out by :func:`._sizes.out_like`),
+        the mean and the inverse deviation (Tensor[C]) in the statistics' dtype.
     """
-    x, m = flat_or_copy(x), flat_or_copy(mask)
+    found = plan(("bn", x.shape, x.stride(), mask.stride()), lambda: _forward_sizes(x, mask))
+    if found is None:  # a layout whose spatial axes do not flatten: through contiguous copies
+        y = out_like(x)
+        x, m = flat_or_copy(x), flat_or_copy(mask)
+        sizes = _sizes(x, m, y)
+    else:
+        fmt, sizes = found
+        y, m = torch.empty_like(x, memory_format=fmt), mask
     cells, (sxb, sxc, sxs), (syb, syc, sys_), (smb, _, sms), block_c, block_n, cblocks, ns, nsplit, chunk, \
-        num_warps = plan(("bn", x.shape, x.stride(), y.stride(), m.stride()), lambda: _sizes(x, m, y))
+        num_warps = sizes
+    c = x.shape[1]
     stat = stat_type(x.dtype)
-    part = torch.empty(4 * x.shape[1] * nsplit, dtype=scalars.dtype, device=x.device)
-    mean = torch.empty(x.shape[1], dtype=scalars.dtype, device=x.device)
-    invstd = torch.empty(x.shape[1], dtype=scalars.dtype, device=x.device)
+    part = torch.empty(4 * c * nsplit, dtype=scalars.dtype, device=x.device)
+    mean = torch.empty(c, dtype=scalars.dtype, device=x.device)
+    invstd = torch.empty(c, dtype=scalars.dtype, device=x.device)
     update = running_mean is not None and running_var is not None
     bump = update and num_batches_tracked is not None
-    c, xf = x.shape[1], x
     _bn_stats[(cblocks, nsplit)](
-        xf, m, part, num_batches_tracked if bump else part, c, ns, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
+        x, m, part, num_batches_tracked if bump else part, c, ns, cells, chunk, nsplit, sxb, sxc, sxs, smb, sms,
         BUMP=bump, STAT=stat, BLOCK_C=block_c, BLOCK_N=block_n, num_warps=num_warps)
     _bn_apply[(cdiv(ns, block_n), cblocks)](
-        xf, y, m, part, part if weight is None else weight, part if bias is None else bias, mean, invstd, scalars,
+        x, y, m, part, part if weight is None else weight, part if bias is None else bias, mean, invstd, scalars,
         running_mean if update else part, running_var if update else part, num_batches_tracked if bump else part,
         c, ns, cells, nsplit, sxb, sxc, sxs, syb, syc, sys_, smb, sms, running_mean.stride(0) if update else 0,
         running_var.stride(0) if update else 0,
         HAS_W=weight is not None, HAS_B=bias is not None, ZERO_PAD=bool(zero_padding), UPDATE=update,
         CUMULATIVE=bump and momentum is None, STAT=stat, SPLIT_BLOCK=SPLIT_BLOCK, BLOCK_C=block_c, BLOCK_N=block_n,
         num_warps=num_warps)
-    return mean, invstd
+    return y, mean, invstd
 
 
 def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight, need_bias, param_dtype):

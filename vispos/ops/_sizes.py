@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["p2", "cdiv", "flat", "tiles", "warps", "split", "out_like", "plan", "flat_or_copy",
+__all__ = ["p2", "cdiv", "flat", "tiles", "warps", "split", "out_like", "out_format", "plan", "flat_or_copy",
            "SPLIT_BLOCK"]
 
 #: cells per block along the flattened spatial axis, and channels per block in channels last;
@@ -104,10 +104,10 @@ def out_like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised map like ``x`` (Tensor[B, C, *S]) whose spatial axes flatten to one stride:
     ``x``'s own strides with one spatial axis, channels last where ``x`` is, else contiguous. The
     layout of the Triton path's outputs (and of their fakes)."""
-    return torch.empty_like(x, memory_format=plan(("out_like", x.shape, x.stride()), lambda: _out_format(x)))
+    return torch.empty_like(x, memory_format=plan(("out_like", x.shape, x.stride()), lambda: out_format(x)))
 
 
-def _out_format(x: torch.Tensor) -> torch.memory_format:
+def out_format(x: torch.Tensor) -> torch.memory_format:
     """The memory format of :func:`out_like`'s map for ``x``."""
     fmt = _CHANNELS_LAST.get(x.dim())
     if x.dim() <= 3:

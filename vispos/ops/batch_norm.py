@@ -70,10 +70,8 @@ def _kernels():
 def _bn(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked):
     """``vispos::valid_batch_norm``: ``(y, mean, invstd, xc)``; see :func:`batch_norm`."""
     if triton_path(x):
-        kernels = _kernels()
-        y = out_like(x)
-        mean, invstd = kernels.batch_norm_forward(
-            y, x, weight, bias, mask, stat_scalars(x, eps, momentum), momentum, running_mean, running_var,
+        y, mean, invstd = _kernels().batch_norm_forward(
+            x, weight, bias, mask, stat_scalars(x, eps, momentum), momentum, running_mean, running_var,
             num_batches_tracked, zero_padding)
         if running_mean is not None and running_var is not None:  # written by the kernel, not by torch
             torch.autograd.graph.increment_version(
