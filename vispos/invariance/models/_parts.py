@@ -123,10 +123,16 @@ class InvariantTower:
     :class:`CallMaps`: its output is recorded with its padding (the input's, for a stack that keeps
     the map's size; by convolution arithmetic otherwise), with zeros there.
 
+    One size-keeping convolution (with ReLUs, in plain ``nn.Sequential`` containers: an FPN block,
+    the RPN's tower) needs no trace: it runs as it is on its input with zeros in the padding.
+
     Args:
-        tower (nn.Module): the stack (shared, not copied); it keeps each map's size.
-        maps (CallMaps): the call's maps (set per call: :meth:`bind`).
+        tower (nn.Module): the stack (shared, not copied).
         probe_size (int | tuple, optional): passed to ``make_padding_invariant``.
+
+    Raises:
+        ValueError: a layer of the stack the rule book cannot make exact (named by
+            ``make_padding_invariant``).
     """
 
     def __init__(self, tower: nn.Module, probe_size: Any = None) -> None:

@@ -58,10 +58,11 @@ def invariant_detector(model: nn.Module, probe_size: Any = None) -> "InvariantDe
 
 
 def _tower(head: nn.Module, name: str, owner: str) -> InvariantTower:
+    """The exact twin of ``head.conv`` (``name``: the head's attribute path in model ``owner``)."""
     tower = getattr(head, "conv", None)
     if not isinstance(tower, nn.Module):
-        raise ValueError(f"{owner}: {type(head).__name__} has no convolution tower 'conv', which vispos' detector "
-                         "wrapper runs")
+        raise ValueError(f"{owner}: {name} ({type(head).__name__}) has no convolution tower 'conv', which vispos' "
+                         "detector wrapper runs")
     return InvariantTower(tower)
 
 
