@@ -13,6 +13,9 @@ transformers' DETR, Conditional DETR, Deformable DETR; built locally, no weights
 * **cost** (float32, CPU, one thread): one eval step and one training step (forward, loss, backward)
   of the same padded batch, stock and invariant interleaved, median of ``--repeats`` rounds.
 
+The detectors keep at most 50 detections per image; the R-CNNs train on 500 proposals and 128
+sampled RoIs per image (the same settings in both arms).
+
 ``--quick`` runs the two cheapest models with one round; ``--models`` picks models by name.
 :func:`gpu_rows` gives :mod:`gpu_check`'s rows (the same table on a GPU).
 
@@ -74,8 +77,10 @@ def _detector(name: str) -> Callable[[], torch.nn.Module]:
     def build() -> torch.nn.Module:
         from torchvision.models import detection
 
+        small = {"rpn_post_nms_top_n_train": 500, "box_batch_size_per_image": 128,
+                 "box_detections_per_img": 50} if "rcnn" in name else {"detections_per_img": 50}
         model = getattr(detection, name)(weights=None, weights_backbone=None, num_classes=5, min_size=128,
-                                         max_size=192)
+                                         max_size=192, **small)
         getattr(model, "roi_heads", model).score_thresh = 0.0  # untrained scores sit below 0.05
         return model
     return build
@@ -282,7 +287,9 @@ def render(rows: dict[str, dict], args, seconds: float) -> str:
         f"Images {', '.join(f'{h}x{w}' for h, w in sizes)} in one padded batch. Batch dependence: the largest "
         "change of an image's scores and boxes (segmenters: its output map on its own pixels; DETR: logits and "
         "boxes) between the image alone and the image in the batch, float64, trained-like norm statistics, eval. "
-        f"Cost: float32, median of {args.repeats} interleaved rounds, ms per call of the whole batch.", "",
+        f"Cost: float32, median of {args.repeats} interleaved rounds, ms per call of the whole batch. Detectors: at "
+        "most 50 detections per image; the R-CNNs train on 500 proposals and 128 sampled RoIs per image (both "
+        "arms).", "",
         "| model | stock: largest change | vispos: largest change | stock: detections alone -> in batch | "
         "eval ms stock / vispos (ratio) | training step ms stock / vispos (ratio) |",
         "|---|---|---|---|---|---|",
@@ -330,10 +337,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument("--quick", action="store_true", help="two models, small images, one round")
-    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5, quick 1)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 3, quick 1)")
     parser.add_argument("--models", nargs="*", default=None, help="model names (default: all; quick: two)")
     args = parser.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.repeats = args.repeats or (1 if args.quick else 3)
     names = args.models or (QUICK if args.quick else [c.name for c in CASES])
     unknown = sorted(set(names) - {c.name for c in CASES})
     if unknown:
