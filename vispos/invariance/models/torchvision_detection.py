@@ -17,6 +17,10 @@ each image of a batch gets the detections, and in training the losses, it gets a
 * ``MultiScaleRoIAlign`` (boxes, masks, keypoints) samples each image's maps cropped to the maps
   the image gets alone, so bilinear sampling at the image's edge reads what it reads alone.
 
+Cost: the anchors and the RoI pooling are made once per image (a Python loop over the batch's
+images, as torchvision's own matching, sampling and post-processing are); the backbone, FPN and
+heads run once on the whole batch.
+
 What "alone" means: torchvision's transform resizes each image and pads the batch to a multiple
 of ``size_divisible`` (32). The wrapper treats every cell outside an image's resized size as
 padding. So each image's output equals what the *wrapper* gives the image alone, in any batch;
