@@ -151,7 +151,8 @@ STATISTICS = {
     "std_unbiased_positional": lambda x: x / (1 + x.std((2, 3), True, True)),
     "amin": lambda x: x - torch.amin(x, (2, 3), keepdim=True) + x.amin((-1, -2), True),
     "norms_p1_p2_pinf": lambda x: x / (1 + x.norm(p=1, dim=(2, 3), keepdim=True)) + x * torch.norm(
-        x, 2, (2, 3), True) + x * x.norm(float("inf"), (2, 3), keepdim=True),
+        x, 2, (2, 3), True) + x * x.norm(float("inf"), (2, 3), keepdim=True)
+    + x * torch.linalg.vector_norm(x, 1, (-2, -1), True) + x * torch.linalg.vector_norm(x, dim=1, keepdim=True),
     "per_item_vector": lambda x: x * x.std((2, 3))[:, :, None, None],
 }
 

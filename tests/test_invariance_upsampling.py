@@ -157,8 +157,7 @@ def test_linear_upsampling_pickles_and_copies():
     (_Lambda(lambda x: F.interpolate(x, size=(2 * x.shape[2], 2 * x.shape[3]), mode="bilinear")), "computed in"),
     (_Lambda(lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True)), "antialias=True"),
     (_Lambda(lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True)), "antialias=True"),
-    (_Lambda(lambda x: F.interpolate(x, size=x.shape[-2:], mode="area")), "mode='area'"),
-    (_Lambda(lambda x: F.interpolate(x, scale_factor=1.5, mode="area")), "mode='area'"),
+    (_Lambda(lambda x: F.interpolate(x, size=x.shape[-2:], mode="area", antialias=True)), "antialias=True"),
 ])
 def test_inexact_upsampling_is_refused_by_name(layer, match):
     body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), layer, nn.Conv2d(4, 2, 3, padding=1))
@@ -202,11 +201,13 @@ RESIZES = {
     "per_axis_nearest_exact": lambda a, b, x: F.interpolate(b, scale_factor=(1.7, 2.3), mode="nearest-exact"),
     "0.6_recomputed": lambda a, b, x: F.interpolate(a, scale_factor=0.6, mode="bilinear",
                                                     recompute_scale_factor=True),
+    "area_0.6": lambda a, b, x: F.interpolate(a, scale_factor=0.6, mode="area"),
+    "area_to_a_map": lambda a, b, x: a - F.interpolate(b, size=a.shape[-2:], mode="area"),
 }
 
 
 #: one of each kind in the default run (to a map's size, align_corners, a non-integer factor)
-_DEFAULT_RESIZES = {"fpn_nearest", "head_bilinear_to_input", "align_corners_module", "half_bilinear"}
+_DEFAULT_RESIZES = {"fpn_nearest", "head_bilinear_to_input", "align_corners_module", "half_bilinear", "area_0.6"}
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from ...padding import Padding
 
 __all__ = [
     "valid_cells", "item_counts", "valid_total", "fill", "filled", "valid_count", "global_pool", "cell_count",
-    "avg_pool", "item_boxes", "adaptive_pool",
+    "avg_pool", "item_boxes", "adaptive_pool", "pool_bins",
 ]
 
 
@@ -244,6 +245,38 @@ def item_boxes(padding: Padding, device: torch.device) -> tuple[Tensor, Tensor]:
     return box[:, :n], box[:, n:]
 
 
+def pool_bins(x: Tensor, dim: int, mode: str, bins: Tensor, size: Tensor, count: Any, start: Tensor) -> Tensor:
+    """Along ``dim``, output cell ``j`` of item ``b`` is the mean or max of its adaptive bin
+    ``bins[b, j]`` of ``count`` bins over its ``size`` cells from ``start`` (ATen's ``start_index``
+    / ``end_index``: ``floor(i * n / o)`` to ``ceil((i + 1) * n / o)``): one bin table for the
+    batch, a matrix product (mean) or a masked max.
+
+    Args:
+        x (Tensor[B, C, *S]): features, zeros (mean) or ``-inf`` (max) outside the items.
+        dim (int): the axis. mode (str): ``"mean"`` or ``"max"``.
+        bins (Tensor[B, M], int64): each output cell's bin on its item (``0 .. count - 1``).
+        size, start (Tensor[B, 1], int64): each item's cells along ``dim``.
+        count (int or Tensor[B, 1]): each item's number of bins.
+
+    Returns:
+        Tensor: ``x`` with ``M`` cells along ``dim``.
+    """
+    cells, m = x.shape[dim], bins.shape[1]
+    count = count.clamp(min=1) if isinstance(count, Tensor) else count
+    lo = (bins * size).div(count, rounding_mode="floor") + start  # (B, M)
+    hi = ((bins + 1) * size + count - 1).div(count, rounding_mode="floor") + start
+    k = torch.arange(cells, device=x.device)[None, None]
+    inside = (k >= lo[..., None]) & (k < hi[..., None])  # (B, M, cells)
+    moved = x.movedim(dim, -1)  # (B, C, ..., cells)
+    lead = [x.shape[0]] + [1] * (moved.dim() - 2)  # the batch, then one per other axis
+    if mode == "mean":
+        weights = inside.to(x.dtype) / (hi - lo).clamp(min=1)[..., None].to(x.dtype)
+        out = moved @ weights.transpose(1, 2).reshape(*lead[:-1], cells, m)
+    else:
+        out = torch.where(inside.reshape(*lead, m, cells), moved.unsqueeze(-2), float("-inf")).amax(-1)
+    return out.movedim(-1, dim)
+
+
 def adaptive_pool(x: Tensor, padding: Padding | None, mode: str, output_size: Sequence[int]) -> Tensor:
     """A fixed-size adaptive pool (VGG's and AlexNet's ``AdaptiveAvgPool2d((7, 7))``) of each item
     over its own bins: along every axis, bin ``i`` of an item of ``n`` cells covers its cells
@@ -271,22 +304,9 @@ def adaptive_pool(x: Tensor, padding: Padding | None, mode: str, output_size: Se
     valid = valid_cells(padding)
     x = torch.where(valid, x, 0.0 if mode == "mean" else float("-inf"))
     for axis in range(n):
-        dim, cells, o = 2 + axis, x.shape[2 + axis], int(output_size[axis])
-        size, start = sizes[:, axis : axis + 1], starts[:, axis : axis + 1]
-        i = torch.arange(o, device=x.device)[None]
-        lo = (i * size).div(o, rounding_mode="floor") + start  # (B, o)
-        hi = ((i + 1) * size + o - 1).div(o, rounding_mode="floor") + start
-        k = torch.arange(cells, device=x.device)[None, None]
-        inside = (k >= lo[..., None]) & (k < hi[..., None])  # (B, o, cells)
-        moved = x.movedim(dim, -1)  # (B, C, ..., cells)
-        lead = [x.shape[0]] + [1] * (moved.dim() - 2)  # the batch, then one per other axis
-        if mode == "mean":
-            weights = inside.to(x.dtype) / (hi - lo).clamp(min=1)[..., None].to(x.dtype)
-            out = moved @ weights.transpose(1, 2).reshape(*lead[:-1], cells, o)
-        else:
-            picked = torch.where(inside.reshape(*lead, o, cells), moved.unsqueeze(-2), float("-inf"))
-            out = picked.amax(-1)
-        x = out.movedim(-1, dim)
+        o = int(output_size[axis])
+        bins = torch.arange(o, device=x.device)[None].expand(x.shape[0], o)
+        x = pool_bins(x, 2 + axis, mode, bins, sizes[:, axis : axis + 1], o, starts[:, axis : axis + 1])
     if mode == "max":  # an item without a cell: zeros, not -inf
         any_cell = valid.flatten(1).any(1).view((-1,) + (1,) * (x.dim() - 1))
         x = torch.where(any_cell, x, 0.0)

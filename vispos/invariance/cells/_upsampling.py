@@ -26,9 +26,9 @@
   a non-integer ``scale_factor`` (``0.5``, ``1.5``: :class:`ScaledWindow`) and
   ``align_corners=True`` (whose source positions ``j * (n - 1) / (m - 1)`` depend on the size):
   every item's source index and weights along each axis are computed from its own input and
-  output sizes as tensors, as ATen does for the item alone, and gathered from its own cells. A
-  constant ``size=`` (the canvas's output), ``"area"`` (an adaptive pool) and ``antialias=True``
-  on this path are refused by the rule (:mod:`vispos.invariance.rules._types`).
+  output sizes as tensors, as ATen does for the item alone, and gathered from its own cells
+  (``"area"``: each item's own adaptive bins). A constant ``size=`` (the canvas's output) and
+  ``antialias=True`` on this path are refused by the rule (:mod:`vispos.invariance.rules._types`).
 
 References:
     Dumoulin and Visin, A guide to convolution arithmetic for deep learning, 2016 (transposed
@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ...padding import Padding
-from ._pools import item_boxes
+from ._pools import item_boxes, pool_bins, valid_cells
 from ..rules._functions import _tuple
 from ..geometry._geometry import TransposedWindow
 
@@ -166,7 +166,8 @@ def resize(x: Tensor, padding: Padding, target: Padding, mode: str, align_corner
         x (Tensor[B, C, *S]): features, channels first. padding (Padding): ``x``'s, with a box per
             item. target (Padding): the output's (its canvas is the output's size), a box per item.
         mode (str): ``"nearest"``, ``"nearest-exact"``, ``"linear"``, ``"bilinear"``,
-            ``"trilinear"`` or ``"bicubic"``. align_corners (bool): as ``F.interpolate``.
+            ``"trilinear"``, ``"bicubic"`` or ``"area"`` (an adaptive average pool of each item to its
+            own output size). align_corners (bool): as ``F.interpolate``.
         scales (float or sequence of float, optional): the ``scale_factor`` torch's coordinates use
             (given, and not recomputed); None: each item's own input size over its output size.
 
@@ -194,6 +195,10 @@ def resize(x: Tensor, padding: Padding, target: Padding, mode: str, align_corner
         view[dim] = cells
         shape = list(x.shape)
         shape[dim] = cells
+        if mode == "area":  # an adaptive average pool of each item to its own output size
+            x = pool_bins(torch.where(valid_cells(padding), x, 0.0) if axis == 0 else x, dim, "mean", j, n_in, m_out,
+                          in_start[:, axis : axis + 1])
+            continue
         out = None
         for index, weight in _taps(mode, align_corners, None if scales is None else float(scales[axis]), n_in,
                                    m_out, j, x.dtype):

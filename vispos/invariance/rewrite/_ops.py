@@ -84,8 +84,8 @@ def resize(x: Tensor, padding: Padding | None, target: Padding | None, size: Any
     output map's padding; ``scales``: the factors torch's coordinates use, None for each item's
     sizes); the stock call without padding."""
     if padding is None or target is None or (padding.kind == "none" and target.kind == "none"):
-        return F.interpolate(x, size, scale_factor, mode, align_corners if mode not in ("nearest", "nearest-exact")
-                             else None, recompute_scale_factor)
+        linear = mode in ("linear", "bilinear", "bicubic", "trilinear")
+        return F.interpolate(x, size, scale_factor, mode, align_corners if linear else None, recompute_scale_factor)
     return _upsampling.resize(x, padding, target, mode, align_corners, scales)
 
 

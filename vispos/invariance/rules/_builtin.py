@@ -97,6 +97,7 @@ _ROWS = (
     (Reduction("min"), (torch.amin, "amin")),
     (Reduction("var"), (torch.var, "var")),
     (Reduction("std"), (torch.std, "std")),
+    (Reduction("vector_norm"), (torch.linalg.vector_norm,)),
     (Expand(), ("expand",)),
     (Transpose(), (torch.transpose, "transpose")),
     (ChannelView(), ("view", "reshape", torch.reshape)),

@@ -88,7 +88,7 @@ _NORMS = {1: "norm:1", 2: "norm", "fro": "norm", float("inf"): "norm:inf"}
 @dataclass(frozen=True)
 class Reduction(InvarianceRule):
     """``torch.mean`` / ``sum`` / ``amax`` / ``amin`` / ``norm`` / ``var`` / ``std`` and their
-    methods. Over every spatial axis: each item's own cells (``mode``: ``"mean"``, ``"sum"``,
+    methods, ``torch.linalg.vector_norm``. Over every spatial axis: each item's own cells (``mode``: ``"mean"``, ``"sum"``,
     ``"max"``, ``"min"``, ``"norm"`` with ``p`` 1, 2 or inf, ``"var"`` / ``"std"`` with their
     correction). Over the channels with ``keepdim=True`` (CBAM's channel mean, a segmentation
     head's post-processing): cell-wise. Refused: a ``dtype``, another ``p``, some spatial axes only
@@ -100,14 +100,15 @@ class Reduction(InvarianceRule):
 
     @property
     def signature(self):  # type: ignore[override]
-        return {"norm": sig._sig_norm, "var": sig._sig_var, "std": sig._sig_var}.get(self.mode, sig._sig_reduce)
+        return {"norm": sig._sig_norm, "vector_norm": sig._sig_vector_norm, "var": sig._sig_var,
+                "std": sig._sig_var}.get(self.mode, sig._sig_reduce)
 
     def _pool_mode(self, step: RewriteStep, node: fx.Node, args: dict[str, Any]) -> str:
         """The global-pool mode of this call (refused by name where no mode is exact)."""
         if args.get("dtype") is not None:
             step.refuse(node, f"a reduction with dtype={args['dtype']!r} (cast the map before it)")
-        if self.mode == "norm":
-            p = args.get("p")
+        if self.mode in ("norm", "vector_norm"):
+            p = args["p"] if self.mode == "norm" else args["ord"]
             try:
                 mode = None if isinstance(p, bool) else _NORMS.get(p)  # 1.0 and 1 are one key
             except TypeError:  # an unhashable p

@@ -124,8 +124,8 @@ class Interpolate(InvarianceRule):
     ``scale_factor`` runs as it is (nearest) or on each item's edge values (linear modes); a size
     read from another feature map (``size=skip.shape[-2:]``), a non-integer factor
     (``scale_factor=0.5``) or ``align_corners=True`` resizes each item from its own size to its own
-    output size. Refused: a constant ``size=``, ``mode="area"`` or ``antialias=True`` on the per-item
-    path."""
+    output size (``"area"``: each item's own adaptive bins). Refused: a constant ``size=``, or
+    ``antialias=True`` on the per-item path."""
 
     kind = "upsample"
     reads_one_map = True
@@ -172,9 +172,6 @@ class Interpolate(InvarianceRule):
         """Each item resized from its own size to its own output size (``target``: the output's
         geometry id, or a window on the input's geometry)."""
         mode, scale_factor, recompute = args["mode"], args["scale_factor"], args.get("recompute_scale_factor")
-        if mode == "area":
-            step.refuse(node, "mode='area' to a size or by a non-integer factor (an adaptive average pool over the "
-                              "canvas's bins; use an integer scale_factor, or mode='bilinear')")
         if args.get("antialias"):
             step.refuse(node, f"mode={mode!r} with antialias=True to a size or by a non-integer factor (its taps "
                               "are renormalised over the cells inside the input, fewer at the item's edge alone)")
