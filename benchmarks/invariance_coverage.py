@@ -14,8 +14,9 @@ bias in every norm: fresh statistics keep zero padding zero and hide a leak):
   items unpadded (batch statistics over the same cells): every output, every running statistic
   and batch count after that step, and every parameter gradient of the outputs' mean square.
 
-``exact``: the largest difference, relative to the largest value of each output (statistic, gradient), is
-at most :data:`TOL` in both modes. ``SILENT``: accepted, and an item does not get what it gets
+``exact``: the largest difference, relative to the largest value of each output (statistic,
+gradient), is at most :data:`TOL` in both modes (in training, or within :data:`NOISE` times the
+stock model's own difference when the items come in the other order, measured where it matters). ``SILENT``: accepted, and an item does not get what it gets
 alone (the bug this table is for). ``refused``: ``ValueError`` when wrapping, or when called on an
 input the stock model takes. ``error``: another exception from vispos. ``skipped``: the stock model
 cannot run these sizes, or the model is too large or slow for two CPU cores (the reason said).
@@ -54,6 +55,8 @@ from trained_norms import trained_like  # noqa: E402
 
 #: the largest difference, relative to the output's largest value, that counts as exact in float64
 TOL = 1e-9
+#: training also counts as exact within this factor of the stock model's own noise (:func:`stock_noise`)
+NOISE = 10.0
 #: the fill of a padded batch's padding
 FILL = 5.0
 #: larger models are skipped (two CPU cores, float64)
@@ -277,6 +280,7 @@ def check(case: Case) -> dict:
     except Exception as exc:  # noqa: BLE001
         return _fail(out, exc, "eval call")
     try:  # training: two items of one size padded, against the two unpadded; statistics, gradients
+        control = copy.deepcopy(model)  # the stock model's own rounding noise, measured if needed
         model.train()
         inv.train()
         pair = torch.stack([xs[0], xs[2]])
@@ -294,10 +298,36 @@ def check(case: Case) -> dict:
         out.update(train_rel=worst)
         if not worst <= (out["eval_rel"] or 0.0):
             out["where"] = where
+        if not worst <= TOL:
+            out["noise"] = stock_noise(control, pair, model, stock)
     except Exception as exc:  # noqa: BLE001
         return _fail(out, exc, "training call")
-    exact = out["eval_rel"] <= TOL and out["train_rel"] <= TOL
+    noise = NOISE * out.get("noise", 0.0)
+    exact = out["eval_rel"] <= TOL and out["train_rel"] <= max(TOL, noise)
+    if exact and out["train_rel"] > TOL:
+        out["note"] = (f"training within {NOISE:g}x the stock model's own rounding noise ({out['noise']:.1e}: the "
+                       "items in the other order)")
     return out | {"status": "exact" if exact else "SILENT"}
+
+
+def stock_noise(control: nn.Module, pair: torch.Tensor, model: nn.Module, stock) -> float:
+    """How far the stock model's training step moves with the items' order alone: ``control`` (a
+    copy of the model before the step) on ``pair`` reversed, against ``model`` after its step on
+    ``pair`` (its outputs ``stock``, running statistics, gradients). A deep, ill-conditioned
+    network (ConvMixer's 32 batch-normed blocks on a few cells) differs from itself there by more
+    than :data:`TOL`."""
+    control.train()
+    outs = control(pair.flip(0))
+    outs = torch.utils._pytree.tree_map(lambda t: t.flip(0) if isinstance(t, torch.Tensor) and t.dim() else t, outs)
+    leaves = [w for w in _leaves(outs) if isinstance(w, torch.Tensor)]
+    want = [w for w in _leaves(stock) if isinstance(w, torch.Tensor)]
+    sum(w.square().mean() for w in leaves if w.requires_grad).backward()
+    mine = control.state_dict()
+    worst, _ = _worst([(relative(g, w), "") for g, w in zip(leaves, want)], "")
+    worst, _ = _worst([(relative(mine[k].double(), v.double()), k) for k, v in model.state_dict().items()
+                       if isinstance(v, torch.Tensor)], "", worst)
+    worst, _ = _worst(gradient_differences(model, control), "", worst)
+    return worst
 
 
 def _child(case: Case, conn, memory_gb: float) -> None:
@@ -377,7 +407,7 @@ def markdown(results: list[dict], header: str, rows: bool = True) -> str:
               "statistics and parameter gradients):", "", "| model | source | outcome | eval | training | reason, or where it differs |",
               "|---|---|---|---:|---:|---|"]
     for r in results:
-        note = r.get("where") if r["status"] == "SILENT" else r.get("reason", "")
+        note = r.get("where") if r["status"] == "SILENT" else r.get("note") or r.get("reason", "")
         if r["status"] in ("refused", "error") and r.get("message"):
             note = f"{r['exception']}: {r['message'][:160]}"
         note = (note or "").replace("|", "\\|")

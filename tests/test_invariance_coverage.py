@@ -102,6 +102,20 @@ def test_leaked_gradients_are_silent(monkeypatch):
     assert result["status"] == "SILENT" and result["where"] == "training, 0.weight.grad", result
 
 
+def test_training_within_the_stock_models_own_noise_is_exact(monkeypatch):
+    """A training difference above the tolerance but within the stock model's own rounding noise
+    (the items in the other order) is exact, with a note; above it, SILENT."""
+    def wrap(model):
+        model[0].weight.register_hook(lambda g: g * (1 + 1e-7))
+        return _Wrapper(model)
+
+    monkeypatch.setattr(vispos, "make_padding_invariant", wrap)
+    assert cov.check(_case(_net))["status"] == "SILENT"  # a small network's noise is float64 rounding
+    monkeypatch.setattr(cov, "stock_noise", lambda *args: 1e-7)
+    result = cov.check(_case(_net))
+    assert result["status"] == "exact" and "own rounding noise (1.0e-07" in result["note"], result
+
+
 def test_refusal_records_type_first_line_and_reason():
     class Shift(nn.Module):
         def forward(self, x):
