@@ -248,3 +248,27 @@ def test_per_call_check_follows_copies():
         twin(batch)
     assert_close(inv(batch).tensors, inv(batch).tensors)
     handle.remove()
+
+
+class _Shared(nn.Module):
+    """One convolution held by two parents (as MONAI's DynUNet holds its blocks twice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+        self.skip = nn.ModuleDict({"conv": self.block[0]})
+
+    def forward(self, x):
+        return self.block(x) + self.skip["conv"](x)
+
+
+def test_a_module_held_by_two_parents_is_no_change():
+    torch.manual_seed(0)
+    net = _Shared().double()
+    inv = vispos.make_padding_invariant(net)
+    item = _item()
+    with torch.no_grad():
+        assert_item_alone(net(item[None]), inv(padded_batch(item, (9, 5))))
+    net.skip["conv"] = nn.Conv2d(3, 4, 3, padding=1).double()
+    with pytest.raises(RuntimeError, match=r"its submodule skip\.conv was replaced"):
+        inv(padded_batch(item, (9, 5)))

@@ -80,17 +80,19 @@ class ModelState:
     """
 
     def __init__(self, model: nn.Module, mode_paths: Any = ()) -> None:
-        links, stack = [], [("", model)]
-        while stack:  # every parent -> child link, parents first
+        links, stack, seen = [], [("", model)], {id(model)}
+        while stack:  # every parent -> child link, parents first; a module shared by two parents once
             path, parent = stack.pop()
             for name, child in parent._modules.items():
                 child_path = f"{path}.{name}" if path else name
                 links.append((parent._modules, name, child, child_path))
-                if child is not None:
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
                     stack.append((child_path, child))
         self.model = model
         self.links = links
-        self.modules = [(p, m) for _, _, m, p in links if m is not None] + [("", model)]
+        unique = {id(m): (p, m) for _, _, m, p in reversed(links) if m is not None}  # each module once
+        self.modules = list(unique.values()) + [("", model)]
         self.hooks = [_hooks_state(m) for _, m in self.modules]  # aligned with modules (ids change in a copy)
         self.global_hooks = _global_state()
         self.mode_modules = [(p, model.get_submodule(p)) for p in mode_paths]
@@ -109,7 +111,8 @@ class ModelState:
     def also_follow(self, holder: nn.Module) -> None:
         """Also checks ``holder``'s own children (a wrapper that holds the model's children under
         the same names): each must stay the module it holds now."""
-        self.links.extend((holder._modules, name, child, name) for name, child in holder._modules.items())
+        if holder._modules is not self.model._modules:
+            self.links.extend((holder._modules, name, child, name) for name, child in holder._modules.items())
         self._index()
 
     def _replaced(self) -> str:
