@@ -60,7 +60,7 @@ NOISE = 10.0
 #: the fill of a padded batch's padding
 FILL = 5.0
 #: larger models are skipped (two CPU cores, float64)
-MAX_PARAMS = 40_000_000
+MAX_PARAMS = 60_000_000
 STATUSES = ("exact", "refused", "SILENT", "error", "skipped")
 
 #: (pattern of a refusal message, the short reason the table groups it under)
@@ -82,8 +82,9 @@ REASONS = [
     (r"concatenates feature maps along a spatial axis|splits a feature map along a spatial", "spatial cat / split"),
     (r"ceil_mode", "average pool ceil_mode"),
     (r"levels were asked", "levels the graph does not see"),
-    (r"do not each get what they get alone", "probe: items differ in a padded batch"),
-    (r"cannot run on a probe|no probe size", "no probe size fits"),
+    (r"probe items .* do not (each )?get what they get", "probe: items differ in a padded batch"),
+    (r"cannot run on a probe|no probe size", "cannot run at the probe size"),
+    (r"to read its channels from", "input channels not read (pass in_channels)"),
     (r"size of a feature map|read from a map's size|value read from", "value read from a map's size"),
 ]
 
