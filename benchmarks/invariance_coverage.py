@@ -72,6 +72,7 @@ REASONS = [
     (r"fixed patch grid|position table|adds a fixed spatial tensor", "fixed spatial tensor (position table)"),
     (r"flattens the spatial axes", "spatial axes flattened (tokens, a flatten)"),
     (r"reshapes, moves or mixes cells|mixes or moves cells", "cells reshaped, moved or mixed"),
+    (r"reshapes to spatial sizes", "reshape to sizes other than the map's own"),
     (r"axes were permuted", "an op on a channels-last map without a rule"),
     (r"layer norm over the trailing axes", "layer norm over trailing axes"),
     (r"pixel shuffle", "pixel shuffle"),

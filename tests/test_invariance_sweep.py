@@ -11,6 +11,7 @@ refused / by reason) over the first N selected models.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -18,6 +19,9 @@ from collections import Counter
 import pytest
 import torch
 from trained_norms import trained_like
+
+if __name__ == "__main__":  # run as a script: the repository root, for benchmarks/
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._coverage_cases import TOO_LARGE, timm_models  # the model selection, shared
 from benchmarks.invariance_coverage import refusal_reason  # the refusal reasons, shared
