@@ -148,11 +148,7 @@ def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padd
         return _pools.fill(y, padding, 0.0) if zero_padding else y
     drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
     extras = isinstance(drop, nn.Module) or isinstance(act, nn.Module)
-    if isinstance(module, _BatchNorm) and module.running_mean is None and not module.training:
-        # no running statistics: the batch's statistics in eval as in training (over valid cells)
-        y = _norms.batch_norm(x, padding, None, None, module.weight, module.bias, True, module.momentum, module.eps,
-                              None, zero_padding and not extras)
-    elif isinstance(module, _BatchNorm):
+    if isinstance(module, _BatchNorm):  # without running statistics: the batch's, in eval too
         y = _norms.batch_norm_module(x, padding, module, zero_padding and not extras)
     else:  # zeros in the padding already
         if isinstance(module, _InstanceNorm) and module.running_mean is not None:
