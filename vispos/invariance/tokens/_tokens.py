@@ -181,7 +181,7 @@ def token_model_classes() -> list[str]:
     """The class names that have a :class:`TokenModelRule` (a whole-model padding-invariance
     rule), sorted."""
     names = {key if isinstance(key, str) else f"{key.__module__}.{key.__qualname__}"
-             for key, rule in list(_rules._RULES.items()) if isinstance(rule, TokenModelRule)}
+             for key, rule in _rules.default_rules().items() if isinstance(rule, TokenModelRule)}
     return sorted(name.rsplit(".", 1)[-1] for name in names)
 
 
