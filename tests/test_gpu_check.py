@@ -17,8 +17,9 @@ def test_command_writes_one_table_with_cuda_rows_skipped(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| section")]
     sections = {row.split(" | ")[0][2:] for row in rows}
     assert sections == {"CUDA = CPU", "padding invariance", "no host sync", "CUDA graph", "timing", "torch.compile",
-                        "host overhead", "invariance cost", "invariance cost, compiled", "invariance cost, CUDA graph"}
-    assert all(gpu_check.NO_CUDA in r for r in rows if r.startswith("| invariance cost"))
+                        "host overhead", "invariance cost", "invariance cost, compiled", "invariance cost, CUDA graph",
+                        "detectors"}
+    assert all(gpu_check.NO_CUDA in r for r in rows if r.startswith(("| invariance cost", "| detectors")))
     host = [r for r in rows if r.startswith("| host overhead |")]
     import host_overhead
 
