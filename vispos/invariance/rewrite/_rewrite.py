@@ -158,7 +158,7 @@ class _Rewriter(RewriterBase):
         if node.op not in ("call_module", "call_function", "call_method") or len(self.spatial_args(node)) > 1:
             return False
         rule = self.rule_of(node)[0]
-        return bool(getattr(rule, "reads_sizes", False))
+        return rule is not None and rule.reads_sizes
 
     # ------------------------------------------------------------- RewriteStep (for rules)
     def size_source(self, value: Any) -> int | None:

@@ -106,7 +106,9 @@ class InvarianceRule:
     ``zero_preserving`` (maps 0 to 0 cell-wise, so zeros written into the padding before it
     survive), ``nonnegative`` (output >= 0), ``fresh_output`` (a new map its backward does not
     read, which a fill may write into), ``reads_one_map`` (its feature map is its ``input``, the
-    only feature map it takes), ``signature`` (a callable whose parameters name a function or
+    only feature map it takes), ``reads_sizes`` (it may take a size read from a feature map, which
+    it resolves with :meth:`RewriteStep.size_source`: ``F.interpolate(x, size=skip.shape[-2:])``),
+    ``signature`` (a callable whose parameters name a function or
     method call's arguments; None: the function's own) and ``attributes`` (the module attributes
     bound for a module call). ``kind`` names the rule in messages and tests.
 
@@ -123,6 +125,7 @@ class InvarianceRule:
     nonnegative: ClassVar[bool] = False
     fresh_output: ClassVar[bool] = False
     reads_one_map: ClassVar[bool] = False
+    reads_sizes: ClassVar[bool] = False
     signature: ClassVar[Callable | None] = None
     attributes: ClassVar[tuple[str, ...]] = ()
 
