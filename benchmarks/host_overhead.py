@@ -230,6 +230,15 @@ def measure(quick: bool, calls: int | None = None, rounds: int | None = None) ->
     """Every row (``quick``: fewer calls, rounds and batches, a smaller ResNet step; ``calls`` and
     ``rounds`` override the defaults of the timed rows)."""
     calls, rounds = calls or (20 if quick else 400), rounds or (2 if quick else 7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the thread's CPU time is the call's: no work on other threads
+    try:
+        return _measure(quick, calls, rounds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(quick: bool, calls: int, rounds: int) -> dict:
     out: dict = {}
     out.update(norm_rows(calls, rounds))
     out.update(sine_rows(calls, rounds))
@@ -276,7 +285,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="write the markdown table here")
     parser.add_argument("--quick", action="store_true", help="fewer calls, 5 batches for the variants")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
     rows = measure(args.quick)
     text = table(rows, args.quick)
     print(text)
