@@ -265,6 +265,31 @@ def test_torchvision_segmentation_model_item_alone(train):
     assert_alone_equals_in_batch(_Segmenter(), 2, (9, 11), (15, 16), (2, 4), train, partner=not train)
 
 
+class _PyramidPooling(nn.Module):
+    """PSPNet's pyramid pooling: adaptive pools to 1, 2 and 3 bins (each item's own), a 1x1
+    convolution each, resized back to the map's own size and added."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(4, 4, 1) for _ in range(3)])
+
+    def forward(self, x):
+        out = x
+        for bins, conv in zip((1, 2, 3), self.convs):
+            pooled = conv(F.adaptive_avg_pool2d(x, bins))
+            out = out + F.interpolate(pooled, size=x.shape[-2:], mode="bilinear", align_corners=True)
+        return out
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_pooled_grid_resized_to_a_map_item_alone(train):
+    """A grid every item fills alike (an adaptive pool) resized to a map's size: each item from the
+    whole grid to its own cells."""
+    body = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.GroupNorm(2, 4) if train else nn.BatchNorm2d(4),
+                         _PyramidPooling(), nn.Conv2d(4, 2, 3, padding=1))
+    assert_alone_equals_in_batch(body, 2, (9, 11), (15, 16), (2, 4), train)
+
+
 def test_resized_padding_never_reaches_the_item():
     """NaN in every padded cell of the input: every resized output cell (the padding's too) reads
     the item's own cells only."""

@@ -156,15 +156,16 @@ def _taps(mode: str, align_corners: bool, scale: float | None, n_in: Tensor, m_o
     return [(index.clamp(min=0), (1 - t).to(dtype)), (upper.clamp(min=0).minimum(last), t.to(dtype))]
 
 
-def resize(x: Tensor, padding: Padding, target: Padding, mode: str, align_corners: bool,
+def resize(x: Tensor, padding: Padding | None, target: Padding, mode: str, align_corners: bool,
            scales: Any = None) -> Tensor:
     """Each item of a padded batch resized from its own box on ``padding`` to its own box on
     ``target``, exactly as ``F.interpolate`` resizes the item alone; one index / weight table per
     axis for the whole batch (no loop over items), applied axis after axis by gathers.
 
     Args:
-        x (Tensor[B, C, *S]): features, channels first. padding (Padding): ``x``'s, with a box per
-            item. target (Padding): the output's (its canvas is the output's size), a box per item.
+        x (Tensor[B, C, *S]): features, channels first. padding (Padding, optional): ``x``'s, with a
+            box per item; None: every item fills ``x`` (a pooled grid of its own). target (Padding):
+            the output's (its canvas is the output's size), a box per item.
         mode (str): ``"nearest"``, ``"nearest-exact"``, ``"linear"``, ``"bilinear"``,
             ``"trilinear"``, ``"bicubic"`` or ``"area"`` (an adaptive average pool of each item to its
             own output size). align_corners (bool): as ``F.interpolate``.
@@ -181,9 +182,13 @@ def resize(x: Tensor, padding: Padding, target: Padding, mode: str, align_corner
     References:
         ATen ``UpSample.h`` and ``UpSampleKernel.cpp`` (source indices, weights, size special cases).
     """
-    n = padding.num_axes
+    n = target.num_axes
     scales = scales if isinstance(scales, (tuple, list)) or scales is None else (scales,) * n
-    in_start, in_size = item_boxes(padding, x.device)
+    if padding is None:  # every item fills x
+        in_start = torch.zeros((x.shape[0], n), dtype=torch.int64, device=x.device)
+        in_size = in_start + torch.tensor(x.shape[2:], dtype=torch.int64, device=x.device)
+    else:
+        in_start, in_size = item_boxes(padding, x.device)
     out_start, out_size = item_boxes(target, x.device)
     batch = x.shape[0]
     for axis in range(n):
@@ -196,8 +201,9 @@ def resize(x: Tensor, padding: Padding, target: Padding, mode: str, align_corner
         shape = list(x.shape)
         shape[dim] = cells
         if mode == "area":  # an adaptive average pool of each item to its own output size
-            x = pool_bins(torch.where(valid_cells(padding), x, 0.0) if axis == 0 else x, dim, "mean", j, n_in, m_out,
-                          in_start[:, axis : axis + 1])
+            if axis == 0 and padding is not None:
+                x = torch.where(valid_cells(padding), x, 0.0)
+            x = pool_bins(x, dim, "mean", j, n_in, m_out, in_start[:, axis : axis + 1])
             continue
         out = None
         for index, weight in _taps(mode, align_corners, None if scales is None else float(scales[axis]), n_in,

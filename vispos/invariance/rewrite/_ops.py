@@ -81,9 +81,9 @@ def fill_edges(x: Tensor, padding: Padding | None) -> Tensor:
 def resize(x: Tensor, padding: Padding | None, target: Padding | None, size: Any, scale_factor: Any, mode: str,
            align_corners: bool, recompute_scale_factor: Any, scales: Any) -> Tensor:
     """``F.interpolate`` of each item from its own size to its own output size (``target``: the
-    output map's padding; ``scales``: the factors torch's coordinates use, None for each item's
-    sizes); the stock call without padding."""
-    if padding is None or target is None or (padding.kind == "none" and target.kind == "none"):
+    output map's padding; ``padding`` None: every item fills ``x``; ``scales``: the factors torch's
+    coordinates use, None for each item's sizes); the stock call without padding."""
+    if target is None or target.kind == "none" and (padding is None or padding.kind == "none"):
         linear = mode in ("linear", "bilinear", "bicubic", "trilinear")
         return F.interpolate(x, size, scale_factor, mode, align_corners if linear else None, recompute_scale_factor)
     return _upsampling.resize(x, padding, target, mode, align_corners, scales)

@@ -178,13 +178,17 @@ class _Rewriter(RewriterBase):
 
     def resize(self, node: fx.Node, target: Any, fn: Callable[..., Tensor], *args: Any) -> None:
         """Replace the node by ``fn(x, padding, target_padding, *args)``: a map on the cells of
-        ``target`` (a geometry id, or a window applied to the input's geometry)."""
+        ``target`` (a geometry id, or a window applied to the input's geometry). An input that is a
+        value of each item's own (a pooled grid every item fills, PSPNet's and DeepLab's image
+        pooling) gets ``padding`` None: each item resized from the whole of it to a map's cells."""
         x = self.input_of(node)
-        geometry_in = self.maps.geometry[x]
+        geometry_in = self.maps.geometry.get(x)
+        if not isinstance(geometry_in, int) and not (geometry_in is None and isinstance(target, int)):
+            self.refuse(node, "it resizes something that is not a whole feature map")
         out = target if isinstance(target, int) else self.geometry.child(geometry_in, target, self.where(node))
         args = fx.node.map_arg(args, lambda n: self.env[n] if n.graph is self.old else n)
-        self.env[node] = self.new.call_function(fn, (
-            self.env[x], self.padding_of(geometry_in), self.padding_of(out), *args))
+        padding = None if geometry_in is None else self.padding_of(geometry_in)
+        self.env[node] = self.new.call_function(fn, (self.env[x], padding, self.padding_of(out), *args))
         self.maps.geometry[node] = out
 
     def broadcast(self, node: fx.Node, geometry_id: int) -> None:
@@ -362,10 +366,10 @@ class _Rewriter(RewriterBase):
         if layouts:
             return rule.on_permuted(self, node, args, layouts.pop())
         if node.op == "call_module":
-            if node.args[:1] != (spatial[0],) or len(spatial) != 1:
+            if not spatial or node.args[:1] != (spatial[0],) or len(spatial) != 1:
                 self.refuse(node, "its feature map is not its first argument")
-        elif rule.reads_one_map and (not isinstance(args.get("input"), fx.Node) or
-                                     args["input"] not in self.maps.geometry or len(spatial) != 1):
+        elif rule.reads_one_map and spatial and (not isinstance(args.get("input"), fx.Node) or
+                                                 args["input"] not in self.maps.geometry or len(spatial) != 1):
             self.refuse(node, "its feature map is not its input")
         rule.apply(self, node, args)
 
