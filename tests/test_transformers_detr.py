@@ -114,3 +114,16 @@ def test_wrapper_shares_the_model():
     model, inv = _built("detr")
     assert inv.state_dict().keys() == model.state_dict().keys()
     assert inv.model is model.model and "network=DetrForObjectDetection" in repr(inv)
+
+
+@pytest.mark.exhaustive
+def test_bare_detr_model_wrapped_too():
+    torch.manual_seed(0)
+    model = trained_like(transformers.DetrModel(transformers.DetrConfig(**_SMALL)).double()).eval()
+    inv = vispos.make_padding_invariant(model)
+    assert isinstance(inv, InvariantDetr)
+    images = _images(4, SIZES[:2])
+    with torch.no_grad():
+        out = inv(*_batch(images))
+        for i, image in enumerate(images):
+            torch.testing.assert_close(out.last_hidden_state[i:i + 1], model(image[None]).last_hidden_state)
