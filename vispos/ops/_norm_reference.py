@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["item_counts", "stat_dtype", "update_running_stats", "batch_norm_forward", "batch_norm_centred", "batch_norm_backward",
-           "group_norm_forward", "group_norm_centred", "group_norm_backward"]
+__all__ = ["item_counts", "stat_dtype", "update_running_stats", "batch_norm_forward", "batch_norm_centred",
+           "batch_norm_backward", "group_norm_forward", "group_norm_centred", "group_norm_backward"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 

@@ -124,8 +124,8 @@ _PLANS_LOCK = threading.Lock()
 
 def plan(key: Hashable, build: Callable[[], Any]) -> Any:
     """A launch's sizes computed once per ``key`` (the shapes, strides, dtypes and options they
-    depend on): ``build()`` on the first call, the cached value after. The cache is bounded (least
-    recently used entries go first) and thread-safe; the tile constants are part of the key, so a
+    depend on): ``build()`` on the first call, the cached value after. The cache is bounded (the
+    oldest entries go first) and thread-safe; the tile constants are part of the key, so a
     test that lowers them gets fresh sizes. Symbolic sizes (tracing with dynamic shapes) are
     computed every time."""
     key = (key, BLOCK_CELLS, BLOCK_CHANNELS_LAST, TARGET_PROGRAMS, MIN_CHUNK_BLOCKS, MAX_SPLIT)

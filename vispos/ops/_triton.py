@@ -113,6 +113,7 @@ class _Kernel:
         self.__name__ = fn.__name__
         self.do_not_specialize = do_not_specialize
         self._built: dict[bool, Any] = {}
+        self._binder: Any = None  # Triton's argument binder, built by variant_key
         self._lock = threading.Lock()
 
     def variant(self, interpret: bool) -> Any:
@@ -199,7 +200,7 @@ def variant_key(kern: _Kernel, *args: Any, **kwargs: Any) -> str:
     from triton.runtime.jit import create_function_from_signature
 
     jit = kern.variant(False)
-    binder = getattr(kern, "_binder", None)
+    binder = kern._binder
     if binder is None:
         binder = kern._binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
     _, specialization, options = binder(*args, **kwargs)

@@ -190,7 +190,8 @@ def batch_norm(
         TypeError: ``x`` is not floating; ``mask`` is not bool.
         ValueError: a shape that does not match ``x`` (``mask``: ``(B, 1, *S)``; ``weight``, ``bias``
             and the running statistics: ``(C,)``), a tensor on another device, running statistics
-            whose channels share memory (stride 0); ``n`` is 1 (one valid value per channel: torch's batch norm refuses it too).
+            whose channels share memory (stride 0); ``n`` is 1 (one valid value per channel: torch's
+            batch norm refuses it too).
         RuntimeError: a second derivative (``create_graph=True`` through it).
 
     References:

@@ -122,6 +122,12 @@ def batch_norm(
         eval with running statistics the affine map of what they held,
         zeros with ``zero_padding``.
 
+    Raises:
+        ValueError: a :class:`~vispos.Padding` whose batch or spatial sizes are not ``x``'s; in
+            training, one valid value per channel (torch's batch norm refuses it too); the argument
+            checks of :func:`vispos.ops.batch_norm.batch_norm` (shapes, devices, strides).
+        TypeError: a mask that is not bool.
+
     References:
         Ioffe and Szegedy, ICML 2015; Chan, Golub and LeVeque, 1983.
     """
