@@ -290,6 +290,14 @@ def batch_norm_forward(x, weight, bias, mask, scalars, momentum, running_mean, r
     return y, mean, invstd
 
 
+def _backward_sizes(x, dy, mask, gx):
+    """:func:`_sizes` of a backward and ``dy``'s strides, or None when ``x``, ``dy`` or ``mask`` must
+    be copied first (spatial axes that do not flatten to one stride)."""
+    if any(flat(t)[0] is not t for t in (x, dy, mask)):
+        return None
+    return _sizes(x, mask, gx), flat(dy)[2]
+
+
 def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, need_weight, need_bias, param_dtype):
     """The Triton backward of :func:`batch_norm_forward` (reference:
     :func:`._norm_reference.batch_norm_backward`): two launches, ``_bn_grad_sums`` then
@@ -299,11 +307,16 @@ def batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, zero_padding, nee
     Returns:
         ``(grad_weight, grad_bias)`` (Tensor[C] in ``param_dtype``), None where not needed.
     """
-    x, dy, m = flat_or_copy(x), flat_or_copy(dy), flat_or_copy(mask)
-    key = ("bn_backward", x.shape, x.stride(), dy.stride(), None if gx is None else gx.stride(), m.stride())
+    key = ("bn_backward", x.shape, x.stride(), dy.stride(), mask.stride(), None if gx is None else gx.stride())
+    found = plan(key, lambda: _backward_sizes(x, dy, mask, gx))
+    if found is None:  # a layout whose spatial axes do not flatten: through contiguous copies
+        x, dy, m = flat_or_copy(x), flat_or_copy(dy), flat_or_copy(mask)
+        sizes, dy_strides = _sizes(x, m, gx), flat(dy)[2]
+    else:
+        (sizes, dy_strides), m = found, mask
     cells, (sxb, sxc, sxs), (sgb, sgc, sgs), (smb, _, sms), block_c, block_n, cblocks, ns, nsplit, chunk, \
-        num_warps = plan(key, lambda: _sizes(x, m, gx))
-    _, (sdb, sdc, sds) = plan(("strides", dy.shape, dy.stride()), lambda: flat(dy)[1:])
+        num_warps = sizes
+    sdb, sdc, sds = dy_strides
     c, xf, df = x.shape[1], x, dy
     all_dy = need_bias and not zero_padding
     part = torch.empty(4 * c * nsplit, dtype=mean.dtype, device=x.device)
