@@ -73,6 +73,9 @@ REASONS = [
     (r"flattens the spatial axes", "spatial axes flattened (tokens, a flatten)"),
     (r"reshapes, moves or mixes cells|mixes or moves cells", "cells reshaped, moved or mixed"),
     (r"reshapes to spatial sizes", "reshape to sizes other than the map's own"),
+    (r"reshapes a feature map to \d+ axes", "reshape merging or splitting the spatial axes"),
+    (r"reshapes a map whose spatial axes were moved", "reshape of a map whose spatial axes were moved"),
+    (r"over the channels without keepdim", "channel reduction without keepdim"),
     (r"axes were permuted", "an op on a channels-last map without a rule"),
     (r"layer norm over the trailing axes", "layer norm over trailing axes"),
     (r"pixel shuffle", "pixel shuffle"),
@@ -95,7 +98,8 @@ def refusal_reason(message: str) -> str:
     for pattern, key in REASONS:
         if re.search(pattern, message):
             return key
-    return first_line(message)[:90]
+    clause = re.search(r"exactly on a padded batch: ([^(.;:]+)", message)  # the rewriter's wording
+    return (clause.group(1).strip() if clause else first_line(message))[:90]
 
 
 def first_line(message: str) -> str:

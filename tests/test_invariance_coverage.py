@@ -130,6 +130,8 @@ def test_refusal_reasons_group_messages():
     assert cov.refusal_reason("X: Swin windows are laid out on the canvas, not on the item") == \
         "windowed attention on the canvas (Swin)"
     assert cov.refusal_reason("first line of something new\nmore") == "first line of something new"
+    assert cov.refusal_reason("cannot run f in g (graph node 'f') exactly on a padded batch: it does a new thing "
+                              "(with x). Cut the network") == "it does a new thing"
 
 
 def test_draws_are_off_and_norms_trained_like():
