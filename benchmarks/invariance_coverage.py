@@ -16,10 +16,11 @@ bias in every norm: fresh statistics keep zero padding zero and hide a leak):
 
 ``exact``: the largest difference, relative to the largest value of each output (statistic,
 gradient), is at most :data:`TOL` in both modes (in training, or within :data:`NOISE` times the
-stock model's own difference when the items come in the other order, measured where it matters). ``SILENT``: accepted, and an item does not get what it gets
-alone (the bug this table is for). ``refused``: ``ValueError`` when wrapping, or when called on an
-input the stock model takes. ``error``: another exception from vispos. ``skipped``: the stock model
-cannot run these sizes, or the model is too large or slow for two CPU cores (the reason said).
+stock model's own difference when the items come in the other order, measured where it matters).
+``SILENT``: accepted, and an item does not get what it gets alone (the bug this table is for).
+``refused``: ``ValueError`` when wrapping, or when called on an input the stock model takes.
+``error``: another exception from vispos. ``skipped``: the stock model cannot run these sizes, or
+the model is too large or slow for two CPU cores (the reason said).
 Each model runs in its own forked process with a time and memory budget.
 
     python benchmarks/invariance_coverage.py --quick
@@ -410,7 +411,8 @@ def markdown(results: list[dict], header: str, rows: bool = True) -> str:
     if not rows:
         return "\n".join(lines) + "\n"
     lines += ["", "Every model (relative differences: worst over items and outputs; in training also running "
-              "statistics and parameter gradients):", "", "| model | source | outcome | eval | training | reason, or where it differs |",
+              "statistics and parameter gradients):", "",
+              "| model | source | outcome | eval | training | reason, or where it differs |",
               "|---|---|---|---:|---:|---|"]
     for r in results:
         note = r.get("where") if r["status"] == "SILENT" else r.get("note") or r.get("reason", "")

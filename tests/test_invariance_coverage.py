@@ -160,7 +160,8 @@ def test_too_large_is_skipped(monkeypatch):
 
 def test_shards_merge_into_one_report(tmp_path):
     rows = [{"model": "resnet18", "source": "timm", "status": "exact", "eval_rel": 0.0, "train_rel": 0.0},
-            {"model": "resnet18", "source": "torchvision", "status": "refused", "when": "wrap", "exception": "ValueError",
+            {"model": "resnet18", "source": "torchvision", "status": "refused", "when": "wrap",
+             "exception": "ValueError",
              "message": "x (Foo) exactly on a padded batch: it flattens the spatial axes of a feature map"}]
     for i, row in enumerate(rows):
         (tmp_path / f"{i}.json").write_text(json.dumps(
