@@ -22,7 +22,7 @@ from torch import Tensor
 from .. import _tracing
 from .._positions import PositionRule
 from ..ops import _triton
-from ..ops.sine import BOXES, COUNTS, sine_boxes, sine_counts
+from ..ops.sine import BOXES, COUNTS, sine_boxes, sine_counts, write_boxes, write_counts
 from ..padding import Padding
 
 __all__ = ["BOXES", "COUNTS", "takes_kernel", "embed", "sine_boxes", "sine_counts"]
@@ -92,13 +92,13 @@ def embed(
     if kind == "arbitrary" or (kind == "rectangular" and not host):
         mask = padding.mask
         counts = [torch.cumsum(mask, i + 1, dtype=torch.int32) for i in range(n)]
-        sine_counts(target, counts, *args)
+        write_counts(target, counts, *args)
     else:
         boxes = None
         if kind == "rectangular":  # one small copy of host values, no synchronisation
             rows = [(*a, *b) for a, b in zip(padding.starts, padding.stops)]
             boxes = _tracing.host_tensor(rows, torch.int32, device)
-        sine_boxes(target, boxes, *args)
+        write_boxes(target, boxes, *args)
     if out is not None and target is not out:
         return out.copy_(target)
     return target

@@ -21,7 +21,9 @@ from ._norm_reference import stat_dtype
 from ._sizes import out_like
 
 __all__ = ["check_input", "check_mask", "check_vector", "check_running", "scalars", "needs_grad", "triton_path",
-           "grads", "param_grads", "triton_backward"]
+           "grads", "param_grads", "triton_backward", "call"]
+
+call = _triton.eager_call  # the ops' calls: see vispos.ops._triton.eager_call
 
 
 def check_input(x: Tensor, op: str) -> None:
@@ -143,3 +145,4 @@ def triton_backward(kernels, dy: Tensor, x: Tensor, mask: Tensor, weight: Tensor
 def stat_scalars(x: Tensor, eps: float, momentum: float | None = None) -> Tensor:
     """:func:`scalars` in the statistics' dtype of ``x``."""
     return scalars(eps, momentum, stat_dtype(x.dtype), x.device)
+

@@ -18,6 +18,8 @@ reference. This room is the one switch they all ask:
   (compiled inline into each; called directly by the interpreter).
 * :func:`variant_key` -- the key under which Triton's own binder caches a compiled variant of a
   kernel for given arguments: how tests and benchmarks count variants without a GPU.
+* :func:`eager_call` -- an op called as its own implementation in plain eager mode (the dispatcher's
+  boxing of a Python op's arguments costs about 15 us a call), as the op wherever anything watches.
 * :func:`register_launches` / :func:`launches` -- every custom op declares how many kernels one
   call launches on a GPU. A launch count taken on the CPU (a ``TorchDispatchMode`` sees one custom
   op, whose CPU implementation runs many torch ops) weighs each custom op by that number.
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 
 __all__ = ["available", "use_triton", "interpreted", "kernel", "device_function", "variant_key", "register_launches",
-           "launches", "launch_tally"]
+           "launches", "launch_tally", "eager_call"]
 
 _LAUNCHES: dict[str, int] = {}
 _LOCK = threading.Lock()
@@ -244,3 +246,20 @@ def launches(qualname: str) -> int | None:
         Nothing.
     """
     return _LAUNCHES.get(qualname)
+
+
+def eager_call(op: Any, impl: Callable[..., Any], x: torch.Tensor, *args: Any) -> Any:
+    """``op(*args)``, or ``impl(*args)`` (the op's own implementation, the same code) in plain eager
+    mode: a plain tensor ``x``, no ``TorchDispatchMode`` (fake tensors, ``make_fx``,
+    ``torch.export``, the tests' op counters), no functorch transform, no ``torch.compile`` and no
+    ``torch.jit`` trace. The dispatcher's boxing of a Python op's arguments costs about 15 us a
+    call on the CPU, half of a masked norm's host time; anything that watches ops still sees the op.
+
+    Raises:
+        What ``op`` or ``impl`` raises.
+    """
+    # is_compiling first: TorchDynamo reads it as a constant and traces no further
+    if (not torch.compiler.is_compiling() and type(x) is torch.Tensor and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing()):
+        return impl(*args)
+    return op(*args)

@@ -29,7 +29,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (check_input, check_mask, check_running, check_vector, grads, needs_grad, param_grads,
+from ._norm_boundary import (call, check_input, check_mask, check_running, check_vector, grads, needs_grad, param_grads,
                              stat_scalars, triton_backward, triton_path)
 from ._sizes import out_like
 
@@ -131,8 +131,8 @@ class _ValidBatchNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
                 num_batches_tracked):
-        y, mean, invstd, xc = _BN(
-            x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked)
+        y, mean, invstd, xc = call(_BN, _bn, x, x, weight, bias, mask, n, eps, zero_padding, momentum,
+                                   running_mean, running_var, num_batches_tracked)
         ctx.set_materialize_grads(False)
         # the input only when the backward re-reads it (the Triton path): the torch path keeps xc
         ctx.save_for_backward(x if xc.numel() == 0 else None, xc, mask, weight, mean, invstd)
@@ -150,8 +150,8 @@ class _ValidBatchNorm(torch.autograd.Function):
         if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
             return tuple(grads)
         x, xc, mask, weight, mean, invstd = ctx.saved_tensors
-        gx, gw, gb = _BN_BACKWARD(
-            dy, x, xc, mask, weight, mean, invstd, ctx.n, ctx.zero_padding, need_x, need_w, need_b)
+        gx, gw, gb = call(_BN_BACKWARD, _bn_bwd, dy, dy, x, xc, mask, weight, mean, invstd, ctx.n, ctx.zero_padding,
+                          need_x, need_w, need_b)
         grads[:3] = gx if need_x else None, gw if need_w else None, gb if need_b else None
         return tuple(grads)
 
@@ -210,7 +210,7 @@ def batch_norm(
     momentum = None if momentum is None else float(momentum)
     args = (x, weight, bias, mask, int(n), float(eps), bool(zero_padding), momentum, running_mean, running_var,
             num_batches_tracked)
-    return _ValidBatchNorm.apply(*args) if needs_grad(x, weight, bias) else _BN(*args)[0]
+    return _ValidBatchNorm.apply(*args) if needs_grad(x, weight, bias) else call(_BN, _bn, x, *args)[0]
 
 
 for _name, _impl, _fake in (("valid_batch_norm", _bn, _bn_fake), ("valid_batch_norm_backward", _bn_bwd, _bn_bwd_fake)):

@@ -23,7 +23,7 @@ from torch.autograd.function import once_differentiable
 from .._checks import check_int
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (check_input, check_mask, check_vector, grads, needs_grad, param_grads, stat_scalars,
+from ._norm_boundary import (call, check_input, check_mask, check_vector, grads, needs_grad, param_grads, stat_scalars,
                              triton_backward, triton_path)
 from ._sizes import out_like
 
@@ -106,7 +106,7 @@ class _ValidGroupNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, mask, num_groups, eps):
-        y, mean, rstd, centred = _GN(x, weight, bias, mask, num_groups, eps)
+        y, mean, rstd, centred = call(_GN, _gn, x, x, weight, bias, mask, num_groups, eps)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(x if centred.numel() == 0 else None, centred, mask, weight, mean, rstd)
         ctx.num_groups = num_groups
@@ -122,8 +122,8 @@ class _ValidGroupNorm(torch.autograd.Function):
         if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
             return None, None, None, None, None, None
         x, centred, mask, weight, mean, rstd = ctx.saved_tensors
-        gx, gw, gb = _GN_BACKWARD(
-            dy, x, centred, mask, weight, mean, rstd, ctx.num_groups, need_x, need_w, need_b)
+        gx, gw, gb = call(_GN_BACKWARD, _gn_bwd, dy, dy, x, centred, mask, weight, mean, rstd, ctx.num_groups, need_x,
+                          need_w, need_b)
         return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
 
 
@@ -159,7 +159,7 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tens
                          f"(shape {tuple(x.shape)})")
     weight, bias = check_vector(weight, "weight", x, "group norm"), check_vector(bias, "bias", x, "group norm")
     args = (x, weight, bias, mask, num_groups, float(eps))
-    return _ValidGroupNorm.apply(*args) if needs_grad(x, weight, bias) else _GN(*args)[0]
+    return _ValidGroupNorm.apply(*args) if needs_grad(x, weight, bias) else call(_GN, _gn, x, *args)[0]
 
 
 for _name, _impl, _fake in (("valid_group_norm", _gn, _gn_fake), ("valid_group_norm_backward", _gn_bwd, _gn_bwd_fake)):

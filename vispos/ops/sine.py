@@ -28,7 +28,7 @@ References:
 
 import functools
 import math
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -38,7 +38,7 @@ from .._positions import PositionRule
 from .._sincos import _embed_axis
 from ._sizes import p2, plan
 
-__all__ = ["BOXES", "COUNTS", "sine_boxes", "sine_counts"]
+__all__ = ["BOXES", "COUNTS", "sine_boxes", "sine_counts", "write_boxes", "write_counts"]
 
 BOXES = "vispos::sine_boxes"
 COUNTS = "vispos::sine_counts"
@@ -220,6 +220,17 @@ for _name, _impl, _fake in (("sine_boxes", _sine_boxes, _sine_boxes_fake),
 #: the ops (the dispatcher's entry points: no Python layer between a call and its implementation)
 sine_boxes = torch.ops.vispos.sine_boxes.default
 sine_counts = torch.ops.vispos.sine_counts.default
+
+
+def write_boxes(out: Tensor, *args: Any) -> None:
+    """:func:`sine_boxes` (``out`` then its other arguments), called as its implementation in plain
+    eager mode (:func:`vispos.ops._triton.eager_call`)."""
+    _triton.eager_call(sine_boxes, _sine_boxes, out, out, *args)
+
+
+def write_counts(out: Tensor, *args: Any) -> None:
+    """:func:`sine_counts`, as :func:`write_boxes` calls :func:`sine_boxes`."""
+    _triton.eager_call(sine_counts, _sine_counts, out, out, *args)
 
 
 # -------------------------------------------------------------------------------- helpers
