@@ -232,3 +232,22 @@ def test_backbone_with_fpn_alone_equals_in_batch_and_stock():
         mask = torch.ones(1, 64, 96, dtype=torch.bool)
         mask[:, 10:40, 10:40] = False
         inv(torch.rand(1, 3, 64, 96, dtype=torch.float64), mask)
+
+
+def test_a_rule_book_given_for_the_call_reaches_the_parts():
+    """make_padding_invariant(model, rules=book) on a whole model: the parts the wrapper makes
+    invariant (the FPN backbone's body here) ask that book, not the global one."""
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    backbone = resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5).double().eval()
+    book = vispos.invariance.default_rules().copy()
+    book.register(torch.nn.ReLU, vispos.Refuse("refused by this call's book"))
+    with pytest.raises(ValueError, match="refused by this call's book"):
+        vispos.make_padding_invariant(backbone, rules=book)
+    vispos.make_padding_invariant(backbone)  # the global book is untouched
+
+
+def test_num_axes_for_a_whole_model_refused():
+    model, _ = _built("fasterrcnn_resnet50_fpn")
+    with pytest.raises(ValueError, match=r"as a whole model, which reads num_axes .* got num_axes=3"):
+        vispos.make_padding_invariant(model, num_axes=3)

@@ -16,6 +16,7 @@ References:
 
 from __future__ import annotations
 
+import contextvars
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -113,6 +114,11 @@ def _input_channels(model: nn.Module, graph: fx.Graph, num_axes: int) -> int | N
     return None
 
 
+#: the rule book a whole-model builder was called with: its own make_padding_invariant calls (the
+#: backbone, the heads) ask it when they pass no book of their own
+_WHOLE_MODEL_BOOK: contextvars.ContextVar[RuleBook | None] = contextvars.ContextVar("whole_model_book", default=None)
+
+
 def make_padding_invariant(
     model: nn.Module,
     num_axes: int | None = None,
@@ -201,12 +207,21 @@ def make_padding_invariant(
     """
     from .tracing._policy import TRACE_LOCK
 
-    book = as_book(rules)
+    book = as_book(rules if rules is not None else _WHOLE_MODEL_BOOK.get())
     from .models._rule import whole_model_rule
 
     whole = whole_model_rule(model, book) if return_nodes is None else None
     if whole is not None:  # a whole detector (vispos.invariance.models): the model's own call and outputs
-        return whole.build(model, probe_size=probe_size)
+        for arg, value in (("num_axes", num_axes), ("in_channels", in_channels)):
+            if value is not None:
+                raise ValueError(
+                    f"make_padding_invariant wraps {type(model).__name__} as a whole model, which reads {arg} from "
+                    f"its own parts; got {arg}={value!r}, expected None (or pass return_nodes to rewrite its graph)")
+        token = _WHOLE_MODEL_BOOK.set(book)  # the parts the builder makes invariant ask the same book
+        try:
+            return whole.build(model, probe_size=probe_size)
+        finally:
+            _WHOLE_MODEL_BOOK.reset(token)
     with TRACE_LOCK:  # torch.fx patches nn.Module.__call__ process-wide while it traces
         return _build(model, num_axes, return_nodes, probe_size, in_channels, book)
 
