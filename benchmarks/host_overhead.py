@@ -257,7 +257,7 @@ def table(rows: dict, quick: bool) -> str:
     add = rows["torch_add_us"]
     lines = [
         "# Host cost of vispos' fused ops", "",
-        f"torch {torch.__version__}; {os.cpu_count()} cores, {torch.get_num_threads()} threads; "
+        f"torch {torch.__version__}; {os.cpu_count()} cores, timed on one thread; "
         f"`python benchmarks/host_overhead.py{' --quick' if quick else ''}`. vispos' Python per call on the "
         "CUDA code path, launches replaced by a no-op (see the script's doc). `torch.add` on one element took "
         f"{add:.2f} us here; the normalized column scales every time to 1.2 us for it (where the targets were "
