@@ -23,7 +23,7 @@ import torch
 import triton.language as tl
 
 from . import _triton
-from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
+from ._jit import kept, lane_update, lanes_stats, merge, normalizer, offsets, stat_type, total
 from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, out_format, out_like, plan, split, tiles, warps
 
 __all__ = ["batch_norm_forward", "batch_norm_backward"]
@@ -93,17 +93,7 @@ def _bn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_p
     mean = ref + rel
     count = tl.maximum(total_n, 1.0)
     var = sq / count
-    eps = tl.load(scalars_ptr)
-    if STAT == tl.float64:  # sqrt_rn (IEEE rounding) takes float32 only; float64 sqrt is IEEE
-        invstd = 1.0 / tl.sqrt(var + eps)
-    else:
-        invstd = 1.0 / tl.sqrt_rn(var + eps)
-    a = invstd
-    if HAS_W:
-        a = a * tl.load(w_ptr + ch, mask=cmask, other=0.0).to(STAT)
-    shift = tl.zeros([BLOCK_C], STAT)
-    if HAS_B:
-        shift = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    invstd, a, shift = normalizer(var, tl.load(scalars_ptr), w_ptr, b_ptr, ch, cmask, HAS_W, HAS_B, STAT)
     idx = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     inb = idx < NS
     item = idx // S

@@ -22,7 +22,7 @@ import torch
 import triton.language as tl
 
 from . import _triton
-from ._jit import kept, lane_update, lanes_stats, merge, offsets, stat_type, total
+from ._jit import kept, lane_update, lanes_stats, merge, normalizer, offsets, stat_type, total
 from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, plan, split, tiles, warps
 
 __all__ = ["group_norm_forward", "group_norm_backward"]
@@ -90,17 +90,7 @@ def _gn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr
                             tl.load(part_ptr + 3 * R * SPLIT + at, mask=pmask, other=0.0), 1)
     mean = ref + rel
     var = sq / tl.maximum(n, 1.0)
-    eps = tl.load(scalars_ptr)
-    if STAT == tl.float64:  # sqrt_rn (IEEE rounding) takes float32 only; float64 sqrt is IEEE
-        rstd = 1.0 / tl.sqrt(var + eps)
-    else:
-        rstd = 1.0 / tl.sqrt_rn(var + eps)
-    a = rstd
-    if HAS_W:
-        a = a * tl.load(w_ptr + ch, mask=cmask, other=0.0).to(STAT)
-    shift = tl.zeros([BLOCK_C], STAT)
-    if HAS_B:
-        shift = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    rstd, a, shift = normalizer(var, tl.load(scalars_ptr), w_ptr, b_ptr, ch, cmask, HAS_W, HAS_B, STAT)
     cell = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     inb = cell < S
     keep = cmask[:, None] & kept(mask_ptr, item, cell, inb, stride_mb, stride_ms)[None, :]

@@ -24,7 +24,8 @@ import triton.language as tl
 
 from ._triton import device_function
 
-__all__ = ["stat_type", "add", "maximum", "total", "kept", "offsets", "lane_update", "lanes_stats", "merge"]
+__all__ = ["stat_type", "add", "maximum", "total", "kept", "offsets", "lane_update", "lanes_stats", "merge",
+           "normalizer"]
 
 
 def stat_type(dtype: torch.dtype):
@@ -89,3 +90,21 @@ def merge(cnt, shift, rel, m2, AXIS: tl.constexpr):
     mean = total(cnt * d, AXIS) / tl.maximum(n, 1.0)
     dev = d - tl.expand_dims(mean, AXIS)
     return n, ref, mean, total(m2 + cnt * dev * dev, AXIS)
+
+
+@device_function
+def normalizer(var, eps, w_ptr, b_ptr, ch, cmask, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STAT: tl.constexpr):
+    """A norm's ``(inverse deviation, scale, shift)`` per channel ``ch``: ``1 / sqrt(var + eps)``
+    correctly rounded (``sqrt_rn`` takes float32 only; float64 ``sqrt`` is IEEE), times the weight
+    where there is one, and the bias (0 without)."""
+    if STAT == tl.float64:
+        inverse = 1.0 / tl.sqrt(var + eps)
+    else:
+        inverse = 1.0 / tl.sqrt_rn(var + eps)
+    scale = inverse
+    if HAS_W:
+        scale = scale * tl.load(w_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    shift = tl.zeros_like(inverse)
+    if HAS_B:
+        shift = tl.load(b_ptr + ch, mask=cmask, other=0.0).to(STAT)
+    return inverse, scale, shift
