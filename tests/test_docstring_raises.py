@@ -108,6 +108,8 @@ TABLE: dict[str, list[Case]] = {
     "CellWise": [("alias not bool", lambda: vispos.CellWise(alias=1))],
     "PaddingAware": [("fn not callable", lambda: vispos.PaddingAware("item_mean"))],
     "Refuse": [("why not str", lambda: vispos.Refuse(3))],
+    "RuleBook": [("key an instance", lambda: vispos.RuleBook().register(torch.nn.Hardtanh(0.5, 2), vispos.CellWise())),
+                 ("rule not a rule", lambda: vispos.RuleBook().register(torch.nn.ReLU, "cell-wise"))],
     "NestedTensor": [
         ("tensors not tensor", lambda: vispos.NestedTensor([[1.0]], None)),
         ("mask not bool", lambda: vispos.NestedTensor(torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4))),

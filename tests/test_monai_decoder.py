@@ -179,3 +179,20 @@ def test_mask_without_boxes_gives_the_same_logits(monkeypatch, train):
     masked = net(x)
     assert made == ["rectangular"]
     assert_close(masked, boxes, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("path,layer", [
+    ("encoder1.layer.norm1", nn.InstanceNorm3d(2, track_running_stats=True)),
+    ("decoder2.transp_conv", nn.Sequential(nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True),
+                                           nn.Conv3d(4, 2, 1))),
+], ids=["instance-norm-tracking", "upsample-align-corners"])
+def test_layers_the_rule_book_makes_exact_serve_the_decoder(path, layer):
+    """A tracked instance norm and an align_corners up-sampling in the decoder (once refused): the
+    item alone and in a batch agree."""
+    torch.manual_seed(0)
+    net = AnySizeUNETR.from_monai(_with(UNETR(**KW), path, layer)).to(F64).eval()
+    items, images, padding = _batch(*LAYOUTS["end"])
+    out = net(NestedTensor(images, padding))
+    for b, item in enumerate(items):
+        assert_close(out[(b, slice(None), *region((0, 0, 0), item.shape[1:]))], net(item[None])[0],
+                     rtol=1e-10, atol=1e-10)
