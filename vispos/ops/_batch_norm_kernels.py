@@ -23,7 +23,7 @@ import torch
 import triton.language as tl
 
 from . import _triton
-from ._jit import kept, lane_update, lanes_stats, merge, normalizer, offsets, stat_type, total
+from ._jit import kept, lane_update, lanes_stats, merge, merge_parts, normalizer, offsets, stat_type, total
 from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, out_format, out_like, plan, split, tiles, warps
 
 __all__ = ["batch_norm_forward", "batch_norm_backward"]
@@ -86,10 +86,7 @@ def _bn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, invstd_p
     sp = tl.arange(0, SPLIT_BLOCK)
     pmask = cmask[:, None] & (sp < SPLIT)[None, :]
     at = ch[:, None] * SPLIT + sp[None, :]
-    total_n, ref, rel, sq = merge(tl.load(part_ptr + at, mask=pmask, other=0.0),
-                                  tl.load(part_ptr + C * SPLIT + at, mask=pmask, other=0.0),
-                                  tl.load(part_ptr + 2 * C * SPLIT + at, mask=pmask, other=0.0),
-                                  tl.load(part_ptr + 3 * C * SPLIT + at, mask=pmask, other=0.0), 1)
+    total_n, ref, rel, sq = merge_parts(part_ptr, at, C * SPLIT, pmask)
     mean = ref + rel
     count = tl.maximum(total_n, 1.0)
     var = sq / count

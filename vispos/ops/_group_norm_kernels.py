@@ -22,7 +22,7 @@ import torch
 import triton.language as tl
 
 from . import _triton
-from ._jit import kept, lane_update, lanes_stats, merge, normalizer, offsets, stat_type, total
+from ._jit import kept, lane_update, lanes_stats, merge, merge_parts, normalizer, offsets, stat_type, total
 from ._sizes import SPLIT_BLOCK, cdiv, flat, flat_or_copy, plan, split, tiles, warps
 
 __all__ = ["group_norm_forward", "group_norm_backward"]
@@ -84,10 +84,7 @@ def _gn_apply(x_ptr, y_ptr, mask_ptr, part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr
     sp = tl.arange(0, SPLIT_BLOCK)
     pmask = cmask[:, None] & (sp < SPLIT)[None, :]
     at = row[:, None] * SPLIT + sp[None, :]
-    n, ref, rel, sq = merge(tl.load(part_ptr + at, mask=pmask, other=0.0),
-                            tl.load(part_ptr + R * SPLIT + at, mask=pmask, other=0.0),
-                            tl.load(part_ptr + 2 * R * SPLIT + at, mask=pmask, other=0.0),
-                            tl.load(part_ptr + 3 * R * SPLIT + at, mask=pmask, other=0.0), 1)
+    n, ref, rel, sq = merge_parts(part_ptr, at, R * SPLIT, pmask)
     mean = ref + rel
     var = sq / tl.maximum(n, 1.0)
     rstd, a, shift = normalizer(var, tl.load(scalars_ptr), w_ptr, b_ptr, ch, cmask, HAS_W, HAS_B, STAT)

@@ -25,7 +25,7 @@ import triton.language as tl
 from ._triton import device_function
 
 __all__ = ["stat_type", "add", "maximum", "total", "kept", "offsets", "lane_update", "lanes_stats", "merge",
-           "normalizer"]
+           "merge_parts", "normalizer"]
 
 
 def stat_type(dtype: torch.dtype):
@@ -90,6 +90,17 @@ def merge(cnt, shift, rel, m2, AXIS: tl.constexpr):
     mean = total(cnt * d, AXIS) / tl.maximum(n, 1.0)
     dev = d - tl.expand_dims(mean, AXIS)
     return n, ref, mean, total(m2 + cnt * dev * dev, AXIS)
+
+
+@device_function
+def merge_parts(part_ptr, at, plane, pmask):
+    """The rows of partial statistics a first pass stored at ``part_ptr`` (four planes of ``plane``
+    values: counts, shifts, mean - shift, m2; ``at`` the tile's offsets in a plane, ``pmask`` its
+    valid entries) merged along axis 1 by :func:`merge`."""
+    return merge(tl.load(part_ptr + at, mask=pmask, other=0.0),
+                 tl.load(part_ptr + plane + at, mask=pmask, other=0.0),
+                 tl.load(part_ptr + 2 * plane + at, mask=pmask, other=0.0),
+                 tl.load(part_ptr + 3 * plane + at, mask=pmask, other=0.0), 1)
 
 
 @device_function
