@@ -241,8 +241,18 @@ def _fail(out: dict, exc: BaseException, when: str) -> dict:
         reason = refusal_reason(str(exc))
         return out | {"status": "refused", "reason": reason if when == "wrap" else f"{reason} ({when})",
                       "exception": kind, "message": line[:300], "when": when}
-    return out | {"status": "error", "reason": f"{kind} ({when})", "exception": kind, "message": line[:300],
-                  "when": when}
+    return over_memory(out | {"status": "error", "reason": f"{kind} ({when})", "exception": kind,
+                              "message": line[:300], "when": when})
+
+
+def over_memory(result: dict) -> dict:
+    """An error that is an allocation refused by the memory budget (torch raises it as a
+    RuntimeError) is ``skipped``, with the size asked for."""
+    asked = re.search(r"can't allocate memory: you tried to allocate (\d+) bytes", result.get("message", ""))
+    if result["status"] != "error" or asked is None:
+        return result
+    return result | {"status": "skipped", "reason": f"over the memory budget ({result['when']}: "
+                                                    f"{int(asked.group(1)) / 2**30:.1f} GiB asked in one tensor)"}
 
 
 def check(case: Case) -> dict:
@@ -507,9 +517,10 @@ def main(argv=None) -> int:
         order = {(c.source, c.name): i for i, c in enumerate(all_cases())}
         results.sort(key=lambda r: order.get((r["source"], r["model"]), len(order)))
         header = headers[0] if len(headers) == 1 else _merged_header(results, headers)
-        for r in results:  # the reasons as this version groups them
+        for i, r in enumerate(results):  # the reasons as this version groups them
             if r["status"] == "refused" and r.get("when", "wrap") == "wrap":
                 r["reason"] = refusal_reason(r["message"])
+            results[i] = over_memory(r)
     else:
         results, header = sweep(args)
     if args.json:

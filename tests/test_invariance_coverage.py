@@ -152,6 +152,18 @@ def test_past_the_time_budget_is_skipped():
     assert result["status"] == "skipped" and "time budget" in result["reason"]
 
 
+def test_an_allocation_past_the_memory_budget_is_skipped():
+    """torch refuses an allocation past the process's address-space budget with a RuntimeError:
+    the model is skipped for its size, not counted as vispos' error."""
+    exc = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 19730006016 bytes. Error code 12 (Cannot allocate memory)")
+    result = cov._fail({"model": "m", "source": "s"}, exc, "wrap")
+    assert result["status"] == "skipped"
+    assert result["reason"] == "over the memory budget (wrap: 18.4 GiB asked in one tensor)"
+    other = cov._fail({"model": "m", "source": "s"}, RuntimeError("boom"), "eval call")
+    assert other["status"] == "error" and other["reason"] == "RuntimeError (eval call)"
+
+
 def test_too_large_is_skipped(monkeypatch):
     monkeypatch.setattr(cov, "MAX_PARAMS", 10)
     result = cov.check(_case(_net))
