@@ -24,7 +24,7 @@ if __name__ == "__main__":  # run as a script: the repository root, for benchmar
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks._coverage_cases import TOO_LARGE, timm_models  # the model selection, shared
-from benchmarks.invariance_coverage import refusal_reason  # the refusal reasons, shared
+from benchmarks._coverage_report import refusal_reason  # the refusal reasons, shared
 
 #: the relative tolerance (of the level's standard deviation) for "exact" in float64
 TOL = 1e-9
