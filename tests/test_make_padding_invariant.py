@@ -469,3 +469,30 @@ def test_a_hook_that_acts_in_training_only_is_still_caught_on_a_float32_model():
     net[1].register_forward_hook(lambda m, a, o: o + 1.0 if m.training else o)
     with pytest.raises(ValueError, match="training mode"):
         vispos.make_padding_invariant(net)
+
+
+class _StandardisedStem(nn.Module):
+    """A weight-standardised stem (timm's ScaledStdConv2d: F.conv2d of a weight computed from the
+    parameter and a gain) before a plain convolution with other channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 3, 3, 3))
+        self.gain = nn.Parameter(torch.ones(6, 1, 1, 1))
+        self.body = nn.Conv2d(6, 4, 3, padding=1)
+
+    def forward(self, x):
+        w = torch.nn.functional.batch_norm(self.weight.reshape(1, 6, -1), None, None, training=True)
+        x = torch.nn.functional.conv2d(x, w.reshape_as(self.weight) * self.gain, padding=1)
+        return self.body(x)
+
+
+def test_in_channels_read_through_a_computed_weight():
+    """The channels come from the first convolution the forward runs, also when its weight is computed
+    from a parameter (they were read from a later convolution, or not at all: timm's nf_resnet26)."""
+    net = _StandardisedStem().double().eval()
+    inv = vispos.make_padding_invariant(net)
+    assert inv.in_channels == 3
+    items = [torch.randn(3, 9, 7, dtype=torch.float64), torch.randn(3, 12, 12, dtype=torch.float64)]
+    out = inv(vispos.nested_tensor_from_tensor_list(items))
+    assert_close(out.tensors[0, :, :9, :7], net(items[0][None])[0])

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
 
 from .. import _tracing
 from ..nested_tensor import NestedTensor
@@ -94,8 +95,12 @@ def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any, i
 
 
 def _input_channels(model: nn.Module, graph: fx.Graph, num_axes: int) -> int | None:
-    """The channels the graph's input takes: those of the first convolution the graph runs on it
-    (in the order the forward runs, not the order the modules were declared); None if none."""
+    """The channels the graph's input takes: those of the first convolution the graph runs (in the
+    order the forward runs, not the order the modules were declared); a functional convolution's
+    weight computed from a parameter (timm's weight-standardised ``ScaledStdConv2d``) is read from
+    the largest ``(out, in / groups, *kernel)`` parameter it is computed from. None when the first
+    convolution's weight cannot be read (the caller then asks for ``in_channels``), or when the
+    graph runs none."""
     for node in graph.nodes:
         if node.op == "call_module":
             module = model.get_submodule(node.target)
@@ -104,14 +109,30 @@ def _input_channels(model: nn.Module, graph: fx.Graph, num_axes: int) -> int | N
         elif node.op == "call_function" and getattr(node.target, "__name__", "") == f"conv{num_axes}d":
             weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
             groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
-            if isinstance(weight, fx.Node) and weight.op == "get_attr" and isinstance(groups, int):
-                try:
-                    value = model.get_parameter(weight.target)
-                except AttributeError:
-                    continue
-                if isinstance(value, Tensor) and value.dim() == 2 + num_axes:
-                    return int(value.shape[1]) * groups
+            found = _weight_parameter(model, weight, num_axes) if isinstance(groups, int) else None
+            return None if found is None else int(found.shape[1]) * groups
     return None
+
+
+def _weight_parameter(model: nn.Module, weight: Any, num_axes: int) -> Tensor | None:
+    """The parameter a convolution's ``weight`` node is (or is computed from: the largest of rank
+    ``2 + num_axes`` among the nodes it reads), or None."""
+    seen, todo, best = set(), [weight], None
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, fx.Node) or node in seen:
+            continue
+        seen.add(node)
+        if node.op == "get_attr":
+            try:
+                value = model.get_parameter(node.target)
+            except AttributeError:
+                continue
+            if value.dim() == 2 + num_axes and (best is None or value.numel() > best.numel()):
+                best = value
+        elif node.op != "placeholder":
+            todo.extend(pytree.tree_leaves((node.args, node.kwargs)))
+    return best
 
 
 #: the rule book a whole-model builder was called with: its own make_padding_invariant calls (the
