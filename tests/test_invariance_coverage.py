@@ -4,6 +4,9 @@ included), a model past its time budget as skipped; its outputs hold the counts.
 (every architecture, 0 silent) is marked exhaustive."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,10 +47,17 @@ class _Wrapper(nn.Module):
 
 
 def test_quick_run_writes_the_counts(tmp_path):
-    cov.main(["--quick", "--json", str(tmp_path / "c.json"), "--markdown", str(tmp_path / "c.md")])
+    """The command as a user runs it: a fresh interpreter (the models' processes fork from it, so
+    nothing another test left in this worker's process reaches them)."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "invariance_coverage.py"), "--quick", "--json",
+                           str(tmp_path / "c.json"), "--markdown", str(tmp_path / "c.md")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "c.json").read_text())
     status = {f"{r['source']}:{r['model']}": r["status"] for r in data["results"]}
-    assert status == {"torchvision:resnet18": "exact", "timm:test_vit": "refused", "monai:UNet-2d-no-residual": "exact"}
+    assert status == {"torchvision:resnet18": "exact", "timm:test_vit": "refused", "monai:UNet-2d-no-residual": "exact"}, \
+        [(r["model"], r.get("reason"), r.get("message")) for r in data["results"]]
     assert data["summary"]["counts"] == {"exact": 2, "refused": 1, "SILENT": 0, "error": 0, "skipped": 0}
     refused = next(r for r in data["results"] if r["status"] == "refused")
     assert refused["exception"] == "ValueError" and refused["message"] and "\n" not in refused["message"]
