@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from .. import _tracing
+from .._checks import check_int
 from ..nested_tensor import NestedTensor
 from ._network_probe import (
     _MAX_PROBE, _check_trace, _EagerFails, _probe_input, _whole_graph_modules, check_items, choose_probe, suspects,
@@ -56,8 +57,8 @@ def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any, i
                 f"num_axes=None reads the spatial axes from the first convolution, but {type(model).__name__} has "
                 "none; pass num_axes (2 or 3)")
         num_axes = len(convs[0][1].kernel_size)
-    elif isinstance(num_axes, bool) or not isinstance(num_axes, int):
-        raise TypeError(f"num_axes must be an int (2 or 3) or None, got {type(num_axes).__name__}")
+    else:
+        num_axes = check_int(num_axes, "num_axes")
     if num_axes not in (2, 3):
         raise ValueError(f"num_axes must be 2 or 3, got {num_axes}")
     if convs and all(len(m.kernel_size) != num_axes for _, m in convs):
@@ -65,10 +66,7 @@ def _check_args(model: Any, num_axes: Any, return_nodes: Any, probe_size: Any, i
         raise ValueError(
             f"num_axes={num_axes}, but the convolutions of {type(model).__name__} have {len(conv.kernel_size)} spatial "
             f"axes (the first: {name}, {type(conv).__name__}); pass num_axes={len(conv.kernel_size)} or leave it None")
-    if in_channels is not None and (isinstance(in_channels, bool) or not isinstance(in_channels, int)
-                                    or in_channels < 1):
-        raise (TypeError if not isinstance(in_channels, int) or isinstance(in_channels, bool) else ValueError)(
-            f"in_channels must be a positive int or None, got {in_channels!r}")
+    check_int(in_channels, "in_channels", minimum=1, optional=True)
     nodes = None
     if return_nodes is not None:
         if isinstance(return_nodes, Mapping):
