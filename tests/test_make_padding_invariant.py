@@ -496,3 +496,17 @@ def test_in_channels_read_through_a_computed_weight():
     items = [torch.randn(3, 9, 7, dtype=torch.float64), torch.randn(3, 12, 12, dtype=torch.float64)]
     out = inv(vispos.nested_tensor_from_tensor_list(items))
     assert_close(out.tensors[0, :, :9, :7], net(items[0][None])[0])
+
+
+def test_a_probe_that_does_not_fit_in_memory_says_to_pass_a_smaller_probe_size(monkeypatch):
+    """An allocation refused while the items are probed (s3d's automatic probe asks 18.4 GiB in
+    float64) is a ValueError that says what to do, not the allocator's RuntimeError."""
+    import vispos.invariance._network as network
+
+    def refuse(*args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 19756849152 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(network, "check_items", refuse)
+    with pytest.raises(ValueError, match=r"does not fit in memory .*pass a smaller probe_size"):
+        vispos.make_padding_invariant(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1)))

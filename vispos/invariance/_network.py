@@ -309,7 +309,16 @@ def _build(model: nn.Module, num_axes: Any, return_nodes: Any, probe_size: Any, 
     if refusal is not None:
         raise refusal
     invariant = PaddingInvariant(model, body, runner, num_axes, in_channels, probe, modal)
-    why = _check_items_precisely(model, invariant, _probe_input(model, in_channels, probe))
+    try:
+        why = _check_items_precisely(model, invariant, _probe_input(model, in_channels, probe))
+    except (RuntimeError, MemoryError) as exc:  # the probe's canvas (twice the probe size, in float64)
+        if not isinstance(exc, MemoryError) and not any(
+                s in str(exc) for s in ("can't allocate memory", "out of memory", "Out of memory")):
+            raise
+        raise ValueError(
+            f"make_padding_invariant checks {name} on two probe items of size {probe} padded to twice that size, "
+            f"in float64, and that does not fit in memory ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            "pass a smaller probe_size") from exc
     if why is not None:
         raise _refused(name, why, probe, model)
     invariant.follow()  # the model as it was checked: any change after this is refused at a call
