@@ -260,3 +260,44 @@ def suspects(model: nn.Module) -> str:
         found.append("a value computed across the batch's items (a mean, softmax, flip or index over the batch "
                      "axis after a global pool), which is not each item's own")
     return "; ".join(found)
+
+
+def _input_channels(model: nn.Module, graph: fx.Graph, num_axes: int) -> int | None:
+    """The channels the graph's input takes: those of the first convolution the graph runs (in the
+    order the forward runs, not the order the modules were declared); a functional convolution's
+    weight computed from a parameter (timm's weight-standardised ``ScaledStdConv2d``) is read from
+    the largest ``(out, in / groups, *kernel)`` parameter it is computed from. None when the first
+    convolution's weight cannot be read (the caller then asks for ``in_channels``), or when the
+    graph runs none."""
+    for node in graph.nodes:
+        if node.op == "call_module":
+            module = model.get_submodule(node.target)
+            if isinstance(module, nn.modules.conv._ConvNd) and len(module.kernel_size) == num_axes:
+                return module.in_channels
+        elif node.op == "call_function" and getattr(node.target, "__name__", "") == f"conv{num_axes}d":
+            weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+            groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+            found = _weight_parameter(model, weight, num_axes) if isinstance(groups, int) else None
+            return None if found is None else int(found.shape[1]) * groups
+    return None
+
+
+def _weight_parameter(model: nn.Module, weight: Any, num_axes: int) -> Tensor | None:
+    """The parameter a convolution's ``weight`` node is (or is computed from: the largest of rank
+    ``2 + num_axes`` among the nodes it reads), or None."""
+    seen, todo, best = set(), [weight], None
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, fx.Node) or node in seen:
+            continue
+        seen.add(node)
+        if node.op == "get_attr":
+            try:
+                value = model.get_parameter(node.target)
+            except AttributeError:
+                continue
+            if value.dim() == 2 + num_axes and (best is None or value.numel() > best.numel()):
+                best = value
+        elif node.op != "placeholder":
+            todo.extend(pytree.tree_leaves((node.args, node.kwargs)))
+    return best
