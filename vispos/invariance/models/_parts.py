@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ...nested_tensor import NestedTensor
 from ...padding import Padding
 
-__all__ = ["CallMaps", "InvariantTower", "MaskedConv", "Override", "conv_sizes", "refuse_hooks", "share_modules"]
+__all__ = ["CallMaps", "InvariantTower", "MaskedConv", "ModelWrapper", "Override", "conv_sizes", "refuse_hooks", "share_modules"]
 
 
 class Override:
@@ -230,3 +230,27 @@ def refuse_hooks(model: nn.Module, parts: dict[str, nn.Module], caller: str) -> 
                 f"{caller}: {name} ({type(module).__name__}) has a forward hook or pre-hook, which vispos' wrapper "
                 f"would skip (it runs {type(model).__name__}'s parts through their own code, not by calling "
                 "them); remove the hook or hook a submodule it calls")
+
+
+class ModelWrapper(nn.Module):
+    """The base of a whole-model wrapper: its traced parts (graph modules that hold constants of
+    their own) move with it under ``to()`` / ``float()``, and its mode is the wrapped model's
+    (``self._model``), so ``model.train()`` and ``wrapper.train()`` act on one flag. A subclass
+    names its traced parts in :meth:`_traced_parts`."""
+
+    def _traced_parts(self) -> tuple[nn.Module | None, ...]:
+        return ()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "ModelWrapper":
+        super()._apply(fn, recurse)  # the model's modules; then the traced parts' own constants
+        for part in self._traced_parts():
+            if part is not None:
+                part._apply(fn, recurse)
+        return self
+
+    def train(self, mode: bool = True) -> "ModelWrapper":
+        """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
+        mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
+        self._model.train(mode)
+        self.training = mode
+        return self

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ._parts import CallMaps, InvariantTower, MaskedConv, Override, refuse_hooks, share_modules
+from ._parts import CallMaps, InvariantTower, MaskedConv, ModelWrapper, Override, refuse_hooks, share_modules
 from ._pyramid import InvariantPyramid, Levels
 
 __all__ = ["InvariantDetector", "invariant_detector"]
@@ -70,7 +70,7 @@ def _tower(head: nn.Module, name: str, owner: str) -> InvariantTower:
     return InvariantTower(tower)
 
 
-class InvariantDetector(nn.Module):
+class InvariantDetector(ModelWrapper):
     """A torchvision detector made exact per image (see the module docstring). Build it with
     :func:`~vispos.make_padding_invariant`.
 
@@ -115,20 +115,9 @@ class InvariantDetector(nn.Module):
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "InvariantDetector":
-        super()._apply(fn, recurse)  # the model's modules; then the traced parts' own constants
-        for part in (self._pyramid.body, *(t.invariant for t in (*self._pyramid.inner, *self._pyramid.layer,
-                                                                 *self._towers.values()))):
-            if part is not None:
-                part._apply(fn, recurse)
-        return self
-
-    def train(self, mode: bool = True) -> "nn.Module":
-        """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
-        mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
-        self._model.train(mode)
-        self.training = mode
-        return self
+    def _traced_parts(self) -> tuple[nn.Module | None, ...]:
+        return (self._pyramid.body, *(t.invariant for t in (*self._pyramid.inner, *self._pyramid.layer,
+                                                            *self._towers.values())))
 
     def forward(self, images: list[Tensor], targets: list[dict[str, Tensor]] | None = None) -> Any:
         model = self._model

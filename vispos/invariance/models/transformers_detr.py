@@ -36,7 +36,7 @@ from ...nested_tensor import NestedTensor
 from ...padding import Padding
 import torch.nn.functional as F
 
-from ._parts import CallMaps, InvariantTower, Override, refuse_hooks, share_modules, zero_padding
+from ._parts import CallMaps, InvariantTower, ModelWrapper, Override, refuse_hooks, share_modules, zero_padding
 
 __all__ = ["InvariantDetr", "invariant_detr"]
 
@@ -59,7 +59,7 @@ def _encoder_owner(model: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) and hasattr(inner, "backbone") else model
 
 
-class InvariantDetr(nn.Module):
+class InvariantDetr(ModelWrapper):
     """transformers' DETR or Conditional DETR made exact per image (see the module docstring).
     Build it with :func:`~vispos.make_padding_invariant`.
 
@@ -103,19 +103,8 @@ class InvariantDetr(nn.Module):
     def extra_repr(self) -> str:
         return f"network={self.network}"
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "InvariantDetr":
-        super()._apply(fn, recurse)  # the model's modules; then the traced parts' own constants
-        for part in (self._body, *(t.invariant for t in self._projections or ())):
-            if part is not None:
-                part._apply(fn, recurse)
-        return self
-
-    def train(self, mode: bool = True) -> "nn.Module":
-        """Sets the model's mode (the model itself and its modules; the wrapper runs in the model's
-        mode, so ``model.train()`` / ``model.eval()`` are followed too)."""
-        self._model.train(mode)
-        self.training = mode
-        return self
+    def _traced_parts(self) -> tuple[nn.Module | None, ...]:
+        return (self._body, *(t.invariant for t in self._projections or ()))
 
     def _encode(self, pixel_values: Tensor, pixel_mask: Tensor, maps: CallMaps) -> list[tuple[Tensor, Tensor]]:
         """The convolutional encoder's output: ``[(Tensor[B, C_l, H_l, W_l], Tensor[B, H_l, W_l]

@@ -150,8 +150,7 @@ class Interpolate(InvarianceRule):
                                   "(use a scale_factor, or the size of another feature map: size=skip.shape[-2:])")
             return self._per_item(step, node, target, args)
         scales = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * n
-        if len(scales) != n or any(isinstance(s, bool) or not isinstance(s, (int, float)) or not s > 0
-                                   for s in scales):
+        if len(scales) != n or not all(type(s) in (int, float) and s > 0 for s in scales):  # a bool is no factor
             step.refuse(node, f"scale_factor={scale_factor!r} (only constant factors > 0, one or one per spatial "
                               "axis)")
         if not all(float(s).is_integer() for s in scales):
