@@ -20,10 +20,11 @@ from . import _triton
 from ._norm_reference import stat_dtype
 from ._sizes import out_like
 
-__all__ = ["check_input", "check_mask", "check_vector", "check_running", "scalars", "needs_grad", "triton_path",
-           "grads", "param_grads", "triton_backward", "call"]
+__all__ = ["check_norm", "check_input", "check_mask", "check_vector", "check_running", "scalars", "needs_grad", "triton_path",
+           "grads", "param_grads", "triton_backward", "call", "plain", "bump_versions"]
 
 call = _triton.eager_call  # the ops' calls: see vispos.ops._triton.eager_call
+plain = _triton.plain_eager  # whether an op may run as its own implementation: see there
 
 
 def check_input(x: Tensor, op: str) -> None:
@@ -86,6 +87,43 @@ def check_running(t: Tensor | None, name: str, x: Tensor) -> None:
                          f"{name}.clone()")
 
 
+def check_norm(op: str, x: Tensor, mask: Tensor, weight: Tensor | None, bias: Tensor | None,
+               running_mean: Tensor | None = None, running_var: Tensor | None = None
+               ) -> tuple[Tensor | None, Tensor | None]:
+    """Every argument check of a masked norm at once: :func:`check_input`, :func:`check_mask`,
+    :func:`check_vector` of ``weight`` and ``bias`` and :func:`check_running` of the running
+    statistics, with their messages. One pass over the sizes and devices when every argument is
+    as expected (the common case: the detailed checks run only to word a refusal).
+
+    Returns:
+        ``(weight, bias)``: each contiguous (a strided one copied), or None.
+
+    Raises:
+        TypeError, ValueError: as the detailed checks.
+    """
+    if isinstance(x, Tensor) and x.is_floating_point() and x.dim() >= 3 and isinstance(mask, Tensor):
+        shape, device = x.shape, x.device
+        mshape = mask.shape
+        ok = (mask.dtype == torch.bool and len(mshape) == len(shape) and mshape[1] == 1 and mshape[0] == shape[0]
+              and mshape[2:] == shape[2:] and mask.device == device)
+        vec = shape[1:2]
+        for t in (weight, bias, running_mean, running_var):
+            if ok and t is not None:
+                ok = t.shape == vec and t.device == device
+        for t in (running_mean, running_var):
+            if ok and t is not None and vec[0] > 1:
+                ok = t.stride(0) != 0
+        if ok:
+            return (weight if weight is None or weight.is_contiguous() else weight.contiguous(),
+                    bias if bias is None or bias.is_contiguous() else bias.contiguous())
+    check_input(x, op)
+    check_mask(x, mask, op)
+    weight, bias = check_vector(weight, "weight", x, op), check_vector(bias, "bias", x, op)
+    check_running(running_mean, "running_mean", x)
+    check_running(running_var, "running_var", x)
+    return weight, bias
+
+
 _SCALARS: OrderedDict = OrderedDict()
 _SCALARS_MAX = 64
 _SCALARS_LOCK = threading.Lock()
@@ -97,11 +135,9 @@ def scalars(eps: float, momentum: float | None, dtype: torch.dtype, device: torc
     dtype and device (a bounded, thread-safe cache; the kernels only read it), so a training step
     copies nothing to the device after its first."""
     key = (eps, momentum, dtype, device)
-    with _SCALARS_LOCK:
-        t = _SCALARS.get(key)
-        if t is not None:
-            _SCALARS.move_to_end(key)
-            return t
+    t = _SCALARS.get(key)  # a dict read is atomic: the lock guards the writes
+    if t is not None:
+        return t
     t = torch.tensor([eps, 0.0 if momentum is None else momentum], dtype=dtype, device=device)
     with _SCALARS_LOCK:
         _SCALARS[key] = t
@@ -140,6 +176,13 @@ def triton_backward(kernels, dy: Tensor, x: Tensor, mask: Tensor, weight: Tensor
     param_dtype = (weight if weight is not None else dy).dtype
     gw, gb = kernels(gx, dy, x, mask, weight, *stats, need_weight, need_bias, param_dtype)
     return grads(dy, gx, gw, gb)
+
+
+def bump_versions(*tensors: Tensor | None) -> None:
+    """Gives each tensor (None: skipped) the next autograd version, as an in-place torch op does:
+    for the running statistics a kernel writes behind autograd's back (a graph that saved them
+    then refuses its backward, as it would after ``running_mean.add_``)."""
+    torch._C._increment_version([t for t in tensors if t is not None])
 
 
 def stat_scalars(x: Tensor, eps: float, momentum: float | None = None) -> Tensor:

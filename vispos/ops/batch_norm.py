@@ -29,8 +29,8 @@ from torch.autograd.function import once_differentiable
 
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (call, check_input, check_mask, check_running, check_vector, grads, needs_grad, param_grads,
-                             stat_scalars, triton_backward, triton_path)
+from ._norm_boundary import (bump_versions, call, check_norm, grads, needs_grad, param_grads, plain, stat_scalars,
+                             triton_backward, triton_path)
 from ._sizes import out_like
 
 __all__ = ["batch_norm"]
@@ -67,16 +67,24 @@ def _kernels():
     return _KERNELS
 
 
+def _triton_forward(x, weight, bias, mask, eps, momentum, running_mean, running_var, num_batches_tracked,
+                    zero_padding):
+    """The forward's kernels: ``(y, mean, invstd)``; the running statistics, updated by the kernel,
+    get their new autograd version as an in-place torch op would give them."""
+    y, mean, invstd = _kernels().batch_norm_forward(
+        x, weight, bias, mask, stat_scalars(x, eps, momentum), momentum, running_mean, running_var,
+        num_batches_tracked, zero_padding)
+    if running_mean is not None and running_var is not None:
+        bump_versions(running_mean, running_var, num_batches_tracked)
+    return y, mean, invstd
+
+
 def _bn(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var, num_batches_tracked):
     """``vispos::valid_batch_norm``: ``(y, mean, invstd, xc)``; see :func:`batch_norm`."""
     if triton_path(x):
-        y, mean, invstd = _kernels().batch_norm_forward(
-            x, weight, bias, mask, stat_scalars(x, eps, momentum), momentum, running_mean, running_var,
-            num_batches_tracked, zero_padding)
-        if running_mean is not None and running_var is not None:  # written by the kernel, not by torch
-            torch.autograd.graph.increment_version(
-                [t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
-        return y, mean, invstd, x.new_empty(0, dtype=mean.dtype)
+        y, mean, invstd = _triton_forward(x, weight, bias, mask, eps, momentum, running_mean, running_var,
+                                          num_batches_tracked, zero_padding)
+        return y, mean, invstd, mean.new_empty(0)
     valid = ~mask
     count = _count(valid, n, ref.stat_dtype(x.dtype))
     y, mean, var, invstd, xc = ref.batch_norm_forward(x, weight, bias, valid, count, eps, zero_padding)
@@ -126,34 +134,53 @@ def _bn_bwd_fake(dy, x, xc, mask, weight, mean, invstd, n, zero_padding, need_x,
 
 class _ValidBatchNorm(torch.autograd.Function):
     """Autograd of ``vispos::valid_batch_norm``: its backward is ``vispos::valid_batch_norm_backward``
-    (``torch.compile`` and ``torch.export`` trace each as one node)."""
+    (``torch.compile`` and ``torch.export`` trace each as one node). In plain eager mode on the
+    Triton path both directions call their launchers directly (:func:`._norm_boundary.plain`): the
+    same kernels, without the op's schema outputs (an empty fourth tensor) or its dispatch."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
                 num_batches_tracked):
-        y, mean, invstd, xc = call(_BN, _bn, x, x, weight, bias, mask, n, eps, zero_padding, momentum,
-                                   running_mean, running_var, num_batches_tracked)
         ctx.set_materialize_grads(False)
-        # the input only when the backward re-reads it (the Triton path): the torch path keeps xc
-        ctx.save_for_backward(x if xc.numel() == 0 else None, xc, mask, weight, mean, invstd)
         ctx.n, ctx.zero_padding = n, zero_padding
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        if plain(x) and triton_path(x):
+            y, mean, invstd = _triton_forward(x, weight, bias, mask, eps, momentum, running_mean, running_var,
+                                              num_batches_tracked, zero_padding)
+            ctx.save_for_backward(x, None, mask, weight, mean, invstd)
+            return y
+        y, mean, invstd, xc = _BN(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
+                                  num_batches_tracked)
+        # the input only when the backward re-reads it (the Triton path): the torch path keeps xc
+        ctx.save_for_backward(x if xc.numel() == 0 else None, xc, mask, weight, mean, invstd)
         return y  # the statistics are saved, not outputs: fewer outputs for autograd to wrap
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
-        need_x = ctx.needs_input_grad[0]
-        need_w = ctx.has_weight and ctx.needs_input_grad[1]
-        need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        grads = [None] * 11
-        if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
-            return tuple(grads)
-        x, xc, mask, weight, mean, invstd = ctx.saved_tensors
-        gx, gw, gb = call(_BN_BACKWARD, _bn_bwd, dy, dy, x, xc, mask, weight, mean, invstd, ctx.n, ctx.zero_padding,
-                          need_x, need_w, need_b)
-        grads[:3] = gx if need_x else None, gw if need_w else None, gb if need_b else None
-        return tuple(grads)
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative through it is refused
+            return _backward_once(ctx, dy)
+        return _backward(ctx, dy)
+
+
+def _backward(ctx, dy):
+    """:class:`_ValidBatchNorm`'s backward (grad mode off)."""
+    needs = ctx.needs_input_grad
+    need_x, need_w, need_b = needs[0], ctx.has_weight and needs[1], ctx.has_bias and needs[2]
+    if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
+        return _NO_GRADS
+    x, xc, mask, weight, mean, invstd = ctx.saved_tensors
+    if xc is None and plain(dy) and triton_path(dy):  # the forward ran its kernels: so does the backward
+        gx = out_like(x) if need_x else None
+        gw, gb = _kernels().batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, ctx.zero_padding, need_w,
+                                                need_b, (dy if weight is None else weight).dtype)
+        return (gx, gw, gb) + _NO_GRADS[3:]
+    gx, gw, gb = call(_BN_BACKWARD, _bn_bwd, dy, dy, x, mean.new_empty(0) if xc is None else xc, mask, weight, mean, invstd,
+                      ctx.n, ctx.zero_padding, need_x, need_w, need_b)
+    return (gx if need_x else None, gw if need_w else None, gb if need_b else None) + _NO_GRADS[3:]
+
+
+_backward_once = once_differentiable(_backward)
+_NO_GRADS = (None,) * 11
 
 
 def batch_norm(
@@ -197,13 +224,9 @@ def batch_norm(
     References:
         Ioffe and Szegedy, Batch Normalization, ICML 2015.
     """
-    check_input(x, "batch norm")
-    check_mask(x, mask, "batch norm")
-    weight, bias = check_vector(weight, "weight", x, "batch norm"), check_vector(bias, "bias", x, "batch norm")
     if running_mean is None or running_var is None:
         running_mean = running_var = num_batches_tracked = None
-    check_running(running_mean, "running_mean", x)
-    check_running(running_var, "running_var", x)
+    weight, bias = check_norm("batch norm", x, mask, weight, bias, running_mean, running_var)
     if int(n) == 1:  # torch refuses a batch statistic of one value per channel
         raise ValueError(f"Expected more than 1 value per channel when training, got {int(n)} valid value per "
                          f"channel in an input of size {tuple(x.shape)} (its padding aside)")

@@ -23,8 +23,8 @@ from torch.autograd.function import once_differentiable
 from .._checks import check_int
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (call, check_input, check_mask, check_vector, grads, needs_grad, param_grads, stat_scalars,
-                             triton_backward, triton_path)
+from ._norm_boundary import (call, check_norm, grads, needs_grad, param_grads, plain, stat_scalars, triton_backward,
+                             triton_path)
 from ._sizes import out_like
 
 __all__ = ["group_norm"]
@@ -102,29 +102,50 @@ def _gn_bwd_fake(dy, x, centred, mask, weight, mean, rstd, num_groups, need_x, n
 
 
 class _ValidGroupNorm(torch.autograd.Function):
-    """Autograd of ``vispos::valid_group_norm``: its backward is ``vispos::valid_group_norm_backward``."""
+    """Autograd of ``vispos::valid_group_norm``: its backward is ``vispos::valid_group_norm_backward``;
+    in plain eager mode on the Triton path both directions call their launchers directly (see
+    :class:`.batch_norm._ValidBatchNorm`)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, mask, num_groups, eps):
-        y, mean, rstd, centred = call(_GN, _gn, x, x, weight, bias, mask, num_groups, eps)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x if centred.numel() == 0 else None, centred, mask, weight, mean, rstd)
         ctx.num_groups = num_groups
         ctx.has_weight, ctx.has_bias = weight is not None, bias is not None
+        if plain(x) and triton_path(x):
+            y = out_like(x)
+            mean, rstd = _kernels().group_norm_forward(y, x, weight, bias, mask, num_groups, stat_scalars(x, eps))
+            ctx.save_for_backward(x, None, mask, weight, mean, rstd)
+            return y
+        y, mean, rstd, centred = _GN(x, weight, bias, mask, num_groups, eps)
+        ctx.save_for_backward(x if centred.numel() == 0 else None, centred, mask, weight, mean, rstd)
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
-        need_x = ctx.needs_input_grad[0]
-        need_w = ctx.has_weight and ctx.needs_input_grad[1]
-        need_b = ctx.has_bias and ctx.needs_input_grad[2]
-        if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
-            return None, None, None, None, None, None
-        x, centred, mask, weight, mean, rstd = ctx.saved_tensors
-        gx, gw, gb = call(_GN_BACKWARD, _gn_bwd, dy, dy, x, centred, mask, weight, mean, rstd, ctx.num_groups, need_x,
-                          need_w, need_b)
-        return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative through it is refused
+            return _backward_once(ctx, dy)
+        return _backward(ctx, dy)
+
+
+def _backward(ctx, dy):
+    """:class:`_ValidGroupNorm`'s backward (grad mode off)."""
+    needs = ctx.needs_input_grad
+    need_x, need_w, need_b = needs[0], ctx.has_weight and needs[1], ctx.has_bias and needs[2]
+    if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
+        return _NO_GRADS
+    x, centred, mask, weight, mean, rstd = ctx.saved_tensors
+    if centred is None and plain(dy) and triton_path(dy):  # the forward ran its kernels: so does the backward
+        gx = out_like(x) if need_x else None
+        gw, gb = _kernels().group_norm_backward(gx, dy, x, mask, weight, mean, rstd, ctx.num_groups, need_w, need_b,
+                                                (dy if weight is None else weight).dtype)
+        return gx, gw, gb, None, None, None
+    gx, gw, gb = call(_GN_BACKWARD, _gn_bwd, dy, dy, x, mean.new_empty(0) if centred is None else centred, mask,
+                      weight, mean, rstd, ctx.num_groups, need_x, need_w, need_b)
+    return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
+
+
+_backward_once = once_differentiable(_backward)
+_NO_GRADS = (None,) * 6
 
 
 def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tensor, num_groups: int,
@@ -151,13 +172,11 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tens
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
-    check_input(x, "group norm")
-    check_mask(x, mask, "group norm")
+    weight, bias = check_norm("group norm", x, mask, weight, bias)
     num_groups, channels = check_int(num_groups, "num_groups", minimum=1), x.shape[1]
     if channels % num_groups:
         raise ValueError(f"group norm: num_groups={num_groups} must divide the {channels} channels of x "
                          f"(shape {tuple(x.shape)})")
-    weight, bias = check_vector(weight, "weight", x, "group norm"), check_vector(bias, "bias", x, "group norm")
     args = (x, weight, bias, mask, num_groups, float(eps))
     return _ValidGroupNorm.apply(*args) if needs_grad(x, weight, bias) else call(_GN, _gn, x, *args)[0]
 
