@@ -77,6 +77,21 @@ def tracing() -> bool:
     )
 
 
+def plain_eager(t: torch.Tensor) -> bool:
+    """True in plain eager mode for ``t``: a plain tensor (no subclass), no ``torch.compile``, no
+    ``TorchDispatchMode`` (fake tensors, ``make_fx``, ``torch.export``, op counters), no functorch
+    transform and no ``torch.jit`` trace. A cheaper test than :func:`tracing` for the hot path:
+    values kept across calls (a padding's facts) and direct calls of an op's implementation are
+    used only there.
+
+    Raises:
+        Nothing.
+    """
+    # is_compiling first: TorchDynamo reads it as a constant and traces no further
+    return (not torch.compiler.is_compiling() and type(t) is torch.Tensor and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing())
+
+
 def compiling() -> bool:
     """True while TorchDynamo traces (``torch.compile``, strict ``torch.export``): ``out=`` into
     a strided view is refused there, so the core writes such blocks with a copy instead.

@@ -148,7 +148,12 @@ def scalars(eps: float, momentum: float | None, dtype: torch.dtype, device: torc
 
 def needs_grad(*tensors: Tensor | None) -> bool:
     """Whether autograd records a call on ``tensors`` (else an op runs without its Function)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 def triton_path(t: Tensor) -> bool:

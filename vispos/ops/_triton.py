@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+from .. import _tracing
+
 __all__ = ["available", "use_triton", "interpreted", "kernel", "device_function", "variant_key", "register_launches",
            "launches", "launch_tally", "eager_call", "plain_eager"]
 
@@ -261,14 +263,4 @@ def eager_call(op: Any, impl: Callable[..., Any], x: torch.Tensor, *args: Any) -
     return impl(*args) if plain_eager(x) else op(*args)
 
 
-def plain_eager(x: torch.Tensor) -> bool:
-    """Whether an op on ``x`` may run as its own implementation (see :func:`eager_call`): a plain
-    tensor, no ``TorchDispatchMode``, no functorch transform, no ``torch.compile``, no
-    ``torch.jit`` trace.
-
-    Raises:
-        Nothing.
-    """
-    # is_compiling first: TorchDynamo reads it as a constant and traces no further
-    return (not torch.compiler.is_compiling() and type(x) is torch.Tensor and not torch._C._len_torch_dispatch_stack()
-            and not torch._C._are_functorch_transforms_active() and not torch.jit.is_tracing())
+plain_eager = _tracing.plain_eager  # whether an op may run as its own implementation

@@ -6,6 +6,8 @@ derives); the mask algorithms it asks live beside it in the package's private ro
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -71,7 +73,7 @@ class Padding:
     """
 
     __slots__ = ("_kind", "_batch", "_spatial", "_device", "_starts", "_stops", "_mask", "_at_origin", "_version",
-                 "_valid")
+                 "_valid", "_channel")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("build a Padding with Padding.from_sizes, Padding.from_mask or Padding.none")
@@ -88,6 +90,7 @@ class Padding:
         # is noticed (see :meth:`_sync`); not read while TorchDynamo traces
         self._version = _version_of(mask)
         self._valid = None  # (mask, its version, ~mask): see :attr:`valid`
+        self._channel = None  # (mask, its version, mask[:, None], count): see :meth:`channel_facts`
         return self
 
     def _sync(self) -> None:
@@ -271,6 +274,41 @@ class Padding:
             kept = self._valid = (mask, mask._version, ~mask)
         return kept[2]
 
+    def channel_facts(self) -> tuple[Tensor, int]:
+        """What a norm over the channels of a ``Tensor[B, C, *S]`` on this padding reads: the mask
+        with a channel axis, and the number of valid cells known on the host.
+
+        Built once per padding and mask version in plain eager mode (every norm of a network asks
+        for the same, at every level); afresh wherever a tracer, a ``TorchDispatchMode`` or a
+        functorch transform watches (a traced tensor must not outlive its trace).
+
+        Returns:
+            (Tensor[B, 1, *S] bool, int): the mask as a view (never to be written to), and the valid
+            cells of the whole batch from the boxes (at least 1), or 0 for an ``"arbitrary"`` mask
+            (counted on the device by the caller).
+
+        Raises:
+            Nothing.
+        """
+        kept = self._channel
+        if kept is not None and not _is_compiling():  # _version is not read while TorchDynamo traces
+            mask = kept[0]
+            if mask is self._mask and mask._version == kept[1] and _tracing.plain_eager(mask):
+                return kept[2], kept[3]
+        mask = self.mask
+        kind = self.kind
+        if kind == "none":
+            count = max(self._batch * math.prod(self._spatial), 1)
+        elif kind == "rectangular":
+            count = _boxes_total(self.starts, self.stops)
+        else:
+            count = 0
+        channel = mask.unsqueeze(1)
+        if (self._mask is mask and _tracing.plain_eager(mask) and not mask.is_inference()
+                and not torch.is_inference_mode_enabled()):
+            self._channel = (mask, mask._version, channel, count)
+        return channel, count
+
     @property
     def starts(self) -> Spans:
         """tuple of B tuples: each item's first valid index along every axis: its box for
@@ -440,6 +478,12 @@ class Padding:
             if not self._at_origin:
                 text += f", starts={_short(self._starts)}"
         return text + f", device={self.device})"
+
+
+@functools.lru_cache(maxsize=1024)
+def _boxes_total(starts: tuple, stops: tuple) -> int:
+    """The number of valid cells of boxes ``starts`` / ``stops`` (at least 1), once per batch's boxes."""
+    return max(sum(math.prod(e - s for s, e in zip(a, b)) for a, b in zip(starts, stops)), 1)
 
 
 def _version_of(mask: Tensor | None) -> int | None:

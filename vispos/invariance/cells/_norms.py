@@ -23,7 +23,6 @@ References:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -54,34 +53,23 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
         )
 
 
-@functools.lru_cache(maxsize=1024)
-def _boxes_total(starts: tuple, stops: tuple) -> int:
-    """The number of valid cells of boxes ``starts`` / ``stops`` (at least 1), once per batch's boxes
-    (every batch norm of a network asks for the same)."""
-    return max(sum(math.prod(e - s for s, e in zip(a, b)) for a, b in zip(starts, stops)), 1)
-
-
-def _host_total(padding: Padding) -> int:
-    """The number of valid cells of a padding without an arbitrary mask, from its host facts."""
-    if padding.kind == "none":
-        return max(padding.batch * math.prod(padding.spatial), 1)
-    return _boxes_total(padding.starts, padding.stops)
-
-
-def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> Tensor:
-    """The padding mask ``Tensor[B, 1, *S]`` of ``padding`` for ``x`` (a mask is checked by the op).
+def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> tuple[Tensor, int]:
+    """The padding mask ``Tensor[B, 1, *S]`` of ``padding`` for ``x`` (a mask is checked by the op)
+    and its valid cells known on the host (0: counted on the device), see
+    :meth:`~vispos.Padding.channel_facts`.
 
     Raises:
         ValueError: a :class:`~vispos.Padding` whose batch or spatial sizes are not ``x``'s.
     """
     if isinstance(padding, Tensor):
-        return padding
-    want = (x.shape[0], *x.shape[2:])
-    if (padding.batch, *padding.spatial) != want:
+        return padding, 0
+    shape = x.shape
+    if padding.batch != shape[0] or padding.spatial != shape[2:]:
+        want = (shape[0], *shape[2:])
         raise ValueError(f"{op}: the padding describes a batch of {padding.batch} with spatial sizes "
                          f"{tuple(padding.spatial)}, but x has shape {tuple(x.shape)} (batch {want[0]}, spatial "
                          f"{want[1:]})")
-    return padding.mask.unsqueeze(1)
+    return padding.channel_facts()
 
 
 def batch_norm(
@@ -137,10 +125,9 @@ def batch_norm(
         if not zero_padding or padding is None:
             return y
         return fill(y, padding, 0.0) if isinstance(padding, Padding) else y.masked_fill(padding, 0.0)
-    mask = _mask_of(x, padding, "batch norm")
-    # the count from the boxes on the host (no map read for them); an arbitrary mask's
-    # is counted on the device (0)
-    n = _host_total(padding) if isinstance(padding, Padding) and padding.kind != "arbitrary" else 0
+    # the count from the boxes on the host (no map read for them); an arbitrary mask's is counted
+    # on the device (0)
+    mask, n = _mask_of(x, padding, "batch norm")
     if not training:  # batch statistics without running ones: nothing to update
         running_mean = running_var = num_batches_tracked = None
     return masked_batch_norm(x, weight, bias, mask, n, eps, zero_padding, momentum, running_mean, running_var,
@@ -211,5 +198,5 @@ def group_norm(
                     f"group norm: item {item} has 1 valid cell and {num_groups} groups of 1 channel, so 1 value "
                     "per group; torch's group norm expects more than 1 value per group"
                 )
-    mask = _mask_of(x, padding, "group norm")
+    mask = _mask_of(x, padding, "group norm")[0]
     return masked_group_norm(x, weight, bias, mask, num_groups, eps)

@@ -146,7 +146,9 @@ def norm_module(x: Tensor, padding: Padding | None, module: nn.Module, zero_padd
     if isinstance(module, _InstanceNorm) and module.running_mean is not None and not module.training:
         y = module(x)  # the running statistics: each cell alone
         return _pools.fill(y, padding, 0.0) if zero_padding else y
-    drop, act = getattr(module, "drop", None), getattr(module, "act", None)  # timm's norm + act
+    # timm's norm + act: submodules (read from the dict: a missing attribute costs an exception)
+    children = module._modules
+    drop, act = children.get("drop"), children.get("act")
     extras = isinstance(drop, nn.Module) or isinstance(act, nn.Module)
     if isinstance(module, _BatchNorm):  # without running statistics: the batch's, in eval too
         y = _norms.batch_norm_module(x, padding, module, zero_padding and not extras)
