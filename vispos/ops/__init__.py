@@ -23,4 +23,6 @@ References:
     PyTorch's custom-op and ``triton_op`` guides.
 """
 
+from . import _inductor  # noqa: F401  the ops seen through by inductor (imports no Triton)
+
 __all__: list[str] = []  # the ops are imported from their modules (vispos.ops.batch_norm.batch_norm, ...)

@@ -45,11 +45,12 @@ import torch
 from .. import _tracing
 
 __all__ = ["available", "use_triton", "interpreted", "kernel", "device_function", "variant_key", "register_launches",
-           "launches", "launch_tally", "eager_call", "plain_eager"]
+           "launches", "launch_tally", "eager_call", "plain_eager", "wrapped"]
 
 _LAUNCHES: dict[str, int] = {}
 _LOCK = threading.Lock()
-_STATE = threading.local()  # .forced (bool): CPU tensors take the Triton path; .tally (Counter or None)
+_STATE = threading.local()  # .forced (bool): CPU tensors take the Triton path; .tally (Counter or None);
+# .wrapped (bool): launches go through torch.library.wrap_triton (see wrapped)
 
 
 _AVAILABLE = importlib.util.find_spec("triton") is not None  # a plain global: Dynamo reads it as a constant
@@ -138,6 +139,11 @@ class _Kernel:
         return built
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
+        if getattr(_STATE, "wrapped", False):  # a launch a trace records (see wrapped)
+            from torch.library import wrap_triton
+
+            return wrap_triton(self.variant(False))[grid]
+
         def launch(*args: Any, **kwargs: Any) -> None:
             first = next(a for a in args if isinstance(a, torch.Tensor))
             tally = getattr(_STATE, "tally", None)
@@ -151,6 +157,25 @@ class _Kernel:
             self.variant(device.type != "cuda")[grid](*args, **kwargs)
 
         return launch
+
+
+@contextlib.contextmanager
+def wrapped() -> Iterator[None]:
+    """Inside it, every kernel launch of this thread is ``torch.library.wrap_triton(jit)[grid](...)``,
+    ``jit`` the kernel's ``triton.jit`` function (whatever the tensors' device): a
+    ``triton_kernel_wrapper_mutation`` call that a trace (``make_fx``, AOTAutograd's
+    functionalization) records as a node and inductor lowers to its own launch. How
+    :mod:`._inductor` decomposes the ops; such launches are not counted by :func:`launch_tally`.
+
+    Raises:
+        Nothing here; Triton's import error at the first launch without Triton.
+    """
+    before = getattr(_STATE, "wrapped", False)
+    _STATE.wrapped = True
+    try:
+        yield
+    finally:
+        _STATE.wrapped = before
 
 
 def kernel(*, do_not_specialize: tuple[str, ...] = ()) -> Callable[[Callable[..., None]], _Kernel]:

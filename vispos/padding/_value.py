@@ -275,21 +275,11 @@ class Padding:
         return kept[2]
 
     def channel_facts(self) -> tuple[Tensor, int]:
-        """What a norm over the channels of a ``Tensor[B, C, *S]`` on this padding reads: the mask
-        with a channel axis, and the number of valid cells known on the host.
-
-        Built once per padding and mask version in plain eager mode (every norm of a network asks
-        for the same, at every level); afresh wherever a tracer, a ``TorchDispatchMode`` or a
-        functorch transform watches (a traced tensor must not outlive its trace).
-
-        Returns:
-            (Tensor[B, 1, *S] bool, int): the mask as a view (never to be written to), and the valid
-            cells of the whole batch from the boxes (at least 1), or 0 for an ``"arbitrary"`` mask
-            (counted on the device by the caller).
-
-        Raises:
-            Nothing.
-        """
+        """What a norm over the channels of ``Tensor[B, C, *S]`` reads: ``(Tensor[B, 1, *S] bool,
+        int)``, the mask as a view (never to be written to) and the batch's valid cells from the
+        boxes (at least 1; 0 for ``"arbitrary"``: the caller counts on the device). Kept once per
+        padding and mask version in plain eager mode (every norm of a network asks for the same);
+        afresh wherever a tracer, a dispatch mode or functorch watches. Raises nothing."""
         kept = self._channel
         if kept is not None and not _is_compiling():  # _version is not read while TorchDynamo traces
             mask = kept[0]
