@@ -21,7 +21,9 @@ References:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -134,9 +136,11 @@ def boxes_mask(
 def boxes_masks(boxes: Sequence[tuple[Spans, Spans, Sequence[int]]], device: torch.device) -> list[Tensor]:
     """The masks of several boxes at once: for each ``(starts, stops, spatial)``, ``Tensor[B, *S]``
     bool, True outside item ``b``'s box. Per mask and axis a ``(B, S_i)`` table of the cells outside
-    each item's span is built on the host; every table travels in one transfer
-    (:func:`vispos._tracing.host_arrays`: none on the CPU), then each mask is one broadcast ``|`` per
-    axis after the first. No loop over items, no read of the device. The caller checks
+    each item's span is built on the host (every table of the call in one NumPy comparison); every
+    table travels in one transfer (:func:`vispos._tracing.host_arrays`), then each mask is one
+    broadcast ``|`` per axis after the first, on the device. On the CPU a small mask (at most
+    ``2 ** 16`` cells) is that ``|`` in NumPy, shared as it is (a torch op costs more than the
+    cells). No loop over items, no read of the device. The caller checks
     :func:`vispos._tracing.host_facts` (host values may travel).
 
     Args:
@@ -145,34 +149,66 @@ def boxes_masks(boxes: Sequence[tuple[Spans, Spans, Sequence[int]]], device: tor
         device (torch.device): where the masks are built.
 
     Returns:
-        list of Tensor[B, *S], bool: one fresh mask per entry.
+        list of Tensor[B, *S], bool: one fresh, contiguous mask per entry.
 
     References:
         Carion et al., DETR ``util/misc.py`` (mask True = padding).
     """
-    tables, shapes = [], []
+    shapes, lo, hi = [], [], []
     for starts, stops, spatial in boxes:
         spatial = tuple(int(s) for s in spatial)
-        batch = len(starts)
-        lo = np.asarray(starts, dtype=np.int64).reshape(batch, len(spatial))
-        hi = np.asarray(stops, dtype=np.int64).reshape(batch, len(spatial))
-        for axis, size in enumerate(spatial):
-            cells = np.arange(size)
-            tables.append((cells < lo[:, axis : axis + 1]) | (cells >= hi[:, axis : axis + 1]))
+        batch, n = len(starts), len(spatial)
+        lengths = set(map(len, starts))
+        lengths.update(map(len, stops))
+        if batch and lengths != {n} or len(stops) != batch:  # NumPy's own error, as it was
+            np.asarray(starts, dtype=np.int64).reshape(batch, n)
+            np.asarray(stops, dtype=np.int64).reshape(batch, n)
+        lo.extend(chain.from_iterable(starts))
+        hi.extend(chain.from_iterable(stops))
         shapes.append((batch, spatial))
-    sent = iter(_tracing.host_arrays(tables, device))
-    masks = []
+    # one row per (mask, item, axis): cells 0 .. max S - 1 outside [start, stop); each table a view
+    widest = max((size for _, spatial in shapes for size in spatial), default=0)
+    cells = np.arange(widest)
+    rows = (cells < np.array(lo, dtype=np.int64)[:, None]) | (cells >= np.array(hi, dtype=np.int64)[:, None])
+    on_cpu = device.type == "cpu"
+    arrays, layout, offset = [], [], 0
     for batch, spatial in shapes:
-        axes = [next(sent) for _ in spatial]
-        if len(spatial) == 1:
-            masks.append(axes[0])
+        n = len(spatial)
+        block = rows[offset : offset + batch * n].reshape(batch, n, widest)
+        offset += batch * n
+        tables = [block[:, axis, : max(size, 0)] for axis, size in enumerate(spatial)]
+        if n == 1 or (on_cpu and batch * math.prod(spatial) <= _HOST_CELLS):
+            mask = np.ascontiguousarray(tables[0]) if n == 1 else _along(tables[0], 0, n)
+            for axis in range(1, n):  # the same broadcast | as on the device, in NumPy
+                mask = np.logical_or(mask, _along(tables[axis], axis, n), order="C")
+            layout.append(None)
+            arrays.append(mask)
+        else:
+            layout.append(len(tables))
+            arrays.extend(tables)
+    sent = iter(_tracing.host_arrays(arrays, device))
+    masks = []
+    for (batch, spatial), count in zip(shapes, layout):
+        if count is None:
+            masks.append(next(sent))
             continue
         mask = None
-        for i, table in enumerate(axes):
+        for i in range(count):
+            table = next(sent)
             view = table.view((batch,) + tuple(size if j == i else 1 for j, size in enumerate(spatial)))
             mask = view if mask is None else torch.logical_or(mask, view)
         masks.append(mask)
     return masks
+
+
+#: the most cells of a mask that :func:`boxes_masks` combines with NumPy on the CPU (above: torch)
+_HOST_CELLS = 1 << 16
+
+
+def _along(table: np.ndarray, axis: int, n: int) -> np.ndarray:
+    """A ``(B, S_axis)`` table as ``(B, 1, .., S_axis, .., 1)`` over ``n`` axes, ``S_axis`` at
+    ``1 + axis`` (the view the device path takes), for a broadcast ``|``."""
+    return table.reshape((table.shape[0],) + (1,) * axis + (table.shape[1],) + (1,) * (n - 1 - axis))
 
 
 def _sliced_boxes_mask(starts: Spans, stops: Spans, spatial: tuple[int, ...], device: torch.device,

@@ -14,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+from operator import add
 from typing import Any
 
 import torch
@@ -28,41 +29,60 @@ from ._geometry import Geometry
 __all__ = ["InvariantRunner"]
 
 
-def _box_padding(starts, sizes, canvas, device) -> Padding:
-    """The rectangular padding of boxes that :meth:`Geometry.boxes` computed (host ints, already in
-    the canvas), as :meth:`Padding.from_sizes` builds it, without checking them again: an item
-    with no valid cell gets the canonical empty box ``(0, .., 0)``."""
-    empty = tuple(0 for _ in canvas)
+def _box_spans(starts, sizes, canvas) -> tuple:
+    """``(starts, stops)`` of boxes that :meth:`Geometry.boxes` computed (host ints, already in the
+    canvas), as :meth:`Padding.from_sizes` builds them, without checking them again: an item with
+    no valid cell gets the canonical empty box ``(0, .., 0)``."""
+    if not any(0 in size for size in sizes):
+        return tuple(starts), tuple([tuple(map(add, start, size)) for start, size in zip(starts, sizes)])
     box_starts, box_stops = [], []
     for start, size in zip(starts, sizes):
         if 0 in size:
+            empty = tuple(0 for _ in canvas)
             box_starts.append(empty)
             box_stops.append(empty)
         else:
             box_starts.append(tuple(start))
-            box_stops.append(tuple(s + n for s, n in zip(start, size)))
-    return Padding._make("rectangular", len(box_starts), tuple(canvas), device, tuple(box_starts), tuple(box_stops))
+            box_stops.append(tuple(map(add, start, size)))
+    return tuple(box_starts), tuple(box_stops)
 
 
-def _box_paddings(padding: Padding, boxes: list, device) -> list[Padding]:
-    """``padding`` and one rectangular padding per entry of ``boxes`` (as :func:`_box_padding`),
+def _box_paddings(padding: Padding, boxes: list, device, own: tuple | None = None) -> list[Padding]:
+    """``padding`` and one rectangular padding per entry of ``boxes`` (see :func:`_box_spans`),
     the same object for the same boxes and canvas (many windows leave the boxes as they were), with
     the masks of the distinct ones built at once: their tables travel to the device in one transfer
     (:func:`vispos.padding._masks.boxes_masks`), so a batch's masks cost one copy and ``n - 1``
-    kernels each on a GPU, for any batch."""
-    distinct: dict = {}
-    own = (padding.starts, padding.sizes, padding.spatial)
+    kernels each on a GPU, for any batch. ``own``: ``padding``'s ``(starts, sizes, spatial)`` when
+    the caller has them."""
+    if own is None:
+        own = (padding.starts, padding.sizes, padding.spatial)
+    # the same tuple is the same boxes (Geometry.boxes shares them between ids): looked up by
+    # identity first, by value (a hash of every item) once per distinct tuple
+    slot_of: dict[int, int] = {}  # id(entry of boxes) -> index into spans (-1: padding itself)
+    index_of: dict = {}  # boxes -> index into spans
+    spans: list = []  # per distinct boxes: (starts, stops, canvas)
+    slots = []
     for key in boxes:
-        starts, sizes, canvas = key
-        if key not in distinct and key != own:
-            distinct[key] = _box_padding(starts, sizes, canvas, device)
-    if distinct and _tracing.host_facts(device):
-        built = list(distinct.values())
-        masks = _masks.boxes_masks([(p.starts, p.stops, p.spatial) for p in built], device)
-        for key, mask in zip(distinct, masks):
-            p = distinct[key]
-            distinct[key] = Padding._make("rectangular", p.batch, p.spatial, device, p.starts, p.stops, mask)
-    return [padding] + [distinct[key] if key in distinct else padding for key in boxes]
+        slot = slot_of.get(id(key))
+        if slot is None:
+            slot = index_of.get(key)
+            if slot is None:
+                if key == own:
+                    slot = -1
+                else:
+                    slot = len(spans)
+                    starts, sizes, canvas = key
+                    spans.append((*_box_spans(starts, sizes, canvas), tuple(canvas)))
+                index_of[key] = slot
+            slot_of[id(key)] = slot
+        slots.append(slot)
+    if spans and _tracing.host_facts(device):
+        masks = _masks.boxes_masks(spans, device)
+    else:
+        masks = [None] * len(spans)
+    built = [Padding._make("rectangular", len(starts), canvas, device, starts, stops, mask)
+             for (starts, stops, canvas), mask in zip(spans, masks)]
+    return [padding] + [padding if slot < 0 else built[slot] for slot in slots]
 
 
 class InvariantRunner:
@@ -98,8 +118,9 @@ class InvariantRunner:
             )
         device = padding.device
         if kind == "rectangular":
-            boxes = self.geometry.boxes(padding.starts, padding.sizes, padding.spatial)
-            return _box_paddings(padding, boxes[1:], device)
+            own = (padding.starts, padding.sizes, padding.spatial)
+            boxes = self.geometry.boxes(*own)
+            return _box_paddings(padding, boxes[1:], device, own)
         canvases = [canvas for _, _, canvas in self.geometry.boxes((), (), padding.spatial)[1:]]
         if kind == "none":
             return [padding] + [Padding.none(padding.batch, canvas, device) for canvas in canvases]
