@@ -27,6 +27,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import os
@@ -391,13 +392,19 @@ def check_sizes(value: Any, name: str, *, n: int | None = None, ranks: Sequence[
 _ADDRESSABLE = 2**62
 
 
+@functools.cache
+def _host_memory_bytes() -> int | None:
+    """The host's RAM, read once per process (two system calls: every encoder call asks)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
 def memory_bytes(device: torch.device) -> int | None:
     """Total memory of ``device`` (host RAM for CPU), or None when unknown. Reads no tensor."""
     if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-            return None
+        return _host_memory_bytes()
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     return None

@@ -222,15 +222,25 @@ sine_boxes = torch.ops.vispos.sine_boxes.default
 sine_counts = torch.ops.vispos.sine_counts.default
 
 
-def write_boxes(out: Tensor, *args: Any) -> None:
-    """:func:`sine_boxes` (``out`` then its other arguments), called as its implementation in plain
-    eager mode (:func:`vispos.ops._triton.eager_call`)."""
-    _triton.eager_call(sine_boxes, _sine_boxes, out, out, *args)
+def write_boxes(out: Tensor, boxes: Optional[Tensor], *args: Any) -> None:
+    """:func:`sine_boxes` (``out`` then its other arguments) for vispos' own callers, whose arguments
+    are built to the op's contract (``out`` checked by the encoder, ``boxes`` made from host
+    values): in plain eager mode on the Triton path one launch without the op's argument checks
+    (they guard direct calls of the op), elsewhere in plain eager mode the op's implementation
+    (:func:`vispos.ops._triton.eager_call`), else the op."""
+    if _triton.plain_eager(out) and _triton.use_triton(out):
+        _launch(out, 0 if boxes is None else 1, boxes, [], args[0], args[1], PositionRule(*args[2:]))
+        return
+    _triton.eager_call(sine_boxes, _sine_boxes, out, out, boxes, *args)
 
 
-def write_counts(out: Tensor, *args: Any) -> None:
-    """:func:`sine_counts`, as :func:`write_boxes` calls :func:`sine_boxes`."""
-    _triton.eager_call(sine_counts, _sine_counts, out, out, *args)
+def write_counts(out: Tensor, counts: list[Tensor], *args: Any) -> None:
+    """:func:`sine_counts`, as :func:`write_boxes` calls :func:`sine_boxes` (``counts``: the mask's
+    int32 cumulative sums)."""
+    if _triton.plain_eager(out) and _triton.use_triton(out):
+        _launch(out, 2, None, counts, args[0], args[1], PositionRule(*args[2:]))
+        return
+    _triton.eager_call(sine_counts, _sine_counts, out, out, counts, *args)
 
 
 # -------------------------------------------------------------------------------- helpers
