@@ -130,8 +130,9 @@ class TransposedWindow:
 
 
 def _padding_of(window: Window | TransposedWindow, axis: int) -> int:
-    """A window's padding before the item along ``axis``, for messages."""
-    return window.pad_lo[axis] if isinstance(window, Window) else window.padding[axis]
+    """A window's padding before the item along ``axis``, for messages (a scaled window, an
+    interpolation, has ``pad_lo`` too)."""
+    return window.padding[axis] if isinstance(window, TransposedWindow) else window.pad_lo[axis]
 
 
 class Geometry:
