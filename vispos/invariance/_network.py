@@ -32,6 +32,7 @@ from ._network_probe import (
     _MAX_PROBE, _check_trace, _EagerFails, _input_channels, _probe_input, _whole_graph_modules, check_items,
     choose_probe, suspects,
 )
+from .rewrite._flat import flat_forward
 from .rules import RuleBook, as_book
 
 __all__ = ["PaddingInvariant", "make_graph_invariant", "make_padding_invariant"]
@@ -430,7 +431,16 @@ class PaddingInvariant(nn.Module):
         return f"network={self.network}, num_axes={self.num_axes}, probe_size={self.probe_size}"
 
     def _graph_forward(self, tensors: Tensor, paddings: Any = None) -> Any:
-        return type(self._body).forward(self, tensors, paddings)
+        body = self.__dict__["_body"]
+        if self.__dict__["_state"] is not None and not _tracing.tracing():  # each call refuses a replaced module
+            forward, modules = flat_forward(self, body.graph)
+            return forward(modules, tensors, paddings)
+        return type(body).forward(self, tensors, paddings)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(super().__getstate__())
+        state.pop("_flat_graphs", None)  # compiled code of this object's modules: a copy builds its own
+        return state
 
     def forward(self, x: NestedTensor | Tensor, mask: Tensor | None = None) -> Any:
         from .tracing._mode_graphs import check_graph_hooks
