@@ -206,3 +206,22 @@ def test_every_launch_runs_under_its_tensors_device_guard():
                group_norm(x.cuda(1), None, None, mask.cuda(1), 2, 1e-5))
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_group_norm_takes_a_mask_whose_axes_are_not_contiguous():
+    """A transposed mask (the torch path reads it through a reshape, not a view): the same output
+    as its contiguous copy, through the public wrapper."""
+    from torch import nn
+
+    import vispos
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU()).double().eval()
+    inv = vispos.make_padding_invariant(net)
+    x = torch.randn(2, 3, 6, 5, dtype=torch.float64)
+    mask = torch.zeros(2, 5, 6, dtype=torch.bool)
+    mask[0, 4:] = True
+    mask[1, :, 3:] = True
+    transposed = mask.transpose(1, 2)
+    assert not transposed.is_contiguous()
+    torch.testing.assert_close(inv(x, transposed).tensors, inv(x, transposed.contiguous()).tensors, rtol=0, atol=0)

@@ -32,7 +32,7 @@ from ._network_probe import (
     _MAX_PROBE, _check_trace, _EagerFails, _input_channels, _probe_input, _whole_graph_modules, check_items,
     choose_probe, suspects,
 )
-from .rewrite._flat import flat_forward
+from .rewrite._flat import flat_forward, forget
 from .rules import RuleBook, as_book
 
 __all__ = ["PaddingInvariant", "make_graph_invariant", "make_padding_invariant"]
@@ -425,6 +425,7 @@ class PaddingInvariant(nn.Module):
         state = ModelState(self.__dict__["_model"], self.__dict__["_mode_paths"])
         state.also_follow(self)
         self.__dict__["_state"] = state
+        forget(self)  # the modules as they are now: looked up again
         return self
 
     def extra_repr(self) -> str:

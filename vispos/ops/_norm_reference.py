@@ -236,7 +236,7 @@ def group_norm_forward(
     b, c = x.shape[:2]
     dtype = stat_dtype(x.dtype)
     group = (b, num_groups, c // num_groups, -1)
-    weights = valid.to(dtype).view(b, 1, 1, -1)
+    weights = valid.to(dtype).reshape(b, 1, 1, -1)
     n = _group_counts(valid, c // num_groups, dtype)
     centred = torch.where(valid, x.to(dtype), 0.0).reshape(group)
     mean = centred.sum((2, 3), keepdim=True) / n
@@ -259,7 +259,7 @@ def group_norm_centred(x: Tensor, valid: Tensor, mean: Tensor) -> Tensor:
     b, c = x.shape[:2]
     g = mean.shape[1]
     centred = torch.where(valid, x.to(mean.dtype), 0.0).reshape(b, g, c // g, -1)
-    return centred.addcmul_(valid.to(mean.dtype).view(b, 1, 1, -1), mean.view(b, g, 1, 1), value=-1)
+    return centred.addcmul_(valid.to(mean.dtype).reshape(b, 1, 1, -1), mean.view(b, g, 1, 1), value=-1)
 
 
 def group_norm_backward(
@@ -295,6 +295,6 @@ def group_norm_backward(
         n = _group_counts(valid, size, st)
         mean_g = g.sum((2, 3), keepdim=True) / n
         mean_gx = (g * xhat).sum((2, 3), keepdim=True) / n
-        gx = g.addcmul_(valid.to(st).view(b, 1, 1, -1), mean_g, value=-1).addcmul_(xhat, mean_gx, value=-1)
+        gx = g.addcmul_(valid.to(st).reshape(b, 1, 1, -1), mean_g, value=-1).addcmul_(xhat, mean_gx, value=-1)
         grad_x = gx.mul_(rstd.view(b, num_groups, 1, 1)).reshape(dy.shape).to(dtype)
     return grad_x, grad_w, grad_b

@@ -23,8 +23,8 @@ from torch.autograd.function import once_differentiable
 from .._checks import check_int
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (call, check_norm, grads, needs_grad, param_grads, plain, stat_scalars, triton_backward,
-                             triton_path)
+from ._norm_boundary import (call, check_input, check_mask, check_norm, grads, needs_grad, param_grads, plain,
+                             stat_scalars, triton_backward, triton_path)
 from ._sizes import out_like
 
 __all__ = ["group_norm"]
@@ -172,11 +172,13 @@ def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tens
     References:
         Wu and He, Group Normalization, ECCV 2018.
     """
-    weight, bias = check_norm("group norm", x, mask, weight, bias)
+    check_input(x, "group norm")
+    check_mask(x, mask, "group norm")
     num_groups, channels = check_int(num_groups, "num_groups", minimum=1), x.shape[1]
     if channels % num_groups:
         raise ValueError(f"group norm: num_groups={num_groups} must divide the {channels} channels of x "
                          f"(shape {tuple(x.shape)})")
+    weight, bias = check_norm("group norm", x, mask, weight, bias)
     args = (x, weight, bias, mask, num_groups, float(eps))
     return _ValidGroupNorm.apply(*args) if needs_grad(x, weight, bias) else call(_GN, _gn, x, *args)[0]
 

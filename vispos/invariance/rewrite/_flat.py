@@ -24,7 +24,7 @@ from typing import Any
 import torch.fx as fx
 from torch import nn
 
-__all__ = ["flat_forward"]
+__all__ = ["flat_forward", "forget"]
 
 _KEPT_MAX = 4  #: graphs kept per owner (a wrapper has two: training and eval)
 
@@ -81,18 +81,31 @@ def _build(owner: nn.Module, graph: fx.Graph) -> tuple[Callable[..., Any], _Name
 def flat_forward(owner: nn.Module, graph: fx.Graph) -> tuple[Callable[..., Any], _Namespace]:
     """``(forward, namespace)``: ``forward(namespace, *inputs)`` runs ``graph`` (code written for a
     root module ``owner``) with the modules it uses looked up once. Kept in ``owner.__dict__``
-    per graph (a wrapper switches graphs with its mode; a few kept), dropped from its pickled or copied state
-    (the copy builds its own, on its own modules).
+    per graph (a wrapper switches graphs with its mode; a few kept) and for ``owner``'s own
+    children dict (a replica or a copy of ``__dict__`` builds its own); dropped from its pickled
+    or copied state and by :func:`forget` (a wrapper that records its network anew).
 
     Raises:
         AttributeError: a module path of the graph that ``owner`` does not have.
     """
     kept = owner.__dict__.get("_flat_graphs")
-    if kept is None:
-        kept = owner.__dict__["_flat_graphs"] = {}
+    # built for this owner and these children: a replica (DataParallel copies __dict__, children
+    # swapped for its own) or a dict copied by hand builds its own
+    if kept is None or kept.get("owner") is not owner._modules:
+        kept = owner.__dict__["_flat_graphs"] = {"owner": owner._modules}
     entry = kept.get(id(graph))
     if entry is None or entry[0] is not graph:
-        if len(kept) >= _KEPT_MAX:  # graphs swapped in by hand: keep a few
-            kept.clear()
+        if len(kept) > _KEPT_MAX:  # graphs swapped in by hand: keep a few
+            kept = owner.__dict__["_flat_graphs"] = {"owner": owner._modules}
         entry = kept[id(graph)] = (graph, *_build(owner, graph))
     return entry[1], entry[2]
+
+
+def forget(owner: nn.Module) -> None:
+    """Drops what :func:`flat_forward` kept for ``owner``: its next call looks its modules up again
+    (after ``follow()`` accepted the network as it is now).
+
+    Raises:
+        Nothing.
+    """
+    owner.__dict__.pop("_flat_graphs", None)
