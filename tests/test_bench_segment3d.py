@@ -19,15 +19,14 @@ def _rows(text: str, first: str) -> list[list[str]]:
             if line.startswith(f"| {first}")]
 
 
-@pytest.mark.slow
-def test_quick_mode_end_to_end(tmp_path):
+def _check_quick_report(tmp_path, *extra: str) -> None:
     threads = torch.get_num_threads()
     out = tmp_path / "results_segment3d.md"
-    assert bench.main(["--quick", "--out", str(out)]) == 0
+    assert bench.main(["--quick", *extra, "--out", str(out)]) == 0
     assert torch.get_num_threads() == threads  # the benchmark's one thread is not left behind
     text = out.read_text()
     assert f"torch {torch.__version__}" in text and "load average" in text and "commit " in text
-    assert "`python benchmarks/bench_segment3d.py --quick --out " in text
+    assert f"`python benchmarks/bench_segment3d.py --quick {' '.join(extra)}{' ' if extra else ''}--out " in text
     for name in bench.PIPELINES:
         (row,) = [r for r in _rows(text, name) if len(r) == 4]
         for cell in row[1:]:
@@ -39,11 +38,26 @@ def test_quick_mode_end_to_end(tmp_path):
         ("invariant", "alone"), ("invariant", "padded batches of 4")]
     for row in infer:
         assert float(re.fullmatch(CELL, row[2]).group(1)) > 0
-        assert int(row[4]) > 0  # one peak-memory pass in --quick, in MiB
-    ratios = _rows(text, "whole / crop") + _rows(text, "invariant / whole") + _rows(text, "invariant / crop")
-    assert len(ratios) == 3 and all(len(r) == 9 for r in ratios)
+        if "--no-peak" in extra:
+            assert row[4] == "-"
+        else:
+            assert int(row[4]) > 0  # one peak-memory pass in --quick, in MiB
+    if "--no-peak" not in extra:
+        ratios = _rows(text, "whole / crop") + _rows(text, "invariant / whole") + _rows(text, "invariant / crop")
+        assert len(ratios) == 3 and all(len(r) == 9 for r in ratios)
     diffs = re.search(rf"whole ({NUMBER}e[-+][0-9]+), invariant ({NUMBER}e[-+][0-9]+)", text)
     assert float(diffs.group(2)) < 1e-4 < float(diffs.group(1))  # exact where it claims to be
+
+
+@pytest.mark.slow
+def test_quick_mode_end_to_end_without_the_peak_processes(tmp_path):
+    _check_quick_report(tmp_path, "--no-peak")
+
+
+@pytest.mark.exhaustive
+def test_quick_mode_end_to_end(tmp_path):
+    """With the peak-memory processes (one fresh interpreter per pipeline: about 40 s more)."""
+    _check_quick_report(tmp_path)
 
 
 def test_report_ratios_are_paired_by_round():
