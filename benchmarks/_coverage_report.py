@@ -40,6 +40,7 @@ REASONS = [
     (r"levels were asked", "levels the graph does not see"),
     (r"probe items .* do not (each )?get what they get", "probe: items differ in a padded batch"),
     (r"cannot run on a probe|no probe size", "cannot run at the probe size"),
+    (r"does not fit in memory", "probe over the memory budget (pass a smaller probe_size)"),
     (r"to read its channels from", "input channels not read (pass in_channels)"),
     (r"size of a feature map|read from a map's size|value read from", "value read from a map's size"),
 ]
