@@ -90,7 +90,7 @@ class Padding:
         # is noticed (see :meth:`_sync`); not read while TorchDynamo traces
         self._version = _version_of(mask)
         self._valid = None  # (mask, its version, ~mask): see :attr:`valid`
-        self._channel = None  # (mask, its version, mask[:, None], count): see :meth:`channel_facts`
+        self._channel = None  # (mask, its version, mask[:, None], count): see :meth:`_channel_facts`
         return self
 
     def _sync(self) -> None:
@@ -274,7 +274,7 @@ class Padding:
             kept = self._valid = (mask, mask._version, ~mask)
         return kept[2]
 
-    def channel_facts(self) -> tuple[Tensor, int]:
+    def _channel_facts(self) -> tuple[Tensor, int]:
         """What a norm over the channels of ``Tensor[B, C, *S]`` reads: ``(Tensor[B, 1, *S] bool,
         int)``, the mask as a view (never to be written to) and the batch's valid cells from the
         boxes (at least 1; 0 for ``"arbitrary"``: the caller counts on the device). Kept once per

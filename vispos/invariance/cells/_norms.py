@@ -56,7 +56,7 @@ def check_sync_batch_norm(bn: nn.Module) -> None:
 def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> tuple[Tensor, int]:
     """The padding mask ``Tensor[B, 1, *S]`` of ``padding`` for ``x`` (a mask is checked by the op)
     and its valid cells known on the host (0: counted on the device), see
-    :meth:`~vispos.Padding.channel_facts`.
+    :meth:`~vispos.Padding._channel_facts`.
 
     Raises:
         ValueError: a :class:`~vispos.Padding` whose batch or spatial sizes are not ``x``'s.
@@ -69,7 +69,7 @@ def _mask_of(x: Tensor, padding: Padding | Tensor, op: str) -> tuple[Tensor, int
         raise ValueError(f"{op}: the padding describes a batch of {padding.batch} with spatial sizes "
                          f"{tuple(padding.spatial)}, but x has shape {tuple(x.shape)} (batch {want[0]}, spatial "
                          f"{want[1:]})")
-    return padding.channel_facts()
+    return padding._channel_facts()
 
 
 def batch_norm(
