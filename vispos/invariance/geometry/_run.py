@@ -17,7 +17,6 @@ from __future__ import annotations
 from operator import add
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
