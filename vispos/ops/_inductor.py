@@ -218,12 +218,8 @@ def decompose_cpu() -> Iterator[None]:
     Raises:
         Nothing.
     """
-    before = getattr(_CPU, "on", False)
-    _CPU.on = True
-    try:
+    with _triton.thread_flag(_CPU, "on"):
         yield
-    finally:
-        _CPU.on = before
 
 
 register()

@@ -11,17 +11,19 @@ References:
 from __future__ import annotations
 
 import threading
+from typing import Any
 from collections import OrderedDict
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import _triton
 from ._norm_reference import stat_dtype
 from ._sizes import out_like
 
 __all__ = ["check_norm", "check_input", "check_mask", "check_vector", "check_running", "scalars", "needs_grad", "triton_path",
-           "grads", "param_grads", "triton_backward", "call", "plain", "bump_versions"]
+           "grads", "param_grads", "triton_backward", "call", "plain", "bump_versions", "norm_backward"]
 
 call = _triton.eager_call  # the ops' calls: see vispos.ops._triton.eager_call
 plain = _triton.plain_eager  # whether an op may run as its own implementation: see there
@@ -194,3 +196,38 @@ def stat_scalars(x: Tensor, eps: float, momentum: float | None = None) -> Tensor
     """:func:`scalars` in the statistics' dtype of ``x``."""
     return scalars(eps, momentum, stat_dtype(x.dtype), x.device)
 
+
+
+def _norm_backward(ctx, dy: Tensor | None, launch: Any, kernel_arg: Any, op: Any, impl: Any, op_args: tuple,
+                   count: int) -> tuple:
+    """A masked norm's ``autograd.Function`` backward (grad mode off). ``ctx`` saved ``(x, kept,
+    mask, weight, stat1, stat2)`` with ``kept`` None when the forward ran its kernels (then so does
+    the backward: ``launch(gx, dy, x, mask, weight, stat1, stat2, kernel_arg, need_w, need_b,
+    param_dtype)``), else the op's torch-path tensor (``op(dy, x, kept, mask, weight, stat1, stat2,
+    *op_args, need_x, need_w, need_b)``); ``ctx.has_weight`` / ``ctx.has_bias``. Returns the
+    gradients of the Function's ``count`` inputs (x, weight and bias first)."""
+    needs = ctx.needs_input_grad
+    need_x, need_w, need_b = needs[0], ctx.has_weight and needs[1], ctx.has_bias and needs[2]
+    rest = (None,) * (count - 3)
+    if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
+        return (None, None, None) + rest
+    x, kept, mask, weight, stat1, stat2 = ctx.saved_tensors
+    if kept is None and plain(dy) and triton_path(dy):  # the forward ran its kernels: so does the backward
+        gx = out_like(x) if need_x else None
+        gw, gb = launch(gx, dy, x, mask, weight, stat1, stat2, kernel_arg, need_w, need_b,
+                        (dy if weight is None else weight).dtype)
+        return (gx, gw, gb) + rest
+    gx, gw, gb = call(op, impl, dy, dy, x, stat1.new_empty(0) if kept is None else kept, mask, weight, stat1, stat2,
+                      *op_args, need_x, need_w, need_b)
+    return (gx if need_x else None, gw if need_w else None, gb if need_b else None) + rest
+
+
+_norm_backward_once = once_differentiable(_norm_backward)
+
+
+def norm_backward(ctx, dy: Tensor | None, *spec: Any) -> tuple:
+    """:func:`_norm_backward` (``spec``: its arguments after ``dy``); with ``create_graph=True``
+    through ``once_differentiable``, so that a second derivative through the norm is refused."""
+    if torch.is_grad_enabled():
+        return _norm_backward_once(ctx, dy, *spec)
+    return _norm_backward(ctx, dy, *spec)

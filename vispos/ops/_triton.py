@@ -45,7 +45,7 @@ import torch
 from .. import _tracing
 
 __all__ = ["available", "use_triton", "interpreted", "kernel", "device_function", "variant_key", "register_launches",
-           "launches", "launch_tally", "eager_call", "plain_eager", "wrapped"]
+           "launches", "launch_tally", "eager_call", "plain_eager", "wrapped", "thread_flag"]
 
 _LAUNCHES: dict[str, int] = {}
 _LOCK = threading.Lock()
@@ -170,12 +170,24 @@ def wrapped() -> Iterator[None]:
     Raises:
         Nothing here; Triton's import error at the first launch without Triton.
     """
-    before = getattr(_STATE, "wrapped", False)
-    _STATE.wrapped = True
+    with thread_flag(_STATE, "wrapped"):
+        yield
+
+
+@contextlib.contextmanager
+def thread_flag(state: threading.local, name: str) -> Iterator[None]:
+    """Sets ``state.<name>`` to True for this thread inside it, then back to what it was (False
+    when unset): the switches of this package (:func:`wrapped`, ``_inductor.decompose_cpu``).
+
+    Raises:
+        Nothing.
+    """
+    before = getattr(state, name, False)
+    setattr(state, name, True)
     try:
         yield
     finally:
-        _STATE.wrapped = before
+        setattr(state, name, before)
 
 
 def kernel(*, do_not_specialize: tuple[str, ...] = ()) -> Callable[[Callable[..., None]], _Kernel]:

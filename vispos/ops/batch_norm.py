@@ -25,12 +25,11 @@ References:
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (bump_versions, call, check_norm, grads, needs_grad, param_grads, plain, stat_scalars,
-                             triton_backward, triton_path)
+from ._norm_boundary import (bump_versions, call, check_norm, grads, needs_grad, norm_backward, param_grads, plain,
+                             stat_scalars, triton_backward, triton_path)
 from ._sizes import out_like
 
 __all__ = ["batch_norm"]
@@ -157,30 +156,13 @@ class _ValidBatchNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        if torch.is_grad_enabled():  # create_graph=True: a second derivative through it is refused
-            return _backward_once(ctx, dy)
-        return _backward(ctx, dy)
+        return norm_backward(ctx, dy, _launch_backward, ctx.zero_padding, _BN_BACKWARD, _bn_bwd,
+                             (ctx.n, ctx.zero_padding), 11)
 
 
-def _backward(ctx, dy):
-    """:class:`_ValidBatchNorm`'s backward (grad mode off)."""
-    needs = ctx.needs_input_grad
-    need_x, need_w, need_b = needs[0], ctx.has_weight and needs[1], ctx.has_bias and needs[2]
-    if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
-        return _NO_GRADS
-    x, xc, mask, weight, mean, invstd = ctx.saved_tensors
-    if xc is None and plain(dy) and triton_path(dy):  # the forward ran its kernels: so does the backward
-        gx = out_like(x) if need_x else None
-        gw, gb = _kernels().batch_norm_backward(gx, dy, x, mask, weight, mean, invstd, ctx.zero_padding, need_w,
-                                                need_b, (dy if weight is None else weight).dtype)
-        return (gx, gw, gb) + _NO_GRADS[3:]
-    gx, gw, gb = call(_BN_BACKWARD, _bn_bwd, dy, dy, x, mean.new_empty(0) if xc is None else xc, mask, weight, mean, invstd,
-                      ctx.n, ctx.zero_padding, need_x, need_w, need_b)
-    return (gx if need_x else None, gw if need_w else None, gb if need_b else None) + _NO_GRADS[3:]
-
-
-_backward_once = once_differentiable(_backward)
-_NO_GRADS = (None,) * 11
+def _launch_backward(*args):
+    """The backward's kernels (imported on first use)."""
+    return _kernels().batch_norm_backward(*args)
 
 
 def batch_norm(

@@ -18,13 +18,12 @@ References:
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .._checks import check_int
 from . import _norm_reference as ref
 from . import _triton
-from ._norm_boundary import (call, check_input, check_mask, check_norm, grads, needs_grad, param_grads, plain,
-                             stat_scalars, triton_backward, triton_path)
+from ._norm_boundary import (call, check_input, check_mask, check_norm, grads, needs_grad, norm_backward, param_grads,
+                             plain, stat_scalars, triton_backward, triton_path)
 from ._sizes import out_like
 
 __all__ = ["group_norm"]
@@ -122,30 +121,12 @@ class _ValidGroupNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        if torch.is_grad_enabled():  # create_graph=True: a second derivative through it is refused
-            return _backward_once(ctx, dy)
-        return _backward(ctx, dy)
+        return norm_backward(ctx, dy, _launch_backward, ctx.num_groups, _GN_BACKWARD, _gn_bwd, (ctx.num_groups,), 6)
 
 
-def _backward(ctx, dy):
-    """:class:`_ValidGroupNorm`'s backward (grad mode off)."""
-    needs = ctx.needs_input_grad
-    need_x, need_w, need_b = needs[0], ctx.has_weight and needs[1], ctx.has_bias and needs[2]
-    if dy is None or not (need_x or need_w or need_b):  # y took no part in the loss
-        return _NO_GRADS
-    x, centred, mask, weight, mean, rstd = ctx.saved_tensors
-    if centred is None and plain(dy) and triton_path(dy):  # the forward ran its kernels: so does the backward
-        gx = out_like(x) if need_x else None
-        gw, gb = _kernels().group_norm_backward(gx, dy, x, mask, weight, mean, rstd, ctx.num_groups, need_w, need_b,
-                                                (dy if weight is None else weight).dtype)
-        return gx, gw, gb, None, None, None
-    gx, gw, gb = call(_GN_BACKWARD, _gn_bwd, dy, dy, x, mean.new_empty(0) if centred is None else centred, mask,
-                      weight, mean, rstd, ctx.num_groups, need_x, need_w, need_b)
-    return gx if need_x else None, gw if need_w else None, gb if need_b else None, None, None, None
-
-
-_backward_once = once_differentiable(_backward)
-_NO_GRADS = (None,) * 6
+def _launch_backward(*args):
+    """The backward's kernels (imported on first use)."""
+    return _kernels().group_norm_backward(*args)
 
 
 def group_norm(x: Tensor, weight: Tensor | None, bias: Tensor | None, mask: Tensor, num_groups: int,
